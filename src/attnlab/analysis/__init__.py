@@ -1,0 +1,1 @@
+"""Word-level aggregation, head roles, target-word head search, corpus statistics."""

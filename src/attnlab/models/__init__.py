@@ -1,0 +1,1 @@
+"""Loading pretrained transformers and capturing their attention maps."""

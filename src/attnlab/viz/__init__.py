@@ -1,0 +1,1 @@
+"""Figures (matplotlib) and the web viewer (static assets + a local server)."""
