@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from attnlab.lesson.fmt import pct, vec  # one rounding for the lesson, its page and the CLI
+
 app = typer.Typer(
     name="attnlab",
     help="Attention end to end: compute it, look inside real models, learn it, measure its cost.",
@@ -25,15 +27,6 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True)
-
-
-def pct(x: float) -> str:
-    """A weight the way the lesson prints it: 0.598 → '60 %'."""
-    return f"{round(100 * x)} %"
-
-
-def vec(xs: Any, digits: int = 2) -> str:
-    return "(" + ", ".join(f"{x:.{digits}f}" for x in xs) + ")"
 
 
 def emit_json(data: Any) -> None:
@@ -69,7 +62,9 @@ def scene(as_json: bool = typer.Option(False, "--json", help="Print the scene as
         )
     console.print(table)
     axes = ", ".join(data["value_axes"])
-    console.print(f"blended vector ({axes}): unscaled {vec(un['output'])}, scaled by 1/√2 {vec(sc['output'])}")
+    console.print(f"blended vector ({axes}):")
+    console.print(f"  unscaled         {vec(un['output'])}")
+    console.print(f"  scaled by 1/√2   {vec(sc['output'])}")
 
 
 # ---------------------------------------------------------------- entry point

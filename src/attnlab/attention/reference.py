@@ -23,7 +23,7 @@ def logsumexp(x: Any, axis: int = -1, keepdims: bool = False) -> np.ndarray:
     x = np.asarray(x, dtype=np.result_type(x, np.float32))
     m = np.max(x, axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)  # an all −inf row: shift by 0, the sum is 0, log 0 = −inf
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # x − m may overflow to −inf: exp gives 0, as it should
         out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
     return out if keepdims else np.squeeze(out, axis=axis)
 
@@ -36,7 +36,8 @@ def softmax(x: Any, axis: int = -1) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.result_type(x, np.float32))
     m = np.max(x, axis=axis, keepdims=True)
-    e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+    with np.errstate(over="ignore"):  # x − m may overflow to −inf for |x| near 1e308: exp gives 0
+        e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
     total = np.sum(e, axis=axis, keepdims=True)
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
 
