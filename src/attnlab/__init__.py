@@ -12,8 +12,38 @@ from attnlab.attention.reference import attention, logsumexp, softmax, softmax_j
 
 __version__ = "0.1.0"
 
+# Real maps need torch and transformers: these names load their modules on first use (PEP 562).
+_LAZY = {
+    "capture": "attnlab.models.capture",
+    "load_maps": "attnlab.models.maps",
+    "AttentionMaps": "attnlab.models.maps",
+    "WordMaps": "attnlab.analysis.words",
+    "head_roles": "attnlab.analysis.roles",
+    "HeadRoles": "attnlab.analysis.roles",
+    "find_heads": "attnlab.analysis.search",
+    "HeadSearch": "attnlab.analysis.search",
+    "corpus_roles": "attnlab.analysis.corpus",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+
 __all__ = [
     "AdditiveAttention",
+    "AttentionMaps",
+    "HeadRoles",
+    "HeadSearch",
+    "WordMaps",
+    "capture",
+    "corpus_roles",
+    "find_heads",
+    "head_roles",
+    "load_maps",
     "MultiHeadAttention",
     "MultiHeadResult",
     "attention",

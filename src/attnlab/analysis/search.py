@@ -1,0 +1,158 @@
+"""The lesson's target-word search: which heads send the target's attention to the word that decides it.
+
+Given a target word ("bank") and, per sentence, its decider ("river" in one, "money" in the other),
+a head *qualifies* when the largest weight in the target's row (the target attending) falls on the
+decider in every sentence; the *best* head is the qualifying one with the largest sum of those
+decider weights. Options drop the target itself and/or the marks from that argmax, since models
+differ in where they park attention.
+
+``mark_heads`` counts, with the rule written in :data:`MARK_RULE`, the heads where the target's
+largest weight (over all words, no exclusions) falls on a mark in every sentence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CLOSEST_COUNT = 5  # how many near misses to show when no head qualifies
+MARK_RULE = "the target's largest weight, over all words, falls on a mark in every sentence"
+
+
+@dataclass(frozen=True)
+class HeadStanding:
+    """How close one head (0-based ``layer``, ``head``) comes to qualifying."""
+
+    layer: int
+    head: int
+    sentences_won: int  # sentences where the decider takes the largest eligible weight
+    weights: tuple[float, ...]  # the decider's weight, per sentence
+    winners: tuple[str, ...]  # the word that takes the largest eligible weight, per sentence
+    winner_weights: tuple[float, ...]
+    margin: float  # min over sentences of (decider weight − largest other eligible weight)
+
+    def to_dict(self) -> dict:
+        return {
+            "layer": self.layer + 1, "head": self.head + 1, "sentences_won": self.sentences_won,
+            "decider_weights": list(self.weights), "winners": list(self.winners),
+            "winner_weights": list(self.winner_weights), "margin": self.margin,
+        }
+
+
+@dataclass(frozen=True)
+class HeadSearch:
+    target: str
+    deciders: list[str]
+    exclude_self: bool
+    exclude_marks: bool
+    qualifying: list[tuple[int, int]]
+    best: tuple[int, int] | None
+    decider_weights: np.ndarray = field(repr=False)  # [L, H, S]
+    mark_heads: int
+    total_heads: int
+    closest: list[HeadStanding]
+    model_id: str = ""
+
+    def summary(self) -> str:
+        """One line the way the lesson prints it, or a plain statement that no head qualifies."""
+        n = len(self.qualifying)
+        if self.best is not None:
+            layer, head = self.best
+            ws = [f"{round(100 * float(x))} %" for x in self.decider_weights[layer, head]]
+            return f"{n} of {self.total_heads} heads; layer {layer + 1}, head {head + 1}: {_join(ws)}"
+        rule = f'the largest weight of "{self.target}" fall on {_join(self.deciders)}'
+        lines = [f"No head of {self.total_heads} qualifies: in none of them does {rule} in every sentence."]
+        if self.closest:
+            lines.append("Closest:")
+            for c in self.closest:
+                parts = []
+                for d, w, win, ww in zip(self.deciders, c.weights, c.winners, c.winner_weights):
+                    won = win.casefold() == d.casefold()
+                    parts.append(f"{d} {round(100 * w)} %" + ("" if won else f" ({win} {round(100 * ww)} %)"))
+                lines.append(f"  layer {c.layer + 1}, head {c.head + 1}: {_join(parts)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """JSON-ready; layers and heads are 1-based."""
+        return {
+            "model_id": self.model_id, "target": self.target, "deciders": self.deciders,
+            "exclude_self": self.exclude_self, "exclude_marks": self.exclude_marks,
+            "total_heads": self.total_heads,
+            "qualifying": [{"layer": l + 1, "head": h + 1} for l, h in self.qualifying],
+            "best": None if self.best is None else {
+                "layer": self.best[0] + 1, "head": self.best[1] + 1,
+                "decider_weights": self.decider_weights[self.best].tolist(),
+            },
+            "mark_heads": self.mark_heads, "mark_rule": MARK_RULE,
+            "closest": [c.to_dict() for c in self.closest], "summary": self.summary(),
+        }
+
+
+def _join(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def find_heads(words, target: str, deciders: list[str], exclude_self: bool = False,
+               exclude_marks: bool = False) -> HeadSearch:
+    """Search every head of ``words`` (:class:`~attnlab.analysis.words.WordMaps`) for the target's decider.
+
+    ``deciders[i]`` is the deciding word of sentence i. Words match case-insensitively; the first
+    occurrence of the target in each sentence is the one searched.
+    """
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError(f"target must be a non-empty word, got {target!r}")
+    if isinstance(deciders, str):
+        deciders = [deciders]
+    deciders = list(deciders)
+    if len(deciders) != len(words):
+        raise ValueError(f"deciders has {len(deciders)} words for {len(words)} sentences; give one per sentence")
+    L, H, S = words.num_layers, words.num_heads, len(words)
+    dec_w = np.zeros((L, H, S))
+    won = np.zeros((L, H, S), dtype=bool)
+    on_mark = np.zeros((L, H, S), dtype=bool)
+    winner = np.zeros((L, H, S), dtype=int)
+    winner_w = np.zeros((L, H, S))
+    margin = np.full((L, H), np.inf)
+    for s in range(S):
+        t, d = words.index(s, target), words.index(s, deciders[s])
+        if t == d:
+            raise ValueError(f"decider {deciders[s]!r} of sentence {s + 1} is the target itself")
+        row = words.weights[s][:, :, t, :].astype(np.float64)  # (L, H, W): the target attending
+        marks = np.asarray(words.is_mark[s], dtype=bool)
+        on_mark[:, :, s] = marks[row.argmax(axis=-1)]
+        eligible = np.ones(row.shape[-1], dtype=bool)
+        if exclude_self:
+            eligible[t] = False
+        if exclude_marks:
+            eligible &= ~marks
+        if not eligible[d]:
+            raise ValueError(f"decider {deciders[s]!r} of sentence {s + 1} is a mark, but exclude_marks is set")
+        masked = np.where(eligible, row, -np.inf)
+        winner[:, :, s] = masked.argmax(axis=-1)
+        winner_w[:, :, s] = masked.max(axis=-1)
+        dec_w[:, :, s] = row[:, :, d]
+        won[:, :, s] = winner[:, :, s] == d
+        others = np.delete(masked, d, axis=-1).max(axis=-1, initial=-np.inf)  # best rival of the decider
+        margin = np.minimum(margin, row[:, :, d] - others)
+    qualifies = won.all(axis=-1)
+    qualifying = [(int(l), int(h)) for l, h in zip(*np.nonzero(qualifies))]
+    best = max(qualifying, key=lambda lh: dec_w[lh].sum()) if qualifying else None
+    standing = sorted(
+        ((l, h) for l in range(L) for h in range(H) if not qualifies[l, h]),
+        key=lambda lh: (-won[lh].sum(), -margin[lh]),
+    )
+    closest = [] if qualifying else [
+        HeadStanding(
+            layer=l, head=h, sentences_won=int(won[l, h].sum()), weights=tuple(float(x) for x in dec_w[l, h]),
+            winners=tuple(words.words[s][winner[l, h, s]] for s in range(S)),
+            winner_weights=tuple(float(x) for x in winner_w[l, h]), margin=float(margin[l, h]),
+        )
+        for l, h in standing[:CLOSEST_COUNT]
+    ]
+    return HeadSearch(
+        target=target, deciders=deciders, exclude_self=exclude_self, exclude_marks=exclude_marks,
+        qualifying=qualifying, best=best, decider_weights=dec_w,
+        mark_heads=int(on_mark.all(axis=-1).sum()), total_heads=L * H, closest=closest,
+        model_id=words.model_id,
+    )

