@@ -1,0 +1,269 @@
+"""The local web viewer: a FastAPI app over the maps API, and the page in ``static/``.
+
+The model is fixed when the app is made (``create_app(model, revision)``); it is loaded once, on
+first use, and every model call holds one lock (torch already uses every core). Captures are kept
+in a small LRU cache, so choosing another head of the same sentences costs no model call.
+
+Safety: input sizes are bounded (characters per sentence, number of sentences, tokens up to the
+model's maximum); a malformed request gets a 422 with the field that is wrong, a well-formed one
+the model cannot take (too many tokens, a word not in the sentence) a 400 with a message; no
+endpoint reads or writes a file on the client's behalf (the page's files are read once, from the
+package, when the app is made). Bind to 127.0.0.1 unless told otherwise.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the request models, which are local to
+# create_app, from the live annotations.
+import logging
+import threading
+from collections import OrderedDict
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+from attnlab.viz import payload
+
+log = logging.getLogger(__name__)
+
+MAX_SENTENCES = 2  # the viewer compares at most two sentences
+MAX_CHARS = 4000  # per sentence: room for 512 tokens of ordinary text, no more
+MAX_WORD_CHARS = 100
+CACHE_SIZE = 8  # captured sentence sets kept for head requests
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+STATIC_FILES = {  # served path -> (package file, media type)
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/viewer.css": ("viewer.css", "text/css; charset=utf-8"),
+    **{f"/{n}.js": (f"{n}.js", "text/javascript; charset=utf-8") for n in ("core", "scene", "head", "model", "compare", "app")},
+}
+
+
+def read_static(name: str) -> str:
+    """One file of the page, from the installed package."""
+    return resources.files("attnlab.viz").joinpath("static", name).read_text(encoding="utf-8")
+
+
+class MapsCache:
+    """Captured maps by request, least recently used out first; one lock around every model call."""
+
+    def __init__(self, model: Any, revision: str | None, size: int = CACHE_SIZE) -> None:
+        self.model, self.revision, self.size = model, revision, size
+        self.lock = threading.Lock()
+        self.entries: OrderedDict[tuple, Any] = OrderedDict()
+
+    def loaded(self) -> Any:
+        from attnlab.models.loading import load_model
+
+        with self.lock:
+            return load_model(self.model, self.revision)
+
+    def get(self, sentences: list[str], level: str) -> Any:
+        """Token-level AttentionMaps (``level="token"``) or word-level WordMaps of the sentences."""
+        from attnlab.models.capture import capture
+
+        key = (tuple(sentences), level)
+        with self.lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                return self.entries[key]
+            maps = capture(sentences, self.model, self.revision)
+            for lev, m in (("token", maps), ("word", maps.to_words())):
+                self.entries[(tuple(sentences), lev)] = m
+            while len(self.entries) > 2 * self.size:
+                self.entries.popitem(last=False)
+            return self.entries[key]
+
+
+def create_app(model: Any = None, revision: str | None = None, *, preload: bool = False):
+    """The viewer's ASGI app for one model (None: the bundled all-MiniLM-L6-v2).
+
+    ``preload=True`` loads the model now, so a bad ``model`` fails here rather than on the first
+    request (``attnlab serve`` does this).
+    """
+    from fastapi import FastAPI, HTTPException
+    from fastapi.middleware.gzip import GZipMiddleware
+    from fastapi.responses import Response
+    from pydantic import BaseModel, ConfigDict, Field
+
+    cache = MapsCache(model, revision)
+    if preload:
+        cache.loaded()
+    pages = {path: (read_static(name), media) for path, (name, media) in STATIC_FILES.items()}
+
+    Sentence = Annotated[str, Field(min_length=1, max_length=MAX_CHARS, pattern=r"\S")]
+    Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS, pattern=r"\S")]
+    Level = Literal["word", "token"]
+
+    class Strict(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+
+    class MapsIn(Strict):
+        sentences: list[Sentence] = Field(min_length=1, max_length=MAX_SENTENCES)
+        level: Level = "word"
+        overview: int = Field(payload.DEFAULT_OVERVIEW, ge=4, le=64, description="side of the model view's downsampled maps")
+
+    class HeadIn(Strict):
+        sentences: list[Sentence] = Field(min_length=1, max_length=MAX_SENTENCES)
+        level: Level = "word"
+        sentence: int = Field(0, ge=0, lt=MAX_SENTENCES, description="which sentence, 0-based")
+        layer: int = Field(ge=1, le=1000, description="1-based")
+        head: int = Field(ge=1, le=1000, description="1-based")
+
+    class FindHeadIn(Strict):
+        sentences: list[Sentence] = Field(min_length=1, max_length=MAX_SENTENCES)
+        target: Word
+        deciders: list[Word] = Field(min_length=1, max_length=MAX_SENTENCES, description="one per sentence")
+        exclude_self: bool = False
+        exclude_marks: bool = False
+
+    class ModelOut(BaseModel):
+        id: str
+        revision: str | None
+        num_layers: int
+        num_heads: int
+
+    class InfoOut(BaseModel):
+        model_id: str
+        revision: str | None
+        num_layers: int
+        num_heads: int
+        max_tokens: int
+        max_sentences: int
+        max_chars: int
+
+    class OverviewOut(BaseModel):
+        size: int
+        maps: list[list[list[float]]] = Field(description="[layer][head] → size·size cells, row-major")
+
+    class SentenceOut(BaseModel):
+        text: str
+        labels: list[str]
+        is_mark: list[bool]
+        overview: OverviewOut
+
+    class BadgeOut(BaseModel):
+        role: str
+        layer: int
+        head: int
+        score: float
+
+    class RolesOut(BaseModel):
+        scores: dict[str, list[list[float]]]
+        badges: list[BadgeOut]
+        legend: dict[str, str]
+
+    class MapsOut(BaseModel):
+        model: ModelOut
+        level: Level
+        sentences: list[SentenceOut]
+        roles: RolesOut
+
+    class HeadOut(BaseModel):
+        sentence: int
+        layer: int
+        head: int
+        labels: list[str]
+        weights: list[list[float]] = Field(description="[from][to], each row sums to 1")
+
+    class SideOut(BaseModel):
+        sentence: str
+        words: list[str]
+        row: list[float]
+        target_index: int
+        decider_index: int
+
+    class ShownOut(BaseModel):
+        layer: int
+        head: int
+        qualifies: bool
+        sides: list[SideOut]
+
+    class FindHeadOut(BaseModel):
+        summary: str
+        result: dict[str, Any]
+        shown: ShownOut | None
+
+    class SceneRun(BaseModel):
+        scaled: bool
+        scale: float
+        scores: list[float]
+        weights: list[float]
+        output: list[float]
+
+    class SceneOut(BaseModel):
+        tokens: list[str]
+        query_token: str
+        query: list[float]
+        keys: list[list[float]]
+        values: list[list[float]]
+        value_axes: list[str]
+        unscaled: SceneRun
+        scaled: SceneRun
+
+    app = FastAPI(
+        title="attnlab viewer",
+        description="Attention maps of one pretrained model, the lesson's scene, head roles and the head search.",
+        version="1",
+    )
+    app.add_middleware(GZipMiddleware, minimum_size=2048)
+
+    def maps_for(sentences: list[str], level: str) -> Any:
+        try:
+            return cache.get(sentences, level)
+        except (ValueError, LookupError) as e:  # too many tokens, an empty sentence: the client's to fix
+            raise HTTPException(status_code=400, detail=str(e)) from None
+
+    for path, (text, media) in pages.items():
+        app.add_api_route(path, (lambda t=text, m=media: Response(t, media_type=m)), methods=["GET"], include_in_schema=False)
+
+    @app.get("/api/info", response_model=InfoOut)
+    def info() -> dict:
+        lm = cache.loaded()
+        limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
+        return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
+                "num_heads": lm.num_heads, "max_tokens": int(limit), "max_sentences": MAX_SENTENCES,
+                "max_chars": MAX_CHARS}
+
+    @app.get("/api/scene", response_model=SceneOut)
+    def scene() -> dict:
+        from attnlab.lesson.scene import scene as compute
+
+        return compute()
+
+    @app.post("/api/maps", response_model=MapsOut)
+    def maps(req: MapsIn) -> dict:
+        """Labels, marks, downsampled maps of every head and the role badges; full maps: /api/head."""
+        return payload.maps_payload(maps_for(req.sentences, req.level), overview=req.overview)
+
+    @app.post("/api/head", response_model=HeadOut)
+    def head(req: HeadIn) -> dict:
+        """One head's full map (1-based layer and head) of one sentence."""
+        m = maps_for(req.sentences, req.level)
+        try:
+            w = payload.head_matrix(m, req.sentence, req.layer, req.head)
+        except ValueError as e:
+            raise HTTPException(status_code=400, detail=str(e)) from None
+        return {"sentence": req.sentence, "layer": req.layer, "head": req.head,
+                "labels": payload.labels(m, req.sentence), "weights": payload.round_weights(w)}
+
+    @app.post("/api/roles", response_model=RolesOut)
+    def roles(req: MapsIn) -> dict:
+        """Role scores ([layer][head] per role) over the sentences' word-level maps, and the badges."""
+        return payload.roles_payload(maps_for(req.sentences, "word"))
+
+    @app.post("/api/find-head", response_model=FindHeadOut)
+    def find_head(req: FindHeadIn) -> dict:
+        """The lesson's search: heads where the target's largest weight falls on each sentence's decider."""
+        words = maps_for(req.sentences, "word")
+        try:
+            return payload.find_head_payload(words, req.target, req.deciders, req.exclude_self, req.exclude_marks)
+        except (ValueError, LookupError) as e:
+            raise HTTPException(status_code=400, detail=str(e)) from None
+
+    return app
+
+
+def serve(model: Any = None, revision: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    """Load the model, then serve the viewer with uvicorn until interrupted."""
+    import uvicorn
+
+    app = create_app(model, revision, preload=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

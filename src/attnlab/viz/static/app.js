@@ -1,0 +1,61 @@
+// Start-up: pick the data source (the embedded data of a self-contained page, or the local
+// server's API), wire the tabs and the sentence form, and show the first view.
+"use strict";
+(function () {
+  const AL = window.attnlab;
+  const embedded = document.getElementById("attnlab-data");
+  const data = embedded ? JSON.parse(embedded.textContent) : null;
+  const source = data ? new AL.EmbeddedSource(data) : new AL.ServerSource();
+  const available = {
+    scene: !data || !!data.scene, head: !data || !!data.maps, model: !data || !!data.maps,
+    compare: !data || !!data.search,
+  };
+  const started = new Set();
+
+  AL.showView = function (name) {
+    for (const b of document.querySelectorAll("#tabs button")) {
+      b.hidden = !available[b.dataset.view];
+      b.classList.toggle("active", b.dataset.view === name);
+    }
+    for (const v of document.querySelectorAll(".view")) v.hidden = v.id !== `view-${name}`;
+    document.getElementById("input").hidden = !!data || !(name === "head" || name === "model");
+    if (started.has(name)) return;
+    started.add(name);
+    if (name === "scene") AL.scene.show(source).catch((e) => AL.status(e.message, true));
+    if (name === "compare") AL.compare.init(source, !data);
+  };
+
+  async function showMaps(sentences, level) {
+    AL.status("computing the maps…");
+    document.getElementById("run").disabled = true;
+    try {
+      const t0 = performance.now();
+      const maps = await source.maps(sentences, level);
+      AL.emit("maps", {maps, source});
+      AL.status(`${maps.model.id} · ${(performance.now() - t0).toFixed(0)} ms`);
+    } catch (e) {
+      AL.status(e.message, true);
+    } finally {
+      document.getElementById("run").disabled = false;
+    }
+  }
+
+  for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => AL.showView(b.dataset.view));
+  document.getElementById("input").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const sentences = ["sentence-a", "sentence-b"].map((id) => document.getElementById(id).value.trim()).filter(Boolean);
+    showMaps(sentences, document.getElementById("level").value);
+  });
+
+  const wanted = location.hash.slice(1);
+  if (data) {
+    if (data.maps) AL.emit("maps", {maps: data.maps, source});
+    if (data.maps) document.getElementById("model-id").textContent = data.maps.model.id;
+    AL.showView(available[wanted] ? wanted : data.maps ? "head" : "scene");
+  } else {
+    source.info().then((info) => { document.getElementById("model-id").textContent = info.model_id; })
+      .catch((e) => AL.status(e.message, true));
+    AL.showView(available[wanted] ? wanted : "head");
+    document.getElementById("input").requestSubmit();
+  }
+})();

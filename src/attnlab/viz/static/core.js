@@ -1,0 +1,150 @@
+// attnlab viewer, shared pieces: DOM helpers, colours, number formats, and the two data sources
+// (the local server's JSON API, or the data embedded in a self-contained page). No network beyond
+// the page's own origin, no libraries.
+"use strict";
+const AL = (window.attnlab = window.attnlab || {});
+
+AL.el = function (tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined) node.append(c);
+  return node;
+};
+
+// A weight as `attnlab scene` prints it (0.598 -> "60 %") and with one decimal for the maps.
+AL.pct = (x) => `${Math.round(100 * x)} %`;
+AL.pct1 = (x) => `${(100 * x).toFixed(1)} %`;
+AL.num = (x, digits = 2) => x.toFixed(digits);
+
+// Weight in [0, 1] -> colour on a white-to-blue ramp (sqrt, so that small weights still show).
+AL.heatRGB = function (w) {
+  const t = Math.sqrt(Math.max(0, Math.min(1, w)));
+  return [Math.round(255 - 225 * t), Math.round(255 - 160 * t), Math.round(255 - 20 * t)];
+};
+AL.heat = (w) => `rgb(${AL.heatRGB(w).join(",")})`;
+
+// Draw an n x n map (Float32Array or array, row-major) into a canvas of `px` pixels a side.
+AL.drawMatrix = function (canvas, data, n, px) {
+  canvas.width = n;
+  canvas.height = n;
+  canvas.style.width = canvas.style.height = `${px}px`;
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(n, n);
+  for (let i = 0; i < n * n; i++) {
+    const [r, g, b] = AL.heatRGB(data[i]);
+    img.data[4 * i] = r;
+    img.data[4 * i + 1] = g;
+    img.data[4 * i + 2] = b;
+    img.data[4 * i + 3] = 255;
+  }
+  ctx.putImageData(img, 0, 0);
+};
+
+// Canvas backing store at the screen's pixel density.
+AL.fitCanvas = function (canvas, w, h) {
+  const r = window.devicePixelRatio || 1;
+  canvas.width = Math.round(w * r);
+  canvas.height = Math.round(h * r);
+  canvas.style.width = `${w}px`;
+  canvas.style.height = `${h}px`;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(r, 0, 0, r, 0, 0);
+  return ctx;
+};
+
+AL.status = function (text, isError) {
+  const s = document.getElementById("status");
+  if (!s) return;
+  s.textContent = text;
+  s.classList.toggle("error", !!isError);
+};
+
+// ---------------------------------------------------------------- data sources
+// Both sources answer the same questions with the same shapes:
+//   maps()              -> the /api/maps answer (labels, marks, downsampled maps, role scores)
+//   head(s, layer, hd)  -> {n, weights: Float32Array n*n} for sentence s, 1-based layer and head
+//   scene()             -> the /api/scene answer (the lesson's scene, as `attnlab scene --json`)
+//   findHead(req)       -> the /api/find-head answer
+
+class ServerSource {
+  constructor() {
+    this.request = null; // {sentences, level} of the maps on show
+    this.cache = new Map();
+  }
+  async call(path, body) {
+    const init = body === undefined ? {} : {
+      method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
+    };
+    const res = await fetch(path, init);
+    const data = await res.json().catch(() => ({detail: res.statusText}));
+    if (!res.ok) {
+      const d = data.detail;
+      const msg = Array.isArray(d) ? d.map((e) => `${(e.loc || []).slice(1).join(".")}: ${e.msg}`).join("; ") : d;
+      throw new Error(msg || `HTTP ${res.status}`);
+    }
+    return data;
+  }
+  info() { return this.call("/api/info"); }
+  scene() { return this.call("/api/scene"); }
+  async maps(sentences, level) {
+    const data = await this.call("/api/maps", {sentences, level});
+    this.request = {sentences, level};
+    this.cache.clear();
+    return data;
+  }
+  async head(sentence, layer, head) {
+    const key = `${sentence}/${layer}/${head}`;
+    if (!this.cache.has(key)) {
+      const p = this.call("/api/head", {...this.request, sentence, layer, head}).then((d) => ({
+        n: d.labels.length, weights: Float32Array.from(d.weights.flat()),
+      }));
+      this.cache.set(key, p);
+      p.catch(() => this.cache.delete(key));
+    }
+    return this.cache.get(key);
+  }
+  findHead(req) { return this.call("/api/find-head", req); }
+}
+
+// The embedded data of a self-contained page: every head of every sentence, packed as uint16
+// (weight * 65535, base64, little-endian), decoded on first use.
+class EmbeddedSource {
+  constructor(data) {
+    this.data = data;
+    this.decoded = [];
+  }
+  info() { return Promise.resolve(this.data.maps ? this.data.maps.model : null); }
+  scene() { return Promise.resolve(this.data.scene); }
+  maps() { return Promise.resolve(this.data.maps); }
+  head(sentence, layer, head) {
+    const m = this.data.maps;
+    const s = m.sentences[sentence];
+    if (!this.decoded[sentence]) {
+      const bin = atob(m.packed[sentence]);
+      const bytes = new Uint8Array(bin.length);
+      for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+      this.decoded[sentence] = new Uint16Array(bytes.buffer);
+    }
+    const n = s.labels.length;
+    const start = ((layer - 1) * m.model.num_heads + (head - 1)) * n * n;
+    const raw = this.decoded[sentence].subarray(start, start + n * n);
+    const weights = new Float32Array(n * n);
+    for (let i = 0; i < raw.length; i++) weights[i] = raw[i] / 65535;
+    return Promise.resolve({n, weights});
+  }
+  findHead() { return Promise.resolve(this.data.search); }
+}
+
+AL.ServerSource = ServerSource;
+AL.EmbeddedSource = EmbeddedSource;
+
+// A tiny event hub: views listen for new maps and for the head or word chosen elsewhere.
+AL.listeners = {};
+AL.on = (name, fn) => (AL.listeners[name] = AL.listeners[name] || []).push(fn);
+AL.emit = (name, arg) => (AL.listeners[name] || []).forEach((fn) => fn(arg));
