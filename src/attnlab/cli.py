@@ -67,6 +67,199 @@ def scene(as_json: bool = typer.Option(False, "--json", help="Print the scene as
     console.print(f"  scaled by 1/√2   {vec(sc['output'])}")
 
 
+# ---------------------------------------------------------------- real maps: maps, heads, find-head
+
+MODEL_HELP = "A model folder or a hub id (BERT/RoBERTa/GPT-2-style); default: the bundled all-MiniLM-L6-v2."
+REVISION_HELP = "The hub revision (commit) to pin, for a hub id."
+JSON_FILE_HELP = "Also write the result as JSON to this file ('-' for stdout, instead of tables)."
+
+
+def _as_items(sentences: list[str]) -> list[str | tuple[str, str]]:
+    """CLI sentences: a tab inside one makes it a pair (segments A and B), as in a corpus file."""
+    return [tuple(s.split("\t", 1)) if "\t" in s else s for s in sentences]  # type: ignore[misc]
+
+
+def _write_json(path: str | None, data: Any) -> bool:
+    """Write JSON to a file or, for '-', to stdout; True when stdout took it (then print nothing else)."""
+    if path is None:
+        return False
+    if path == "-":
+        emit_json(data)
+        return True
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+    err.print(f"wrote {path}")
+    return False
+
+
+def _head(layer: int | None, head: int | None, num_layers: int, num_heads: int) -> tuple[int, int] | None:
+    """1-based --layer/--head from the user → 0-based, checked against the model's counts."""
+    if layer is None and head is None:
+        return None
+    if layer is None or head is None:
+        raise ValueError("--layer and --head go together; give both (1-based) or neither")
+    if not 1 <= layer <= num_layers:
+        raise ValueError(f"--layer {layer} is out of range; this model has layers 1 to {num_layers}")
+    if not 1 <= head <= num_heads:
+        raise ValueError(f"--head {head} is out of range; this model has heads 1 to {num_heads}")
+    return layer - 1, head - 1
+
+
+def _progress(description: str):
+    """A rich progress bar on stderr and the (done, total) callback that drives it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err, transient=True)
+    task = bar.add_task(description, total=None)
+    return bar, lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@app.command("maps")
+def maps_cmd(
+    sentences: list[str] = typer.Argument(..., help="Sentences (a tab inside one makes a sentence pair)."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    layer: int = typer.Option(None, "--layer", help="Layer to show, 1-based (with --head)."),
+    head: int = typer.Option(None, "--head", help="Head to show, 1-based (with --layer)."),
+    words: bool = typer.Option(False, "--words", help="Add word pieces up into words (to: sum, from: mean)."),
+    png: str = typer.Option(None, "--png", help="Write a heatmap of the chosen head to this PNG file."),
+    json_path: str = typer.Option(None, "--json", help=JSON_FILE_HELP),
+    save: str = typer.Option(None, "--save", help="Write every captured map to this .npz file (attnlab.load_maps)."),
+    html: str = typer.Option(None, "--html", help="Write the viewer (head, model and scene views) as one self-contained HTML file."),
+) -> None:
+    """Capture every head's attention map; show one head's map, or where each head looks most."""
+    from attnlab.models.capture import capture
+
+    maps = capture(_as_items(sentences), model, revision)
+    if save:
+        err.print(f"wrote {maps.save(save)}")
+    view = maps.to_words() if words else maps
+    if html:
+        from attnlab.viz.page import write_maps_html
+
+        err.print(f"wrote {write_maps_html(view, html)}")
+    labels = view.words if words else maps.tokens
+    pick = _head(layer, head, maps.num_layers, maps.num_heads)
+    if png and pick is None:
+        raise ValueError("--png draws one head; give --layer and --head (1-based)")
+    unit = "words" if words else "tokens"
+    data = {
+        "model_id": maps.model_id, "revision": maps.revision, "num_layers": maps.num_layers,
+        "num_heads": maps.num_heads, "unit": unit,
+        "layer": None if pick is None else pick[0] + 1, "head": None if pick is None else pick[1] + 1,
+        "sentences": [
+            {"sentence": s if isinstance(s, str) else list(s), unit: labels[i],
+             "weights": (view.weights[i][pick] if pick else view.weights[i]).round(6).tolist()}
+            for i, s in enumerate(maps.sentences)
+        ],
+    }
+    if png:
+        from attnlab.viz.heatmap import plot_maps
+
+        plot_maps([view.weights[i][pick] for i in range(len(maps))], labels,
+                  title=f"{maps.model_id}: layer {pick[0] + 1}, head {pick[1] + 1}").savefig(png, dpi=150)
+        err.print(f"wrote {png}")
+    if _write_json(json_path, data):
+        return
+    console.print(f"{maps.model_id} ({maps.revision}): {maps.num_layers} layers × {maps.num_heads} heads")
+    for i, w in enumerate(view.weights):
+        if pick is not None:
+            table = Table(title=f"sentence {i + 1}, layer {pick[0] + 1}, head {pick[1] + 1}: "
+                                f"% of each row's attention per column")
+            table.add_column("", no_wrap=True)
+            for lab in labels[i]:
+                table.add_column(lab, justify="right", no_wrap=True)
+            for r, lab in enumerate(labels[i]):
+                table.add_row(lab, *(str(round(100 * x)) for x in w[pick][r]))
+        else:
+            table = Table(title=f"sentence {i + 1}: where each head looks most (mean row, %)")
+            table.add_column("", no_wrap=True)
+            for l in range(maps.num_layers):
+                table.add_column(f"layer {l + 1}", no_wrap=True)
+            mean = w.mean(axis=2)  # (L, H, T): each head's average row
+            top = mean.argmax(axis=-1)  # (L, H)
+            for h in range(maps.num_heads):
+                table.add_row(f"head {h + 1}", *(f"{labels[i][top[l, h]]} {round(100 * mean[l, h, top[l, h]])}"
+                                                 for l in range(maps.num_layers)))
+        console.print(table)
+
+
+@app.command("heads")
+def heads_cmd(
+    sentences: list[str] = typer.Argument(None, help="Sentences to score (default: the lesson's two 'bank' sentences)."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    corpus: str = typer.Option(None, "--corpus", help="A text file: one sentence, or a tab-separated pair, per line."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sentences per forward pass."),
+    json_path: str = typer.Option(None, "--json", help=JSON_FILE_HELP),
+) -> None:
+    """Heads by role: each head's average attention to [CLS], [SEP], punctuation, self, previous, next word, and entropy."""
+    from attnlab.analysis.corpus import corpus_roles, read_corpus
+    from attnlab.analysis.roles import ROLES
+
+    if corpus and sentences:
+        raise ValueError("give sentences or --corpus FILE, not both")
+    items = read_corpus(corpus) if corpus else _as_items(sentences or ["I sat on the bank of the river.",
+                                                                        "I put the money in the bank."])
+    bar, tick = _progress("capturing")
+    with bar:
+        roles = corpus_roles(items, model, revision, batch_size=batch_size, progress=tick)
+    if _write_json(json_path, roles.to_dict()):
+        return
+    table = Table(title=f"{roles.model_id}: head roles over {roles.num_sentences} sentences (layer, head 1-based)")
+    for col in ("role", "attention to", "top head", "score", "heads ≥ threshold"):
+        table.add_column(col, justify="right" if col in ("score", "heads ≥ threshold") else "left")
+    for name, role in ROLES.items():
+        layer, head, score = roles.top(name)
+        shown = f"{score:.2f} nats" if role.unit == "nats" else pct(score)
+        over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{' nats' if role.unit == 'nats' else ''})"
+        table.add_row(name, role.description, f"layer {layer + 1}, head {head + 1}", shown, over)
+    console.print(table)
+
+
+@app.command("find-head")
+def find_head_cmd(
+    sentences: list[str] = typer.Argument(..., help="One sentence per decider."),
+    target: str = typer.Option(..., "--target", help="The ambiguous word, e.g. bank."),
+    decider: list[str] = typer.Option(..., "--decider", help="The deciding word of each sentence, in order."),
+    exclude_self: bool = typer.Option(False, "--exclude-self", help="Leave the target itself out of the argmax."),
+    exclude_marks: bool = typer.Option(False, "--exclude-marks", help="Leave the marks out of the argmax."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    json_path: str = typer.Option(None, "--json", help=JSON_FILE_HELP),
+) -> None:
+    """The heads whose largest weight of the target falls on its decider in every sentence."""
+    from attnlab.analysis.search import MARK_RULE, find_heads
+    from attnlab.models.capture import capture
+
+    found = find_heads(capture(_as_items(sentences), model, revision).to_words(), target, decider,
+                       exclude_self=exclude_self, exclude_marks=exclude_marks)
+    if _write_json(json_path, found.to_dict()):
+        return
+    console.print(found.summary(), highlight=False)
+    console.print(f"marks: in {found.mark_heads} of {found.total_heads} heads {MARK_RULE} "
+                  f"(per sentence: {', '.join(map(str, found.mark_heads_per_sentence))}).", highlight=False)
+
+
+# ---------------------------------------------------------------- the viewer: serve
+
+
+@app.command()
+def serve(
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; the default serves this machine only."),
+    port: int = typer.Option(8765, "--port", min=1, max=65535, help="Port to listen on."),
+) -> None:
+    """The web viewer: type one or two sentences and explore every head in the browser, offline."""
+    from attnlab.viz.server import serve as run_server
+
+    err.print(f"loading {model or 'the bundled all-MiniLM-L6-v2'}…")
+    run_server(model, revision, host, port,
+               announce=lambda url: err.print(f"attnlab viewer at {url} (Ctrl+C to stop)", highlight=False))
+
+
 # ---------------------------------------------------------------- entry point
 
 

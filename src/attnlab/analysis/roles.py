@@ -91,11 +91,11 @@ ROLES: dict[str, Role] = {
         Role("prev", "previous word", _prev, PREV_THRESHOLD),
         Role("next", "next word", _next, NEXT_THRESHOLD),
         Role("self", "the word itself", _self, SELF_THRESHOLD),
-        Role("cls", "[CLS] (the opening special token)", _cls, CLS_THRESHOLD),
-        Role("sep", "[SEP] (the other special tokens)", _sep, SEP_THRESHOLD),
+        Role("cls", "[CLS] / <s>", _cls, CLS_THRESHOLD),
+        Role("sep", "[SEP] / </s>", _sep, SEP_THRESHOLD),
         Role("punct", "punctuation", _punct, PUNCT_THRESHOLD),
-        Role("marks", "all marks (special tokens and punctuation)", _marks, MARKS_THRESHOLD),
-        Role("broad", "broad: mean row entropy", _broad, BROAD_THRESHOLD_NATS, unit="nats"),
+        Role("marks", "marks (special + punct.)", _marks, MARKS_THRESHOLD),
+        Role("broad", "everything: row entropy", _broad, BROAD_THRESHOLD_NATS, unit="nats"),
     )
 }
 

@@ -50,6 +50,7 @@ class HeadSearch:
     best: tuple[int, int] | None
     decider_weights: np.ndarray = field(repr=False)  # [L, H, S]
     mark_heads: int
+    mark_heads_per_sentence: list[int]  # heads where the target's largest weight falls on a mark, per sentence
     total_heads: int
     closest: list[HeadStanding]
     model_id: str = ""
@@ -85,6 +86,7 @@ class HeadSearch:
                 "decider_weights": self.decider_weights[self.best].tolist(),
             },
             "mark_heads": self.mark_heads, "mark_rule": MARK_RULE,
+            "mark_heads_per_sentence": self.mark_heads_per_sentence,
             "closest": [c.to_dict() for c in self.closest], "summary": self.summary(),
         }
 
@@ -153,6 +155,7 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
     return HeadSearch(
         target=target, deciders=deciders, exclude_self=exclude_self, exclude_marks=exclude_marks,
         qualifying=qualifying, best=best, decider_weights=dec_w,
-        mark_heads=int(on_mark.all(axis=-1).sum()), total_heads=L * H, closest=closest,
+        mark_heads=int(on_mark.all(axis=-1).sum()),
+        mark_heads_per_sentence=[int(x) for x in on_mark.sum(axis=(0, 1))], total_heads=L * H, closest=closest,
         model_id=words.model_id,
     )

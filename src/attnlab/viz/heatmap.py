@@ -1,0 +1,79 @@
+"""Attention heatmaps with matplotlib: who attends (rows) to whom (columns), tokens on both axes.
+
+Built on ``matplotlib.figure.Figure`` rather than pyplot, so no global figure state is touched and
+no display is needed; save with ``fig.savefig(path)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+ANNOTATE_MAX = 16  # label every cell with its percentage up to this many rows and columns
+CELL_INCHES = 0.42
+
+
+def plot_heatmap(
+    weights2d: Any,
+    row_labels: list[str],
+    col_labels: list[str],
+    title: str | None = None,
+    ax: Any = None,
+    *,
+    annotate: bool | None = None,
+):
+    """Draw one attention map [Tq, Tk] (weights in 0..1) and return the Figure.
+
+    Rows are the tokens attending (queries), columns the tokens attended to (keys). Cells carry
+    their weight in percent when the map is small enough to read (``annotate=None``: up to
+    :data:`ANNOTATE_MAX` tokens).
+    """
+    from matplotlib.figure import Figure
+
+    w = np.asarray(weights2d, dtype=np.float64)
+    if w.ndim != 2:
+        raise ValueError(f"weights2d must be 2-D [Tq, Tk], got shape {w.shape}")
+    if len(row_labels) != w.shape[0] or len(col_labels) != w.shape[1]:
+        raise ValueError(
+            f"labels do not fit weights2d of shape {w.shape}: {len(row_labels)} row labels, "
+            f"{len(col_labels)} column labels"
+        )
+    if ax is None:
+        side = max(3.5, CELL_INCHES * max(w.shape) + 1.8)
+        fig = Figure(figsize=(side + 0.8, side), layout="constrained")
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    image = ax.imshow(w, cmap="Blues", vmin=0.0, vmax=max(1e-9, float(w.max())), aspect="equal")
+    ax.set_xticks(range(w.shape[1]), col_labels, rotation=60, ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(w.shape[0]), row_labels)
+    ax.set_xlabel("attended to (key)")
+    ax.set_ylabel("attending (query)")
+    ax.tick_params(length=0)
+    if annotate is None:
+        annotate = max(w.shape) <= ANNOTATE_MAX
+    if annotate:
+        dark = 0.6 * float(w.max())
+        for i, j in np.ndindex(*w.shape):
+            ax.text(j, i, f"{round(100 * w[i, j])}", ha="center", va="center", fontsize=7,
+                    color="white" if w[i, j] > dark else "black")
+    if title:
+        ax.set_title(title)
+    fig.colorbar(image, ax=ax, shrink=0.8, label="weight")
+    return fig
+
+
+def plot_maps(maps2d: list[Any], labels: list[list[str]], title: str | None = None):
+    """One head's map for several sentences, side by side: ``maps2d[i]`` [T_i, T_i] labelled by ``labels[i]``."""
+    from matplotlib.figure import Figure
+
+    if len(maps2d) != len(labels) or not maps2d:
+        raise ValueError(f"plot_maps needs one label list per map, got {len(maps2d)} maps and {len(labels)} label lists")
+    side = max(3.5, CELL_INCHES * max(len(lab) for lab in labels) + 1.8)
+    fig = Figure(figsize=((side + 0.8) * len(maps2d), side + 0.4), layout="constrained")
+    for i, (w, lab) in enumerate(zip(maps2d, labels)):
+        plot_heatmap(w, lab, lab, title=f"sentence {i + 1}", ax=fig.add_subplot(1, len(maps2d), i + 1))
+    if title:
+        fig.suptitle(title)
+    return fig
