@@ -17,7 +17,7 @@ import logging
 import threading
 from collections import OrderedDict
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from attnlab.viz import payload
 
@@ -261,9 +261,28 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     return app
 
 
-def serve(model: Any = None, revision: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-    """Load the model, then serve the viewer with uvicorn until interrupted."""
+def check_port(host: str, port: int) -> None:
+    """Fail with a clear OSError when ``host:port`` cannot be bound (in use, no such address)."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port or --host") from None
+
+
+def serve(model: Any = None, revision: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          announce: Callable[[str], None] | None = None) -> None:
+    """Load the model, then serve the viewer with uvicorn until interrupted.
+
+    ``announce`` gets the viewer's URL once the model is loaded and the port is known to be free.
+    """
     import uvicorn
 
+    check_port(host, port)
     app = create_app(model, revision, preload=True)
+    if announce is not None:
+        shown = f"[{host}]" if ":" in host else host
+        announce(f"http://{shown}:{port}/")
     uvicorn.run(app, host=host, port=port, log_level="warning")

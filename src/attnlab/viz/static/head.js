@@ -8,7 +8,7 @@
   const AL = window.attnlab;
   const el = AL.el;
   const ROW = 20; // px per word in the lines display
-  const VIEW_H = 480; // px of the scrolling lines display
+  const MAX_VIEW_H = 480; // px of the scrolling lines display, at most
   const TOP_K = 10;
   const st = {maps: null, source: null, sentence: 0, layer: 1, head: 1, pinned: null, hover: null,
     display: "lines", map: null, ticket: 0, redraw: () => {}};
@@ -68,8 +68,10 @@
         el("span", {class: "num pct", text: AL.pct1(weight(q, j))})))));
   }
 
+  const viewH = () => Math.min(MAX_VIEW_H, st.map.n * ROW);
+
   function drawLines(canvas, scroller) {
-    const n = st.map.n, W = canvas.parentElement.clientWidth || 600, colW = 160;
+    const VIEW_H = viewH(), n = st.map.n, W = canvas.parentElement.clientWidth || 600, colW = 160;
     const top = scroller.scrollTop;
     const first = Math.max(0, Math.floor(top / ROW)), last = Math.min(n - 1, Math.ceil((top + VIEW_H) / ROW));
     canvas.style.top = `${top}px`;
@@ -97,7 +99,8 @@
   function linesPanel() {
     const canvas = el("canvas", {id: "head-lines", class: "overlay"});
     const spacer = el("div", {class: "spacer", style: `height:${st.map.n * ROW}px`}, canvas);
-    const scroller = el("div", {id: "head-scroll", class: "scroller", style: `height:${VIEW_H}px`}, spacer);
+    const VIEW_H = viewH();
+    const scroller = el("div", {id: "head-scroll", class: "scroller", style: `height:${VIEW_H + 2}px`}, spacer);
     const rowAt = (e) => {
       const r = canvas.getBoundingClientRect();
       const j = Math.floor((e.clientY - r.top + scroller.scrollTop) / ROW);
@@ -117,7 +120,7 @@
   }
 
   function heatPanel() {
-    const n = st.map.n, px = Math.min(VIEW_H, Math.max(240, n * 12));
+    const n = st.map.n, px = Math.min(MAX_VIEW_H, Math.max(240, n * 12));
     const image = el("canvas", {id: "head-heat", class: "matrix"});
     AL.drawMatrix(image, st.map.weights, n, px);
     const mark = el("canvas", {class: "overlay"});

@@ -31,9 +31,9 @@
   // The values as points in the (riverbank, money) plane, the blended vector as an arrow, and the
   // other setting's vector dashed, so that the effect of √d is seen.
   function drawPlane(canvas, on, off) {
-    const W = 420, H = 300, pad = 40;
+    const W = 460, H = 300, pad = 44;
     const ctx = AL.fitCanvas(canvas, W, H);
-    const X = (x) => pad + x * (W - 2 * pad);
+    const X = (x) => pad + x * (W - 3 * pad);
     const Y = (y) => H - pad - y * (H - 2 * pad) * 1.6;
     ctx.strokeStyle = "#999"; ctx.lineWidth = 1;
     ctx.beginPath(); ctx.moveTo(X(0), Y(0)); ctx.lineTo(X(1.05), Y(0));

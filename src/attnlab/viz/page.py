@@ -1,0 +1,97 @@
+"""The viewer as one self-contained HTML file: the page's CSS and JS inlined, the data as JSON.
+
+The same static files the server serves (``static/``), so the file shows the same views; it needs
+no server and no network (bertviz's pages, which load their scripts from a CDN, are blank
+offline). Every head of every sentence is embedded, packed as uint16 (see
+:func:`attnlab.viz.payload.pack_weights`): a 512-token sentence of a 6 × 12 model makes a file of
+about 50 MB, a ten-word one a few hundred kB.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from attnlab.viz import payload
+from attnlab.viz.server import read_static
+
+DATA_ID = "attnlab-data"
+NOTEBOOK_HEIGHT = 760  # px of the notebook frame
+
+
+def page_data(maps: Any = None, *, scene: bool = True, target: str | None = None,
+              deciders: list[str] | None = None, overview: int = payload.DEFAULT_OVERVIEW) -> dict:
+    """The data a page embeds: the scene, the maps (with every head packed) and the head search.
+
+    ``maps``: token-level AttentionMaps or word-level WordMaps (or None for the scene alone).
+    ``target`` and ``deciders`` (one per sentence) add the Compare view's head search.
+    """
+    data: dict[str, Any] = {"scene": None, "maps": None, "search": None}
+    if scene:
+        from attnlab.lesson.scene import scene as compute
+
+        data["scene"] = compute()
+    if maps is not None:
+        data["maps"] = payload.maps_payload(maps, overview=overview)
+        data["maps"]["packed"] = [payload.pack_weights(w) for w in maps.weights]
+    if target is not None:
+        if maps is None or deciders is None:
+            raise ValueError("target needs maps and deciders (one decider per sentence) for the head search")
+        words = maps if payload.is_word_level(maps) else maps.to_words()
+        data["search"] = payload.find_head_payload(words, target, list(deciders))
+    return data
+
+
+def _inline_json(data: dict) -> str:
+    # "</" would end the <script> element early; "<\/" is the same string to JSON.parse.
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+
+
+def render_page(data: dict, title: str = "attnlab viewer") -> str:
+    """index.html with its stylesheet and scripts inlined and ``data`` embedded before them."""
+    page = read_static("index.html")
+    page = page.replace("<title>attnlab viewer</title>", f"<title>{html.escape(title)}</title>")
+    page = re.sub(r'<link rel="stylesheet" href="([\w.]+)">',
+                  lambda m: f"<style>\n{read_static(m.group(1))}</style>", page)
+    scripts = re.findall(r'<script src="([\w.]+)"></script>', page)
+    for i, name in enumerate(scripts):
+        code = read_static(name)
+        if "</script" in code:
+            raise RuntimeError(f"static/{name} contains '</script', which would end its inlined <script> early")
+        embed = f'<script type="application/json" id="{DATA_ID}">{_inline_json(data)}</script>\n' if i == 0 else ""
+        page = page.replace(f'<script src="{name}"></script>', f"{embed}<script>\n{code}</script>")
+    return page
+
+
+def _title(maps: Any) -> str:
+    first = payload.sentence_text(maps.sentences[0])
+    return f"attnlab · {maps.model_id} · {first[:60]}"
+
+
+def maps_html(maps: Any, *, target: str | None = None, deciders: list[str] | None = None) -> str:
+    """The self-contained page of captured maps (head view first, then model view, scene, compare)."""
+    return render_page(page_data(maps, target=target, deciders=deciders), title=_title(maps))
+
+
+def write_maps_html(maps: Any, path: str | os.PathLike, *, target: str | None = None,
+                    deciders: list[str] | None = None) -> Path:
+    """Write :func:`maps_html` to ``path`` (``.html`` appended when it has no suffix); returns the path."""
+    path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(".html")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist")
+    path.write_text(maps_html(maps, target=target, deciders=deciders), encoding="utf-8")
+    return path
+
+
+def notebook_html(maps: Any) -> str:
+    """The page in an ``<iframe srcdoc>`` for a notebook cell: its scripts and styles stay inside
+    the frame, so several outputs in one notebook do not interfere, and nothing is fetched."""
+    doc = html.escape(maps_html(maps), quote=True)
+    return (f'<iframe srcdoc="{doc}" title="{html.escape(_title(maps))}" '
+            f'style="width:100%;height:{NOTEBOOK_HEIGHT}px;border:1px solid #ddd"></iframe>')
