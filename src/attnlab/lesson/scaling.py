@@ -60,6 +60,8 @@ def saturation(seed: int = 0, keys: int = SAT_KEYS, d_k: int = SAT_DK, draws: in
         "unscaled_sem": float(top_un.std(ddof=1) / np.sqrt(draws)),
         "scaled_sem": float(top_sc.std(ddof=1) / np.sqrt(draws)),
         "first_draw": {"unscaled": float(top_un[0]), "scaled": float(top_sc[0])},
+        "largest_unscaled": top_un.tolist(),  # (draws,): the largest weight of each draw
+        "largest_scaled": top_sc.tolist(),
         "unit_scores": (s / np.sqrt(d_k)).tolist(),  # (draws, keys): z, variance 1, reused for the gradient curve
     }
 

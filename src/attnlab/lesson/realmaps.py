@@ -1,0 +1,138 @@
+"""Section 5 of the lesson: real attention maps, on the default model (or the one given).
+
+The two "bank" sentences go through the model once (:func:`attnlab.capture`); word-level maps
+(pieces added up) feed the target-word head search (:func:`attnlab.find_heads`) and the head
+roles (:func:`attnlab.head_roles`). The seed's figures are for bert-base-uncased and are shown
+beside ours, labelled as the seed's model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnlab.lesson.fmt import pct
+from attnlab.lesson.section import Section, table
+
+SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
+TARGET = "bank"
+DECIDERS = ("river", "money")
+ROLE_HEADS = (("prev", "previous word"), ("next", "next word"), ("marks", "marks ([CLS], [SEP], punctuation)"))
+
+SEED_MAPS = {
+    "model": "bert-base-uncased",
+    "qualifying": 6,
+    "total_heads": 144,
+    "best": {"layer": 3, "head": 11, "weights_pct": [93, 60]},
+    "mark_heads": 113,
+    "spanish": {"model": "bert-base-multilingual-cased", "qualifying": 4, "total_heads": 144,
+                "best": {"layer": 1, "head": 4, "weights_pct": [44, 65]}, "mark_heads": 58},
+}
+
+
+def model_info(maps: Any) -> dict:
+    """Layers, heads and width of the captured model, read from its config."""
+    hidden = maps.config.get("hidden_size") or maps.config.get("n_embd") or maps.config.get("d_model")
+    if not hidden:
+        raise LookupError(f"the config of {maps.model_id} names no hidden size (hidden_size, n_embd or d_model)")
+    return {"model_id": maps.model_id, "revision": maps.revision, "num_layers": maps.num_layers,
+            "num_heads": maps.num_heads, "hidden_size": int(hidden)}
+
+
+def capture_bank(model: str | None = None) -> Any:
+    """The two sentences' maps on ``model`` (None: the bundled default); loads torch lazily."""
+    import attnlab
+
+    return attnlab.capture(list(SENTENCES), model=model)
+
+
+def _heatmap(words: Any, sentence: int, layer: int, head: int, title: str) -> dict:
+    return {
+        "title": title, "sentence": sentence, "layer": layer + 1, "head": head + 1,
+        "words": list(words.words[sentence]),
+        "weights": words.weights[sentence][layer, head].astype(float).round(6).tolist(),
+    }
+
+
+def maps_section(maps: Any) -> Section:
+    import attnlab
+
+    words = maps.to_words()
+    res = attnlab.find_heads(words, target=TARGET, deciders=list(DECIDERS))
+    roles = attnlab.head_roles(words)
+    info = model_info(maps)
+    total = res.total_heads
+    seed = SEED_MAPS
+
+    heatmaps = []
+    if res.best is not None:
+        layer, head = res.best
+        label = "the best qualifying head"
+    else:
+        layer, head = res.closest[0].layer, res.closest[0].head
+        label = "the closest head (none qualifies)"
+    for s in range(len(SENTENCES)):
+        heatmaps.append(_heatmap(words, s, layer, head, f'"{TARGET}" head, {label}: layer {layer + 1}, head {head + 1}'))
+    tops = {role: roles.top(role) for role, _ in ROLE_HEADS}  # (layer0, head0, score)
+    role_rows = []
+    for role, what in ROLE_HEADS:
+        rl, rh, score = tops[role]
+        role_rows.append([what, f"layer {rl + 1}, head {rh + 1}", pct(score)])
+        heatmaps.append(_heatmap(words, 0, rl, rh, f"{what}: layer {rl + 1}, head {rh + 1}, average {pct(score)}"))
+
+    if res.qualifying:
+        verdict = f"{len(res.qualifying)} of {total} heads qualify; " + res.summary().split("; ", 1)[1] + "."
+    else:
+        verdict = (f'No head of {total} qualifies: in none does the largest weight of "{TARGET}" fall on '
+                   f'"{DECIDERS[0]}" in the first sentence and on "{DECIDERS[1]}" in the second.')
+    findings = (
+        f"{info['model_id']} ({info['num_layers']} layers × {info['num_heads']} heads), word level, pieces added up. "
+        + verdict,
+        f'The largest weight of "{TARGET}" falls on a mark ([CLS], [SEP] or the period) in both sentences in '
+        f"{res.mark_heads} of {total} heads.",
+        "Heads with the largest average weight on the " + "; on the ".join(
+            f"{what.split(' (')[0]}: {where} ({share})" for what, where, share in role_rows) + ".",
+        f"The seed's model, {seed['model']}: {seed['qualifying']} of {seed['total_heads']} heads qualify (layer "
+        f"{seed['best']['layer']}, head {seed['best']['head']}: {seed['best']['weights_pct'][0]} % and "
+        f"{seed['best']['weights_pct'][1]} %), and the largest weight of \"{TARGET}\" falls on a mark in "
+        f"{seed['mark_heads']} of {seed['total_heads']}.",
+    )
+    closest_rows = [
+        [f"layer {c.layer + 1}, head {c.head + 1}", f"{c.sentences_won} of {len(SENTENCES)}"]
+        + [pct(w) + ("" if win.casefold() == d.casefold() else f" ({win} {pct(ww)})")
+           for d, w, win, ww in zip(DECIDERS, c.weights, c.winners, c.winner_weights)]
+        for c in res.closest
+    ]
+    if res.best is not None:
+        closest_rows = [[f"layer {lh[0] + 1}, head {lh[1] + 1}", f"{len(SENTENCES)} of {len(SENTENCES)}"]
+                        + [pct(w) for w in res.decider_weights[lh]] for lh in res.qualifying]
+    tables = (
+        table(
+            f'The "{TARGET}" head search: ours beside the seed\'s',
+            ["model", "heads", "qualifying", "best head", "weights on river / money", '"bank" → a mark'],
+            [
+                [info["model_id"], total, len(res.qualifying),
+                 f"layer {res.best[0] + 1}, head {res.best[1] + 1}" if res.best else "none",
+                 " / ".join(pct(w) for w in res.decider_weights[res.best]) if res.best else "—", res.mark_heads],
+                [f"{seed['model']} (the seed's model)", seed["total_heads"], seed["qualifying"],
+                 f"layer {seed['best']['layer']}, head {seed['best']['head']}",
+                 " / ".join(f"{w} %" for w in seed["best"]["weights_pct"]), seed["mark_heads"]],
+            ],
+        ),
+        table(
+            "Qualifying heads" if res.best is not None else "Closest heads (weight on the decider; the winner when it is not)",
+            ["head", "sentences won", f"on {DECIDERS[0]}", f"on {DECIDERS[1]}"],
+            closest_rows,
+        ),
+        table("Heads by role (average weight, every word of both sentences)", ["role", "top head", "average weight"], role_rows),
+    )
+    data = {
+        "model": info,
+        "sentences": list(SENTENCES),
+        "target": TARGET,
+        "deciders": list(DECIDERS),
+        "words": [list(w) for w in words.words],
+        "search": res.to_dict(),
+        "roles": {role: {"layer": layer + 1, "head": head + 1, "score": score} for role, (layer, head, score) in tops.items()},
+        "heatmaps": heatmaps,
+    }
+    return Section("maps", 5, "The real maps", findings, tables, data, SEED_MAPS)
