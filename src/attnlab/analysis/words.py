@@ -40,6 +40,12 @@ class WordMaps:
     def __len__(self) -> int:
         return len(self.words)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the viewer (head view first) as a self-contained, offline frame."""
+        from attnlab.viz.page import notebook_html
+
+        return notebook_html(self)
+
     def index(self, i: int, word: str) -> int:
         """Position of the first word of sentence i equal to ``word`` (case-insensitive), or LookupError."""
         want = word.strip().casefold()

@@ -63,6 +63,12 @@ class AttentionMaps:
     def __len__(self) -> int:
         return len(self.sentences)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the viewer (head view first) as a self-contained, offline frame."""
+        from attnlab.viz.page import notebook_html
+
+        return notebook_html(self)
+
     def to_words(self, marks: Iterable[str] | None = None):
         """Word-level maps (:class:`attnlab.analysis.words.WordMaps`): to = sum, from = mean over pieces."""
         from attnlab.analysis.words import to_words

@@ -6,7 +6,7 @@
   const AL = window.attnlab;
   const el = AL.el;
   const st = {source: null, editable: false, request: {
-    sentences: ["I sat on the bank of the river.", "I took the money to the bank."],
+    sentences: ["I sat on the bank of the river.", "I put the money in the bank."],
     target: "bank", deciders: ["river", "money"],
   }};
 
