@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from attnlab.lesson.fmt import pct, vec  # one rounding for the lesson, its page and the CLI
+from attnlab.lesson.cost import CostConfig  # NumPy only: its defaults are the flags' defaults
 
 app = typer.Typer(
     name="attnlab",
@@ -258,6 +259,85 @@ def serve(
     err.print(f"loading {model or 'the bundled all-MiniLM-L6-v2'}…")
     run_server(model, revision, host, port,
                announce=lambda url: err.print(f"attnlab viewer at {url} (Ctrl+C to stop)", highlight=False))
+
+
+# ---------------------------------------------------------------- the lesson: lesson, cost
+
+
+def _print_section(section: Any) -> None:
+    """One lesson section: its tables, then what they show."""
+    console.rule(f"[bold]{section.number}. {section.title}")
+    for t in section.tables:
+        table = Table(title=t.title, title_justify="left")
+        for i, col in enumerate(t.columns):
+            table.add_column(col, justify="left" if i == 0 else "right")
+        for row in t.rows:
+            table.add_row(*row)
+        console.print(table)
+    for line in section.findings:
+        console.print(f"• {line}", highlight=False)
+
+
+_DEADLINE_HELP = "Latency deadline for one attention call, in ms: the cost section finds the largest n that meets it."
+_MEMORY_HELP = "Memory budget for one attention call, in MB (10^6 bytes)."
+
+
+@app.command()
+def lesson(
+    out: str = typer.Option("attnlab-report", "--out", help="Folder for index.html, the PNGs and lesson.json."),
+    model: str | None = typer.Option(None, "--model", help="Model folder or hub id (default: the bundled all-MiniLM-L6-v2)."),
+    as_json: bool = typer.Option(False, "--json", help="Print lesson.json to stdout instead of tables."),
+    deadline_ms: float = typer.Option(CostConfig.deadline_ms, "--deadline-ms", help=_DEADLINE_HELP),
+    memory_mb: float = typer.Option(CostConfig.memory_mb, "--memory-mb", help=_MEMORY_HELP),
+    seed: int = typer.Option(0, "--seed", help="Seed of the lesson's random draws (the √d table always uses the seed's rng(0))."),
+) -> None:
+    """The lesson of the seeds, computed: seven sections, a table each, and a report folder."""
+    import time
+    from pathlib import Path
+
+    from attnlab.lesson.report import lesson_json, write_report
+    from attnlab.lesson.run import LessonConfig, run_lesson
+
+    config = LessonConfig(out=Path(out), model=model, deadline_ms=deadline_ms, memory_mb=memory_mb, seed=seed)
+    if config.out.exists() and not config.out.is_dir():
+        raise NotADirectoryError(f"--out must be a folder, got the file {config.out}")
+    bar, _ = _progress("the lesson")
+    task = bar.tasks[0].id
+    with bar:
+        result = run_lesson(config, lambda what, i, n: bar.update(task, description=what, completed=i - 1, total=n + 1))
+        bar.update(task, description="drawing the figures, writing the report", completed=len(result.seconds))
+        t0 = time.perf_counter()
+        written = write_report(result)
+        drawn = time.perf_counter() - t0
+    if as_json:
+        emit_json(lesson_json(result))
+        return
+    for section in result.sections:
+        _print_section(section)
+    console.rule()
+    console.print(
+        f"Computed in {result.elapsed_s:.1f} s, figures and report in {drawn:.1f} s. "
+        f"Report: {config.out / 'index.html'} ({len(written)} files, every number in lesson.json).",
+        highlight=False,
+    )
+
+
+@app.command()
+def cost(
+    deadline_ms: float = typer.Option(CostConfig.deadline_ms, "--deadline-ms", help=_DEADLINE_HELP),
+    memory_mb: float = typer.Option(CostConfig.memory_mb, "--memory-mb", help=_MEMORY_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the section as JSON instead of tables."),
+) -> None:
+    """The cost section alone: time and memory as n doubles, and the largest n meeting the limits."""
+    from attnlab.lesson.cost import cost_section
+
+    cfg = CostConfig(deadline_ms=deadline_ms, memory_mb=memory_mb)
+    with err.status("measuring attention as n doubles…"):
+        section = cost_section(cfg)
+    if as_json:
+        emit_json(section.to_dict())
+        return
+    _print_section(section)
 
 
 # ---------------------------------------------------------------- entry point
