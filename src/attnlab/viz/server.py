@@ -50,8 +50,10 @@ class MapsCache:
         self.entries: OrderedDict[tuple, Any] = OrderedDict()
 
     def loaded(self) -> Any:
-        from attnlab.models.loading import load_model
+        from attnlab.models.loading import LoadedModel, load_model
 
+        if isinstance(self.model, LoadedModel):
+            return self.model
         with self.lock:
             return load_model(self.model, self.revision)
 
@@ -73,7 +75,8 @@ class MapsCache:
 
 
 def create_app(model: Any = None, revision: str | None = None, *, preload: bool = False):
-    """The viewer's ASGI app for one model (None: the bundled all-MiniLM-L6-v2).
+    """The viewer's ASGI app for one model: None (the bundled all-MiniLM-L6-v2), a folder, a hub id
+    (with ``revision``), or a :class:`~attnlab.models.loading.LoadedModel` already in memory.
 
     ``preload=True`` loads the model now, so a bad ``model`` fails here rather than on the first
     request (``attnlab serve`` does this).
@@ -113,6 +116,11 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         deciders: list[Word] = Field(min_length=1, max_length=MAX_SENTENCES, description="one per sentence")
         exclude_self: bool = False
         exclude_marks: bool = False
+
+    class ErrorOut(BaseModel):
+        detail: str
+
+    bad_request = {400: {"model": ErrorOut, "description": "Well-formed, but the model cannot take it (too many tokens, a word not in the sentence, a layer out of range)"}}
 
     class ModelOut(BaseModel):
         id: str
@@ -228,12 +236,12 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
         return compute()
 
-    @app.post("/api/maps", response_model=MapsOut)
+    @app.post("/api/maps", response_model=MapsOut, responses=bad_request)
     def maps(req: MapsIn) -> dict:
         """Labels, marks, downsampled maps of every head and the role badges; full maps: /api/head."""
         return payload.maps_payload(maps_for(req.sentences, req.level), overview=req.overview)
 
-    @app.post("/api/head", response_model=HeadOut)
+    @app.post("/api/head", response_model=HeadOut, responses=bad_request)
     def head(req: HeadIn) -> dict:
         """One head's full map (1-based layer and head) of one sentence."""
         m = maps_for(req.sentences, req.level)
@@ -244,12 +252,12 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         return {"sentence": req.sentence, "layer": req.layer, "head": req.head,
                 "labels": payload.labels(m, req.sentence), "weights": payload.round_weights(w)}
 
-    @app.post("/api/roles", response_model=RolesOut)
+    @app.post("/api/roles", response_model=RolesOut, responses=bad_request)
     def roles(req: MapsIn) -> dict:
         """Role scores ([layer][head] per role) over the sentences' word-level maps, and the badges."""
         return payload.roles_payload(maps_for(req.sentences, "word"))
 
-    @app.post("/api/find-head", response_model=FindHeadOut)
+    @app.post("/api/find-head", response_model=FindHeadOut, responses=bad_request)
     def find_head(req: FindHeadIn) -> dict:
         """The lesson's search: heads where the target's largest weight falls on each sentence's decider."""
         words = maps_for(req.sentences, "word")

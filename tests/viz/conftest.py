@@ -1,0 +1,100 @@
+"""Fixtures of the viewer's tests: an app over the default model, a tiny random BERT for fuzzing,
+and a live uvicorn server on 127.0.0.1 for the browser."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="session")
+def viewer_app(default_model):
+    pytest.importorskip("fastapi")
+    from attnlab.viz.server import create_app
+
+    return create_app(default_model)
+
+
+@pytest.fixture(scope="session")
+def client(viewer_app):
+    from fastapi.testclient import TestClient
+
+    with TestClient(viewer_app) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_model):
+    """A BERT of 2 layers x 2 heads with random weights and the default model's tokenizer: the real
+    loading and capturing code, at a size that lets the fuzzer send hundreds of requests."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=default_model.tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=512)
+    BertModel(config).save_pretrained(folder, safe_serialization=True)
+    for f in default_model.path.iterdir():
+        if f.name.startswith(("tokenizer", "vocab", "special_tokens")):
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_server(viewer_app):
+    """The viewer served by uvicorn in a thread on a free port of 127.0.0.1; yields its base URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(viewer_app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"uvicorn did not start on 127.0.0.1:{port}")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Debian Chromium through Playwright (Playwright's own browser download is offline here)."""
+    if not shutil.which(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing; scripts/setup.sh --test installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page; any JavaScript error or console error fails the test."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    yield pg
+    context.close()
+    assert not errors, f"the page logged errors: {errors}"
