@@ -48,8 +48,12 @@ class CostConfig:
     memory_mb: float = 256.0
     d: int = 64
     sizes: tuple[int, ...] = (256, 512, 1024, 2048)
-    repeats: int = 3
+    repeats: int = 5
     seed: int = 0
+    # BLAS threads while measuring. One by default: on a shared machine a multi-threaded matmul
+    # waits for its slowest thread, and that noise, not n, would set the fitted exponent.
+    # None leaves the library's default (all cores).
+    blas_threads: int | None = 1
 
     def __post_init__(self) -> None:
         for name in ("deadline_ms", "memory_mb"):
@@ -58,6 +62,8 @@ class CostConfig:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if not (isinstance(self.repeats, int) and self.repeats >= 1):
             raise ValueError(f"repeats must be an int >= 1, got {self.repeats!r}")
+        if self.blas_threads is not None and not (isinstance(self.blas_threads, int) and self.blas_threads >= 1):
+            raise ValueError(f"blas_threads must be None or an int >= 1, got {self.blas_threads!r}")
         if len(self.sizes) < 2 or any((not isinstance(n, int)) or n < 2 for n in self.sizes):
             raise ValueError(f"sizes must hold at least two ints >= 2, got {self.sizes!r}")
 
@@ -82,23 +88,42 @@ PATHS: dict[str, tuple[str, Callable]] = {
 }
 
 
-def measure(fn: Callable, n: int, d: int, repeats: int, seed: int = 0) -> Measurement:
-    """Median time of ``repeats`` runs of ``fn(q, k, v)`` at n tokens, then one traced run for memory."""
-    q, k, v = np.random.default_rng(seed).standard_normal((3, n, d))  # (3, n, d)
-    fn(q, k, v)  # warm-up: first-touch costs are not the algorithm's
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(q, k, v)
-        times.append(time.perf_counter() - t0)
+def _inputs(n: int, d: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((3, n, d))  # (3, n, d): q, k, v
+
+
+def _peak_bytes(fn: Callable, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> int:
+    """Peak allocation above what was already allocated, during one call (tracemalloc)."""
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
         fn(q, k, v)
-        peak = tracemalloc.get_traced_memory()[1] - base
+        return int(tracemalloc.get_traced_memory()[1] - base)
     finally:
         tracemalloc.stop()
-    return Measurement(n, statistics.median(times), int(peak))
+
+
+def measure_sweep(fn: Callable, sizes, d: int, repeats: int, seed: int = 0) -> list[Measurement]:
+    """Time every size round-robin (repeat r of each n before repeat r + 1 of any), then take medians.
+
+    Interleaving spreads whatever else the machine is doing over all sizes alike, so the ratios
+    between sizes, hence the fitted exponent, suffer less from it than one size after another would.
+    """
+    inputs = {n: _inputs(n, d, seed) for n in sizes}
+    for n in sizes:
+        fn(*inputs[n])  # warm-up: first-touch costs are not the algorithm's
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            t0 = time.perf_counter()
+            fn(*inputs[n])
+            times[n].append(time.perf_counter() - t0)
+    return [Measurement(n, statistics.median(times[n]), _peak_bytes(fn, *inputs[n])) for n in sizes]
+
+
+def measure(fn: Callable, n: int, d: int, repeats: int, seed: int = 0) -> Measurement:
+    """Median time of ``repeats`` runs of ``fn(q, k, v)`` at n tokens, and its peak extra memory."""
+    return measure_sweep(fn, [n], d, repeats, seed)[0]
 
 
 def growth_exponent(ns, values) -> float:
@@ -167,19 +192,28 @@ def _measured_table(name: str, path: dict, cfg: CostConfig):
         out.append([r["n"], approx + ms(r["time_s"]), approx + mb(r["peak_bytes"]), slope,
                     ("yes" if fits else "no") + ("" if r.get("measured") else " (predicted, not run)")])
     return table(
-        f"Measured: {name}, d = {cfg.d} (median of {cfg.repeats} runs; memory: tracemalloc peak)",
+        f"Measured: {name}, d = {cfg.d} (median of {cfg.repeats} interleaved runs, "
+        f"{'all' if cfg.blas_threads is None else cfg.blas_threads} BLAS thread(s); memory: tracemalloc peak)",
         ["n", "time", "peak memory", "exponent vs n/2 (time / memory)", f"meets {cfg.deadline_ms:g} ms and {cfg.memory_mb:g} MB"],
         out,
     )
 
 
 def cost_section(cfg: CostConfig = CostConfig()) -> Section:
+    """Section 6; the measurements run with ``cfg.blas_threads`` BLAS threads."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=cfg.blas_threads, user_api="blas"):
+        return _cost_section(cfg)
+
+
+def _cost_section(cfg: CostConfig) -> Section:
     d = MODEL_D
     counts = [{"n": n, "attention": n * n * d, "recurrent": n * d * d} for n in COUNT_SIZES]
     paths = {}
     for name, (what, fn) in PATHS.items():
         log.info("measuring %s at n = %s", name, cfg.sizes)
-        points = [measure(fn, n, cfg.d, cfg.repeats, cfg.seed) for n in cfg.sizes]
+        points = measure_sweep(fn, cfg.sizes, cfg.d, cfg.repeats, cfg.seed)
         ns = [p.n for p in points]
         paths[name] = {
             "what": what,

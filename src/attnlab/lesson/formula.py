@@ -109,7 +109,7 @@ def qkv_section(seed: int = 0) -> Section:
     findings = (
         f"Self-attention: Q = XW^Q, K = XW^K, V = XW^V from one X ({T_SELF} tokens × {D_MODEL}); {HEADS} heads of "
         f"{d_head} give {HEADS} maps of {T_SELF} × {T_SELF}; head 1 recomputed by hand from W^Q and W^K agrees "
-        f"to {self_check:.1e}.",
+        + ("exactly." if self_check == 0 else f"to {self_check:.1e}."),
         f"Cross-attention: queries from X ({T_SELF} tokens), keys and values from another sequence ({T_OTHER} tokens "
         f"× {D_OTHER}): each head's map is {T_SELF} × {T_OTHER}.",
         f"Bahdanau's additive score vᵀtanh(Ws + Uh) beside the dot product s·h/√{D_MODEL} on the same inputs: "

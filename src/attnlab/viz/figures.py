@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 UNSCALED, SCALED = "#c44e52", "#4c72b0"  # one colour per variant, the same in every figure
 
@@ -106,22 +107,25 @@ def cost_curves(data: dict) -> Figure:
     cfg = data["config"]
     fig = Figure(figsize=(10, 3.5), layout="constrained")
     a, b = fig.subplots(1, 2)
-    markers = iter("osd^v")
-    for name, p in data["paths"].items():
-        m = next(markers)
-        pts = sorted(p["points"] + [r for r in p["largest_context"]["tried"] if r["measured"]], key=lambda r: r["n"])
-        n = np.array([r["n"] for r in pts])
-        a.loglog(n, [1000 * r["time_s"] for r in pts], m + "-", label=f"{name}: ∝ n^{p['time_exponent']:.2f}")
-        b.loglog(n, [r["peak_bytes"] / 1e6 for r in pts], m + "-", label=f"{name}: ∝ n^{p['memory_exponent']:.2f}")
-        best = p["largest_context"]["n"]
-        if best:
-            a.axvline(best, color="0.5", ls=":", lw=1)
-            b.axvline(best, color="0.5", ls=":", lw=1)
+    for (name, p), color in zip(data["paths"].items(), ("#4c72b0", "#55a868", "#8172b2", "#dd8452")):
+        sweep = sorted(p["points"], key=lambda r: r["n"])
+        extra = [r for r in p["largest_context"]["tried"] if r["measured"] and r["n"] not in {q["n"] for q in sweep}]
+        for ax, key, scale, exp in ((a, "time_s", 1000, p["time_exponent"]), (b, "peak_bytes", 1e-6, p["memory_exponent"])):
+            ax.loglog([r["n"] for r in sweep], [r[key] * scale for r in sweep], "o-", color=color,
+                      label=f"{name}: ∝ n^{exp:.2f}")
+            if extra:
+                ax.loglog([r["n"] for r in extra], [r[key] * scale for r in extra], "o", mfc="none", color=color,
+                          label="search for the largest n")
+            if p["largest_context"]["n"]:
+                ax.axvline(p["largest_context"]["n"], color=color, ls=":", lw=1)
     a.axhline(cfg["deadline_ms"], color=UNSCALED, lw=1, label=f"deadline {cfg['deadline_ms']:g} ms")
     b.axhline(cfg["memory_mb"], color=UNSCALED, lw=1, label=f"budget {cfg['memory_mb']:g} MB")
     a.set_ylabel("time (ms)"), b.set_ylabel("peak extra memory (MB)")
     a.set_title(f"Time as n doubles (d = {cfg['d']})"), b.set_title("Memory as n doubles")
+    ticks = sorted({r["n"] for p in data["paths"].values() for r in p["points"]})
     for ax in (a, b):
+        ax.set_xticks(ticks, [str(n) for n in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("context n (tokens)")
         ax.legend(frameon=False, fontsize=8)
         ax.spines[["top", "right"]].set_visible(False)
