@@ -47,8 +47,9 @@ def page_data(maps: Any = None, *, scene: bool = True, target: str | None = None
 
 
 def _inline_json(data: dict) -> str:
-    # "</" would end the <script> element early; "<\/" is the same string to JSON.parse.
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    # No "<" at all inside the <script> element ("</script" would end it, "<!--" changes how it is
+    # parsed); "\u003c" is the same character to JSON.parse.
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def render_page(data: dict, title: str = "attnlab viewer") -> str:

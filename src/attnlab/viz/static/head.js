@@ -71,6 +71,7 @@
   const viewH = () => Math.min(MAX_VIEW_H, st.map.n * ROW);
 
   function drawLines(canvas, scroller) {
+    if (!st.map || !canvas.isConnected) return; // a newer head replaced this panel
     const VIEW_H = viewH(), n = st.map.n, W = canvas.parentElement.clientWidth || 600, colW = 160;
     const top = scroller.scrollTop;
     const first = Math.max(0, Math.floor(top / ROW)), last = Math.min(n - 1, Math.ceil((top + VIEW_H) / ROW));
@@ -125,6 +126,7 @@
     AL.drawMatrix(image, st.map.weights, n, px);
     const mark = el("canvas", {class: "overlay"});
     st.redraw = () => {
+      if (!st.map || !mark.isConnected) return;
       const q = query();
       const ctx = AL.fitCanvas(mark, px, px);
       if (q === null) return;

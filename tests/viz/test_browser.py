@@ -1,0 +1,144 @@
+"""The viewer in a real browser (headless Debian Chromium via Playwright) against uvicorn on
+127.0.0.1: what the page shows equals the API's numbers and the seed's. Screenshots of each view go
+to a temporary folder (or to $ATTNLAB_SCREENSHOT_DIR: the README's come from `docs/`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+log = logging.getLogger(__name__)
+
+SENTENCE = "I sat on the bank of the river."
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    folder = Path(os.environ.get("ATTNLAB_SCREENSHOT_DIR") or tmp_path_factory.mktemp("viewer-screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    log.warning("viewer screenshots in %s", folder)
+    return folder
+
+
+def pct1(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def show_sentence(page, base: str, sentence: str, level: str = "word") -> None:
+    page.goto(base + "/#head")
+    page.fill("#sentence-a", sentence)
+    page.select_option("#level", level)
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#status').textContent.includes('ms')")
+    page.wait_for_selector("#head-words .word")
+
+
+def test_head_view_shows_the_apis_weights(page, live_server, client, shots):
+    show_sentence(page, live_server, SENTENCE)
+    page.select_option("#head-layer", "3")
+    page.select_option("#head-head", "11")
+    page.wait_for_selector("#head-caption:has-text('layer 3, head 11')")
+    page.wait_for_selector("#head-lines")
+    words = page.locator("#head-words .word").all_inner_texts()
+    bank = words.index("bank")
+    page.click(f'#head-words .word[data-index="{bank}"]')
+    assert page.inner_text("#head-query") == '"bank" looks at'
+    shown = [(int(li.get_attribute("data-index")), li.locator(".pct").inner_text())
+             for li in page.locator("#head-row li").all()]
+
+    api = client.post("/api/head", json={"sentences": [SENTENCE], "layer": 3, "head": 11}).json()
+    assert api["labels"] == words
+    row = api["weights"][bank]
+    want = sorted(range(len(row)), key=lambda j: -row[j])[:10]
+    assert [j for j, _ in shown] == want
+    assert [text for _, text in shown] == [pct1(row[j]) for j in want]
+    page.screenshot(path=str(shots / "head-lines.png"))
+
+    page.select_option("#head-display", "heat")
+    page.wait_for_selector("#head-heat")
+    page.screenshot(path=str(shots / "head-heat.png"))
+
+
+def test_token_level_clicking_a_piece_of_a_split_word(page, live_server, client):
+    sentence = "Tokenization splits unusual words."
+    show_sentence(page, live_server, sentence, level="token")
+    tokens = page.locator("#head-words .word").all_inner_texts()
+    api = client.post("/api/head", json={"sentences": [sentence], "level": "token", "layer": 1, "head": 1}).json()
+    assert tokens == api["labels"] and any(t.startswith("##") for t in tokens)
+    j = next(i for i, t in enumerate(tokens) if t.startswith("##"))
+    page.click(f'#head-words .word[data-index="{j}"]')
+    top = page.locator("#head-row li").first
+    row = api["weights"][j]
+    best = max(range(len(row)), key=lambda k: row[k])
+    assert int(top.get_attribute("data-index")) == best and top.locator(".pct").inner_text() == pct1(row[best])
+
+
+def test_scene_toggle_shows_the_seeds_weights(page, live_server, shots):
+    page.goto(live_server + "/#scene")
+    page.wait_for_selector("#scene-table")
+
+    def weights() -> dict[str, str]:
+        rows = page.locator("#scene-table tbody tr").all()
+        return {r.get_attribute("data-token"): r.locator(".weight").inner_text() for r in rows}
+
+    before = weights()
+    assert [before[t] for t in ("river", "sat", "bank", "I")] == ["60 %", "20 %", "10 %", "2 %"]
+    assert "(0.75, 0.05)" in page.inner_text("#scene-output")
+    page.screenshot(path=str(shots / "scene.png"))
+    page.check("#scene-scale")
+    after = weights()
+    assert [after[t] for t in ("river", "sat", "bank", "I")] == ["46 %", "21 %", "13 %", "4 %"]
+    assert "(0.63, 0.06)" in page.inner_text("#scene-output")
+    page.click("#scene-back")
+    page.click("#scene-back")
+    assert page.locator("#scene-table .weight").count() == 0  # step 2: scores, no weights yet
+    assert page.locator("#scene-table .score").first.inner_text() == "-1.13"  # -1.6 / √2
+
+
+def test_model_view_badges_and_click_through(page, live_server, client, shots):
+    show_sentence(page, live_server, SENTENCE)
+    page.click('#tabs button[data-view="model"]')
+    assert page.locator("#model-grid .cell").count() == 6 * 12
+    badges = client.post("/api/maps", json={"sentences": [SENTENCE]}).json()["roles"]["badges"]
+    assert page.locator("#model-grid .badge").count() == len(badges)
+    prev = next(b for b in badges if b["role"] == "prev")
+    cell = page.locator(f'#model-grid .cell[data-layer="{prev["layer"]}"][data-head="{prev["head"]}"]')
+    assert "prev" in cell.inner_text()
+    page.screenshot(path=str(shots / "model.png"))
+    cell.click()
+    page.wait_for_selector(f"#head-caption:has-text('layer {prev['layer']}, head {prev['head']}')")
+    assert page.input_value("#head-layer") == str(prev["layer"])
+
+
+def test_compare_shows_the_head_search(page, live_server, client, shots):
+    page.goto(live_server + "/#compare")
+    page.wait_for_selector("#compare-summary")
+    api = client.post("/api/find-head", json={"sentences": ["I sat on the bank of the river.", "I put the money in the bank."],
+                                              "target": "bank", "deciders": ["river", "money"]}).json()
+    assert page.inner_text("#compare-summary") == api["summary"]
+    assert page.locator(".pair .side").count() == 2
+    page.screenshot(path=str(shots / "compare.png"))
+
+
+def test_self_contained_page_works_from_a_file_without_network(page, bank_maps, tmp_path):
+    from attnlab.viz.page import write_maps_html
+
+    path = write_maps_html(bank_maps.to_words(), tmp_path / "bank.html", target="bank", deciders=["river", "money"])
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(path.as_uri())
+    page.wait_for_selector("#head-words .word")
+    page.click('#head-words .word[data-index="5"]')
+    words = bank_maps.to_words()
+    row = words.weights[0][0, 0, 5]
+    first = page.locator("#head-row li").first
+    assert first.locator(".pct").inner_text() == pct1(row.max())
+    assert page.is_hidden("#input")
+    for view in ("model", "scene", "compare"):
+        page.click(f'#tabs button[data-view="{view}"]')
+        assert page.is_visible(f"#view-{view}")
+    assert all(u.startswith(("file:", "data:", "about:")) for u in requests), requests
