@@ -46,6 +46,7 @@ class Problem:
     dv: int
     dtype: str  # the dtype of the result (promoted from q, k, v)
     scale: float
+    groups: int = 1  # query heads per key/value head (grouped-query attention; 1 = none)
 
 
 def check_array(name: str, x: Any) -> None:
@@ -81,8 +82,32 @@ def check_scale(scale: Any, d: int) -> float:
     return scale
 
 
-def check_qkv(q: Any, k: Any, v: Any, scale: Any = None, *, finite: bool = True) -> Problem:
-    """Check q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) and return the call's shape."""
+def head_groups(q: Any, k: Any, v: Any) -> int:
+    """Query heads per key/value head: q (..., Hq, Tq, D), k/v (..., Hkv, Tk, ·) with Hkv | Hq.
+
+    1 when k and v have as many heads as q (or broadcast over them the ordinary way, Hkv = 1).
+    """
+    if q.ndim < 3 or k.ndim < 3 or v.ndim < 3:
+        return 1
+    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+    if hk != hv:
+        raise ValueError(f"k and v must have the same number of heads (dim -3), got k shape {tuple(k.shape)} and v shape {tuple(v.shape)}")
+    if hk in (hq, 1):
+        return 1
+    if hk > hq or hq % hk:
+        raise ValueError(
+            f"grouped-query attention needs the key/value heads to divide the query heads (dim -3): "
+            f"q has {hq} (shape {tuple(q.shape)}), k has {hk} (shape {tuple(k.shape)})"
+        )
+    return hq // hk
+
+
+def check_qkv(q: Any, k: Any, v: Any, scale: Any = None, *, finite: bool = True, gqa: bool = False) -> Problem:
+    """Check q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) and return the call's shape.
+
+    With ``gqa=True`` k and v may have fewer heads (dim -3) than q, Hq = groups · Hkv; query head
+    h then uses key/value head h // groups. The problem's ``batch`` is q's, heads included.
+    """
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_array(name, x)
     kinds = {is_torch(x) for x in (q, k, v)}
@@ -99,8 +124,12 @@ def check_qkv(q: Any, k: Any, v: Any, scale: Any = None, *, finite: bool = True)
         raise ValueError(f"k and v must have at least one key (Tk >= 1), got Tk=0 (k shape {tuple(k.shape)})")
     if d == 0:
         raise ValueError(f"q and k must have D >= 1, got D=0 (q shape {tuple(q.shape)})")
-    batch = broadcast_shapes("q", tuple(q.shape[:-2]), "k", tuple(k.shape[:-2]))
-    batch = broadcast_shapes("q/k", batch, "v", tuple(v.shape[:-2]))
+    groups = head_groups(q, k, v) if gqa else 1
+    k_lead, v_lead = tuple(k.shape[:-2]), tuple(v.shape[:-2])
+    if groups > 1:  # a key/value head stands for `groups` query heads: compare as if repeated
+        k_lead, v_lead = (*k_lead[:-1], k_lead[-1] * groups), (*v_lead[:-1], v_lead[-1] * groups)
+    batch = broadcast_shapes("q", tuple(q.shape[:-2]), "k", k_lead)
+    batch = broadcast_shapes("q/k", batch, "v", v_lead)
     if finite:
         for name, x in (("q", q), ("k", k), ("v", v)):
             check_finite(name, x)
@@ -108,7 +137,7 @@ def check_qkv(q: Any, k: Any, v: Any, scale: Any = None, *, finite: bool = True)
     if len(dtypes) > 1 and kinds == {True}:
         raise TypeError(f"q, k and v must share one dtype, got {sorted(dtypes)}")
     dtype = str(np.result_type(*(np.dtype(t) for t in dtypes))) if kinds == {False} else dtypes.pop()
-    return Problem(batch, int(tq), int(tk), int(d), int(dv), dtype, check_scale(scale, int(d)))
+    return Problem(batch, int(tq), int(tk), int(d), int(dv), dtype, check_scale(scale, int(d)), groups)
 
 
 def check_mask(mask: Any, p: Problem) -> None:

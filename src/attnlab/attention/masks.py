@@ -21,11 +21,16 @@ def _length(name: str, value: Any) -> int:
     return int(value)
 
 
-def _offsets(tq: int, tk: int | None) -> np.ndarray:
-    """j − pos(i) for every query i and key j: (Tq, Tk), with pos(i) = Tk − Tq + i."""
+def _offsets(tq: int, tk: int | None, rows: Any = None, cols: Any = None) -> np.ndarray:
+    """j − pos(i) for queries i in ``rows`` and keys j in ``cols`` (default: all), pos(i) = Tk − Tq + i.
+
+    (len(rows), len(cols)); a blockwise kernel asks for one tile at a time.
+    """
     tq = _length("tq", tq)
     tk = tq if tk is None else _length("tk", tk)
-    return np.arange(tk)[None, :] - (np.arange(tq)[:, None] + (tk - tq))
+    rows = np.arange(tq) if rows is None else np.asarray(rows)
+    cols = np.arange(tk) if cols is None else np.asarray(cols)
+    return cols[None, :] - (rows[:, None] + (tk - tq))
 
 
 def causal_mask(tq: int, tk: int | None = None) -> np.ndarray:
@@ -43,6 +48,29 @@ def window_mask(tq: int, tk: int | None = None, *, left: int, right: int = 0) ->
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     off = _offsets(tq, tk)
     return (off >= -left) & (off <= right)
+
+
+def band_mask(
+    tq: int,
+    tk: int | None = None,
+    *,
+    left: int | None = None,
+    right: int | None = None,
+    rows: Any = None,
+    cols: Any = None,
+) -> np.ndarray:
+    """(len(rows), len(cols)): query i sees keys pos(i) − left .. pos(i) + right; ``None`` = unbounded.
+
+    The causal mask is ``right=0``, the sliding window ``left=w``; ``rows``/``cols`` (index ranges or
+    arrays, default all) cut out one tile of the (Tq, Tk) mask without building the rest.
+    """
+    off = _offsets(tq, tk, rows, cols)
+    keep = np.ones(off.shape, dtype=bool)
+    if left is not None:
+        keep &= off >= -left
+    if right is not None:
+        keep &= off <= right
+    return keep
 
 
 def padding_mask(lengths: Iterable[int], t: int, *, heads: bool = False) -> np.ndarray:

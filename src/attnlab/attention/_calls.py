@@ -1,0 +1,250 @@
+"""One attention call, checked and described: what the dispatcher shows each backend.
+
+:func:`prepare` checks every argument once (``_checks``) and returns the :class:`Call`: the
+normalised inputs plus a :class:`Request`, the plain facts (kind, device, dtype, masks, outputs,
+gradients) by which a backend accepts or refuses the call. Backends share the helpers here to
+turn the call's masks into one dense boolean mask when they materialise the scores anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnlab.attention import _checks
+from attnlab.attention.masks import band_mask, combine
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a call asks for, in the terms backends accept or refuse it by."""
+
+    kind: str  # "numpy" or "torch": what came in and what goes out
+    device: str  # "cpu" for NumPy; the tensors' device otherwise ("cpu", "cuda:0", …)
+    dtype: str  # the result's dtype
+    problem: _checks.Problem
+    mask: bool  # a dense boolean mask was given
+    bias: bool
+    band: bool  # causal and/or a sliding window
+    causal: bool
+    lengths: bool  # key-padding lengths
+    weights: bool  # return_weights=True: every row's weights, (..., Tq, Tk)
+    weights_rows: bool  # the weights of chosen query rows only
+    lse: bool  # the rows' log-sum-exp
+    grad: bool  # autograd will need gradients of q, k or v through this call
+    bias_grad: bool  # ... and of the bias
+    block_size: bool  # a block size was given (a blockwise parameter)
+    visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
+
+    @property
+    def scores(self) -> int:
+        """How many query-key pairs the call has (B·H·Tq·Tk), before any mask."""
+        return int(np.prod(self.problem.batch, dtype=np.int64)) * self.problem.tq * self.problem.tk
+
+
+@dataclass(frozen=True)
+class Call:
+    """The checked arguments of one call (q, k, v as given: NumPy arrays or torch tensors)."""
+
+    q: Any
+    k: Any
+    v: Any
+    mask: Any
+    bias: Any
+    left: int | None  # band: query i sees keys pos(i) − left .. pos(i) + right (None = unbounded)
+    right: int | None
+    klen: np.ndarray | None  # key-padding lengths broadcast to the batch shape, int64
+    rows: np.ndarray | None  # query rows whose weights are wanted
+    block_size: Any
+    request: Request
+
+    @property
+    def problem(self) -> _checks.Problem:
+        return self.request.problem
+
+
+def _window(window: Any) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    pair = (window, window) if not isinstance(window, (tuple, list)) else tuple(window)
+    if len(pair) != 2 or any(isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0 for w in pair):
+        raise ValueError(f"window must be an int >= 0 (keys each side) or a pair (left, right) of them, got {window!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _lengths(lengths: Any, p: _checks.Problem) -> np.ndarray | None:
+    """Key-padding lengths: ints shaped like the first dims of the batch, e.g. (B,) for (B, H, T, D)."""
+    if lengths is None:
+        return None
+    if _checks.is_torch(lengths):
+        lengths = lengths.detach().cpu().numpy()
+    arr = np.asarray(lengths)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"lengths must be integers (real keys per sequence), got dtype {arr.dtype}")
+    if arr.ndim > len(p.batch) or tuple(arr.shape) != tuple(p.batch[: arr.ndim]):
+        raise ValueError(
+            f"lengths must have the shape of the leading batch dims {p.batch} or a prefix of it "
+            f"(e.g. {p.batch[:1]}), got {tuple(arr.shape)}"
+        )
+    if ((arr < 0) | (arr > p.tk)).any():
+        raise ValueError(f"lengths must lie in 0..Tk={p.tk}, got values from {arr.min()} to {arr.max()}")
+    arr = arr.reshape(arr.shape + (1,) * (len(p.batch) - arr.ndim))  # left-aligned with the batch dims
+    return np.broadcast_to(arr.astype(np.int64), p.batch)
+
+
+def _rows(rows: Any, p: _checks.Problem) -> np.ndarray | None:
+    if rows is None:
+        return None
+    arr = np.asarray(rows)
+    if arr.ndim == 0:
+        arr = arr[None]
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1:
+        raise TypeError(f"weights_rows must be a query index or a 1-D sequence of them, got {arr.dtype} of shape {arr.shape}")
+    if arr.size == 0 or ((arr < -p.tq) | (arr >= p.tq)).any():
+        raise ValueError(f"weights_rows must be query indices in 0..Tq-1={p.tq - 1}, got {arr.tolist()}")
+    return arr % p.tq
+
+
+def _visible(tk: int, left: int | None, right: int | None) -> float:
+    """About what fraction of the keys a query sees in the band (causal: a half)."""
+    reach = (tk / 2 if left is None else left) + (tk / 2 if right is None else right) + 1
+    return min(1.0, reach / tk)
+
+
+def _needs_grad(*xs: Any) -> bool:
+    if not _checks.is_torch(xs[0]):
+        return False
+    import torch
+
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
+
+
+def prepare(
+    q: Any, k: Any, v: Any, *, mask: Any, bias: Any, causal: bool, scale: Any, window: Any,
+    lengths: Any, return_weights: bool, weights_rows: Any, return_lse: bool, block_size: Any,
+) -> Call:
+    """Check every argument (errors name the argument, what it got and what was expected)."""
+    p = _checks.check_qkv(q, k, v, scale, gqa=True)
+    _checks.check_mask(mask, p)
+    _checks.check_bias(bias, p)
+    for name, value in (("causal", causal), ("return_weights", return_weights), ("return_lse", return_lse)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if return_weights and weights_rows is not None:
+        raise ValueError("pass return_weights=True (every row) or weights_rows= (chosen rows), not both")
+    for name, x in (("mask", mask), ("bias", bias)):
+        if x is not None and _checks.is_torch(x) != _checks.is_torch(q):
+            raise TypeError(f"{name} must be of the same kind as q (NumPy array or torch tensor), got {type(x).__name__}")
+    win = _window(window)
+    left = None if win is None else win[0]
+    right = 0 if causal else None
+    if win is not None:
+        right = win[1] if right is None else min(right, win[1])
+    torch_in = _checks.is_torch(q)
+    request = Request(
+        kind="torch" if torch_in else "numpy",
+        device=str(q.device) if torch_in else "cpu",
+        dtype=p.dtype,
+        problem=p,
+        mask=mask is not None,
+        bias=bias is not None,
+        band=left is not None or right is not None,
+        causal=bool(causal),
+        lengths=lengths is not None,
+        weights=bool(return_weights),
+        weights_rows=weights_rows is not None,
+        lse=bool(return_lse),
+        grad=_needs_grad(q, k, v, bias),
+        bias_grad=_needs_grad(bias) if bias is not None else False,
+        block_size=block_size is not None,
+        visible=_visible(p.tk, left, right),
+    )
+    return Call(q, k, v, mask, bias, left, right, _lengths(lengths, p), _rows(weights_rows, p), block_size, request)
+
+
+def dense_mask(call: Call) -> np.ndarray | None:
+    """The call's band, key padding and mask as one boolean mask broadcastable to (..., Tq, Tk).
+
+    For the backends that materialise the scores; the mask given by the user stays as it is when
+    it is the only restriction (a tensor stays on its device).
+    """
+    p = call.problem
+    parts = []
+    if call.left is not None or call.right is not None:
+        parts.append(band_mask(p.tq, p.tk, left=call.left, right=call.right))  # (Tq, Tk)
+    if call.klen is not None:
+        parts.append(np.arange(p.tk) < call.klen[..., None, None])  # (*batch, 1, Tk)
+    if not parts:
+        return call.mask
+    m = call.mask
+    if m is not None and _checks.is_torch(m):
+        m = m.detach().cpu().numpy()
+    return combine(m, *parts)
+
+
+def repeat_groups(x: Any, groups: int) -> Any:
+    """k or v (..., Hkv, T, ·) → (..., Hkv·groups, T, ·): the key/value head of each query head."""
+    if groups == 1:
+        return x
+    if _checks.is_torch(x):
+        return x.repeat_interleave(groups, dim=-3)
+    return np.repeat(x, groups, axis=-3)
+
+
+class Backend:
+    """A way to compute attention that says what it supports.
+
+    ``refuse`` returns why it cannot serve a request (None: it can); ``cost`` estimates the seconds
+    a request takes, which is how ``auto`` orders the backends that accept it (the constants come
+    from ``attnlab bench`` on a 2-core CPU, see benchmarks/README.md); ``run`` returns
+    (out, weights or None, LSE or None) of the same kind, device and dtype as q.
+    """
+
+    name: str = ""
+    summary: str = ""
+
+    def refuse(self, r: Request) -> str | None:
+        raise NotImplementedError
+
+    def cost(self, r: Request) -> float:
+        raise NotImplementedError
+
+    def run(self, call: Call) -> tuple[Any, Any, Any]:
+        raise NotImplementedError
+
+
+TORCH_IMPORT_S = 1.5  # what the first torch call costs a NumPy-only session: auto weighs it in
+
+
+def torch_refusal(r: Request) -> str | None:
+    """Why a torch-based backend cannot run here (None: it can), and the cost of getting torch."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "needs torch (pip install 'attnlab[torch]')"
+    return None
+
+
+def torch_overhead(r: Request) -> float:
+    """Seconds a torch backend pays before any math: importing torch for NumPy input, if not yet done."""
+    import sys
+
+    return TORCH_IMPORT_S if "torch" not in sys.modules else 0.0
+
+
+def as_torch(x: Any) -> Any:
+    """A NumPy array as a tensor sharing its memory; tensors and None pass through."""
+    if x is None or _checks.is_torch(x):
+        return x
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def like_input(x: Any, call: Call) -> Any:
+    """A result tensor in the kind, dtype (and device) of the call's inputs."""
+    if x is None or call.request.kind == "torch":
+        return x
+    return x.detach().numpy().astype(call.problem.dtype, copy=False)

@@ -1,0 +1,125 @@
+"""The ``blockwise`` backend: attnlab's online-softmax kernel (NumPy in, NumPy kernel; torch in, torch kernel).
+
+It never materialises (Tq, Tk): weights only for chosen rows (``weights_rows=``), recomputed from
+the LSE. In torch it is differentiable through :class:`BlockwiseFunction`, FlashAttention-2's
+backward, which recomputes the tiles from q, k, v, the output and the LSE instead of storing them.
+Low-precision inputs are computed in float32 and returned in their dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnlab.attention import blockwise
+from attnlab.attention._calls import Backend, Call, Request
+
+NS_PER_SCORE_TORCH = 1.3  # per visited query-key pair, forward, float32, 2-core CPU
+NS_PER_SCORE_NUMPY = 3.0
+OVERHEAD_S = 2e-4  # the Python loop over tiles
+
+
+def _function() -> Any:
+    """BlockwiseFunction, defined on first use so that importing attnlab does not import torch."""
+    global BlockwiseFunction
+    if "BlockwiseFunction" in globals():
+        return BlockwiseFunction
+    import torch
+
+    class BlockwiseFunction(torch.autograd.Function):
+        """out, LSE = blockwise attention of canonical q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, tiling, scale, block_q, block_k):  # noqa: ANN001, ANN205
+            out, lse = blockwise.forward(q, k, v, tiling, scale=scale, block_q=block_q, block_k=block_k)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.args = (tiling, scale, block_q, block_k)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, dlse):  # noqa: ANN001, ANN205
+            q, k, v, out, lse = ctx.saved_tensors
+            tiling, scale, block_q, block_k = ctx.args
+            dq, dk, dv = blockwise.backward(
+                q, k, v, out, lse, dout, dlse, tiling, scale=scale, block_q=block_q, block_k=block_k
+            )
+            return dq, dk, dv, None, None, None, None
+
+    globals()["BlockwiseFunction"] = BlockwiseFunction
+    return BlockwiseFunction
+
+
+class BlockwiseBackend(Backend):
+    name = "blockwise"
+    summary = "online-softmax tiles (NumPy or torch): O(T) memory, skips masked tiles, LSE, rows of weights, gradients"
+
+    def refuse(self, r: Request) -> str | None:
+        if r.weights:
+            return "never materialises (Tq, Tk); ask weights_rows= for the rows you need"
+        if r.bias_grad:
+            return "computes no gradient for bias (use torch or sdpa)"
+        return None
+
+    def cost(self, r: Request) -> float:
+        from attnlab.attention._calls import torch_overhead
+
+        ns = NS_PER_SCORE_TORCH if r.kind == "torch" else NS_PER_SCORE_NUMPY
+        extra = torch_overhead(r) if r.kind == "torch" else 0.0
+        return extra + OVERHEAD_S + ns * 1e-9 * r.scores * r.visible
+
+    def run(self, call: Call) -> tuple[Any, Any, Any]:
+        p, torch_in = call.problem, call.request.kind == "torch"
+        xp = np
+        if torch_in:
+            import torch as xp
+        work = "float32" if p.dtype in ("float16", "bfloat16") else p.dtype  # float32 accumulators at least
+        dtype = getattr(xp, work)
+        groups = p.groups
+        lead = (*p.batch[:-1], call.k.shape[-3]) if groups > 1 else p.batch  # key/value batch dims
+        b = int(np.prod(lead, dtype=np.int64))
+
+        def canon(x: Any, full: tuple, shape: tuple) -> Any:  # broadcast to `full`, then reshape
+            x = x.to(dtype) if torch_in else x.astype(dtype, copy=False)
+            return xp.broadcast_to(x, full).reshape(shape)
+
+        q = canon(call.q, (*p.batch, p.tq, p.d), (b, groups, p.tq, p.d))  # (B, G, Tq, D): G query heads per k/v head
+        k = canon(call.k, (*lead, p.tk, p.d), (b, p.tk, p.d))  # (B, Tk, D)
+        v = canon(call.v, (*lead, p.tk, p.dv), (b, p.tk, p.dv))  # (B, Tk, Dv)
+
+        def view(x: Any) -> Any:  # mask or bias as a (..., G, Tq, Tk) view, copied a tile at a time
+            if x is None:
+                return None
+            if x.dtype != xp.bool:
+                x = x.to(dtype) if torch_in else x.astype(dtype, copy=False)
+            return xp.broadcast_to(x, (*p.batch, p.tq, p.tk)).reshape(*lead, groups, p.tq, p.tk)
+
+        klen = None
+        if call.klen is not None:
+            klen = call.klen.reshape(b, groups)  # (B, G)
+            klen = xp.from_numpy(np.ascontiguousarray(klen)).to(q.device) if torch_in else klen
+        tiling = blockwise.Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.mask), bias=view(call.bias))
+        bq, bk = blockwise.block_sizes(b * groups, p.tq, call.block_size, band=call.request.band)
+        if call.request.grad:
+            out, lse = _function().apply(q, k, v, tiling, p.scale, bq, bk)
+        else:
+            out, lse = blockwise.forward(q, k, v, tiling, scale=p.scale, block_q=bq, block_k=bk)
+        weights = None
+        if call.rows is not None:
+            if torch_in:  # a diagnostic: computed outside the graph
+                with xp.no_grad():
+                    weights = blockwise.weights_rows(q, k, lse, tiling, call.rows, scale=p.scale)
+            else:
+                weights = blockwise.weights_rows(q, k, lse, tiling, call.rows, scale=p.scale)
+            weights = _result(weights.reshape(*p.batch, len(call.rows), p.tk), p.dtype, torch_in)
+        out = _result(out.reshape(*p.batch, p.tq, p.dv), p.dtype, torch_in)  # (..., Tq, Dv)
+        lse = _result(lse.reshape(*p.batch, p.tq), p.dtype, torch_in) if call.request.lse else None
+        return out, weights, lse
+
+
+def _result(x: Any, dtype: str, torch_in: bool) -> Any:
+    if torch_in:
+        import torch
+
+        return x.to(getattr(torch, dtype))
+    return x.astype(dtype, copy=False)

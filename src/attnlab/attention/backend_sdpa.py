@@ -1,0 +1,80 @@
+"""The ``sdpa`` backend: ``torch.nn.functional.scaled_dot_product_attention``, attnlab's conventions kept.
+
+Translated faithfully: causal with Tq ≠ Tk is aligned bottom-right (SDPA's ``is_causal`` is
+top-left), so that case, windows and key padding go in as an explicit mask; a row with nothing to
+attend to gives zeros (SDPA's kernels differ on it); k/v with fewer heads use ``enable_gqa``.
+Fused kernels keep no weights: SDPA refuses calls that ask for weights or the LSE.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attnlab.attention._calls import (
+    Backend, Call, Request, as_torch, dense_mask, like_input, torch_overhead, torch_refusal,
+)
+
+NS_PER_SCORE = 1.0  # fused flash kernel, per query-key pair (2-core CPU, float32)
+NS_PER_SCORE_MASKED = 5.0  # with an explicit mask SDPA runs its math path over (Tq, Tk)
+CAUSAL_FRACTION = 0.7  # time of is_causal relative to full attention, measured
+OVERHEAD_S = 3e-5
+
+
+def _fast_causal(r: Request) -> bool:
+    """SDPA's own is_causal fits: square, causal and nothing else."""
+    return r.causal and r.problem.tq == r.problem.tk and r.band and not (r.mask or r.bias or r.lengths)
+
+
+def _is_plain_causal(call: Call) -> bool:
+    return _fast_causal(call.request) and call.left is None and call.right == 0
+
+
+class SdpaBackend(Backend):
+    name = "sdpa"
+    summary = "torch.nn.functional.scaled_dot_product_attention: fused, gradients; no weights, no LSE"
+
+    def refuse(self, r: Request) -> str | None:
+        if (why := torch_refusal(r)) is not None:
+            return why
+        if r.weights or r.weights_rows:
+            return "fused kernels return no attention weights (use blockwise with weights_rows=, or torch)"
+        if r.lse:
+            return "returns no LSE (use blockwise or torch)"
+        return None
+
+    def cost(self, r: Request) -> float:
+        ns = NS_PER_SCORE
+        if r.mask or r.bias or r.lengths or (r.band and not _fast_causal(r)):
+            ns = NS_PER_SCORE_MASKED
+        elif r.causal:
+            ns *= CAUSAL_FRACTION
+        return torch_overhead(r) + OVERHEAD_S + ns * 1e-9 * r.scores
+
+    def run(self, call: Call) -> tuple[Any, Any, Any]:
+        import torch
+        import torch.nn.functional as F
+
+        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.bias))
+        batch = call.problem.batch
+        gqa = call.problem.groups > 1
+        kv_batch = (*batch[:-1], k.shape[-3]) if gqa else batch
+        q = q.expand(*batch, *q.shape[-2:])
+        k, v = k.expand(*kv_batch, *k.shape[-2:]), v.expand(*kv_batch, *v.shape[-2:])
+        if _is_plain_causal(call):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=call.problem.scale, enable_gqa=gqa)
+            return like_input(out, call), None, None
+        allowed = dense_mask(call)
+        allowed = None if allowed is None else as_torch(allowed).to(q.device)
+        attn_mask, dead = allowed, None
+        if bias is not None:
+            attn_mask = bias.to(q.dtype)
+            if allowed is not None:
+                attn_mask = attn_mask.masked_fill(~allowed, -math.inf)
+            dead = torch.isneginf(attn_mask).all(dim=-1)  # (..., Tq)
+        elif allowed is not None:
+            dead = ~allowed.any(dim=-1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=call.problem.scale, enable_gqa=gqa)
+        if dead is not None and bool(dead.any()):
+            out = out.masked_fill(dead.expand(out.shape[:-1])[..., None], 0.0)
+        return like_input(out, call), None, None

@@ -1,0 +1,50 @@
+"""The ``torch`` backend: the reference's math in PyTorch eager, differentiable, on any device.
+
+It materialises the (..., Tq, Tk) scores, so it can hand back every weight and the LSE; it
+computes in the inputs' dtype (it is "plain torch", the yardstick for float16/bfloat16 errors).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attnlab.attention._calls import (
+    Backend, Call, Request, as_torch, dense_mask, like_input, repeat_groups, torch_overhead, torch_refusal,
+)
+
+NS_PER_SCORE = 6.0  # matmul + softmax + matmul in torch eager, per query-key pair (2-core CPU, float32)
+OVERHEAD_S = 5e-5
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    summary = "PyTorch eager, materialises the scores: every mask, weights, LSE, gradients, any device"
+
+    def refuse(self, r: Request) -> str | None:
+        return torch_refusal(r)
+
+    def cost(self, r: Request) -> float:
+        return torch_overhead(r) + OVERHEAD_S + NS_PER_SCORE * 1e-9 * r.scores
+
+    def run(self, call: Call) -> tuple[Any, Any, Any]:
+        import torch
+
+        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.bias))
+        g = call.problem.groups
+        k, v = repeat_groups(k, g), repeat_groups(v, g)
+        s = torch.matmul(q, k.transpose(-1, -2)) * call.problem.scale  # (..., Tq, Tk)
+        if bias is not None:
+            s = s + bias.to(s.dtype)
+        allowed = dense_mask(call)
+        if allowed is not None:
+            s = s.masked_fill(~as_torch(allowed).to(s.device), -math.inf)
+        w = torch.softmax(s, dim=-1).nan_to_num(nan=0.0)  # a row with nothing allowed is all NaN: zeros
+        out = torch.matmul(w, v)  # (..., Tq, Dv)
+        weights = None
+        if call.request.weights:
+            weights = w
+        elif call.rows is not None:
+            weights = w[..., torch.from_numpy(call.rows).to(w.device), :]
+        lse = torch.logsumexp(s, dim=-1) if call.request.lse else None
+        return like_input(out, call), like_input(weights, call), like_input(lse, call)

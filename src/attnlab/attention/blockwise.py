@@ -1,0 +1,286 @@
+"""Blockwise attention: the online softmax of FlashAttention, for NumPy arrays and torch tensors.
+
+The scores are visited one tile (a block of queries × a block of keys) at a time and never held
+whole, so the extra memory is O((Tq + Tk)·D + tile) instead of O(Tq·Tk). Each query row keeps a
+running reference m (a score it has seen), a running sum l = Σ exp(s − m) and an accumulator
+acc = Σ exp(s − m)·v; when a tile raises the row's maximum, l and acc are rescaled by exp(m − m').
+At the end o = acc / l and the row's log-sum-exp is LSE = m + log l.
+
+Two tricks keep the passes over each tile few (on a CPU that is what the time goes to):
+
+- q carries an extra column −m and k an extra column of ones, so one GEMM gives s − m directly;
+  v carries a column of ones, so the second GEMM also sums the weights (l comes for free).
+- The maximum is looked for only while it may matter: once every row of a query block has seen a
+  score and the Cauchy–Schwarz bound scale·|q_i|·max|k| − m_i stays below ``HEADROOM`` (no
+  exp can overflow), the remaining tiles skip the max pass and the rescale (FlashAttention-4's
+  lazy rescaling, with a bound in place of a guess). With a ``bias`` every tile is checked.
+- Scores are kept in base 2 (q is multiplied by scale·log2 e once), so the tile needs exp2, which
+  vectorises about three times faster than exp; LSE = ln 2·(m + log2 l).
+
+Tiles that a causal or sliding-window band empties are never visited; the last key block of a
+query block is cut where the band ends, so causal attention does about half the work.
+
+One code path serves both libraries (through :class:`_Lib`); the shapes it works on are canonical:
+q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv), where B is every leading dim flattened and G the query
+heads sharing one key/value head (1 without grouped-query attention).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnlab.attention._checks import is_torch
+from attnlab.attention.masks import band_mask
+
+LOG2E = 1.4426950408889634  # scores are kept in base 2 (s·log2 e): exp2 is ~3x cheaper than exp on CPUs
+HEADROOM = 24.0  # largest s − m (base 2) allowed into exp2: 2^24·Tk stays far inside float32's range
+LAZY = 12.0  # a row's reference is raised only when a tile beats it by more than this (base 2)
+TILE_ELEMENTS = 1 << 18  # scores per tile (1 MB in float32): the tile stays in the CPU's L2 cache
+BLOCK_K = 512  # default keys per tile
+
+
+class _Lib:
+    """The few operations where NumPy and torch differ; everything else is spelled the same."""
+
+    def __init__(self, like: Any) -> None:
+        self.torch = is_torch(like)
+        if self.torch:
+            import torch
+
+            self.xp, self.device = torch, like.device
+        else:
+            self.xp, self.device = np, None
+
+    def asarray(self, a: np.ndarray) -> Any:
+        if not self.torch:
+            return a
+        return self.xp.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    def zeros(self, shape: tuple, like: Any) -> Any:
+        return like.new_zeros(shape) if self.torch else np.zeros(shape, like.dtype)
+
+    def ones(self, shape: tuple, like: Any) -> Any:
+        return like.new_ones(shape) if self.torch else np.ones(shape, like.dtype)
+
+    def add_matmul_(self, acc: Any, a: Any, b: Any) -> None:
+        """acc += a @ b for 3-D batches, without a temporary in torch."""
+        if self.torch:
+            acc.baddbmm_(a, b)
+        else:
+            acc += a @ b
+
+    def hide_(self, s: Any, keep: Any) -> None:
+        """s = −inf where ``keep`` is False, in place (``keep`` broadcasts to s)."""
+        if self.torch:
+            s.masked_fill_(~keep, -math.inf)
+        else:
+            np.copyto(s, -np.inf, where=~keep)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Which scores exist: the band, key-padding lengths, a boolean mask and an additive bias.
+
+    ``left``/``right``: query i sees keys pos(i) − left .. pos(i) + right, pos(i) = Tk − Tq + i
+    (None = unbounded; causal is right = 0). ``klen`` (B, G): keys j ≥ klen are padding.
+    ``mask`` (bool, True = may attend) and ``bias`` are views broadcast to (..., G, Tq, Tk) whose
+    leading dims flatten to B; a tile of them is copied out only when visited.
+    """
+
+    tq: int
+    tk: int
+    left: int | None = None
+    right: int | None = None
+    klen: Any = None
+    mask: Any = None
+    bias: Any = None
+
+    @property
+    def _offset(self) -> int:
+        return self.tk - self.tq
+
+    def _klen_range(self) -> tuple[int, int]:
+        if self.klen is None:
+            return self.tk, self.tk
+        return int(self.klen.min()), int(self.klen.max())
+
+    def key_blocks(self, i0: int, i1: int, block_k: int) -> Iterator[tuple[int, int, bool]]:
+        """(k0, k1, edge) for the key blocks queries i0..i1−1 may see; edge: the band cuts the tile."""
+        p0, p1 = i0 + self._offset, i1 - 1 + self._offset  # positions of the first and last query
+        lo, hi = 0, self._klen_range()[1]
+        if self.left is not None:
+            lo = max(lo, p0 - self.left)
+        if self.right is not None:
+            hi = min(hi, p1 + self.right + 1)
+        for k0 in range(lo, hi, block_k):
+            k1 = min(k0 + block_k, hi)
+            edge = (self.left is not None and k0 < p1 - self.left) or (
+                self.right is not None and k1 - 1 > p0 + self.right
+            )
+            yield k0, k1, edge
+
+    def mask_tile(self, lib: _Lib, s4: Any, rows: Any, k0: int, k1: int, edge: bool) -> None:
+        """Hide (−inf) and bias the scores s4 (B, G, r, k1 − k0) of queries ``rows``, in place."""
+        if edge:
+            if isinstance(rows, slice):  # a tile's band depends only on where it sits relative to the diagonal
+                keep = _band_tile(self.left, self.right, k0 - (rows.start + self._offset), rows.stop - rows.start, k1 - k0)
+            else:
+                keep = band_mask(self.tq, self.tk, left=self.left, right=self.right, rows=np.asarray(rows), cols=np.arange(k0, k1))
+            lib.hide_(s4, lib.asarray(keep))
+        if self.klen is not None and k1 > self._klen_range()[0]:
+            cols = lib.asarray(np.arange(k0, k1))
+            lib.hide_(s4, cols < self.klen[..., None, None])  # (B, G, 1, bk)
+        rows = lib.asarray(rows) if lib.torch and not isinstance(rows, slice) else rows
+        if self.mask is not None:
+            lib.hide_(s4, self.mask[..., rows, k0:k1].reshape(s4.shape))
+        if self.bias is not None:  # the kernels work in base 2
+            s4 += self.bias[..., rows, k0:k1].reshape(s4.shape) * LOG2E
+
+
+@functools.lru_cache(maxsize=64)
+def _band_tile(left: int | None, right: int | None, shift: int, rows: int, cols: int) -> np.ndarray:
+    """The band of a (rows, cols) tile whose first key sits ``shift`` after its first query's position."""
+    return band_mask(rows, rows, left=left, right=right, rows=np.arange(rows), cols=np.arange(shift, shift + cols))
+
+
+def block_sizes(batch: int, tq: int, block_size: Any = None, *, band: bool = False) -> tuple[int, int]:
+    """(queries, keys) per tile: ``block_size`` int (both) or pair; default ~TILE_ELEMENTS scores.
+
+    With a band (causal, window) the default query block is at most the key block: the tiles on the
+    band's edge are computed whole and half thrown away, a waste that grows with the query block.
+    """
+    if block_size is None:
+        bk = BLOCK_K
+        bq = max(16, min(tq, TILE_ELEMENTS // (batch * bk)))
+        return (min(bq, bk) if band else bq), bk
+    pair = (block_size, block_size) if not isinstance(block_size, (tuple, list)) else tuple(block_size)
+    if len(pair) != 2 or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in pair):
+        raise ValueError(f"block_size must be an int >= 1 or a pair (queries, keys) of them, got {block_size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _with_column(lib: _Lib, x: Any, column: Any) -> Any:
+    """x (..., T, D) with one more last column, (..., T, D + 1)."""
+    return lib.xp.concatenate([x, column], axis=-1)
+
+
+def _rebase(lib: _Lib, s: Any, qb: Any, acc: Any) -> None:
+    """Raise the reference m of rows whose tile beats it by > LAZY (or that see their first score)."""
+    xp = lib.xp
+    mx = xp.amax(s, axis=-1)  # (B, G·r), relative to m; −inf where the tile hides the whole row
+    unseen = acc[..., -1] == 0
+    delta = xp.where(xp.isfinite(mx) & (unseen | (mx > LAZY)), mx, 0.0)
+    if not bool((delta != 0).any()):
+        return
+    s -= delta[..., None]
+    acc *= xp.exp2(-xp.where(unseen, 0.0, delta))[..., None]  # unseen rows hold zeros: factor 1
+    qb[..., -1] -= delta
+
+
+def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: int, block_k: int) -> tuple[Any, Any]:
+    """Online-softmax attention: q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) → out (B, G, Tq, Dv), LSE (B, G, Tq).
+
+    Computes in q's dtype (pass float32 or float64). Rows with nothing to attend to give zeros and LSE −inf.
+    """
+    lib = _Lib(q)
+    xp = lib.xp
+    b, g, tq, d = q.shape
+    dv = v.shape[-1]
+    kx = _with_column(lib, k, lib.ones((b, k.shape[1], 1), k))  # (B, Tk, D + 1): subtracts m inside the GEMM
+    vx = _with_column(lib, v, lib.ones((b, v.shape[1], 1), v))  # (B, Tk, Dv + 1): sums the weights
+    k_norm = float(xp.sqrt(xp.amax(xp.sum(k * k, axis=-1))))
+    out, lse = lib.zeros((b, g, tq, dv), q), lib.zeros((b, g, tq), q)
+    for i0 in range(0, tq, block_q):
+        i1 = min(i0 + block_q, tq)
+        r = i1 - i0
+        qs = q[:, :, i0:i1] * (scale * LOG2E)  # (B, G, r, D): base-2 scores
+        qb = _with_column(lib, qs, lib.zeros((b, g, r, 1), q)).reshape(b, g * r, d + 1)  # (B, G·r, D + 1)
+        bound = xp.sqrt(xp.sum(qs * qs, axis=-1)).reshape(b, g * r) * k_norm  # ≥ every raw score of the rows
+        acc = lib.zeros((b, g * r, dv + 1), q)
+        safe = False
+        for k0, k1, edge in tiling.key_blocks(i0, i1, block_k):
+            s = xp.matmul(qb, kx[:, k0:k1].swapaxes(-1, -2))  # (B, G·r, bk) = log2 e·scale·q·k − m
+            tiling.mask_tile(lib, s.reshape(b, g, r, k1 - k0), slice(i0, i1), k0, k1, edge)
+            if not safe:
+                _rebase(lib, s, qb, acc)
+                safe = (
+                    tiling.bias is None
+                    and bool((acc[..., -1] > 0).all())
+                    and float(xp.amax(bound + qb[..., -1])) <= HEADROOM
+                )
+            xp.exp2(s, out=s)
+            lib.add_matmul_(acc, s, vx[:, k0:k1])  # (B, G·r, Dv + 1)
+        l = acc[..., -1:]  # (B, G·r, 1)
+        live = l > 0
+        l1 = xp.where(live, l, 1.0)
+        out[:, :, i0:i1] = (acc[..., :dv] / l1).reshape(b, g, r, dv)
+        row_lse = xp.where(live, (xp.log2(l1) - qb[..., -1:]) / LOG2E, -math.inf)  # LSE = ln 2·(m + log2 l)
+        lse[:, :, i0:i1] = row_lse.reshape(b, g, r)
+    return out, lse
+
+
+def weights_rows(q: Any, k: Any, lse: Any, tiling: Tiling, rows: Any, *, scale: float) -> Any:
+    """The exact weights of query ``rows`` (R indices), recomputed from the LSE: (B, G, R, Tk).
+
+    exp(s − LSE) is the softmax without a second pass over the keys; memory is O(R·Tk).
+    """
+    lib = _Lib(q)
+    xp = lib.xp
+    b, g, _, d = q.shape
+    idx = lib.asarray(np.asarray(rows)) if lib.torch else np.asarray(rows)
+    r = len(rows)
+    s = xp.matmul((q[:, :, idx] * (scale * LOG2E)).reshape(b, g * r, d), k.swapaxes(-1, -2))  # (B, G·R, Tk)
+    s4 = s.reshape(b, g, r, tiling.tk)
+    tiling.mask_tile(lib, s4, np.asarray(rows), 0, tiling.tk, tiling.left is not None or tiling.right is not None)
+    lr = lse[:, :, idx]  # (B, G, R)
+    s4 -= xp.where(xp.isfinite(lr), lr * LOG2E, 0.0)[..., None]
+    xp.exp2(s4, out=s4)  # rows with nothing to attend to were −inf throughout: zeros
+    return s4
+
+
+def backward(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, tiling: Tiling, *, scale: float, block_q: int, block_k: int
+) -> tuple[Any, Any, Any]:
+    """FlashAttention-2's backward: dq, dk, dv recomputed tile by tile from q, k, v, out and LSE.
+
+    With P = exp(S − LSE) (exact weights, one tile at a time) and Δ_i = Σ_j dout_ij·out_ij:
+    dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − Δ + dLSE), dQ = scale·dS K, dK = scale·dSᵀ Q.
+    Key/value heads shared by G query heads collect the gradient of all G.
+    """
+    lib = _Lib(q)
+    xp = lib.xp
+    b, g, tq, d = q.shape
+    dv_dim = v.shape[-1]
+    delta = xp.sum(dout * out, axis=-1)  # (B, G, Tq)
+    if dlse is not None:
+        delta = delta - dlse
+    kx = _with_column(lib, k, lib.ones((b, k.shape[1], 1), k))  # (B, Tk, D + 1)
+    lse0 = xp.where(xp.isfinite(lse), lse * LOG2E, 0.0)  # base 2; dead rows: every score is −inf already
+    dq, dk, dv = lib.zeros(q.shape, q), lib.zeros(k.shape, k), lib.zeros(v.shape, v)
+    for i0 in range(0, tq, block_q):
+        i1 = min(i0 + block_q, tq)
+        r = i1 - i0
+        qraw = q[:, :, i0:i1].reshape(b, g * r, d)  # (B, G·r, D)
+        qb = _with_column(lib, q[:, :, i0:i1] * (scale * LOG2E), -lse0[:, :, i0:i1, None]).reshape(b, g * r, d + 1)
+        do = dout[:, :, i0:i1].reshape(b, g * r, dv_dim)  # (B, G·r, Dv)
+        di = delta[:, :, i0:i1].reshape(b, g * r, 1)
+        dqb = lib.zeros((b, g * r, d), q)
+        for k0, k1, edge in tiling.key_blocks(i0, i1, block_k):
+            p = xp.matmul(qb, kx[:, k0:k1].swapaxes(-1, -2))  # (B, G·r, bk) = (S − LSE)·log2 e
+            tiling.mask_tile(lib, p.reshape(b, g, r, k1 - k0), slice(i0, i1), k0, k1, edge)
+            xp.exp2(p, out=p)
+            dv[:, k0:k1] += xp.matmul(p.swapaxes(-1, -2), do)
+            ds = xp.matmul(do, v[:, k0:k1].swapaxes(-1, -2))  # dP, (B, G·r, bk)
+            ds -= di
+            ds *= p
+            dqb += xp.matmul(ds, k[:, k0:k1])
+            dk[:, k0:k1] += xp.matmul(ds.swapaxes(-1, -2), qraw)
+        dq[:, :, i0:i1] = (dqb * scale).reshape(b, g, r, d)
+    dk *= scale
+    return dq, dk, dv
