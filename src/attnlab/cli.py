@@ -270,7 +270,7 @@ def _print_section(section: Any) -> None:
     for t in section.tables:
         table = Table(title=t.title, title_justify="left")
         for i, col in enumerate(t.columns):
-            table.add_column(col, justify="left" if i == 0 else "right")
+            table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
         for row in t.rows:
             table.add_row(*row)
         console.print(table)

@@ -118,7 +118,7 @@ def test_real_maps_state_plainly_that_no_head_qualifies_and_show_the_closest(sec
     assert (seed["qualifying"], seed["total_heads"], seed["mark_heads"]) == (6, 144, 113)
     assert (seed["best"]["layer"], seed["best"]["head"], seed["best"]["weights_pct"]) == (3, 11, [93, 60])
     seed_row = m["tables"][0]["rows"][1]
-    assert "the seed's model" in seed_row[0] and seed_row[2:] == ["6", "layer 3, head 11", "93 % / 60 %", "113"]
+    assert seed_row[0] == "bert-base-uncased (seed)" and seed_row[2:] == ["6", "layer 3, head 11", "93 % / 60 %", "113"]
     roles = m["data"]["roles"]
     assert set(roles) == {"prev", "next", "marks"} and roles["prev"]["score"] > 0.5
     assert len(m["data"]["heatmaps"]) == 2 + 3

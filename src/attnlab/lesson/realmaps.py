@@ -107,13 +107,14 @@ def maps_section(maps: Any) -> Section:
                         + [pct(w) for w in res.decider_weights[lh]] for lh in res.qualifying]
     tables = (
         table(
-            f'The "{TARGET}" head search: ours beside the seed\'s',
-            ["model", "heads", "qualifying", "best head", "weights on river / money", '"bank" → a mark'],
+            f'The "{TARGET}" head search (largest weight of "{TARGET}" on the decider in both sentences; '
+            "on a mark: heads where it falls on [CLS], [SEP] or the period in both): ours beside the seed's model's",
+            ["model", "heads", "qualify", "best head", "river / money", "on a mark"],
             [
-                [info["model_id"], total, len(res.qualifying),
+                [info["model_id"].rsplit("/", 1)[-1], total, len(res.qualifying),
                  f"layer {res.best[0] + 1}, head {res.best[1] + 1}" if res.best else "none",
                  " / ".join(pct(w) for w in res.decider_weights[res.best]) if res.best else "—", res.mark_heads],
-                [f"{seed['model']} (the seed's model)", seed["total_heads"], seed["qualifying"],
+                [f"{seed['model']} (seed)", seed["total_heads"], seed["qualifying"],
                  f"layer {seed['best']['layer']}, head {seed['best']['head']}",
                  " / ".join(f"{w} %" for w in seed["best"]["weights_pct"]), seed["mark_heads"]],
             ],
