@@ -51,7 +51,9 @@
     const q = query();
     box.childNodes.forEach((chip, j) => {
       chip.classList.toggle("chosen", j === q);
-      chip.style.background = q !== null && st.map ? AL.heat(weight(q, j)) : "";
+      const w = q !== null && st.map ? weight(q, j) : 0;
+      chip.style.background = q !== null && st.map ? AL.heat(w) : "";
+      chip.style.color = w > 0.45 ? "#fff" : ""; // readable on the dark end of the ramp
     });
   }
 
