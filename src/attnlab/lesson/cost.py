@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from attnlab.attention import backends
 from attnlab.attention.reference import attention
 from attnlab.lesson.fmt import big, mb, ms, num
 from attnlab.lesson.section import Section, table
@@ -82,9 +83,14 @@ def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return attention(q, k, v)
 
 
+def _blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return backends.attention(q, k, v, backend="blockwise")
+
+
 # name → (what it is, the function). One place to add a path.
 PATHS: dict[str, tuple[str, Callable]] = {
     "n×n (NumPy reference)": ("materialises the n × n weights", _reference),
+    "blockwise (NumPy)": ("online softmax over tiles of the default size: never holds n × n", _blockwise),
 }
 
 
@@ -207,6 +213,10 @@ def cost_section(cfg: CostConfig = CostConfig()) -> Section:
         return _cost_section(cfg)
 
 
+def ns_of(path: dict) -> list[int]:
+    return [pt["n"] for pt in path["points"]]
+
+
 def _cost_section(cfg: CostConfig) -> Section:
     d = MODEL_D
     counts = [{"n": n, "attention": n * n * d, "recurrent": n * d * d} for n in COUNT_SIZES]
@@ -220,6 +230,8 @@ def _cost_section(cfg: CostConfig) -> Section:
             "points": [p.to_dict() for p in points],
             "time_exponent": growth_exponent(ns, [p.time_s for p in points]),
             "memory_exponent": growth_exponent(ns, [max(p.peak_bytes, 1) for p in points]),
+            # what the last step of the sweep added per token: the O(n) part when a fixed buffer dominates
+            "bytes_per_token_last_step": (points[-1].peak_bytes - points[-2].peak_bytes) / (ns[-1] - ns[-2]),
             "largest_context": largest_context(fn, cfg, points),
         }
     limits = f"{cfg.deadline_ms:g} ms and {cfg.memory_mb:g} MB"
@@ -234,7 +246,10 @@ def _cost_section(cfg: CostConfig) -> Section:
         best = p["largest_context"]
         findings.append(
             f"{name}, d = {cfg.d}: as n doubles, time grows as n^{p['time_exponent']:.2f} and peak memory as "
-            f"n^{p['memory_exponent']:.2f}; the largest context meeting {limits} is n = {best['n']}"
+            f"n^{p['memory_exponent']:.2f}"
+            + (f" (at these sizes a fixed tile buffer dominates; from n = {ns_of(p)[-2]} to {ns_of(p)[-1]} each token "
+               f"added {p['bytes_per_token_last_step'] / 1e3:.2g} kB)" if p["memory_exponent"] < 1.5 else "")
+            + f"; the largest context meeting {limits} is n = {best['n']}"
             + (f" ({ms(best['at_best']['time_s'])}, {mb(best['at_best']['peak_bytes'])})." if best["at_best"] else
                f": even n = {best['first_failing_n']} does not fit.")
         )
