@@ -123,11 +123,11 @@ def cost_curves(data: dict) -> Figure:
     a.set_ylabel("time (ms)"), b.set_ylabel("peak extra memory (MB)")
     a.set_title(f"Time as n doubles (d = {cfg['d']})"), b.set_title("Memory as n doubles")
     ticks = sorted({r["n"] for p in data["paths"].values() for r in p["points"]})
-    for ax in (a, b):
+    for ax, where in ((a, "upper left"), (b, "lower right")):
         ax.set_xticks(ticks, [str(n) for n in ticks])
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("context n (tokens)")
-        ax.legend(frameon=False, fontsize=8)
+        ax.legend(frameon=False, fontsize=8, loc=where)
         ax.spines[["top", "right"]].set_visible(False)
     return fig
 
