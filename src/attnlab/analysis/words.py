@@ -55,18 +55,27 @@ class WordMaps:
         raise LookupError(f"word {word!r} is not in sentence {i + 1} (its words: {' '.join(self.words[i])})")
 
 
-def pieces_matrix(word_of: list[int], num_words: int) -> np.ndarray:
-    """The (T, W) 0/1 matrix with a 1 where token t belongs to word w."""
-    m = np.zeros((len(word_of), num_words), dtype=np.float64)
-    m[np.arange(len(word_of)), word_of] = 1.0
-    return m
-
-
 def aggregate(weights: np.ndarray, word_of: list[int], num_words: int) -> np.ndarray:
-    """[L, H, T, T] token weights → [L, H, W, W] word weights: columns summed, rows averaged."""
-    m = pieces_matrix(word_of, num_words)  # (T, W)
-    mean_rows = (m / m.sum(axis=0, keepdims=True)).T  # (W, T): each word's row averages its pieces
-    out = mean_rows @ (weights.astype(np.float64) @ m)  # (L, H, T, W) → (L, H, W, W)
+    """[L, H, T, T] token weights → [L, H, W, W] word weights: columns summed, rows averaged.
+
+    A word's pieces are consecutive tokens (tokenizers never interleave words), so both steps are
+    segment sums (``np.add.reduceat``). No BLAS on purpose: after a torch forward pass, OpenBLAS's
+    threads fight torch's spinning OpenMP threads for the cores and small matrix products run
+    40× slower than single-threaded.
+    """
+    word_of = np.asarray(word_of)
+    t = weights.shape[-1]
+    if word_of.shape != (t,):
+        raise ValueError(f"word_of has {word_of.size} entries for maps over {t} tokens")
+    starts = np.flatnonzero(np.r_[True, word_of[1:] != word_of[:-1]])  # first token of each word
+    if not np.array_equal(word_of[starts], np.arange(num_words)):
+        raise ValueError(f"word_of must number words 0..{num_words - 1} in order, each over consecutive tokens; "
+                         f"got {word_of.tolist()}")
+    if num_words == t:  # no split words: nothing to add up
+        return weights.copy()
+    counts = np.diff(np.r_[starts, t])  # pieces per word
+    to_words = np.add.reduceat(weights, starts, axis=-1, dtype=np.float64)  # (L, H, T, W): sum of pieces
+    out = np.add.reduceat(to_words, starts, axis=-2) / counts[:, None]  # (L, H, W, W): mean of rows
     return out.astype(weights.dtype)
 
 
