@@ -24,6 +24,19 @@ def shots(tmp_path_factory) -> Path:
     return folder
 
 
+def shoot(page, path: Path) -> None:
+    """A screenshot, cropped to what is drawn and saved with 64 colours: small enough for the README."""
+    import io
+
+    from PIL import Image, ImageChops
+
+    img = Image.open(io.BytesIO(page.screenshot())).convert("RGB")
+    box = ImageChops.difference(img, Image.new("RGB", img.size, "white")).getbbox()
+    if box:
+        img = img.crop((0, 0, min(img.width, box[2] + 16), min(img.height, box[3] + 16)))
+    img.quantize(colors=64).save(path, optimize=True)
+
+
 def pct1(x: float) -> str:
     return f"{100 * x:.1f} %"
 
@@ -56,11 +69,11 @@ def test_head_view_shows_the_apis_weights(page, live_server, client, shots):
     want = sorted(range(len(row)), key=lambda j: -row[j])[:10]
     assert [j for j, _ in shown] == want
     assert [text for _, text in shown] == [pct1(row[j]) for j in want]
-    page.screenshot(path=str(shots / "head-lines.png"))
+    shoot(page, shots / "head-lines.png")
 
     page.select_option("#head-display", "heat")
     page.wait_for_selector("#head-heat")
-    page.screenshot(path=str(shots / "head-heat.png"))
+    shoot(page, shots / "head-heat.png")
 
 
 def test_token_level_clicking_a_piece_of_a_split_word(page, live_server, client):
@@ -88,7 +101,7 @@ def test_scene_toggle_shows_the_seeds_weights(page, live_server, shots):
     before = weights()
     assert [before[t] for t in ("river", "sat", "bank", "I")] == ["60 %", "20 %", "10 %", "2 %"]
     assert "(0.75, 0.05)" in page.inner_text("#scene-output")
-    page.screenshot(path=str(shots / "scene.png"))
+    shoot(page, shots / "scene.png")
     page.check("#scene-scale")
     after = weights()
     assert [after[t] for t in ("river", "sat", "bank", "I")] == ["46 %", "21 %", "13 %", "4 %"]
@@ -108,7 +121,7 @@ def test_model_view_badges_and_click_through(page, live_server, client, shots):
     prev = next(b for b in badges if b["role"] == "prev")
     cell = page.locator(f'#model-grid .cell[data-layer="{prev["layer"]}"][data-head="{prev["head"]}"]')
     assert "prev" in cell.inner_text()
-    page.screenshot(path=str(shots / "model.png"))
+    shoot(page, shots / "model.png")
     cell.click()
     page.wait_for_selector(f"#head-caption:has-text('layer {prev['layer']}, head {prev['head']}')")
     assert page.input_value("#head-layer") == str(prev["layer"])
@@ -121,7 +134,7 @@ def test_compare_shows_the_head_search(page, live_server, client, shots):
                                               "target": "bank", "deciders": ["river", "money"]}).json()
     assert page.inner_text("#compare-summary") == api["summary"]
     assert page.locator(".pair .side").count() == 2
-    page.screenshot(path=str(shots / "compare.png"))
+    shoot(page, shots / "compare.png")
 
 
 def test_self_contained_page_works_from_a_file_without_network(page, bank_maps, tmp_path):
