@@ -8,7 +8,8 @@ torch, transformers and the web server are imported inside the functions that us
 from attnlab.attention.additive import AdditiveAttention
 from attnlab.attention.masks import causal_mask, combine, hide_mask, padding_mask, window_mask
 from attnlab.attention.multihead import MultiHeadAttention, MultiHeadResult
-from attnlab.attention.reference import attention, logsumexp, softmax, softmax_jacobian
+from attnlab.attention.backends import attention
+from attnlab.attention.reference import logsumexp, softmax, softmax_jacobian
 
 __version__ = "0.1.0"
 
