@@ -50,6 +50,8 @@ def test_served_pages_load_nothing_from_the_network(client):
     urls = loaded_urls(page)
     assert urls and not [u for u in urls if URL.match(u)]
     assert sorted("/" + u for u in urls) == sorted(p for p in STATIC_FILES if p != "/")
+    for path in ("/docs", "/redoc"):  # FastAPI's would load Swagger UI from a CDN
+        assert client.get(path).status_code == 404
     for path in STATIC_FILES:
         body = client.get(path).text
         assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", body, re.I), path

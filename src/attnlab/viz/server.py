@@ -224,6 +224,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         title="attnlab viewer",
         description="Attention maps of one pretrained model, the lesson's scene, head roles and the head search.",
         version="1",
+        docs_url=None,  # FastAPI's /docs and /redoc load their scripts from a CDN; the schema is /openapi.json
+        redoc_url=None,
     )
     # Level 1: a 512 x 512 map (2.0 MB of JSON) goes to 0.62 MB and the request takes 0.2 s;
     # level 9, the default, gives 0.46 MB but takes 1.4 s (benchmarks/bench_viewer.py).
