@@ -45,3 +45,12 @@ def test_uncached_hub_id_offline_fails_at_once(monkeypatch):
 def test_not_a_model_type():
     with pytest.raises(TypeError, match="model must be None, a folder path or a hub id"):
         resolve(42)
+
+
+def test_uncached_hub_id_without_network_fails_without_retrying(monkeypatch):
+    import attnlab.models.loading as loading
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(loading, "_hub_unreachable", lambda: "huggingface.co: no route")
+    with pytest.raises(LookupError, match=r"the hub cannot be reached \(huggingface.co: no route\)"):
+        resolve("attnlab-tests/no-such-model", "main")

