@@ -256,9 +256,7 @@ def serve(
     """The web viewer: type one or two sentences and explore every head in the browser, offline."""
     from attnlab.viz.server import serve as run_server
 
-    err.print(f"loading {model or 'the bundled all-MiniLM-L6-v2'}…")
-    run_server(model, revision, host, port,
-               announce=lambda url: err.print(f"attnlab viewer at {url} (Ctrl+C to stop)", highlight=False))
+    run_server(model, revision, host, port, announce=lambda line: err.print(line, highlight=False))
 
 
 # ---------------------------------------------------------------- the lesson: lesson, cost

@@ -15,6 +15,7 @@ package, when the app is made). Bind to 127.0.0.1 unless told otherwise.
 # create_app, from the live annotations.
 import json
 import logging
+import os
 import threading
 from collections import OrderedDict
 from importlib import resources
@@ -304,20 +305,23 @@ def check_port(host: str, port: int) -> None:
         with socket.create_server((host, port)):
             pass
     except OSError as e:
-        raise OSError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port or --host") from None
+        reason = os.strerror(e.errno).lower() if e.errno else str(e)
+        raise OSError(f"cannot listen on {host}:{port}: {reason}; pick another --port or --host") from None
 
 
 def serve(model: Any = None, revision: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           announce: Callable[[str], None] | None = None) -> None:
     """Load the model, then serve the viewer with uvicorn until interrupted.
 
-    ``announce`` gets the viewer's URL once the model is loaded and the port is known to be free.
+    ``announce`` gets a line when loading starts (the port is known to be free by then) and one
+    with the viewer's URL when it is ready.
     """
     import uvicorn
 
+    say = announce or log.info
     check_port(host, port)
+    say(f"loading {model or 'the bundled all-MiniLM-L6-v2'}…")
     app = create_app(model, revision, preload=True)
-    if announce is not None:
-        shown = f"[{host}]" if ":" in host else host
-        announce(f"http://{shown}:{port}/")
+    shown = f"[{host}]" if ":" in host else host
+    say(f"attnlab viewer at http://{shown}:{port}/ (Ctrl+C to stop)")
     uvicorn.run(app, host=host, port=port, log_level="warning")
