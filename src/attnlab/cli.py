@@ -338,6 +338,127 @@ def cost(
     _print_section(section)
 
 
+# ---------------------------------------------------------------- fast attention: check, bench
+
+
+def _ints(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+@app.command()
+def check(as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table.")) -> None:
+    """Every available backend against the float64 reference, here: max errors and pass/fail."""
+    from attnlab.attention.agreement import run_check
+
+    bar, update = _progress("checking backends")
+    done = [0]
+
+    def tick(_: str) -> None:
+        done[0] += 1
+        update(done[0], None)
+
+    with bar:
+        rows = run_check(tick)
+    failed = [r for r in rows if r.passed is False]
+    if as_json:
+        emit_json({"passed": not failed, "rows": [r.to_dict() for r in rows]})
+    else:
+        table = Table(title="attnlab check: every backend against the float64 reference")
+        for col in ("case", "input", "dtype", "backend", "max error", "tolerance", "result"):
+            table.add_column(col, justify="right" if col in ("max error", "tolerance") else "left")
+        for r in rows:
+            result = "[green]pass[/]" if r.passed else "[red]FAIL[/]" if r.passed is False else f"[dim]refused: {r.note}[/]"
+            table.add_row(r.case, r.kind, r.dtype, r.backend, "" if r.max_error is None else f"{r.max_error:.1e}",
+                          "" if r.tolerance is None else f"{r.tolerance:.1e}", result)
+        console.print(table)
+        ran = sum(r.passed is not None for r in rows)
+        console.print(f"{ran - len(failed)} of {ran} passed" + (f", [red]{len(failed)} failed[/]" if failed else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    sizes: str = typer.Option("512,1024,2048,4096,8192", "--sizes", help="Context lengths n, comma-separated (up to 65536)."),
+    heads: str = typer.Option("1,12", "--heads", help="Head counts, comma-separated."),
+    causal: str = typer.Option("both", "--causal", help="both, yes or no."),
+    methods: str = typer.Option(",".join(("naive", "numpy", "torch", "sdpa", "blockwise-numpy", "blockwise-torch", "auto", "gemm")),
+                                "--methods", help="Methods, comma-separated."),
+    d: int = typer.Option(64, "--d", help="Head dimension."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed calls per method and size (median reported)."),
+    memory_mb: float = typer.Option(4096.0, "--memory-mb", help="Skip a method whose estimated extra memory exceeds this."),
+    max_seconds: float = typer.Option(30.0, "--max-seconds", help="Skip a method whose estimated time per call exceeds this."),
+    threads: int | None = typer.Option(None, "--threads", help="torch threads while measuring (default: torch's)."),
+    json_path: str | None = typer.Option(None, "--json", help="Write the results as JSON to this file ('-': stdout)."),
+    png_path: str | None = typer.Option(None, "--png", help="Write the time and memory plot to this PNG."),
+) -> None:
+    """Time, GFLOP/s, % of GEMM, peak extra memory and error of each way to compute attention."""
+    from attnlab.bench import BenchConfig, run
+
+    modes = {"both": (False, True), "yes": (True,), "no": (False,)}
+    if causal not in modes:
+        raise ValueError(f"--causal must be both, yes or no, got {causal!r}")
+    cfg = BenchConfig(sizes=_ints("--sizes", sizes), heads=_ints("--heads", heads), causal=modes[causal],
+                      d=d, methods=tuple(m.strip() for m in methods.split(",") if m.strip()), repeats=repeats,
+                      memory_mb=memory_mb, max_seconds=max_seconds, threads=threads)
+    bar, update = _progress("benchmarking")
+    total = len(cfg.sizes) * len(cfg.heads) * len(cfg.causal) * len(cfg.methods) * cfg.repeats
+    done = [0]
+
+    def tick(_: str) -> None:
+        done[0] += 1
+        update(done[0], total)
+
+    with bar:
+        result = run(cfg, tick).to_dict()
+    if png_path:
+        from attnlab.viz.benchplot import bench_figure
+
+        bench_figure(result).savefig(png_path, dpi=110)
+        err.print(f"wrote {png_path}")
+    if _write_json(json_path, result):
+        return
+    _print_bench(result)
+
+
+def _print_bench(result: dict) -> None:
+    ms = result["measurements"]
+    for key in sorted({(m["n"], m["heads"], m["causal"]) for m in ms}):
+        n, h, c = key
+        table = Table(title=f"n = {n}, {h} head{'s' if h > 1 else ''}, d = {ms[0]['d']}, {'causal' if c else 'full'}")
+        for col in ("method", "ms", "GFLOP/s", "% GEMM", "peak MB", "error", "note"):
+            table.add_column(col, justify="left" if col in ("method", "note") else "right", no_wrap=col != "note")
+        for m in ms:
+            if (m["n"], m["heads"], m["causal"]) != key:
+                continue
+            if m["time_s"] is None:
+                table.add_row(m["method"], "", "", "", "", "", f"skipped: {m['skipped']}")
+                continue
+            table.add_row(
+                m["method"], f"{m['time_s'] * 1e3:,.1f}", f"{m['gflops']:.1f}",
+                "" if m["pct_of_gemm"] is None else f"{m['pct_of_gemm']:.0f} %",
+                "" if m["peak_bytes"] is None else f"{m['peak_bytes'] / 2**20:,.1f}",
+                "" if m["max_error"] is None else f"{m['max_error']:.1e}",
+                f"chose {m['backend']}" if m["backend"] else "",
+            )
+        console.print(table)
+    t = result["targets"]
+    lines = [f"blockwise / sdpa, n = {r['n']}, {r['heads']} h: {r['ratio']:.2f}x (target <= 1.3x) {'met' if r['met'] else 'MISSED'}"
+             for r in t["blockwise_vs_sdpa"]]
+    lines += [f"blockwise causal saving, n = {r['n']}, {r['heads']} h: {100 * r['saving']:.0f} % (target >= 45 %) "
+              f"{'met' if r['met'] else 'MISSED'}" + ("" if r["vs_sdpa_causal"] is None else f"; {r['vs_sdpa_causal']:.2f}x causal sdpa")
+              for r in t["causal_saving"]]
+    lines += [f"blockwise memory, n = 65536, 1 head, {'causal' if r['causal'] else 'full'}: {r['peak_mb']:.1f} MB (target < 64 MB) "
+              f"{'met' if r['met'] else 'MISSED'}" for r in t["memory_65536"]]
+    lines += [f"auto ({r['chose']}) / fastest, n = {r['n']}, {r['heads']} h, {'causal' if r['causal'] else 'full'}: {r['ratio']:.2f}x "
+              f"(target <= 1.1x) {'met' if r['met'] else 'MISSED'}" for r in t["auto_vs_fastest"]]
+    if lines:
+        console.print("Targets (ratios from this run):\n  " + "\n  ".join(lines), highlight=False)
+
+
 # ---------------------------------------------------------------- entry point
 
 
