@@ -124,3 +124,12 @@ def test_lazy_public_api():
     assert attnlab.capture is capture
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         attnlab.nope  # noqa: B018
+
+
+def test_import_attnlab_stays_numpy_only():
+    import subprocess
+    import sys
+
+    code = "import attnlab, sys; attnlab.capture; attnlab.find_heads; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"  # even the lazy names load torch only when they run
