@@ -88,8 +88,16 @@
       ctx.textAlign = "right"; ctx.fillText(labels()[i], colW - 8, y(i));
       ctx.textAlign = "left"; ctx.fillText(labels()[i], W - colW + 8, y(i));
     }
+    // Strength relative to the row's largest weight: over 512 words every weight is small, and
+    // absolute opacities would draw nothing.
+    const maxes = new Map();
+    const rowMax = (i) => {
+      if (!maxes.has(i)) { let m = 0; for (let j = 0; j < n; j++) m = Math.max(m, weight(i, j)); maxes.set(i, m || 1); }
+      return maxes.get(i);
+    };
     const line = (i, j, w, color) => {
-      ctx.strokeStyle = color; ctx.globalAlpha = Math.min(1, w * 1.5); ctx.lineWidth = 1 + 3 * w;
+      const r = w / rowMax(i);
+      ctx.strokeStyle = color; ctx.globalAlpha = 0.9 * r; ctx.lineWidth = 1 + 3 * r;
       const yi = Math.max(0, Math.min(VIEW_H, y(i)));
       ctx.beginPath(); ctx.moveTo(colW, yi); ctx.lineTo(W - colW, y(j)); ctx.stroke();
     };
