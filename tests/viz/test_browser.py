@@ -135,6 +135,12 @@ def test_compare_shows_the_head_search(page, live_server, client, shots):
     assert page.inner_text("#compare-summary") == api["summary"]
     assert page.locator(".pair .side").count() == 2
     shoot(page, shots / "compare.png")
+    shown = api["shown"]
+    page.click("#compare-open")  # opens that head on the compared sentences
+    page.wait_for_selector(f"#head-caption:has-text('layer {shown['layer']}, head {shown['head']} of')")
+    page.wait_for_selector("#head-sentence")  # two sentences now: a sentence selector
+    assert page.input_value("#sentence-b") == "I put the money in the bank."
+    assert page.locator("#head-words .word").all_inner_texts() == shown["sides"][0]["words"]
 
 
 def test_self_contained_page_works_from_a_file_without_network(page, bank_maps, tmp_path):

@@ -40,7 +40,21 @@
     }
   }
 
+  // Open one head of some sentences in the head view (from the model view or Compare): the
+  // server computes those sentences' maps first if they are not the ones on show.
+  AL.openHead = async function ({sentences, layer, head}) {
+    const current = source.request && source.request.sentences;
+    if (!data && sentences && JSON.stringify(sentences) !== JSON.stringify(current)) {
+      document.getElementById("sentence-a").value = sentences[0] || "";
+      document.getElementById("sentence-b").value = sentences[1] || "";
+      await showMaps(sentences, document.getElementById("level").value);
+    }
+    AL.emit("select-head", {sentence: 0, layer, head});
+    AL.showView("head");
+  };
+
   for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => AL.showView(b.dataset.view));
+  document.getElementById("level").addEventListener("change", () => document.getElementById("input").requestSubmit());
   document.getElementById("input").addEventListener("submit", (e) => {
     e.preventDefault();
     const sentences = ["sentence-a", "sentence-b"].map((id) => document.getElementById(id).value.trim()).filter(Boolean);

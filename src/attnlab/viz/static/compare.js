@@ -39,9 +39,9 @@
     const best = res.shown;
     root.replaceChildren(
       el("p", {id: "compare-summary", class: "lead", text: res.summary}),
-      best ? el("p", {class: "muted", text: `${best.qualifies ? "Best qualifying head" : "Closest head (none qualifies)"}: ` +
+      best ? el("p", {id: "compare-open", class: "link", text: `${best.qualifies ? "Best qualifying head" : "Closest head (none qualifies)"}: ` +
         `layer ${best.layer}, head ${best.head}. Click to open it in the Head view.`,
-      onclick: () => { AL.emit("select-head", {sentence: 0, layer: best.layer, head: best.head}); AL.showView("head"); }}) : null,
+      onclick: () => AL.openHead({sentences: st.request.sentences, layer: best.layer, head: best.head})}) : null,
       best ? el("div", {class: "pair"}, best.sides.map(rowChart)) : null);
   }
 
