@@ -7,7 +7,7 @@
   const el = AL.el;
   const st = {source: null, editable: false, request: {
     sentences: ["I sat on the bank of the river.", "I put the money in the bank."],
-    target: "bank", deciders: ["river", "money"],
+    target: "bank", deciders: ["river", "money"], exclude_self: false, exclude_marks: false,
   }};
 
   function form() {
@@ -19,6 +19,10 @@
       el("label", {}, "Sentence 2 ", input("compare-b", r.sentences[1], 36)),
       el("label", {}, "decided by ", input("compare-db", r.deciders[1], 8)),
       el("label", {}, "Target ", input("compare-target", r.target, 8)),
+      el("label", {title: "leave the target itself out of the argmax"},
+        el("input", {type: "checkbox", id: "compare-exclude-self", checked: r.exclude_self}), " not the target itself"),
+      el("label", {title: "leave the special tokens and punctuation out of the argmax"},
+        el("input", {type: "checkbox", id: "compare-exclude-marks", checked: r.exclude_marks}), " not the marks"),
       el("button", {id: "compare-run", type: "submit", text: "Find the heads"}));
   }
 
@@ -47,7 +51,9 @@
 
   async function run() {
     const v = (id) => document.getElementById(id).value.trim();
-    st.request = {sentences: [v("compare-a"), v("compare-b")], target: v("compare-target"), deciders: [v("compare-da"), v("compare-db")]};
+    const on = (id) => document.getElementById(id).checked;
+    st.request = {sentences: [v("compare-a"), v("compare-b")], target: v("compare-target"), deciders: [v("compare-da"), v("compare-db")],
+      exclude_self: on("compare-exclude-self"), exclude_marks: on("compare-exclude-marks")};
     AL.status("searching the heads…");
     try {
       show(await st.source.findHead(st.request));
