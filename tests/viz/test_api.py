@@ -151,3 +151,21 @@ def test_packed_weights_decode_within_their_resolution():
     w = np.random.default_rng(1).dirichlet(np.ones(7), size=(2, 3, 7)).astype(np.float32)  # (2, 3, 7, 7)
     raw = np.frombuffer(base64.b64decode(payload.pack_weights(w)), dtype="<u2").reshape(w.shape)
     np.testing.assert_allclose(raw / 65535, w, atol=0.5 / 65535 + 1e-7)
+
+
+def test_one_capture_serves_every_head_and_level_and_the_cache_is_bounded(default_model, monkeypatch):
+    import attnlab.models.capture as capture_module
+    from attnlab.viz.server import MapsCache
+
+    calls = []
+    real = capture_module.capture
+    monkeypatch.setattr(capture_module, "capture", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    cache = MapsCache(default_model, None, size=2)
+    for level in ("word", "token", "word"):
+        cache.get(BANK[:1], level)
+    cache.maps_payload(BANK[:1], "word", 8)
+    assert calls == [BANK[:1]]
+    for i in range(4):
+        cache.get([f"Sentence number {i}."], "word")
+    assert len(cache.entries) == 4  # two captures, each at both levels
+    assert (tuple(BANK[:1]), "word") not in cache.entries
