@@ -169,3 +169,13 @@ def test_self_contained_page_works_from_a_file_without_network(page, bank_maps, 
         page.click(f'#tabs button[data-view="{view}"]')
         assert page.is_visible(f"#view-{view}")
     assert all(u.startswith(("file:", "data:", "about:")) for u in requests), requests
+
+
+def test_too_long_a_sentence_is_explained_on_the_page(page, live_server):
+    page.goto(live_server + "/#head")
+    page.wait_for_selector("#head-words .word")
+    page.fill("#sentence-a", "word " * 600)
+    page.click("#run")
+    page.wait_for_selector("#status.error")
+    assert "602 tokens" in page.inner_text("#status") and "at most 512" in page.inner_text("#status")
+    assert not page.is_disabled("#run")
