@@ -39,10 +39,10 @@ from attnlab.attention._checks import is_torch
 from attnlab.attention.masks import band_mask
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2 (s·log2 e): exp2 is ~3x cheaper than exp on CPUs
-HEADROOM = 24.0  # largest s − m (base 2) allowed into exp2: 2^24·Tk stays far inside float32's range
-LAZY = 12.0  # a row's reference is raised only when a tile beats it by more than this (base 2)
-TILE_ELEMENTS = 1 << 18  # scores per tile (1 MB in float32): the tile stays in the CPU's L2 cache
-BLOCK_K = 512  # default keys per tile
+HEADROOM = 64.0  # largest s − m (base 2) let into exp2: 2^64·Tk·|v| stays far inside float32's 2^128
+LAZY = 32.0  # a row's reference is raised only when a tile beats it by more than this (base 2)
+TILE_ELEMENTS = 1 << 18  # scores per tile (1 MB in float32), all heads together: stays in L2 cache
+MIN_HEAD_TILE = 1 << 15  # but at least 128 × 256 per head: smaller GEMMs waste more than cache misses
 
 
 class _Lib:
@@ -156,8 +156,9 @@ def block_sizes(batch: int, tq: int, block_size: Any = None, *, band: bool = Fal
     band's edge are computed whole and half thrown away, a waste that grows with the query block.
     """
     if block_size is None:
-        bk = BLOCK_K
-        bq = max(16, min(tq, TILE_ELEMENTS // (batch * bk)))
+        per_head = max(TILE_ELEMENTS // batch, MIN_HEAD_TILE)
+        bk = 512 if per_head >= TILE_ELEMENTS else 256
+        bq = min(tq, per_head // bk)
         return (min(bq, bk) if band else bq), bk
     pair = (block_size, block_size) if not isinstance(block_size, (tuple, list)) else tuple(block_size)
     if len(pair) != 2 or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in pair):
@@ -194,7 +195,7 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
     dv = v.shape[-1]
     kx = _with_column(lib, k, lib.ones((b, k.shape[1], 1), k))  # (B, Tk, D + 1): subtracts m inside the GEMM
     vx = _with_column(lib, v, lib.ones((b, v.shape[1], 1), v))  # (B, Tk, Dv + 1): sums the weights
-    k_norm = float(xp.sqrt(xp.amax(xp.sum(k * k, axis=-1))))
+    k_norm = xp.sqrt(xp.amax(xp.sum(k * k, axis=-1), axis=-1))[:, None]  # (B, 1): the largest |k| of each batch
     out, lse = lib.zeros((b, g, tq, dv), q), lib.zeros((b, g, tq), q)
     for i0 in range(0, tq, block_q):
         i1 = min(i0 + block_q, tq)

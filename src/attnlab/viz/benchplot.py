@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 STYLE = {  # one colour and marker per method, the same in every panel
     "naive": ("#8c8c8c", "x"), "numpy": ("#937860", "s"), "torch": ("#dd8452", "^"), "sdpa": ("#4c72b0", "o"),
@@ -40,13 +41,16 @@ def bench_figure(result: dict[str, Any]) -> Figure:
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.grid(True, which="major", alpha=0.3)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.spines[["top", "right"]].set_visible(False)
         bottom.set_xlabel("n (tokens), d = %d" % ms[0]["d"] if ms else "n")
         if col == 0:
             top.set_ylabel("time per call (ms, median)")
             bottom.set_ylabel("peak extra memory (MB)")
     if panels:
-        axes[0][0].legend(fontsize=7, frameon=False)
+        axes[0][-1].legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     cpu = result.get("machine", {}).get("cpu", "")
     fig.suptitle(f"attention forward, float32 — {cpu}, {result.get('machine', {}).get('cores')} cores", fontsize=10)
     return fig
