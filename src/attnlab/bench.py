@@ -142,8 +142,8 @@ def _inputs(n: int, d: int, heads: int, seed: int) -> dict[str, Any]:
 def _estimate_bytes(method: str, n: int, d: int, heads: int) -> float:
     """Extra memory a method needs, roughly, to decide what to skip before trying it."""
     nn = float(n) * n * heads
-    lin = 4.0 * n * d * heads * 8
-    tile = blockwise.TILE_ELEMENTS * 8 * 4
+    lin = 6.0 * n * d * heads * 4  # float32 copies of q, k, v (with their extra column), the output
+    tile = min(blockwise.TILE_ELEMENTS, nn) * 4 * 2  # a tile of scores and its mask
     return {
         "naive": nn * 4 * 3, "numpy": nn * 8 * 4, "torch": nn * 4 * 3,
         "sdpa": lin, "blockwise-numpy": lin + tile, "blockwise-torch": lin + tile, "auto": lin + tile,
