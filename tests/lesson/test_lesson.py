@@ -37,9 +37,10 @@ def sections(report):
 
 def test_report_folder_holds_every_promised_file(report):
     out, doc = report
-    promised = {name for figs in FIGURES.values() for name, _ in figs} | {"index.html", "lesson.json"}
+    pages = {"index.html", "lesson.json", "viewer.html"}
+    promised = {name for figs in FIGURES.values() for name, _ in figs} | pages
     assert promised <= {p.name for p in out.iterdir()}
-    for name in promised - {"index.html", "lesson.json"}:
+    for name in promised - pages:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "lesson.json").read_text()) == doc  # --json prints exactly the file
     assert doc["figures"] == {k: [n for n, _ in v] for k, v in FIGURES.items()}
@@ -84,6 +85,17 @@ def test_html_is_self_contained(report):
     assert all(v.startswith("data:image/png;base64,") for v in images)
     assert "http://" not in page and "https://" not in page
     assert [t for t in parser.tags if t in ("h2",)] and parser.tags.count("section") == 7
+    assert ("a", "href", "viewer.html") in parser.refs
+
+
+def test_viewer_page_beside_the_report_is_self_contained_and_holds_the_bank_maps(report):
+    page = (report[0] / "viewer.html").read_text()
+    parser = _Refs()
+    parser.feed(page)
+    for tag, _, value in parser.refs:
+        assert not value.lower().startswith(("http:", "https:", "//")), (tag, value)
+    assert "<script src" not in page and '<link rel="stylesheet"' not in page
+    assert "I put the money in the bank." in page and '"target":"bank"' in page
 
 
 def test_every_section_is_there_with_a_table_and_findings(sections):

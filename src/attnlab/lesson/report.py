@@ -1,5 +1,6 @@
-"""The lesson's report folder: ``index.html`` (one self-contained page), the figures as PNG, and
-``lesson.json`` (every number; schema in ``lesson/schema.json``).
+"""The lesson's report folder: ``index.html`` (one self-contained page), the figures as PNG,
+``lesson.json`` (every number; schema in ``lesson/schema.json``) and ``viewer.html``, the viewer's
+self-contained page on the lesson's two "bank" sentences (every head, explorable offline).
 
 The page needs no network: figures are embedded as base64 PNG (and also written beside it),
 styles are inline, and there is no script.
@@ -84,9 +85,14 @@ img { max-width: 100%; } figcaption { color: #888; font-size: 12px; }
 """
 
 
+VIEWER = "viewer.html"
+
+
 def render_html(lesson: Lesson, pngs: dict[str, bytes]) -> str:
     cfg = lesson.config
     nav = " ".join(f'<a href="#{s.key}">{s.number}. {html.escape(s.title)}</a>' for s in lesson.sections)
+    if lesson.maps is not None:
+        nav += f' <a href="{VIEWER}">Explore every head in the viewer</a>'
     meta = (f"model {html.escape(lesson.section('heads').data['model']['model_id'])} · seed {cfg.seed} · "
             f"deadline {cfg.deadline_ms:g} ms · memory {cfg.memory_mb:g} MB · computed in {lesson.elapsed_s:.1f} s · "
             "every number is also in lesson.json")
@@ -110,5 +116,11 @@ def write_report(lesson: Lesson, out: str | Path | None = None) -> list[Path]:
     (out / "lesson.json").write_text(json.dumps(lesson_json(lesson), indent=1) + "\n")
     (out / "index.html").write_text(render_html(lesson, pngs))
     written += [out / "lesson.json", out / "index.html"]
+    if lesson.maps is not None:
+        from attnlab.lesson.realmaps import DECIDERS, TARGET
+        from attnlab.viz.page import write_maps_html
+
+        words = lesson.maps.to_words()
+        written.append(write_maps_html(words, out / VIEWER, target=TARGET, deciders=list(DECIDERS)))
     log.info("report written to %s", out)
     return written

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from attnlab.lesson.cost import CostConfig, cost_section
 from attnlab.lesson.formula import formula_section, qkv_section
@@ -57,6 +58,9 @@ class Lesson:
     sections: tuple[Section, ...]  # in the lesson's order, 1 to 7
     seconds: dict[str, float]  # wall time of each step
     elapsed_s: float
+    # The captured "bank" maps (AttentionMaps), kept so the report can write the explorable
+    # viewer page beside index.html; not part of lesson.json.
+    maps: Any = field(default=None, repr=False, compare=False)
 
     def section(self, key: str) -> Section:
         for s in self.sections:
@@ -108,4 +112,4 @@ def run_lesson(config: LessonConfig = LessonConfig(), progress: Progress | None 
         if result is not None:
             sections.append(result)
     sections.sort(key=lambda s: s.number)
-    return Lesson(config, tuple(sections), seconds, time.perf_counter() - start)
+    return Lesson(config, tuple(sections), seconds, time.perf_counter() - start, maps=state.get("maps"))
