@@ -74,12 +74,18 @@ class _Refs(HTMLParser):
                 self.refs.append((tag, name, value))
 
 
-def test_html_is_self_contained(report):
-    page = (report[0] / "index.html").read_text()
+def _local_refs(page: str) -> _Refs:
+    """Parse a page and check that no src/href points off the machine."""
     parser = _Refs()
     parser.feed(page)
     for tag, _, value in parser.refs:
         assert not value.lower().startswith(("http:", "https:", "//")), (tag, value)
+    return parser
+
+
+def test_html_is_self_contained(report):
+    page = (report[0] / "index.html").read_text()
+    parser = _local_refs(page)
     images = [v for t, _, v in parser.refs if t == "img"]
     assert len(images) == sum(len(v) for v in FIGURES.values())
     assert all(v.startswith("data:image/png;base64,") for v in images)
@@ -90,10 +96,7 @@ def test_html_is_self_contained(report):
 
 def test_viewer_page_beside_the_report_is_self_contained_and_holds_the_bank_maps(report):
     page = (report[0] / "viewer.html").read_text()
-    parser = _Refs()
-    parser.feed(page)
-    for tag, _, value in parser.refs:
-        assert not value.lower().startswith(("http:", "https:", "//")), (tag, value)
+    _local_refs(page)
     assert "<script src" not in page and '<link rel="stylesheet"' not in page
     assert "I put the money in the bank." in page and '"target":"bank"' in page
 
