@@ -182,3 +182,14 @@ def test_mask_of_another_kind_is_refused():
     t = torch.zeros(1, 4, 8)
     with pytest.raises(TypeError, match="mask must be of the same kind as q"):
         attention(t, t, t, mask=np.ones((4, 4), bool))
+
+
+@pytest.mark.parametrize("shape", [(9, 8), (3, 9, 8), (2, 3, 4, 9, 8)], ids=["2-D", "3-D", "5-D"])
+@pytest.mark.parametrize("backend", ["torch", "sdpa", "blockwise"])
+def test_any_number_of_leading_dims(backend, shape):
+    """SDPA's fused kernels want 4-D input; the backends take (..., T, D) with any leading dims."""
+    x = np.random.default_rng(1).standard_normal(shape)
+    mask = np.random.default_rng(2).random(shape[:-1] + (9,)) > 0.3  # per-batch masks, rows may be empty
+    out = attention(torch.from_numpy(x), torch.from_numpy(x), torch.from_numpy(x), mask=torch.from_numpy(mask), backend=backend)
+    assert tuple(out.shape) == shape
+    np.testing.assert_allclose(out.numpy(), reference.attention(x, x, x, mask=mask), atol=1e-10)

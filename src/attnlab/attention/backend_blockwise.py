@@ -8,6 +8,7 @@ Low-precision inputs are computed in float32 and returned in their dtype.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -20,11 +21,9 @@ NS_PER_SCORE_NUMPY = 3.0
 OVERHEAD_S = 2e-4  # the Python loop over tiles
 
 
-def _function() -> Any:
-    """BlockwiseFunction, defined on first use so that importing attnlab does not import torch."""
-    global BlockwiseFunction
-    if "BlockwiseFunction" in globals():
-        return BlockwiseFunction
+@functools.cache
+def autograd_function() -> type:
+    """``BlockwiseFunction``, defined on first use so that importing attnlab does not import torch."""
     import torch
 
     class BlockwiseFunction(torch.autograd.Function):
@@ -46,7 +45,6 @@ def _function() -> Any:
             )
             return dq, dk, dv, None, None, None, None
 
-    globals()["BlockwiseFunction"] = BlockwiseFunction
     return BlockwiseFunction
 
 
@@ -101,7 +99,7 @@ class BlockwiseBackend(Backend):
         tiling = blockwise.Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.mask), bias=view(call.bias))
         bq, bk = blockwise.block_sizes(b * groups, p.tq, call.block_size, band=call.request.band)
         if call.request.grad:
-            out, lse = _function().apply(q, k, v, tiling, p.scale, bq, bk)
+            out, lse = autograd_function().apply(q, k, v, tiling, p.scale, bq, bk)
         else:
             out, lse = blockwise.forward(q, k, v, tiling, scale=p.scale, block_q=bq, block_k=bk)
         weights = None

@@ -59,13 +59,14 @@ class SdpaBackend(Backend):
         batch = call.problem.batch
         gqa = call.problem.groups > 1
         kv_batch = (*batch[:-1], k.shape[-3]) if gqa else batch
-        q = q.expand(*batch, *q.shape[-2:])
-        k, v = k.expand(*kv_batch, *k.shape[-2:]), v.expand(*kv_batch, *v.shape[-2:])
+        q = _four(q.expand(*batch, *q.shape[-2:]))  # (B, H, Tq, D)
+        k, v = _four(k.expand(*kv_batch, *k.shape[-2:])), _four(v.expand(*kv_batch, *v.shape[-2:]))
         if _is_plain_causal(call):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=call.problem.scale, enable_gqa=gqa)
-            return like_input(out, call), None, None
+            return like_input(out.reshape(*batch, *out.shape[-2:]), call), None, None
         allowed = dense_mask(call)
-        allowed = None if allowed is None else as_torch(allowed).to(q.device)
+        allowed = None if allowed is None else _mask4(as_torch(allowed).to(q.device), batch)
+        bias = None if bias is None else _mask4(bias, batch)
         attn_mask, dead = allowed, None
         if bias is not None:
             attn_mask = bias.to(q.dtype)
@@ -77,4 +78,19 @@ class SdpaBackend(Backend):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=call.problem.scale, enable_gqa=gqa)
         if dead is not None and bool(dead.any()):
             out = out.masked_fill(dead.expand(out.shape[:-1])[..., None], 0.0)
-        return like_input(out, call), None, None
+        return like_input(out.reshape(*batch, *out.shape[-2:]), call), None, None
+
+
+def _four(x: Any) -> Any:
+    """(..., T, D) → (B, H, T, D): SDPA's fused CPU kernels take 4-D inputs (3-D ones fall to the O(T²) math path)."""
+    lead = x.shape[:-2]
+    if len(lead) >= 2:
+        return x.reshape(-1, lead[-1], *x.shape[-2:])  # (B, H, T, D)
+    return x.reshape(1, lead[0] if lead else 1, *x.shape[-2:])  # (1, H or 1, T, D)
+
+
+def _mask4(m: Any, batch: tuple) -> Any:
+    """A mask or bias broadcastable to (*batch, Tq, Tk), shaped to broadcast against the 4-D scores."""
+    if all(s == 1 for s in m.shape[:-2]):
+        return m.reshape(m.shape[-2:])  # (Tq or 1, Tk): broadcasts as it is, no copy
+    return _four(m.expand(*batch, *m.shape[-2:]))  # (B, H, Tq or 1, Tk)
