@@ -168,7 +168,7 @@ def _runner(method: str, data: dict[str, Any], causal: bool) -> tuple[Callable[[
     tq, tk, tv = data["torch"]
     if method == "gemm":
         def gemm() -> Any:  # the attention's two GEMMs, nothing else, a block of rows at a time
-            rows = max(1, 8 * blockwise.TILE_ELEMENTS // (tq.shape[0] * tk.shape[1]))  # an 8 MB score block
+            rows = max(1, blockwise.TILE_ELEMENTS // (tq.shape[0] * tk.shape[1]))  # a 1 MB block: stays in cache
             kt = tk.transpose(-1, -2)
             out = torch.empty_like(tv)
             for i in range(0, tq.shape[1], rows):
@@ -356,12 +356,15 @@ def _sweep(config: BenchConfig, tick: Callable[[str], None] | None) -> list[Meas
         for heads in config.heads:
             for causal in config.causal:
                 skip = {}
-                for m in config.methods:  # predict from the last size: time grows as n²
+                for m in config.methods:  # predict from the last size: time and memory grow at most as n²
                     prev = last.get((m, heads, causal))
                     if prev is not None and prev.time_s is not None:
                         guess = prev.time_s * (n / prev.n) ** 2
+                        mem = (prev.peak_bytes or 0) * (n / prev.n) ** 2 / 2**20
                         if guess > config.max_seconds:
                             skip[m] = f"would take ~{guess:,.0f} s > {config.max_seconds:g} s per call"
+                        elif mem > config.memory_mb:
+                            skip[m] = f"may need ~{mem:,.0f} MB (n² from the last size) > budget {config.memory_mb:,.0f} MB"
                 res = run_config(n, config.d, heads, causal, config.methods, config.repeats,
                                  memory_mb=config.memory_mb, skip=skip, seed=config.seed, tick=tick)
                 for r in res:

@@ -115,3 +115,20 @@ def test_rows_of_weights_sum_to_one_and_match_the_reference():
     _, ref_w = reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=True, return_weights=True)
     np.testing.assert_allclose(w.numpy(), ref_w[..., [0, 49], :], atol=1e-12)
     np.testing.assert_allclose(w.sum(-1).numpy(), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_merging_two_halves_of_the_keys_by_their_lse_gives_the_whole(kind):
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((2, 30, 8)), rng.standard_normal((2, 50, 8)), rng.standard_normal((2, 50, 5))
+    mask = np.ones((30, 50), bool)
+    mask[3] = False  # a row with nothing in either half
+    mask[4, :20] = False  # a row with nothing in the first half
+    expected = reference.attention(q, k, v, mask=mask)
+    if kind == "torch":
+        q, k, v, mask = (torch.from_numpy(x) for x in (q, k, v, mask))
+    a = attention(q, k[:, :20], v[:, :20], mask=mask[:, :20], backend="blockwise", return_lse=True)
+    b = attention(q, k[:, 20:], v[:, 20:], mask=mask[:, 20:], backend="blockwise", return_lse=True)
+    out, lse = blockwise.merge(*a, *b)
+    np.testing.assert_allclose(np.asarray(out), expected, atol=1e-12)
+    assert np.isneginf(np.asarray(lse)[:, 3]).all() and np.isfinite(np.asarray(lse)[:, 4]).all()

@@ -7,7 +7,7 @@ from typing import Any
 from attnlab.attention import reference
 from attnlab.attention._calls import Backend, Call, Request, dense_mask, repeat_groups
 
-NS_PER_SCORE = 25.0  # float64 matmuls + exp + softmax in NumPy, per query-key pair (2-core CPU)
+NS_PER_SCORE = 10.0  # float64 matmuls + exp + softmax in NumPy, per query-key pair (2-core CPU)
 OVERHEAD_S = 2e-5
 
 

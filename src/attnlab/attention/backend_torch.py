@@ -13,7 +13,7 @@ from attnlab.attention._calls import (
     Backend, Call, Request, as_torch, dense_mask, like_input, repeat_groups, torch_overhead, torch_refusal,
 )
 
-NS_PER_SCORE = 6.0  # matmul + softmax + matmul in torch eager, per query-key pair (2-core CPU, float32)
+NS_PER_SCORE = 7.5  # matmul + softmax + matmul in torch eager, per query-key pair (2-core CPU, float32)
 OVERHEAD_S = 5e-5
 
 

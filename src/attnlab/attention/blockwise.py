@@ -285,3 +285,19 @@ def backward(
         dq[:, :, i0:i1] = (dqb * scale).reshape(b, g, r, d)
     dk *= scale
     return dq, dk, dv
+
+
+def merge(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+    """Attention over the keys of A and B together, from the two partial results and their LSEs.
+
+    out (..., Tq, Dv), lse (..., Tq), NumPy or torch. o = (e^{lse_a}·o_a + e^{lse_b}·o_b) / (e^{lse_a} + e^{lse_b}),
+    lse = log(e^{lse_a} + e^{lse_b}): how split-key (and ring) attention combines its pieces. A row
+    with nothing to attend to in either part stays zero with LSE −inf.
+    """
+    xp = _Lib(out_a).xp
+    lse = xp.logaddexp(lse_a, lse_b)
+    live = xp.isfinite(lse)
+    safe = xp.where(live, lse, 0.0)
+    wa = xp.where(live, xp.exp(lse_a - safe), 0.0)[..., None]
+    wb = xp.where(live, xp.exp(lse_b - safe), 0.0)[..., None]
+    return wa * out_a + wb * out_b, lse
