@@ -31,17 +31,17 @@ def test_probe_sees_a_buffer_of_known_size():
 
 
 def test_sweep_skips_over_budget_and_the_seed_code_under_causal():
-    cfg = bench.BenchConfig(sizes=(256, 1024), heads=(1,), methods=("naive", "numpy", "blockwise-torch", "auto", "gemm", "sdpa"),
+    cfg = bench.BenchConfig(sizes=(1024,), heads=(1,), methods=("naive", "numpy", "blockwise-torch", "auto", "gemm", "sdpa"),
                             repeats=1, memory_mb=4)
     res = bench.run(cfg)
     by = {(m.method, m.n, m.causal): m for m in res.measurements}
-    assert len(res.measurements) == 2 * 2 * 6
+    assert len(res.measurements) == 2 * 6
     assert by["numpy", 1024, False].skipped == "needs ~32 MB > budget 4 MB"  # 1024² float64 buffers
-    assert by["numpy", 256, False].time_s is not None and by["blockwise-torch", 1024, True].time_s is not None
-    assert by["naive", 256, True].skipped == "the seed's code has no mask"
-    auto = by["auto", 256, False]
+    assert by["blockwise-torch", 1024, True].time_s is not None
+    assert by["naive", 1024, True].skipped == "the seed's code has no mask"
+    auto = by["auto", 1024, False]
     assert auto.time_s is not None and auto.backend in ("sdpa", "blockwise", "torch")
-    assert by["gemm", 256, False].pct_of_gemm == pytest.approx(100.0)
+    assert by["gemm", 1024, False].pct_of_gemm == pytest.approx(100.0)
     d = res.to_dict()
     assert d["machine"]["cores"] >= 1 and set(d["targets"]) == {"blockwise_vs_sdpa", "causal_saving", "memory_65536", "auto_vs_fastest"}
 

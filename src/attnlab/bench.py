@@ -210,15 +210,16 @@ def run_config(
     _warm_up(tuple(m for m in methods if m not in skip), d, causal)
     calls: dict[str, Callable[[], Any]] = {}
     for m in methods:
+        if m in skip:
+            continue
+        fn, why = _runner(m, data, causal)  # a method that cannot do the call says so first
         need = _estimate_bytes(m, n, d, heads)
-        if m not in skip and need > memory_mb * 2**20:
-            skip[m] = f"needs ~{need / 2**20:,.0f} MB > budget {memory_mb:,.0f} MB"
-        if m not in skip:
-            fn, why = _runner(m, data, causal)
-            if why:
-                skip[m] = why
-            else:
-                calls[m] = fn
+        if why is None and need > memory_mb * 2**20:
+            why = f"needs ~{need / 2**20:,.0f} MB > budget {memory_mb:,.0f} MB"
+        if why:
+            skip[m] = why
+        else:
+            calls[m] = fn
     times: dict[str, list[float]] = {m: [] for m in calls}
     peaks: dict[str, int | None] = {}
     errors: dict[str, float | None] = {}
