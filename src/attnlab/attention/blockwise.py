@@ -195,8 +195,9 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
     dv = v.shape[-1]
     kx = _with_column(lib, k, lib.ones((b, k.shape[1], 1), k))  # (B, Tk, D + 1): subtracts m inside the GEMM
     vx = _with_column(lib, v, lib.ones((b, v.shape[1], 1), v))  # (B, Tk, Dv + 1): sums the weights
-    k_norm = xp.sqrt(xp.amax(xp.sum(k * k, axis=-1), axis=-1))[:, None]  # (B, 1): the largest |k| of each batch
+    k_norm = xp.sqrt(xp.amax(xp.einsum("btd,btd->bt", k, k), axis=-1))[:, None]  # (B, 1): largest |k| per batch, no k² temporary
     out, lse = lib.zeros((b, g, tq, dv), q), lib.zeros((b, g, tq), q)
+    scratch: dict[tuple, Any] = {}  # one score buffer per tile shape, reused: no allocation per tile
     for i0 in range(0, tq, block_q):
         i1 = min(i0 + block_q, tq)
         r = i1 - i0
@@ -206,7 +207,10 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
         acc = lib.zeros((b, g * r, dv + 1), q)
         safe = False
         for k0, k1, edge in tiling.key_blocks(i0, i1, block_k):
-            s = xp.matmul(qb, kx[:, k0:k1].swapaxes(-1, -2))  # (B, G·r, bk) = log2 e·scale·q·k − m
+            shape = (b, g * r, k1 - k0)
+            if shape not in scratch:
+                scratch[shape] = lib.zeros(shape, q)
+            s = xp.matmul(qb, kx[:, k0:k1].swapaxes(-1, -2), out=scratch[shape])  # log2 e·scale·q·k − m
             tiling.mask_tile(lib, s.reshape(b, g, r, k1 - k0), slice(i0, i1), k0, k1, edge)
             if not safe:
                 _rebase(lib, s, qb, acc)
