@@ -172,12 +172,17 @@ def _runner(method: str, data: dict[str, Any], causal: bool) -> tuple[Callable[[
         data["torch"] = tuple(torch.from_numpy(x) for x in (q, k, v))
     tq, tk, tv = data["torch"]
     if method == "gemm":
-        def gemm() -> Any:  # the attention's two GEMMs, nothing else, a block of rows at a time
-            rows = max(1, blockwise.TILE_ELEMENTS // (tq.shape[0] * tk.shape[1]))  # a 1 MB block: stays in cache
+        def gemm() -> Any:  # the attention's two GEMMs on blockwise's tiles, without the softmax
+            h, n = tq.shape[0], tq.shape[1]
+            bq, bk = blockwise.block_sizes(h, n)
             kt = tk.transpose(-1, -2)
-            out = torch.empty_like(tv)
-            for i in range(0, tq.shape[1], rows):
-                torch.matmul(torch.matmul(tq[:, i : i + rows], kt), tv, out=out[:, i : i + rows])
+            out = torch.zeros_like(tv)
+            s = torch.empty(h, bq, bk)
+            for i in range(0, n, bq):
+                for j in range(0, n, bk):
+                    whole = i + bq <= n and j + bk <= n  # a ragged edge tile gets its own buffer
+                    tile = torch.matmul(tq[:, i : i + bq], kt[:, :, j : j + bk], out=s if whole else None)
+                    out[:, i : i + bq].baddbmm_(tile, tv[:, j : j + bk])
             return out
         return gemm, None
     name = {"blockwise-torch": "blockwise"}.get(method, method)
