@@ -93,7 +93,8 @@ def attention(
         keys at positions ≥ length are padding.
     return_weights: also return every weight (..., Tq, Tk) (materialising backends only).
     weights_rows: query indices; also return the exact weights of just those rows (..., R, Tk),
-        which blockwise recomputes from the LSE without the (Tq, Tk) matrix.
+        which blockwise recomputes from the LSE without the (Tq, Tk) matrix (outside autograd:
+        a diagnostic, not differentiable there).
     return_lse: also return each row's log-sum-exp of its scores (..., Tq) (−inf: nothing to attend).
     backend: "auto" (the cheapest that fits), "numpy", "torch", "sdpa" or "blockwise".
     block_size: blockwise tile size, an int or (queries, keys); default ~2^18 scores per tile.
