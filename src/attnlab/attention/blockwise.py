@@ -9,7 +9,8 @@ At the end o = acc / l and the row's log-sum-exp is LSE = m + log l.
 Two tricks keep the passes over each tile few (on a CPU that is what the time goes to):
 
 - q carries an extra column −m and k an extra column of ones, so one GEMM gives s − m directly;
-  v carries a column of ones, so the second GEMM also sums the weights (l comes for free).
+  each key block of v gets a column of ones, so the second GEMM also sums the weights (l comes
+  for free).
 - The maximum is looked for only while it may matter: once every row of a query block has seen a
   score and the Cauchy–Schwarz bound scale·|q_i|·max|k| − m_i stays below ``HEADROOM`` (no
   exp can overflow), the remaining tiles skip the max pass and the rescale (FlashAttention-4's
@@ -74,6 +75,12 @@ class _Lib:
             acc.baddbmm_(a, b)
         else:
             acc += a @ b
+
+    def row_norms(self, x: Any) -> Any:
+        """|x| over the last axis, without an x² temporary (which would be as big as x)."""
+        if self.torch:
+            return self.xp.linalg.vector_norm(x, dim=-1)
+        return np.sqrt(np.einsum("...d,...d->...", x, x))
 
     def hide_(self, s: Any, keep: Any) -> None:
         """s = −inf where ``keep`` is False, in place (``keep`` broadcasts to s)."""
@@ -194,8 +201,8 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
     b, g, tq, d = q.shape
     dv = v.shape[-1]
     kx = _with_column(lib, k, lib.ones((b, k.shape[1], 1), k))  # (B, Tk, D + 1): subtracts m inside the GEMM
-    vx = _with_column(lib, v, lib.ones((b, v.shape[1], 1), v))  # (B, Tk, Dv + 1): sums the weights
-    k_norm = xp.sqrt(xp.amax(xp.einsum("btd,btd->bt", k, k), axis=-1))[:, None]  # (B, 1): largest |k| per batch, no k² temporary
+    ones = lib.ones((b, block_k, 1), v)  # v's extra column, added one key block at a time (a whole copy of v would not fit the memory goal)
+    k_norm = xp.amax(lib.row_norms(k), axis=-1)[:, None]  # (B, 1): the largest |k| of each batch
     out, lse = lib.zeros((b, g, tq, dv), q), lib.zeros((b, g, tq), q)
     scratch: dict[tuple, Any] = {}  # one score buffer per tile shape, reused: no allocation per tile
     for i0 in range(0, tq, block_q):
@@ -220,7 +227,8 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
                     and float(xp.amax(bound + qb[..., -1])) <= HEADROOM
                 )
             xp.exp2(s, out=s)
-            lib.add_matmul_(acc, s, vx[:, k0:k1])  # (B, G·r, Dv + 1)
+            vx = _with_column(lib, v[:, k0:k1], ones[:, : k1 - k0])  # (B, bk, Dv + 1): the ones sum the weights
+            lib.add_matmul_(acc, s, vx)  # (B, G·r, Dv + 1)
         l = acc[..., -1:]  # (B, G·r, 1)
         live = l > 0
         l1 = xp.where(live, l, 1.0)
