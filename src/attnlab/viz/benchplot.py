@@ -23,6 +23,7 @@ def bench_figure(result: dict[str, Any]) -> Figure:
     panels = sorted({(m["heads"], m["causal"]) for m in ms})
     fig = Figure(figsize=(3.6 * max(1, len(panels)), 6.4), layout="constrained")
     axes = fig.subplots(2, max(1, len(panels)), squeeze=False)
+    handles = {}  # one legend entry per method shown anywhere
     for col, (heads, causal) in enumerate(panels):
         top, bottom = axes[0][col], axes[1][col]
         for method, (color, marker) in STYLE.items():
@@ -31,7 +32,7 @@ def bench_figure(result: dict[str, Any]) -> Figure:
             if not pts:
                 continue
             ns = [p[0] for p in pts]
-            top.plot(ns, [p[1] * 1e3 for p in pts], marker=marker, color=color, label=method, lw=1.2, ms=4)
+            (handles[method],) = top.plot(ns, [p[1] * 1e3 for p in pts], marker=marker, color=color, label=method, lw=1.2, ms=4)
             mem = [(n, p[2] / 2**20) for n, p in zip(ns, pts) if p[2]]
             if mem and method != "gemm":
                 bottom.plot(*zip(*mem), marker=marker, color=color, label=method, lw=1.2, ms=4)
@@ -50,7 +51,8 @@ def bench_figure(result: dict[str, Any]) -> Figure:
             top.set_ylabel("time per call (ms, median)")
             bottom.set_ylabel("peak extra memory (MB)")
     if panels:
-        axes[0][-1].legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        axes[0][-1].legend([handles[m] for m in STYLE if m in handles], [m for m in STYLE if m in handles],
+                           fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     cpu = result.get("machine", {}).get("cpu", "")
     fig.suptitle(f"attention forward, float32 — {cpu}, {result.get('machine', {}).get('cores')} cores", fontsize=10)
     return fig
