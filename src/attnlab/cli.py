@@ -368,12 +368,17 @@ def check(as_json: bool = typer.Option(False, "--json", help="Print the rows as 
     else:
         table = Table(title="attnlab check: every backend against the float64 reference")
         for col in ("case", "input", "dtype", "backend", "max error", "tolerance", "result"):
-            table.add_column(col, justify="right" if col in ("max error", "tolerance") else "left")
+            table.add_column(col, justify="right" if col in ("max error", "tolerance") else "left", no_wrap=col != "case")
+        refused: dict[tuple[str, str], int] = {}
         for r in rows:
-            result = "[green]pass[/]" if r.passed else "[red]FAIL[/]" if r.passed is False else f"[dim]refused: {r.note}[/]"
-            table.add_row(r.case, r.kind, r.dtype, r.backend, "" if r.max_error is None else f"{r.max_error:.1e}",
-                          "" if r.tolerance is None else f"{r.tolerance:.1e}", result)
+            if r.passed is None:  # listed once below, not once per case
+                refused[r.backend, r.note] = refused.get((r.backend, r.note), 0) + 1
+                continue
+            table.add_row(r.case, r.kind, r.dtype, r.backend, f"{r.max_error:.1e}", f"{r.tolerance:.1e}",
+                          "[green]pass[/]" if r.passed else "[red]FAIL[/]")
         console.print(table)
+        for (name, why), count in refused.items():
+            console.print(f"{name} refused {count} runs: {why}", highlight=False)
         ran = sum(r.passed is not None for r in rows)
         console.print(f"{ran - len(failed)} of {ran} passed" + (f", [red]{len(failed)} failed[/]" if failed else ""))
     if failed:
