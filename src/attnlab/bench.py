@@ -21,7 +21,8 @@ import ctypes
 import os
 import platform
 import time
-from collections.abc import Callable
+import tracemalloc
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -138,9 +139,9 @@ def _probe(fn: Callable[[], Any]) -> tuple[Any, float, int | None]:
     return res, dt, extra
 
 
-def _inputs(n: int, d: int, heads: int, seed: int) -> dict[str, Any]:
+def _inputs(n: int, d: int, heads: int, seed: int, dtype: str = "float32") -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((heads, n, d), dtype=np.float32) for _ in range(3))  # (H, n, d)
+    q, k, v = (rng.standard_normal((heads, n, d), dtype=np.dtype(dtype)) for _ in range(3))  # (H, n, d)
     return {"np": (q, k, v)}
 
 
@@ -230,21 +231,8 @@ def run_config(
             skip[m] = why
         else:
             calls[m] = fn
-    times: dict[str, list[float]] = {m: [] for m in calls}
-    peaks: dict[str, int | None] = {}
-    errors: dict[str, float | None] = {}
-    with _no_grad():
-        for m, fn in calls.items():  # one untimed call each: peak memory (from a trimmed heap) and error
-            out, _, peaks[m] = _probe(fn)
-            errors[m] = _error(out, data, causal) if m != "gemm" else None
-            del out
-        for _ in range(repeats):  # then the timed calls, interleaved
-            for m, fn in calls.items():
-                t0 = time.perf_counter()
-                fn()
-                times[m].append(time.perf_counter() - t0)
-                if tick:
-                    tick(m)
+    times, peaks, errors = _interleaved(
+        calls, lambda m, out: _error(out, data, causal) if m != "gemm" else None, repeats, _probe, tick)
     f = flops(n, d, heads, causal)
     gemm_rate = 4.0 * n * n * d * heads / float(np.median(times["gemm"])) if "gemm" in times else None
     chose = _auto_choice(data, causal) if "auto" in calls else None
@@ -260,6 +248,51 @@ def run_config(
             None if gemm_rate is None else 100.0 * rate / gemm_rate, chose if m == "auto" else None,
         ))
     return res
+
+
+def _interleaved(
+    calls: dict[Any, Callable[[], Any]], error: Callable[[Any, Any], float | None], repeats: int,
+    probe: Callable[[Callable[[], Any]], tuple[Any, float, int | None]], tick: Callable[[Any], None] | None = None,
+) -> tuple[dict[Any, list[float]], dict[Any, int | None], dict[Any, float | None]]:
+    """The measuring loop: one untimed ``probe`` call per key (peak memory, and ``error`` of its
+    output), then ``repeats`` rounds of timed calls, every key once per round.
+
+    Keys are methods (:func:`run_config`) or sizes (:func:`measure_sweep`): interleaving spreads the
+    machine's other load over all of them alike, so their ratios suffer less from it.
+    """
+    times: dict[Any, list[float]] = {key: [] for key in calls}
+    peaks: dict[Any, int | None] = {}
+    errors: dict[Any, float | None] = {}
+    with _no_grad():
+        for key, fn in calls.items():
+            out, _, peaks[key] = probe(fn)
+            errors[key] = error(key, out)
+            del out
+        for _ in range(repeats):
+            for key, fn in calls.items():
+                t0 = time.perf_counter()
+                fn()
+                times[key].append(time.perf_counter() - t0)
+                if tick:
+                    tick(key)
+    return times, peaks, errors
+
+
+def _probe_traced(fn: Callable[[], Any]) -> tuple[Any, float, int | None]:
+    """Like :func:`_probe`, but the peak is what ``tracemalloc`` sees above the start of the call.
+
+    tracemalloc counts the buffers of NumPy arrays (NumPy reports them to it) and Python objects,
+    to the byte and on any OS; it does not see torch's or BLAS's own allocations.
+    """
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        t0 = time.perf_counter()
+        res = fn()
+        dt = time.perf_counter() - t0
+        return res, dt, int(tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        tracemalloc.stop()
 
 
 _WARM: set[tuple[str, int, bool]] = set()
@@ -291,15 +324,60 @@ class _no_grad:
             self._ctx.__exit__(*exc)
 
 
-def measure(method: str, n: int, d: int = 64, heads: int = 1, causal: bool = False, repeats: int = 3) -> Measurement:
-    """Time, peak extra memory and error of one method at one size (for the lesson's cost figures).
+def measure(method: str, n: int, d: int = 64, heads: int = 1, causal: bool = False, repeats: int = 3, *,
+            memory: str = "rss", blas_threads: int | None = None, seed: int = 0, dtype: str = "float32") -> Measurement:
+    """Time, peak extra memory and error of one method at one size: :func:`measure_sweep` at one n."""
+    return measure_sweep(method, (n,), d, heads, causal, repeats, memory=memory, blas_threads=blas_threads, seed=seed,
+                         dtype=dtype)[0]
 
-    ``method`` is one of :data:`METHODS`; the GEMM ceiling is not measured alongside, so
-    ``pct_of_gemm`` is None.
+
+MEMORY = ("rss", "tracemalloc")  # how peak extra memory is measured: _probe, _probe_traced
+
+
+def measure_sweep(
+    method: str, sizes: Iterable[int], d: int = 64, heads: int = 1, causal: bool = False, repeats: int = 3, *,
+    memory: str = "rss", blas_threads: int | None = None, seed: int = 0, dtype: str = "float32",
+) -> list[Measurement]:
+    """One method at several sizes, interleaved over the sizes (for the lesson's cost figures).
+
+    Every n once, then every n again, …: the machine's other load falls on all sizes alike, so the
+    ratios between sizes (a fitted growth exponent) suffer less from it. ``memory``: ``"rss"``
+    (peak resident set, sees every allocation; Linux only, else None) or ``"tracemalloc"`` (what
+    NumPy and Python allocate, to the byte, on any OS). ``blas_threads`` limits NumPy's BLAS while
+    measuring (threadpoolctl; None leaves it). ``dtype`` of the inputs: float32 (as ``attnlab
+    bench``) or float64 (the NumPy reference's own precision). The GEMM ceiling is not measured alongside, so
+    ``pct_of_gemm`` is None. Nothing is skipped for its size: the caller chooses the sizes.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    return run_config(n, d, heads, causal, (method,), repeats)[0]
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    if memory not in MEMORY:
+        raise ValueError(f"memory must be one of {', '.join(MEMORY)}, got {memory!r}")
+    if blas_threads is not None and (isinstance(blas_threads, bool) or not isinstance(blas_threads, int) or blas_threads < 1):
+        raise ValueError(f"blas_threads must be None or an int >= 1, got {blas_threads!r}")
+    sizes = tuple(sizes)
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(f"sizes must be ints >= 1, got {sizes!r}")
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=blas_threads, user_api="blas"):
+        _warm_up((method,), d, causal)
+        data = {n: _inputs(n, d, heads, seed, dtype) for n in sizes}
+        runners = {n: _runner(method, data[n], causal) for n in sizes}
+        calls = {n: fn for n, (fn, why) in runners.items() if why is None}
+        times, peaks, errors = _interleaved(
+            calls, lambda n, out: _error(out, data[n], causal) if method != "gemm" else None, repeats,
+            _probe if memory == "rss" else _probe_traced)
+    res = []
+    for n in sizes:
+        if n not in calls:
+            res.append(Measurement(method, n, d, heads, causal, None, skipped=runners[n][1]))
+            continue
+        t = float(np.median(times[n]))
+        f = 4.0 * n * n * d * heads if method == "gemm" else flops(n, d, heads, causal)
+        res.append(Measurement(method, n, d, heads, causal, t, tuple(times[n]), peaks[n], errors[n], f / t / 1e9))
+    return res
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from attnlab.lesson import cost as cost_mod
-from attnlab.lesson.cost import CostConfig, Measurement, growth_exponent, largest_context
+from attnlab.bench import Measurement
+from attnlab.lesson.cost import CostConfig, growth_exponent, largest_context
 from attnlab.lesson.fmt import pct, vec
 from attnlab.lesson.formula import SEED_SCENE, formula_section, qkv_section
 from attnlab.lesson.heads import heads_section
@@ -113,10 +114,10 @@ def test_growth_exponent():
 
 def test_largest_context_finds_the_limit_of_a_known_cost(monkeypatch):
     # a fake path whose time is n² ns and memory 8·n² bytes: 2 ms deadline → n ≤ 1414, 8 MB → n ≤ 1000
-    fake = lambda n: Measurement(n, n * n * 1e-9, 8 * n * n)  # noqa: E731
-    monkeypatch.setattr(cost_mod, "measure", lambda fn, n, d, repeats, seed=0: fake(n))
+    fake = lambda n: Measurement("numpy", n, 64, 1, False, n * n * 1e-9, peak_bytes=8 * n * n)  # noqa: E731
+    monkeypatch.setattr(cost_mod, "_measure", lambda method, sizes, cfg: [fake(n) for n in sizes])
     cfg = CostConfig(deadline_ms=2.0, memory_mb=8.0, sizes=(128, 256))
-    best = largest_context(None, cfg, [fake(128), fake(256)])
+    best = largest_context("numpy", cfg, [fake(128), fake(256)])
     assert best["n"] % 64 == 0 and best["n"] <= 1000 < best["n"] + 64 * 2
     assert best["first_failing_n"] > 1000
     assert all(r["fits"] == (r["n"] * r["n"] * 8 <= 8e6 and r["n"] ** 2 * 1e-9 <= 2e-3) for r in best["tried"])
@@ -133,6 +134,24 @@ def test_cost_section_measures_memory_growing_as_n_squared():
         best = path["largest_context"]
         assert best["n"] < 2048 and (best["at_best"] is None or best["at_best"]["peak_bytes"] <= 4e6)
     assert [r["layer"] for r in s.data["table_1"]][:2] == ["Self-attention", "Recurrent"]
+    # measured by attnlab.bench, and the text says which memory it is
+    assert full["memory_measure"] == blockwise["memory_measure"] == "tracemalloc"
+    assert full["points"][0]["method"] == "numpy" and blockwise["points"][0]["method"] == "blockwise-numpy"
+    assert full["points"][0]["max_error"] < 1e-5 and len(full["points"][0]["times_s"]) == 1
+    assert any("tracemalloc" in f for f in s.findings) and all("tracemalloc" in t.title for t in s.tables[2:])
+
+
+def test_bench_sweep_interleaves_sizes_and_measures_memory_with_tracemalloc():
+    from attnlab import bench
+
+    ms = bench.measure_sweep("numpy", (64, 128), d=8, repeats=2, memory="tracemalloc", blas_threads=1)
+    assert [m.n for m in ms] == [64, 128] and all(len(m.times_s) == 2 for m in ms)
+    # the n × n path's buffers are NumPy's: 128² float64 scores alone are 131 kB
+    assert ms[1].peak_bytes >= 128 * 128 * 8 and ms[1].peak_bytes > 3 * ms[0].peak_bytes
+    with pytest.raises(ValueError, match="memory must be one of rss, tracemalloc"):
+        bench.measure_sweep("numpy", (64,), memory="heap")
+    with pytest.raises(ValueError, match="blas_threads"):
+        bench.measure_sweep("numpy", (64,), blas_threads=0)
 
 
 @pytest.mark.parametrize("kwargs", [{"deadline_ms": 0}, {"memory_mb": -1}, {"deadline_ms": math.nan}, {"repeats": 0}])

@@ -4,24 +4,21 @@ The asymptotics (Table 1 of Vaswani et al. 2017) next to measurements: time and 
 memory of attention as n doubles, a fitted growth exponent for each (the slope of log cost on
 log n), and the largest context n that meets a latency deadline and a memory budget.
 
-Each measured path is a named function of (q, k, v). The n × n path is the float64 NumPy
-reference (it materialises the Tq × Tk weights); time is the median of a few runs, memory the peak
-that ``tracemalloc`` sees above the inputs during one more run (NumPy reports its buffers to it).
+Each measured path is a method of :mod:`attnlab.bench`, which does all the measuring (one loop for
+``attnlab bench`` and the lesson): float64 inputs, sizes interleaved, time the median of the runs,
+memory the peak extra memory of one untimed call. The n × n path is the NumPy reference (float64
+inside; it materialises the Tq × Tk weights), the other attnlab's blockwise kernel in NumPy.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
-import time
-import tracemalloc
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from attnlab.attention import backends
-from attnlab.attention.reference import attention
+from attnlab import bench
+from attnlab.bench import Measurement
 from attnlab.lesson.fmt import big, mb, ms, num
 from attnlab.lesson.section import Section, table
 
@@ -39,6 +36,19 @@ COUNT_SIZES = (128, 512, 2048, 8192)
 SEARCH_STEPS = 4  # bisection steps between the last n that met the limits and the first that did not
 SEARCH_GRAIN = 64  # contexts searched are multiples of this
 MAX_RUN_S = 2.0  # never start a run predicted to take longer than this (one run, not the repeats)
+# Peak extra memory of a call, as tracemalloc sees it: chosen, not defaulted. Both paths are NumPy,
+# and every buffer they allocate goes through NumPy, which reports it to tracemalloc; so it is the
+# call's peak extra memory to the byte, the same on every run and on every OS. The other measure,
+# the rise of the process's peak resident set ("rss"), sees BLAS's and the allocator's memory too,
+# but only on Linux (None elsewhere, and the lesson must run anywhere), and it adds page and heap
+# rounding. Checked against it (float64 inputs, 1 BLAS thread, n = 256 … 4096): rss was at most
+# 0.25 MB above for the n × n path (1.79 vs 1.65 MB … 402.9 vs 402.7 MB) and 0.75 MB for blockwise
+# (1.59 vs 1.60 … 8.72 vs 7.97 MB), so nothing the algorithms need is hidden from tracemalloc.
+MEMORY = "tracemalloc"
+# float64 inputs, the reference's own precision: given float32 it converts them first, a cost that is
+# not the attention's and that weighs most at the smallest n, where it flattens the time exponent.
+DTYPE = "float64"
+MEMORY_SAYS = "the peak of NumPy's allocations during one call (tracemalloc)"
 
 
 @dataclass(frozen=True)
@@ -51,9 +61,9 @@ class CostConfig:
     sizes: tuple[int, ...] = (256, 512, 1024, 2048)
     repeats: int = 5
     seed: int = 0
-    # BLAS threads while measuring. One by default: on a shared machine a multi-threaded matmul
-    # waits for its slowest thread, and that noise, not n, would set the fitted exponent.
-    # None leaves the library's default (all cores).
+    # BLAS threads while measuring (bench.measure_sweep's blas_threads). One by default: on a shared
+    # machine a multi-threaded matmul waits for its slowest thread, and that noise, not n, would set
+    # the fitted exponent. None leaves the library's default (all cores).
     blas_threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -69,67 +79,17 @@ class CostConfig:
             raise ValueError(f"sizes must hold at least two ints >= 2, got {self.sizes!r}")
 
 
-@dataclass(frozen=True)
-class Measurement:
-    n: int
-    time_s: float  # median over the repeats
-    peak_bytes: int  # peak traced allocation above the inputs, one run
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return attention(q, k, v)
-
-
-def _blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return backends.attention(q, k, v, backend="blockwise")
-
-
-# name → (what it is, the function). One place to add a path.
-PATHS: dict[str, tuple[str, Callable]] = {
-    "n×n (NumPy reference)": ("materialises the n × n weights", _reference),
-    "blockwise (NumPy)": ("online softmax over tiles of the default size: never holds n × n", _blockwise),
+# name → (what it is, the attnlab.bench method that computes it). One place to add a path.
+PATHS: dict[str, tuple[str, str]] = {
+    "n×n (NumPy reference)": ("materialises the n × n weights (float64 inside)", "numpy"),
+    "blockwise (NumPy)": ("online softmax over tiles of the default size: never holds n × n", "blockwise-numpy"),
 }
 
 
-def _inputs(n: int, d: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((3, n, d))  # (3, n, d): q, k, v
-
-
-def _peak_bytes(fn: Callable, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> int:
-    """Peak allocation above what was already allocated, during one call (tracemalloc)."""
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        fn(q, k, v)
-        return int(tracemalloc.get_traced_memory()[1] - base)
-    finally:
-        tracemalloc.stop()
-
-
-def measure_sweep(fn: Callable, sizes, d: int, repeats: int, seed: int = 0) -> list[Measurement]:
-    """Time every size round-robin (repeat r of each n before repeat r + 1 of any), then take medians.
-
-    Interleaving spreads whatever else the machine is doing over all sizes alike, so the ratios
-    between sizes, hence the fitted exponent, suffer less from it than one size after another would.
-    """
-    inputs = {n: _inputs(n, d, seed) for n in sizes}
-    for n in sizes:
-        fn(*inputs[n])  # warm-up: first-touch costs are not the algorithm's
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
-            t0 = time.perf_counter()
-            fn(*inputs[n])
-            times[n].append(time.perf_counter() - t0)
-    return [Measurement(n, statistics.median(times[n]), _peak_bytes(fn, *inputs[n])) for n in sizes]
-
-
-def measure(fn: Callable, n: int, d: int, repeats: int, seed: int = 0) -> Measurement:
-    """Median time of ``repeats`` runs of ``fn(q, k, v)`` at n tokens, and its peak extra memory."""
-    return measure_sweep(fn, [n], d, repeats, seed)[0]
+def _measure(method: str, sizes, cfg: CostConfig) -> list[Measurement]:
+    """``method`` at ``sizes`` (interleaved) as the lesson measures it: cfg's d, repeats, BLAS threads, seed."""
+    return bench.measure_sweep(method, sizes, cfg.d, repeats=cfg.repeats, memory=MEMORY,
+                               blas_threads=cfg.blas_threads, seed=cfg.seed, dtype=DTYPE)
 
 
 def growth_exponent(ns, values) -> float:
@@ -145,7 +105,7 @@ def _predict(points: list[Measurement], n: int, attr: str) -> float:
     return float(np.exp(icpt + slope * np.log(n)))
 
 
-def largest_context(fn: Callable, cfg: CostConfig, points: list[Measurement]) -> dict:
+def largest_context(method: str, cfg: CostConfig, points: list[Measurement]) -> dict:
     """The largest n (a multiple of SEARCH_GRAIN) whose measured time and memory meet the limits.
 
     Doubles n past the sweep while it fits, then bisects. A size whose predicted memory exceeds
@@ -162,7 +122,7 @@ def largest_context(fn: Callable, cfg: CostConfig, points: list[Measurement]) ->
         if mem_pred > 2 * budget or time_pred > MAX_RUN_S:
             tried[n] = {"n": n, "measured": False, "fits": False, "time_s": time_pred, "peak_bytes": mem_pred}
             return False
-        m = next((p for p in points if p.n == n), None) or measure(fn, n, cfg.d, cfg.repeats, cfg.seed)
+        m = next((p for p in points if p.n == n), None) or _measure(method, (n,), cfg)[0]
         ok = m.time_s <= deadline_s and m.peak_bytes <= budget
         tried[n] = dict(m.to_dict(), measured=True, fits=ok)
         return ok
@@ -198,41 +158,36 @@ def _measured_table(name: str, path: dict, cfg: CostConfig):
         out.append([r["n"], approx + ms(r["time_s"]), approx + mb(r["peak_bytes"]), slope,
                     ("yes" if fits else "no") + ("" if r.get("measured") else " (predicted, not run)")])
     return table(
-        f"Measured: {name}, d = {cfg.d} (median of {cfg.repeats} interleaved runs, "
-        f"{'all' if cfg.blas_threads is None else cfg.blas_threads} BLAS thread(s); memory: tracemalloc peak)",
+        f"Measured: {name}, d = {cfg.d}, {DTYPE} inputs (time: median of {cfg.repeats} runs, the sweep's sizes "
+        f"interleaved, {'all' if cfg.blas_threads is None else cfg.blas_threads} BLAS thread(s); memory: {MEMORY_SAYS})",
         ["n", "time", "peak memory", "exponent vs n/2 (time / memory)", f"meets {cfg.deadline_ms:g} ms and {cfg.memory_mb:g} MB"],
         out,
     )
-
-
-def cost_section(cfg: CostConfig = CostConfig()) -> Section:
-    """Section 6; the measurements run with ``cfg.blas_threads`` BLAS threads."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=cfg.blas_threads, user_api="blas"):
-        return _cost_section(cfg)
 
 
 def ns_of(path: dict) -> list[int]:
     return [pt["n"] for pt in path["points"]]
 
 
-def _cost_section(cfg: CostConfig) -> Section:
+def cost_section(cfg: CostConfig = CostConfig()) -> Section:
+    """Section 6; every measurement through :func:`attnlab.bench.measure_sweep`."""
     d = MODEL_D
     counts = [{"n": n, "attention": n * n * d, "recurrent": n * d * d} for n in COUNT_SIZES]
     paths = {}
-    for name, (what, fn) in PATHS.items():
+    for name, (what, method) in PATHS.items():
         log.info("measuring %s at n = %s", name, cfg.sizes)
-        points = measure_sweep(fn, cfg.sizes, cfg.d, cfg.repeats, cfg.seed)
+        points = _measure(method, cfg.sizes, cfg)
         ns = [p.n for p in points]
         paths[name] = {
             "what": what,
+            "method": method,
             "points": [p.to_dict() for p in points],
             "time_exponent": growth_exponent(ns, [p.time_s for p in points]),
             "memory_exponent": growth_exponent(ns, [max(p.peak_bytes, 1) for p in points]),
+            "memory_measure": MEMORY,
             # what the last step of the sweep added per token: the O(n) part when a fixed buffer dominates
             "bytes_per_token_last_step": (points[-1].peak_bytes - points[-2].peak_bytes) / (ns[-1] - ns[-2]),
-            "largest_context": largest_context(fn, cfg, points),
+            "largest_context": largest_context(method, cfg, points),
         }
     limits = f"{cfg.deadline_ms:g} ms and {cfg.memory_mb:g} MB"
     findings = [
@@ -253,6 +208,11 @@ def _cost_section(cfg: CostConfig) -> Section:
             + (f" ({ms(best['at_best']['time_s'])}, {mb(best['at_best']['peak_bytes'])})." if best["at_best"] else
                f": even n = {best['first_failing_n']} does not fit.")
         )
+    findings.append(
+        f"Time is the median of {cfg.repeats} runs of one call ({'all' if cfg.blas_threads is None else cfg.blas_threads} "
+        f"BLAS thread(s), {DTYPE} inputs); peak memory is {MEMORY_SAYS} above what was allocated before it: the "
+        "buffers the algorithm itself needs, counted to the byte; the inputs, and BLAS's or the interpreter's own "
+        "memory, are not in it.")
     tables = (
         table("Table 1 of Vaswani et al. (2017)", ["layer", "compute per layer", "sequential steps", "path length"], TABLE_1),
         table(
