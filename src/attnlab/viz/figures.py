@@ -105,7 +105,7 @@ def head_costs(data: dict) -> Figure:
 def cost_curves(data: dict) -> Figure:
     """Section 6: measured time and peak memory against n (log-log), with the user's limits."""
     cfg = data["config"]
-    fig = Figure(figsize=(10, 3.5), layout="constrained")
+    fig = Figure(figsize=(10, 4.6), layout="constrained")
     a, b = fig.subplots(1, 2)
     for (name, p), color in zip(data["paths"].items(), ("#4c72b0", "#55a868", "#8172b2", "#dd8452")):
         sweep = sorted(p["points"], key=lambda r: r["n"])
@@ -123,11 +123,12 @@ def cost_curves(data: dict) -> Figure:
     a.set_ylabel("time (ms)"), b.set_ylabel("peak extra memory (MB)")
     a.set_title(f"Time as n doubles (d = {cfg['d']})"), b.set_title("Memory as n doubles")
     ticks = sorted({r["n"] for p in data["paths"].values() for r in p["points"]})
-    for ax, where in ((a, "upper left"), (b, "lower right")):
+    for ax in (a, b):
         ax.set_xticks(ticks, [str(n) for n in ticks])
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("context n (tokens)")
-        ax.legend(frameon=False, fontsize=8, loc=where)
+        # Below the axes: inside, the legend covers the search points wherever it goes.
+        ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=2)
         ax.spines[["top", "right"]].set_visible(False)
     return fig
 
