@@ -149,7 +149,8 @@ def _estimate_bytes(method: str, n: int, d: int, heads: int) -> float:
     """Extra memory a method needs, roughly, to decide what to skip before trying it."""
     nn = float(n) * n * heads
     lin = 6.0 * n * d * heads * 4  # float32 copies of q, k, v (with their extra column), the output
-    tile = min(blockwise.TILE_ELEMENTS, nn) * 4 * 2  # a tile of scores and its mask
+    bq, bk = blockwise.block_sizes(heads, n)
+    tile = min(bq * bk * heads, nn) * 4  # the kernel's float32 score tile (band masks are bool, a quarter of it, edge tiles only)
     return {
         "naive": nn * 4 * 3, "numpy": nn * 8 * 4, "torch": nn * 4 * 3,
         "sdpa": lin, "blockwise-numpy": lin + tile, "blockwise-torch": lin + tile, "auto": lin + tile,

@@ -42,7 +42,11 @@ from attnlab.attention.masks import band_mask
 LOG2E = 1.4426950408889634  # scores are kept in base 2 (s·log2 e): exp2 is ~3x cheaper than exp on CPUs
 HEADROOM = 64.0  # largest s − m (base 2) let into exp2: 2^64·Tk·|v| stays far inside float32's 2^128
 LAZY = 32.0  # a row's reference is raised only when a tile beats it by more than this (base 2)
-TILE_ELEMENTS = 1 << 18  # scores per tile (1 MB in float32), all heads together: stays in L2 cache
+# Scores per tile, all heads together: 4 MB in float32. Not an L2-sized 1 MB tile: every operation
+# on a tile is one fork-join of the BLAS/OpenMP threads, and on a shared machine a join waits for a
+# descheduled thread (a time slice, milliseconds), so fewer, bigger tiles run faster there (2048 × 512
+# took 0.65-0.7x the time of 512 × 512 for one head at n = 8192, benchmarks/README.md).
+TILE_ELEMENTS = 1 << 20
 MIN_HEAD_TILE = 1 << 15  # but at least 128 × 256 per head: smaller GEMMs waste more than cache misses
 
 
@@ -159,14 +163,17 @@ def _band_tile(left: int | None, right: int | None, shift: int, rows: int, cols:
 def block_sizes(batch: int, tq: int, block_size: Any = None, *, band: bool = False) -> tuple[int, int]:
     """(queries, keys) per tile: ``block_size`` int (both) or pair; default ~TILE_ELEMENTS scores.
 
-    With a band (causal, window) the default query block is at most the key block: the tiles on the
-    band's edge are computed whole and half thrown away, a waste that grows with the query block.
+    Keys come in blocks of 512 (256 when many heads share the tile), queries in a power of two that
+    fills the tile (2048 × 512 for one head, 256 × 256 for 12). With a band (causal, window) the
+    default query block is at most two key blocks: the tiles on the band's edge are computed whole
+    and partly thrown away, a waste that grows with the query block.
     """
     if block_size is None:
         per_head = max(TILE_ELEMENTS // batch, MIN_HEAD_TILE)
-        bk = 512 if per_head >= TILE_ELEMENTS else 256
-        bq = min(tq, per_head // bk)
-        return (min(bq, bk) if band else bq), bk
+        bk = 512 if per_head >= 1 << 18 else 256
+        bq = 1 << max(0, (per_head // bk).bit_length() - 1)  # a power of two: tiles divide n = 2^k
+        bq = min(tq, bq)
+        return (min(bq, 2 * bk) if band else bq), bk
     pair = (block_size, block_size) if not isinstance(block_size, (tuple, list)) else tuple(block_size)
     if len(pair) != 2 or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in pair):
         raise ValueError(f"block_size must be an int >= 1 or a pair (queries, keys) of them, got {block_size!r}")
@@ -200,8 +207,10 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
     xp = lib.xp
     b, g, tq, d = q.shape
     dv = v.shape[-1]
-    kx = _with_column(lib, k, lib.ones((b, k.shape[1], 1), k))  # (B, Tk, D + 1): subtracts m inside the GEMM
-    ones = lib.ones((b, block_k, 1), v)  # v's extra column, added one key block at a time (a whole copy of v would not fit the memory goal)
+    # One key block of k and of v, each with an extra column of ones, refilled per tile (whole
+    # copies would add (Tk, D + 1) and (Tk, Dv + 1) to the memory; a block copy is ~1 % of a tile's GEMMs).
+    kb = lib.ones((b, block_k, d + 1), k)  # (B, bk, D + 1): the ones subtract m inside the GEMM
+    vb = lib.ones((b, block_k, dv + 1), v)  # (B, bk, Dv + 1): the ones sum the weights
     k_norm = xp.amax(lib.row_norms(k), axis=-1)[:, None]  # (B, 1): the largest |k| of each batch
     out, lse = lib.zeros((b, g, tq, dv), q), lib.zeros((b, g, tq), q)
     scratch: dict[tuple, Any] = {}  # one score buffer per tile shape, reused: no allocation per tile
@@ -217,7 +226,9 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
             shape = (b, g * r, k1 - k0)
             if shape not in scratch:
                 scratch[shape] = lib.zeros(shape, q)
-            s = xp.matmul(qb, kx[:, k0:k1].swapaxes(-1, -2), out=scratch[shape])  # log2 e·scale·q·k − m
+            n = k1 - k0
+            kb[:, :n, :d] = k[:, k0:k1]
+            s = xp.matmul(qb, kb[:, :n].swapaxes(-1, -2), out=scratch[shape])  # log2 e·scale·q·k − m
             tiling.mask_tile(lib, s.reshape(b, g, r, k1 - k0), slice(i0, i1), k0, k1, edge)
             if not safe:
                 _rebase(lib, s, qb, acc)
@@ -227,8 +238,8 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
                     and float(xp.amax(bound + qb[..., -1])) <= HEADROOM
                 )
             xp.exp2(s, out=s)
-            vx = _with_column(lib, v[:, k0:k1], ones[:, : k1 - k0])  # (B, bk, Dv + 1): the ones sum the weights
-            lib.add_matmul_(acc, s, vx)  # (B, G·r, Dv + 1)
+            vb[:, :n, :dv] = v[:, k0:k1]
+            lib.add_matmul_(acc, s, vb[:, :n])  # (B, G·r, Dv + 1)
         l = acc[..., -1:]  # (B, G·r, 1)
         live = l > 0
         l1 = xp.where(live, l, 1.0)
