@@ -132,3 +132,16 @@ def test_merging_two_halves_of_the_keys_by_their_lse_gives_the_whole(kind):
     out, lse = blockwise.merge(*a, *b)
     np.testing.assert_allclose(np.asarray(out), expected, atol=1e-12)
     assert np.isneginf(np.asarray(lse)[:, 3]).all() and np.isfinite(np.asarray(lse)[:, 4]).all()
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("kw", [{"causal": True}, {"window": (20, 3)}, {"causal": True, "lengths": np.array([70, 90])}],
+                         ids=["causal", "window", "causal-lengths"])
+def test_band_edge_tiles_split_into_row_parts_agree_with_the_reference(kind, kw):
+    """Query blocks larger than half a key block: the tiles on the band's edge go in row parts, each cut where the band ends."""
+    qkv = tuple(x.detach()[:, 0] for x in _qkv(2, 1, 97, 8, tk=113))  # (2, Tq, D), (2, Tk, D): Tq ≠ Tk
+    ref, ref_lse = attention(*qkv, backend="torch", return_lse=True, **kw)
+    q, k, v = (x.numpy() for x in qkv) if kind == "numpy" else qkv
+    out, lse = attention(q, k, v, backend="blockwise", block_size=(48, 16), return_lse=True, **kw)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-12)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=1e-12)

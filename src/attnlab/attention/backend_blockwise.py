@@ -97,9 +97,9 @@ class BlockwiseBackend(Backend):
         klen = None
         if call.klen is not None:
             klen = call.klen.reshape(b, groups)  # (B, G)
-            klen = xp.from_numpy(np.ascontiguousarray(klen)).to(q.device) if torch_in else klen
+            klen = xp.from_numpy(np.array(klen)).to(q.device) if torch_in else klen
         tiling = blockwise.Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.mask), bias=view(call.bias))
-        bq, bk = blockwise.block_sizes(b * groups, p.tq, call.block_size, band=call.request.band)
+        bq, bk = blockwise.block_sizes(b * groups, p.tq, call.block_size)
         if call.request.grad:
             out, lse = autograd_function().apply(q, k, v, tiling, p.scale, bq, bk)
         else:

@@ -121,10 +121,10 @@ class Tiling:
             return self.tk, self.tk
         return int(self.klen.min()), int(self.klen.max())
 
-    def key_blocks(self, i0: int, i1: int, block_k: int) -> Iterator[tuple[int, int, bool]]:
-        """(k0, k1, edge) for the key blocks queries i0..i1−1 may see; edge: the band cuts the tile."""
+    def key_blocks(self, i0: int, i1: int, block_k: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int, bool]]:
+        """(k0, k1, edge) for the key blocks (of keys start..stop−1) that queries i0..i1−1 may see; edge: the band cuts the tile."""
         p0, p1 = i0 + self._offset, i1 - 1 + self._offset  # positions of the first and last query
-        lo, hi = 0, self._klen_range()[1]
+        lo, hi = start, self._klen_range()[1] if stop is None else min(stop, self._klen_range()[1])
         if self.left is not None:
             lo = max(lo, p0 - self.left)
         if self.right is not None:
@@ -160,20 +160,19 @@ def _band_tile(left: int | None, right: int | None, shift: int, rows: int, cols:
     return band_mask(rows, rows, left=left, right=right, rows=np.arange(rows), cols=np.arange(shift, shift + cols))
 
 
-def block_sizes(batch: int, tq: int, block_size: Any = None, *, band: bool = False) -> tuple[int, int]:
+def block_sizes(batch: int, tq: int, block_size: Any = None) -> tuple[int, int]:
     """(queries, keys) per tile: ``block_size`` int (both) or pair; default ~TILE_ELEMENTS scores.
 
     Keys come in blocks of 512 (256 when many heads share the tile), queries in a power of two that
-    fills the tile (2048 × 512 for one head, 256 × 256 for 12). With a band (causal, window) the
-    default query block is at most two key blocks: the tiles on the band's edge are computed whole
-    and partly thrown away, a waste that grows with the query block.
+    fills the tile (2048 × 512 for one head, 256 × 256 for 12). A band (causal, window) needs no
+    smaller query block: the tiles on its edge are split into row parts (:func:`_parts`).
     """
     if block_size is None:
         per_head = max(TILE_ELEMENTS // batch, MIN_HEAD_TILE)
         bk = 512 if per_head >= 1 << 18 else 256
         bq = 1 << max(0, (per_head // bk).bit_length() - 1)  # a power of two: tiles divide n = 2^k
         bq = min(tq, bq)
-        return (min(bq, 2 * bk) if band else bq), bk
+        return bq, bk
     pair = (block_size, block_size) if not isinstance(block_size, (tuple, list)) else tuple(block_size)
     if len(pair) != 2 or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in pair):
         raise ValueError(f"block_size must be an int >= 1 or a pair (queries, keys) of them, got {block_size!r}")
@@ -196,6 +195,25 @@ def _rebase(lib: _Lib, s: Any, qb: Any, acc: Any) -> None:
     s -= delta[..., None]
     acc *= xp.exp2(-xp.where(unseen, 0.0, delta))[..., None]  # unseen rows hold zeros: factor 1
     qb[..., -1] -= delta
+
+
+def _parts(tiling: Tiling, i0: int, r: int, g: int, k0: int, k1: int, edge: bool, block_k: int) -> list[tuple]:
+    """(a, c, k0', k1', edge') for the rows a..c−1 of the (B, G·r) tile of queries i0.. and keys k0..k1−1.
+
+    A tile inside the band is one part. One that the band's edge cuts (the diagonal, for causal) is
+    split into blocks of block_k / 2 query rows, each cut where the band ends for it: a whole tile
+    on the diagonal would compute (and throw away) r²/2 hidden scores, and large query blocks are
+    what make the rest fast. Rows of several query heads (G > 1) interleave: not split.
+    """
+    if not edge or g > 1 or r <= block_k // 2:
+        return [(0, g * r, k0, k1, edge)]
+    parts = []
+    sub = max(block_k // 2, 1)
+    for a in range(0, r, sub):
+        c = min(a + sub, r)
+        for kk0, kk1, cut in tiling.key_blocks(i0 + a, i0 + c, k1 - k0, start=k0, stop=k1):
+            parts.append((a, c, kk0, kk1, cut))
+    return parts
 
 
 def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: int, block_k: int) -> tuple[Any, Any]:
@@ -223,23 +241,27 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
         acc = lib.zeros((b, g * r, dv + 1), q)
         safe = False
         for k0, k1, edge in tiling.key_blocks(i0, i1, block_k):
-            shape = (b, g * r, k1 - k0)
-            if shape not in scratch:
-                scratch[shape] = lib.zeros(shape, q)
             n = k1 - k0
             kb[:, :n, :d] = k[:, k0:k1]
-            s = xp.matmul(qb, kb[:, :n].swapaxes(-1, -2), out=scratch[shape])  # log2 e·scale·q·k − m
-            tiling.mask_tile(lib, s.reshape(b, g, r, k1 - k0), slice(i0, i1), k0, k1, edge)
+            vb[:, :n, :dv] = v[:, k0:k1]
+            for a, c, kk0, kk1, cut in _parts(tiling, i0, r, g, k0, k1, edge, block_k):
+                ra, rc = slice(a, c), slice(kk0 - k0, kk1 - k0)  # the part's rows (of G·r) and keys (of the block)
+                shape = (b, c - a, kk1 - kk0)
+                if shape not in scratch:
+                    scratch[shape] = lib.zeros(shape, q)
+                sp = xp.matmul(qb[:, ra], kb[:, rc].swapaxes(-1, -2), out=scratch[shape])  # log2 e·scale·q·k − m
+                rows = slice(i0 + a, i0 + c) if g == 1 else slice(i0, i1)
+                tiling.mask_tile(lib, sp.reshape(b, g, (c - a) // g, kk1 - kk0), rows, kk0, kk1, cut)
+                if not safe:
+                    _rebase(lib, sp, qb[:, ra], acc[:, ra])
+                xp.exp2(sp, out=sp)
+                lib.add_matmul_(acc[:, ra], sp, vb[:, rc])  # (B, part rows, Dv + 1)
             if not safe:
-                _rebase(lib, s, qb, acc)
                 safe = (
                     tiling.bias is None
                     and bool((acc[..., -1] > 0).all())
                     and float(xp.amax(bound + qb[..., -1])) <= HEADROOM
                 )
-            xp.exp2(s, out=s)
-            vb[:, :n, :dv] = v[:, k0:k1]
-            lib.add_matmul_(acc, s, vb[:, :n])  # (B, G·r, Dv + 1)
         l = acc[..., -1:]  # (B, G·r, 1)
         live = l > 0
         l1 = xp.where(live, l, 1.0)
