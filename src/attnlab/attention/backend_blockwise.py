@@ -16,8 +16,9 @@ import numpy as np
 from attnlab.attention import blockwise
 from attnlab.attention._calls import Backend, Call, Request
 
-# Per visited query-key pair, forward, float32, 2-core CPU (benchmarks/README.md): torch 2.3-3.5 ns,
-# NumPy 2.4-2.9 ns; only the tiles a band leaves are visited.
+# Per visited query-key pair, forward, float32, 2-core CPU (benchmarks/README.md): torch 1.9-2.6 ns
+# since the 4 MB tiles, NumPy 2.2-3 ns; only the tiles a band leaves are visited. Torch's is kept
+# at 2.8: sdpa (1.8 ns, causal 1.35) measured 1.1-1.3x faster on plain calls, so auto keeps it there.
 NS_PER_SCORE_TORCH = 2.8
 NS_PER_SCORE_NUMPY = 2.8
 OVERHEAD_S = 2e-4  # the Python loop over tiles

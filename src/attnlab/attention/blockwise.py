@@ -93,6 +93,13 @@ class _Lib:
         else:
             np.copyto(s, -np.inf, where=~keep)
 
+    def fill_hidden_(self, s: Any, hidden: Any) -> None:
+        """s = −inf where ``hidden`` is True, in place (no negated copy of the mask per tile)."""
+        if self.torch:
+            s.masked_fill_(hidden, -math.inf)
+        else:
+            np.copyto(s, -np.inf, where=hidden)
+
 
 @dataclass(frozen=True)
 class Tiling:
@@ -140,10 +147,18 @@ class Tiling:
         """Hide (−inf) and bias the scores s4 (B, G, r, k1 − k0) of queries ``rows``, in place."""
         if edge:
             if isinstance(rows, slice):  # a tile's band depends only on where it sits relative to the diagonal
-                keep = _band_tile(self.left, self.right, k0 - (rows.start + self._offset), rows.stop - rows.start, k1 - k0)
+                p0, p1 = rows.start + self._offset, rows.stop - 1 + self._offset
+                # only the columns left of p1 − left and right of p0 + right hold hidden scores: fill those
+                for c0, c1 in (
+                    (k0, min(k1, p1 - self.left) if self.left is not None else k0),
+                    (max(k0, p0 + self.right + 1) if self.right is not None else k1, k1),
+                ):
+                    if c1 > c0:
+                        hidden = _band_hidden(self.left, self.right, c0 - p0, rows.stop - rows.start, c1 - c0)
+                        lib.fill_hidden_(s4[..., c0 - k0 : c1 - k0], lib.asarray(hidden))
             else:
-                keep = band_mask(self.tq, self.tk, left=self.left, right=self.right, rows=np.asarray(rows), cols=np.arange(k0, k1))
-            lib.hide_(s4, lib.asarray(keep))
+                hidden = ~band_mask(self.tq, self.tk, left=self.left, right=self.right, rows=np.asarray(rows), cols=np.arange(k0, k1))
+                lib.fill_hidden_(s4, lib.asarray(hidden))
         if self.klen is not None and k1 > self._klen_range()[0]:
             cols = lib.asarray(np.arange(k0, k1))
             lib.hide_(s4, cols < self.klen[..., None, None])  # (B, G, 1, bk)
@@ -155,9 +170,9 @@ class Tiling:
 
 
 @functools.lru_cache(maxsize=64)
-def _band_tile(left: int | None, right: int | None, shift: int, rows: int, cols: int) -> np.ndarray:
-    """The band of a (rows, cols) tile whose first key sits ``shift`` after its first query's position."""
-    return band_mask(rows, rows, left=left, right=right, rows=np.arange(rows), cols=np.arange(shift, shift + cols))
+def _band_hidden(left: int | None, right: int | None, shift: int, rows: int, cols: int) -> np.ndarray:
+    """What the band hides in a (rows, cols) tile whose first key sits ``shift`` after its first query's position."""
+    return ~band_mask(rows, rows, left=left, right=right, rows=np.arange(rows), cols=np.arange(shift, shift + cols))
 
 
 def block_sizes(batch: int, tq: int, block_size: Any = None) -> tuple[int, int]:
@@ -165,7 +180,7 @@ def block_sizes(batch: int, tq: int, block_size: Any = None) -> tuple[int, int]:
 
     Keys come in blocks of 512 (256 when many heads share the tile), queries in a power of two that
     fills the tile (2048 × 512 for one head, 256 × 256 for 12). A band (causal, window) needs no
-    smaller query block: the tiles on its edge are split into row parts (:func:`_parts`).
+    smaller query block: the tiles on its edge are split into row parts (:func:`_spans`).
     """
     if block_size is None:
         per_head = max(TILE_ELEMENTS // batch, MIN_HEAD_TILE)
@@ -197,23 +212,39 @@ def _rebase(lib: _Lib, s: Any, qb: Any, acc: Any) -> None:
     qb[..., -1] -= delta
 
 
-def _parts(tiling: Tiling, i0: int, r: int, g: int, k0: int, k1: int, edge: bool, block_k: int) -> list[tuple]:
-    """(a, c, k0', k1', edge') for the rows a..c−1 of the (B, G·r) tile of queries i0.. and keys k0..k1−1.
+def _spans(tiling: Tiling, i0: int, i1: int, g: int, block_k: int) -> Iterator[tuple[int, int, list[tuple]]]:
+    """(k0, k1, parts) for the keys k0..k1−1 that queries i0..i1−1 see, a span at a time.
 
-    A tile inside the band is one part. One that the band's edge cuts (the diagonal, for causal) is
-    split into blocks of block_k / 2 query rows, each cut where the band ends for it: a whole tile
-    on the diagonal would compute (and throw away) r²/2 hidden scores, and large query blocks are
-    what make the rest fast. Rows of several query heads (G > 1) interleave: not split.
+    parts: (a, c, k0', k1', edge) for the rows a..c−1 of the (B, G·r) tile and the keys they see.
+    A key block inside the band is one span with one part. The key blocks that the band's edge cuts
+    (the diagonal, for causal) are merged into one span and split into parts of block_k / 2 query
+    rows, each cut where the band ends for it: whole tiles on the diagonal would compute (and throw
+    away) r²/2 hidden scores, and large query blocks are what make the rest fast. Rows of several
+    query heads (G > 1) interleave: not split.
     """
-    if not edge or g > 1 or r <= block_k // 2:
-        return [(0, g * r, k0, k1, edge)]
-    parts = []
-    sub = max(block_k // 2, 1)
-    for a in range(0, r, sub):
-        c = min(a + sub, r)
-        for kk0, kk1, cut in tiling.key_blocks(i0 + a, i0 + c, k1 - k0, start=k0, stop=k1):
-            parts.append((a, c, kk0, kk1, cut))
-    return parts
+    r = i1 - i0
+    split = g == 1 and r > block_k // 2
+    run: list[tuple[int, int]] = []
+
+    def merged() -> tuple[int, int, list[tuple]]:
+        e0, e1, sub = run[0][0], run[-1][1], max(block_k // 2, 1)
+        parts = [
+            (a, min(a + sub, r), kk0, kk1, cut)
+            for a in range(0, r, sub)
+            for kk0, kk1, cut in tiling.key_blocks(i0 + a, min(i0 + a + sub, i1), e1 - e0, start=e0, stop=e1)
+        ]
+        return e0, e1, parts
+
+    for k0, k1, edge in tiling.key_blocks(i0, i1, block_k):
+        if run and (not edge or k1 - run[0][0] > i1 - i0 + block_k):  # a span fits forward's k/v buffers
+            yield merged()
+            run = []
+        if edge and split:
+            run.append((k0, k1))
+            continue
+        yield k0, k1, [(0, g * r, k0, k1, edge)]
+    if run:
+        yield merged()
 
 
 def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: int, block_k: int) -> tuple[Any, Any]:
@@ -227,8 +258,9 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
     dv = v.shape[-1]
     # One key block of k and of v, each with an extra column of ones, refilled per tile (whole
     # copies would add (Tk, D + 1) and (Tk, Dv + 1) to the memory; a block copy is ~1 % of a tile's GEMMs).
-    kb = lib.ones((b, block_k, d + 1), k)  # (B, bk, D + 1): the ones subtract m inside the GEMM
-    vb = lib.ones((b, block_k, dv + 1), v)  # (B, bk, Dv + 1): the ones sum the weights
+    span = min(block_k + block_q, k.shape[1])  # the widest span of keys (a band's edge: a query block and a key block)
+    kb = lib.ones((b, span, d + 1), k)  # (B, span, D + 1): the ones subtract m inside the GEMM
+    vb = lib.ones((b, span, dv + 1), v)  # (B, span, Dv + 1): the ones sum the weights
     k_norm = xp.amax(lib.row_norms(k), axis=-1)[:, None]  # (B, 1): the largest |k| of each batch
     out, lse = lib.zeros((b, g, tq, dv), q), lib.zeros((b, g, tq), q)
     scratch: dict[tuple, Any] = {}  # one score buffer per tile shape, reused: no allocation per tile
@@ -240,11 +272,11 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
         bound = xp.sqrt(xp.sum(qs * qs, axis=-1)).reshape(b, g * r) * k_norm  # ≥ every raw score of the rows
         acc = lib.zeros((b, g * r, dv + 1), q)
         safe = False
-        for k0, k1, edge in tiling.key_blocks(i0, i1, block_k):
+        for k0, k1, parts in _spans(tiling, i0, i1, g, block_k):
             n = k1 - k0
             kb[:, :n, :d] = k[:, k0:k1]
             vb[:, :n, :dv] = v[:, k0:k1]
-            for a, c, kk0, kk1, cut in _parts(tiling, i0, r, g, k0, k1, edge, block_k):
+            for a, c, kk0, kk1, cut in parts:
                 ra, rc = slice(a, c), slice(kk0 - k0, kk1 - k0)  # the part's rows (of G·r) and keys (of the block)
                 shape = (b, c - a, kk1 - kk0)
                 if shape not in scratch:
