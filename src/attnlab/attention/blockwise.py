@@ -263,7 +263,7 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
     vb = lib.ones((b, span, dv + 1), v)  # (B, span, Dv + 1): the ones sum the weights
     k_norm = xp.amax(lib.row_norms(k), axis=-1)[:, None]  # (B, 1): the largest |k| of each batch
     out, lse = lib.zeros((b, g, tq, dv), q), lib.zeros((b, g, tq), q)
-    scratch: dict[tuple, Any] = {}  # one score buffer per tile shape, reused: no allocation per tile
+    scratch = lib.zeros((0,), q)  # one flat score buffer, grown to the largest tile, reused for every shape
     for i0 in range(0, tq, block_q):
         i1 = min(i0 + block_q, tq)
         r = i1 - i0
@@ -279,9 +279,10 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: in
             for a, c, kk0, kk1, cut in parts:
                 ra, rc = slice(a, c), slice(kk0 - k0, kk1 - k0)  # the part's rows (of G·r) and keys (of the block)
                 shape = (b, c - a, kk1 - kk0)
-                if shape not in scratch:
-                    scratch[shape] = lib.zeros(shape, q)
-                sp = xp.matmul(qb[:, ra], kb[:, rc].swapaxes(-1, -2), out=scratch[shape])  # log2 e·scale·q·k − m
+                size = b * (c - a) * (kk1 - kk0)
+                if scratch.shape[0] < size:  # a buffer per shape would keep every row part's (causal: ~2x the tile)
+                    scratch = lib.zeros((max(size, b * g * r * min(block_k, tiling.tk)),), q)
+                sp = xp.matmul(qb[:, ra], kb[:, rc].swapaxes(-1, -2), out=scratch[:size].reshape(shape))  # log2 e·scale·q·k − m
                 rows = slice(i0 + a, i0 + c) if g == 1 else slice(i0, i1)
                 tiling.mask_tile(lib, sp.reshape(b, g, (c - a) // g, kk1 - kk0), rows, kk0, kk1, cut)
                 if not safe:
