@@ -33,6 +33,12 @@ from attnlab.attention.backends import attention
 from attnlab.attention.masks import band_mask
 
 METHODS = ("naive", "numpy", "torch", "sdpa", "blockwise-numpy", "blockwise-torch", "auto", "gemm")
+NUMPY_METHODS = ("naive", "numpy", "blockwise-numpy")  # the rest run on torch
+# After a call, OpenBLAS's idle workers spin (sched_yield) for ~0.1 s and torch's OpenMP threads
+# briefly too; on 2 cores the next method, if it runs on the other library, then loses a core, and a
+# tile loop of short parallel calls waits at every join (blockwise-torch timed right after
+# blockwise-numpy took 2x its time alone). A pause when the library changes keeps them apart.
+SWITCH_PAUSE_S = 0.3
 TORCH_METHODS = ("torch", "sdpa", "blockwise-torch")  # what auto chooses among for tensors
 ERROR_ROWS = 64
 
@@ -269,8 +275,13 @@ def _interleaved(
             out, _, peaks[key] = probe(fn)
             errors[key] = error(key, out)
             del out
+        last = None
         for _ in range(repeats):
             for key, fn in calls.items():
+                lib = "numpy" if key in NUMPY_METHODS else "torch"
+                if last is not None and lib != last:
+                    time.sleep(SWITCH_PAUSE_S)  # the other library's idle threads stop spinning (untimed)
+                last = lib
                 t0 = time.perf_counter()
                 fn()
                 times[key].append(time.perf_counter() - t0)
