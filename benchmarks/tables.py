@@ -39,6 +39,27 @@ def tables(result: dict) -> str:
     return "\n".join(out)
 
 
+def targets(result: dict) -> str:
+    """The issue's targets as the run measured them (``targets`` in the JSON), one line each."""
+    t, out = result.get("targets", {}), []
+    verdict = {True: "met", False: "**missed**"}
+    for r in t.get("blockwise_vs_sdpa", []):
+        out.append(f"- blockwise (torch, full) / sdpa, n = {r['n']}, {r['heads']} h: {r['ratio']:.2f}x — {verdict[r['met']]}")
+    for r in t.get("causal_saving", []):
+        vs = "" if r["vs_sdpa_causal"] is None else f"; {r['vs_sdpa_causal']:.2f}x causal sdpa — {verdict[r['vs_sdpa_causal'] <= 1]}"
+        out.append(f"- blockwise causal saving, n = {r['n']}, {r['heads']} h: {100 * r['saving']:.1f} % — {verdict[r['met']]}{vs}")
+    for r in t.get("memory_65536", []):
+        out.append(f"- blockwise extra memory, n = 65536, 1 h, {'causal' if r['causal'] else 'full'}: {r['peak_mb']:.1f} MB — {verdict[r['met']]}")
+    auto = t.get("auto_vs_fastest", [])
+    if auto:
+        missed = [r for r in auto if not r["met"]]
+        out.append(f"- auto / fastest torch backend: {len(auto) - len(missed)} of {len(auto)} within 1.1x"
+                   + "".join(f"; {r['ratio']:.2f}x at n = {r['n']}, {r['heads']} h, {'causal' if r['causal'] else 'full'} [{r['chose']}]"
+                             for r in missed))
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        print(tables(json.load(f)))
+        result = json.load(f)
+    print(targets(result) if "--targets" in sys.argv[2:] else tables(result))
