@@ -58,7 +58,8 @@ class CostConfig:
     deadline_ms: float = 50.0
     memory_mb: float = 256.0
     d: int = 64
-    sizes: tuple[int, ...] = (256, 512, 1024, 2048)
+    # From 512: below it fixed per-call costs flatten the time exponent of the n × n path (1.7 with 256).
+    sizes: tuple[int, ...] = (512, 1024, 2048, 4096)
     repeats: int = 5
     seed: int = 0
     # BLAS threads while measuring (bench.measure_sweep's blas_threads). One by default: on a shared
