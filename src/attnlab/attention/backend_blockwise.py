@@ -13,15 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.attention import blockwise
+from attnlab.attention import blockwise, tiles
 from attnlab.attention._calls import Backend, Call, Request
 
-# Per visited query-key pair, forward, float32, 2-core CPU (benchmarks/README.md): torch 1.9-2.6 ns
-# since the 4 MB tiles, NumPy 2.2-3 ns; only the tiles a band leaves are visited. Torch's is kept
-# at 2.8: sdpa (1.8 ns, causal 1.35) measured 1.1-1.3x faster on plain calls, so auto keeps it there.
-NS_PER_SCORE_TORCH = 2.8
-NS_PER_SCORE_NUMPY = 2.8
-OVERHEAD_S = 2e-4  # the Python loop over tiles
+# Per visited query-key pair, forward, 2-core CPU (benchmarks/README.md); only the tiles a band
+# leaves are visited. The compiled kernel (float32 on the CPU, no dense mask or bias): 1.4-1.5 ns,
+# against sdpa's 1.8 (causal: about 1.0 per pair of the whole square). The Python loop: torch
+# 1.9-2.6 ns, NumPy 2.2-3 ns, kept at 2.8, as sdpa measured 1.1-1.3x faster than it on plain calls.
+NS_PER_SCORE_COMPILED = 1.5
+OVERHEAD_COMPILED_S = 5e-5
+NS_PER_SCORE_LOOP = 2.8
+OVERHEAD_LOOP_S = 2e-4  # the Python loop over tiles
 
 
 @functools.cache
@@ -33,20 +35,18 @@ def autograd_function() -> type:
         """out, LSE = blockwise attention of canonical q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv)."""
 
         @staticmethod
-        def forward(ctx, q, k, v, tiling, scale, block_q, block_k):  # noqa: ANN001, ANN205
-            out, lse = blockwise.forward(q, k, v, tiling, scale=scale, block_q=block_q, block_k=block_k)
+        def forward(ctx, q, k, v, tiling, scale, block_size):  # noqa: ANN001, ANN205
+            out, lse = blockwise.forward(q, k, v, tiling, scale=scale, block_size=block_size)
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.args = (tiling, scale, block_q, block_k)
+            ctx.args = (tiling, scale, block_size)
             return out, lse
 
         @staticmethod
         def backward(ctx, dout, dlse):  # noqa: ANN001, ANN205
             q, k, v, out, lse = ctx.saved_tensors
-            tiling, scale, block_q, block_k = ctx.args
-            dq, dk, dv = blockwise.backward(
-                q, k, v, out, lse, dout, dlse, tiling, scale=scale, block_q=block_q, block_k=block_k
-            )
-            return dq, dk, dv, None, None, None, None
+            tiling, scale, block_size = ctx.args
+            dq, dk, dv = blockwise.backward(q, k, v, out, lse, dout, dlse, tiling, scale=scale, block_size=block_size)
+            return dq, dk, dv, None, None, None
 
     return BlockwiseFunction
 
@@ -65,9 +65,13 @@ class BlockwiseBackend(Backend):
     def cost(self, r: Request) -> float:
         from attnlab.attention._calls import torch_overhead
 
-        ns = NS_PER_SCORE_TORCH if r.kind == "torch" else NS_PER_SCORE_NUMPY
+        work = "float32" if r.dtype in ("float16", "bfloat16") else r.dtype  # what run() computes in
+        if tiles.refusal(r.device, work, r.mask or r.bias) is None:
+            overhead, ns = OVERHEAD_COMPILED_S, NS_PER_SCORE_COMPILED
+        else:
+            overhead, ns = OVERHEAD_LOOP_S, NS_PER_SCORE_LOOP
         extra = torch_overhead(r) if r.kind == "torch" else 0.0
-        return extra + OVERHEAD_S + ns * 1e-9 * r.scores * r.visible
+        return extra + overhead + ns * 1e-9 * r.scores * r.visible
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
         p, torch_in = call.problem, call.request.kind == "torch"
@@ -100,11 +104,10 @@ class BlockwiseBackend(Backend):
             klen = call.klen.reshape(b, groups)  # (B, G)
             klen = xp.from_numpy(np.array(klen)).to(q.device) if torch_in else klen
         tiling = blockwise.Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.mask), bias=view(call.bias))
-        bq, bk = blockwise.block_sizes(b * groups, p.tq, call.block_size)
         if call.request.grad:
-            out, lse = autograd_function().apply(q, k, v, tiling, p.scale, bq, bk)
+            out, lse = autograd_function().apply(q, k, v, tiling, p.scale, call.block_size)
         else:
-            out, lse = blockwise.forward(q, k, v, tiling, scale=p.scale, block_q=bq, block_k=bk)
+            out, lse = blockwise.forward(q, k, v, tiling, scale=p.scale, block_size=call.block_size)
         weights = None
         if call.rows is not None:
             if torch_in:  # a diagnostic: computed outside the graph

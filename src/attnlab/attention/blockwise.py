@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.attention import tiles
 from attnlab.attention._checks import is_torch
 from attnlab.attention.masks import band_mask
 
@@ -247,11 +248,24 @@ def _spans(tiling: Tiling, i0: int, i1: int, g: int, block_k: int) -> Iterator[t
         yield merged()
 
 
-def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: int, block_k: int) -> tuple[Any, Any]:
+def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size: Any = None) -> tuple[Any, Any]:
     """Online-softmax attention: q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) → out (B, G, Tq, Dv), LSE (B, G, Tq).
 
-    Computes in q's dtype (pass float32 or float64). Rows with nothing to attend to give zeros and LSE −inf.
+    Computes in q's dtype (pass float32 or float64). Rows with nothing to attend to give zeros and
+    LSE −inf. The compiled kernel (:mod:`attnlab.attention.tiles`) computes what it serves (float32
+    on the CPU without a dense mask or bias), the Python loop (:func:`loop_forward`) the rest.
+    ``block_size``: see :func:`block_sizes`; each kernel has its own default.
     """
+    device, dtype = (str(q.device), str(q.dtype).removeprefix("torch.")) if is_torch(q) else ("cpu", str(q.dtype))
+    if tiles.refusal(device, dtype, tiling.mask is not None or tiling.bias is not None) is None:
+        bq, bk = tiles.BLOCK if block_size is None else block_sizes(1, q.shape[2], block_size)
+        return tiles.forward(q, k, v, tiling, scale=scale, block_q=bq, block_k=bk)
+    bq, bk = block_sizes(q.shape[0] * q.shape[1], q.shape[2], block_size)
+    return loop_forward(q, k, v, tiling, scale=scale, block_q=bq, block_k=bk)
+
+
+def loop_forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_q: int, block_k: int) -> tuple[Any, Any]:
+    """:func:`forward` as a Python loop over tiles of NumPy or torch operations (any dtype, device, mask, bias)."""
     lib = _Lib(q)
     xp = lib.xp
     b, g, tq, d = q.shape
@@ -324,7 +338,7 @@ def weights_rows(q: Any, k: Any, lse: Any, tiling: Tiling, rows: Any, *, scale: 
 
 
 def backward(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, tiling: Tiling, *, scale: float, block_q: int, block_k: int
+    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, tiling: Tiling, *, scale: float, block_size: Any = None
 ) -> tuple[Any, Any, Any]:
     """FlashAttention-2's backward: dq, dk, dv recomputed tile by tile from q, k, v, out and LSE.
 
@@ -335,6 +349,7 @@ def backward(
     lib = _Lib(q)
     xp = lib.xp
     b, g, tq, d = q.shape
+    block_q, block_k = block_sizes(b * g, tq, block_size)
     dv_dim = v.shape[-1]
     delta = xp.sum(dout * out, axis=-1)  # (B, G, Tq)
     if dlse is not None:

@@ -1,0 +1,260 @@
+/* The compiled kernel's body, included by _tiles.c once per instruction set. Each inclusion
+ * defines, for its own vector width, the functions pack_SFX, item_SFX and run_SFX:
+ *
+ *   VW     floats per vector register (16 AVX-512, 8 AVX2, 4 SSE2/NEON)
+ *   RQ     query rows per register tile of scores (RQ x 2 vectors of accumulators)
+ *   RP     query rows per register tile of output (RP x up to NVMAX vectors of accumulators)
+ *   NVMAX  output vectors per register tile
+ *   SFX    the suffix of every name defined here
+ *
+ * Per work item (one query block of one head) the scores of a key block live in a scratch tile
+ * small enough for the core's L2 cache, so the softmax's passes over it cost little next to the
+ * two GEMMs, which run from registers (the FlashAttention-2 loop on a CPU). */
+
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define F(name) CAT(name, SFX)
+
+typedef float F(vf) __attribute__((vector_size(VW * 4), aligned(VW * 4)));
+typedef float F(vfu) __attribute__((vector_size(VW * 4), aligned(4))); /* for rows of v, which may sit anywhere */
+typedef int32_t F(vi) __attribute__((vector_size(VW * 4), aligned(VW * 4)));
+#define VF F(vf)
+#define VFU F(vfu)
+#define VI F(vi)
+
+static inline VF F(select)(VI mask, VF a, VF b) { /* mask ? a : b, lane by lane */
+    VI ai, bi;
+    __builtin_memcpy(&ai, &a, sizeof ai);
+    __builtin_memcpy(&bi, &b, sizeof bi);
+    ai = (ai & mask) | (bi & ~mask);
+    __builtin_memcpy(&a, &ai, sizeof a);
+    return a;
+}
+
+/* 2^x, for x <= 0 (a score minus its row's maximum): exactly 0 below -126 and for -inf.
+ * x = n + f, n = round(x), f in [-1/2, 1/2]; 2^f from a degree-6 polynomial (relative error
+ * about 1e-7, float32's own rounding), times 2^n by adding n to the exponent bits. */
+static inline VF F(exp2v)(VF x) {
+    const VI dead = x < -126.0f;
+    x = F(select)(dead, (VF){} - 126.0f, x);
+    const VF n = (x + 12582912.0f) - 12582912.0f; /* round to nearest: adding 1.5 * 2^23 drops the fraction */
+    const VF f = x - n;
+    VF p = (VF){} + 1.5353362e-4f;
+    p = p * f + 1.3398874e-3f;
+    p = p * f + 9.6180149e-3f;
+    p = p * f + 5.5503406e-2f;
+    p = p * f + 2.4022652e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    VI bits;
+    __builtin_memcpy(&bits, &p, sizeof bits);
+    bits += __builtin_convertvector(n, VI) << 23;
+    bits &= ~dead;
+    __builtin_memcpy(&p, &bits, sizeof p);
+    return p;
+}
+
+/* s[RQ][2 VW] = q[RQ][d] . (two panels of keys, each [d][VW]) */
+static inline void F(qk2)(const float *restrict q, int64_t d, const float *restrict k0, const float *restrict k1,
+                          float *restrict s, int64_t lds) {
+    VF c[RQ][2];
+    for (int r = 0; r < RQ; r++) c[r][0] = c[r][1] = (VF){};
+    for (int64_t t = 0; t < d; t++) {
+        const VF b0 = *(const VF *)(k0 + t * VW), b1 = *(const VF *)(k1 + t * VW);
+        for (int r = 0; r < RQ; r++) {
+            const float a = q[r * d + t];
+            c[r][0] += a * b0;
+            c[r][1] += a * b1;
+        }
+    }
+    for (int r = 0; r < RQ; r++) {
+        *(VF *)(s + r * lds) = c[r][0];
+        *(VF *)(s + r * lds + VW) = c[r][1];
+    }
+}
+
+/* the same for one panel (a key block's last, odd one) */
+static inline void F(qk1)(const float *restrict q, int64_t d, const float *restrict k0, float *restrict s, int64_t lds) {
+    VF c[RQ];
+    for (int r = 0; r < RQ; r++) c[r] = (VF){};
+    for (int64_t t = 0; t < d; t++) {
+        const VF b0 = *(const VF *)(k0 + t * VW);
+        for (int r = 0; r < RQ; r++) c[r] += q[r * d + t] * b0;
+    }
+    for (int r = 0; r < RQ; r++) *(VF *)(s + r * lds) = c[r];
+}
+
+/* acc[RP][NV VW] += p[RP][nc] . v[nc][NV VW] */
+#define PV(NV)                                                                                                 \
+    static inline void F(CAT(pv, NV))(const float *restrict p, int64_t ldp, const float *restrict v, int64_t ldv, \
+                                      int64_t nc, float *restrict acc, int64_t lda) {                          \
+        VF c[RP][NV];                                                                                          \
+        for (int r = 0; r < RP; r++)                                                                           \
+            for (int u = 0; u < NV; u++) c[r][u] = *(const VF *)(acc + r * lda + u * VW);                      \
+        for (int64_t j = 0; j < nc; j++) {                                                                     \
+            VF b[NV];                                                                                          \
+            for (int u = 0; u < NV; u++) b[u] = *(const VFU *)(v + j * ldv + u * VW);                          \
+            for (int r = 0; r < RP; r++) {                                                                     \
+                const float a = p[r * ldp + j];                                                                \
+                for (int u = 0; u < NV; u++) c[r][u] += a * b[u];                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int r = 0; r < RP; r++)                                                                           \
+            for (int u = 0; u < NV; u++) *(VF *)(acc + r * lda + u * VW) = c[r][u];                            \
+    }
+PV(1)
+PV(2)
+#if NVMAX >= 3
+PV(3)
+PV(4)
+#endif
+
+/* acc[RP][dvp] += p[RP][nc] . v[nc][dvp], NVMAX vectors of columns at a time */
+static inline void F(pv)(const float *restrict p, int64_t ldp, const float *restrict v, int64_t ldv, int64_t nc,
+                         float *restrict acc, int64_t dvp) {
+    int64_t t = 0;
+#if NVMAX >= 3
+    for (; t + 4 * VW <= dvp; t += 4 * VW) F(pv_4)(p, ldp, v + t, ldv, nc, acc + t, dvp);
+    if (dvp - t == 3 * VW) F(pv_3)(p, ldp, v + t, ldv, nc, acc + t, dvp), t = dvp;
+#endif
+    for (; t + 2 * VW <= dvp; t += 2 * VW) F(pv_2)(p, ldp, v + t, ldv, nc, acc + t, dvp);
+    if (t < dvp) F(pv_1)(p, ldp, v + t, ldv, nc, acc + t, dvp);
+}
+
+/* Keys of batch b into panels of VW keys, kp[Tkp / VW][d][VW] (zero past Tk), and, when v's rows
+ * are not a whole number of vectors, v into vp[Tkp][dvp] (zero padded). */
+static void F(pack)(const struct problem *pr, int64_t b, float *kp, float *vp) {
+    const int64_t d = pr->d, dv = pr->dv, tk = pr->tk;
+    const float *k = pr->k + b * tk * d, *v = pr->v + b * tk * dv;
+    for (int64_t j = 0; j < pr->tkp; j++) {
+        float *panel = kp + (j / VW) * d * VW + j % VW;
+        for (int64_t t = 0; t < d; t++) panel[t * VW] = j < tk ? k[j * d + t] : 0.0f;
+    }
+    if (vp)
+        for (int64_t j = 0; j < pr->tkp; j++)
+            for (int64_t t = 0; t < pr->dvp; t++) vp[j * pr->dvp + t] = j < tk && t < dv ? v[j * dv + t] : 0.0f;
+}
+
+/* One work item: query rows i0..i1-1 of query head g of batch b, against every key they may see. */
+static void F(item)(const struct problem *pr, const struct scratch *sc, int64_t b, int64_t g, int64_t i0, int64_t i1) {
+    const int64_t d = pr->d, dv = pr->dv, dvp = pr->dvp, bqp = pr->bqp, bk = pr->bk, tk = pr->tk;
+    const int64_t nr = i1 - i0, off = tk - pr->tq; /* query i sits at key position i + off */
+    const int64_t bg = b * pr->g + g, klen = pr->klen ? pr->klen[bg] : tk;
+    float *restrict q = sc->q, *restrict s = sc->s, *restrict acc = sc->acc, *restrict m = sc->m, *restrict l = sc->l;
+    const float *src = pr->q + (bg * pr->tq + i0) * d;
+    const float mul = pr->scale * 1.4426950408889634f; /* scores in base 2: exp2 instead of exp */
+    for (int64_t r = 0; r < bqp; r++)
+        for (int64_t t = 0; t < d; t++) q[r * d + t] = r < nr ? src[r * d + t] * mul : 0.0f;
+    for (int64_t r = 0; r < bqp; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    memset(acc, 0, sizeof(float) * bqp * dvp);
+
+    int64_t lo = 0, hi = klen; /* the keys that some row of the block may see */
+    if (pr->left >= 0 && i0 + off - pr->left > lo) lo = i0 + off - pr->left;
+    if (pr->right >= 0 && i1 + off + pr->right < hi) hi = i1 + off + pr->right;
+    lo -= lo % VW; /* panels start at multiples of VW */
+    const float *kp = pr->kp + b * pr->tkp * d;
+    const float *v = pr->vp ? pr->vp + b * pr->tkp * dvp : pr->v + b * tk * dv;
+    const int64_t ldv = pr->vp ? dvp : dv;
+
+    for (int64_t j0 = lo; j0 < hi; j0 += bk) {
+        const int64_t nc = (j0 + bk < hi ? j0 + bk : hi) - j0, ncp = (nc + VW - 1) / VW * VW;
+        for (int64_t r = 0; r < bqp; r += RQ) { /* scores (base 2) */
+            int64_t c = 0;
+            for (; c + 2 * VW <= ncp; c += 2 * VW)
+                F(qk2)(q + r * d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk);
+            if (c < ncp) F(qk1)(q + r * d, d, kp + (j0 + c) * d, s + r * bk + c, bk);
+        }
+        for (int64_t r = 0; r < bqp; r++) { /* hide what the row may not see; the online softmax */
+            float *restrict row = s + r * bk;
+            const int64_t pos = i0 + r + off;
+            int64_t a = 0, z = nc; /* the row sees columns a..z-1 of this tile */
+            if (pr->left >= 0 && pos - pr->left - j0 > a) a = pos - pr->left - j0;
+            if (pr->right >= 0 && pos + pr->right + 1 - j0 < z) z = pos + pr->right + 1 - j0;
+            if (klen - j0 < z) z = klen - j0;
+            if (r >= nr || z <= a) { /* nothing: a zero row adds nothing to acc */
+                memset(row, 0, sizeof(float) * ncp);
+                continue;
+            }
+            for (int64_t c = 0; c < a; c++) row[c] = -INFINITY;
+            for (int64_t c = z; c < ncp; c++) row[c] = -INFINITY;
+            VF mx = (VF){} - INFINITY;
+            for (int64_t c = 0; c < ncp; c += VW) {
+                const VF x = *(const VF *)(row + c);
+                mx = F(select)(x > mx, x, mx);
+            }
+            float top = m[r];
+            for (int u = 0; u < VW; u++) top = mx[u] > top ? mx[u] : top;
+            if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
+                const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - top);
+                l[r] *= alpha;
+                for (int64_t t = 0; t < dvp; t++) acc[r * dvp + t] *= alpha;
+                m[r] = top;
+            }
+            VF sum = (VF){};
+            for (int64_t c = 0; c < ncp; c += VW) {
+                const VF e = F(exp2v)(*(const VF *)(row + c) - top);
+                *(VF *)(row + c) = e;
+                sum += e;
+            }
+            for (int u = 0; u < VW; u++) l[r] += sum[u];
+        }
+        for (int64_t r = 0; r < bqp; r += RP) F(pv)(s + r * bk, bk, v + j0 * ldv, ldv, nc, acc + r * dvp, dvp);
+    }
+
+    float *out = pr->out + (bg * pr->tq + i0) * dv, *lse = pr->lse + bg * pr->tq + i0;
+    for (int64_t r = 0; r < nr; r++) { /* o = acc / l; LSE = ln 2 (m + log2 l); nothing seen: 0 and -inf */
+        const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        for (int64_t t = 0; t < dv; t++) out[r * dv + t] = acc[r * dvp + t] * inv;
+        lse[r] = l[r] > 0 ? (m[r] + log2f(l[r])) * 0.69314718055994531f : -INFINITY;
+    }
+}
+
+/* The whole call: pack the keys, then every (head, query block) on the threads, the costliest first. */
+static int F(run)(struct problem *pr) {
+    pr->bqp = (pr->bq + ROWS - 1) / ROWS * ROWS;
+    pr->bk = (pr->bk + VW - 1) / VW * VW;
+    pr->tkp = (pr->tk + VW - 1) / VW * VW;
+    pr->dvp = (pr->dv + VW - 1) / VW * VW;
+    const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, items = pr->b * pr->g * qblocks;
+    const int pack_v = pr->dv % VW != 0;
+    float *kp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->d));
+    float *vp = pack_v ? aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->dvp)) : NULL;
+    if (!kp || (pack_v && !vp)) {
+        free(kp);
+        free(vp);
+        return -1;
+    }
+    pr->kp = kp;
+    pr->vp = vp;
+    int64_t next = 0;
+    int failed = 0;
+    const int64_t qn = (pr->bqp * pr->d + 15) / 16 * 16; /* every scratch buffer starts on a 64-byte line */
+    const size_t per_thread = sizeof(float) * (qn + pr->bqp * (pr->bk + pr->dvp) + 2 * pr->bqp);
+#pragma omp parallel num_threads(pr->threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < pr->b; b++) F(pack)(pr, b, kp + b * pr->tkp * pr->d, vp ? vp + b * pr->tkp * pr->dvp : NULL);
+        float *mem = aligned_alloc(64, round64(per_thread));
+        if (!mem) {
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        } else {
+            const struct scratch sc = {mem, mem + qn, mem + qn + pr->bqp * pr->bk,
+                                       mem + qn + pr->bqp * (pr->bk + pr->dvp), mem + qn + pr->bqp * (pr->bk + pr->dvp + 1)};
+            for (;;) {
+                const int64_t it = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+                if (it >= items) break;
+                /* last query blocks first: under a causal band they see the most keys */
+                const int64_t bg = it / qblocks, i0 = (qblocks - 1 - it % qblocks) * pr->bq;
+                F(item)(pr, &sc, bg / pr->g, bg % pr->g, i0, i0 + pr->bq < pr->tq ? i0 + pr->bq : pr->tq);
+            }
+            free(mem);
+        }
+    }
+    free(kp);
+    free(vp);
+    return failed ? -1 : 0;
+}
+
+#undef VF
+#undef VFU
+#undef VI

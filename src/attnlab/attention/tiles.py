@@ -1,0 +1,81 @@
+"""The blockwise kernel's forward pass compiled (``_tiles.c``), for float32 on the CPU.
+
+Built at install when a C compiler with OpenMP is there (``pyproject.toml``: an optional
+extension); without it, or for what it does not serve, :func:`attnlab.attention.blockwise.forward`
+runs its Python loop, which computes the same thing. :func:`refusal` says which way a call goes.
+
+It serves the canonical shapes of ``blockwise``: q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv),
+float32, on the CPU, with a band (causal, sliding window) and key-padding lengths; not a dense mask
+or a bias. Its tiles: ``BLOCK`` = 96 query rows × 512 keys (a 192 kB score tile, inside a core's
+L2); a key block is rounded up to whole vectors of keys (16 with AVX-512).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from attnlab.attention._checks import is_torch
+
+try:
+    from attnlab.attention import _tiles
+except ImportError:  # built without a C compiler: the Python loop serves every call
+    _tiles = None
+
+BLOCK = (96, 512)
+ENABLED = True  # the tests switch it off to run the Python loop on the same calls
+
+
+def isa() -> str | None:
+    """The instruction set the kernel runs with here ("AVX-512", "AVX2", "128-bit vectors"), None if not built."""
+    return None if _tiles is None else _tiles.ISA
+
+
+def refusal(device: str, dtype: str, masked: bool) -> str | None:
+    """Why the compiled kernel cannot compute a forward pass (None: it can), from the plain facts:
+    the tensors' device ("cpu", "cuda:0", …), the dtype it computes in, and whether a dense mask
+    or a bias comes with the call."""
+    if _tiles is None:
+        return "the compiled kernel was not built (it needs a C compiler with OpenMP at install)"
+    if not ENABLED:
+        return "switched off (attnlab.attention.tiles.ENABLED)"
+    if device != "cpu" or dtype != "float32":
+        return f"float32 on the CPU only, got {dtype} on {device}"
+    if masked:
+        return "a dense mask or a bias goes through the Python loop"
+    return None
+
+
+def threads(torch_in: bool) -> int:
+    """Threads to use: torch's intra-op count for tensors (the same OpenMP pool), else this process's CPUs."""
+    if torch_in:
+        import torch
+
+        return torch.get_num_threads()
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def forward(q: Any, k: Any, v: Any, tiling: Any, *, scale: float, block_q: int, block_k: int) -> tuple[Any, Any]:
+    """out (B, G, Tq, Dv) and LSE (B, G, Tq) of canonical float32 q, k, v, as blockwise.forward."""
+    b, g, tq, d = q.shape
+    tk, dv = k.shape[1], v.shape[-1]
+    torch_in = is_torch(q)
+    if torch_in:
+        import torch
+
+        out, lse = torch.empty((b, g, tq, dv)), torch.empty((b, g, tq))
+        q, k, v = (x.detach().contiguous().numpy() for x in (q, k, v))  # views of the same memory
+        bufs = out.numpy(), lse.numpy()
+    else:
+        out, lse = np.empty((b, g, tq, dv), np.float32), np.empty((b, g, tq), np.float32)
+        q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
+        bufs = out, lse
+    klen = tiling.klen
+    if klen is not None:
+        klen = np.ascontiguousarray(klen.cpu().numpy() if is_torch(klen) else klen, dtype=np.int64)
+    left = -1 if tiling.left is None else tiling.left
+    right = -1 if tiling.right is None else tiling.right
+    _tiles.forward(q, k, v, *bufs, klen, b, g, tq, tk, d, dv, scale, left, right, block_q, block_k, threads(torch_in))
+    return out, lse
