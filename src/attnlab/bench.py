@@ -18,6 +18,7 @@ load from other processes falls on all of them alike; the time is the median of 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import platform
 import time
@@ -28,17 +29,19 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.attention import blockwise, reference
+from attnlab.attention import blockwise, reference, tiles
 from attnlab.attention.backends import attention
 from attnlab.attention.masks import band_mask
 
 METHODS = ("naive", "numpy", "torch", "sdpa", "blockwise-numpy", "blockwise-torch", "auto", "gemm")
 NUMPY_METHODS = ("naive", "numpy", "blockwise-numpy")  # the rest run on torch
 # After a call, OpenBLAS's idle workers spin (sched_yield) for ~0.1 s and torch's OpenMP threads
-# briefly too; on 2 cores the next method, if it runs on the other library, then loses a core, and a
-# tile loop of short parallel calls waits at every join (blockwise-torch timed right after
-# blockwise-numpy took 2x its time alone). A pause when the library changes keeps them apart.
+# for a few ms; on 2 cores the next method, if it runs on the other library, then loses a core
+# (blockwise-torch timed right after blockwise-numpy took 2x its time alone). So when the library
+# changes the loop pauses, then makes one untimed call (threads asleep for 0.3 s wake slowly: a
+# 1 ms call timed right after the pause took 3-8 ms).
 SWITCH_PAUSE_S = 0.3
+MIN_TIMING_S = 0.02  # a call shorter than this is timed over several calls in a row (timeit's autorange)
 TORCH_METHODS = ("torch", "sdpa", "blockwise-torch")  # what auto chooses among for tensors
 ERROR_ROWS = 64
 
@@ -270,10 +273,12 @@ def _interleaved(
     times: dict[Any, list[float]] = {key: [] for key in calls}
     peaks: dict[Any, int | None] = {}
     errors: dict[Any, float | None] = {}
+    number: dict[Any, int] = {}  # calls per timing
     with _no_grad():
         for key, fn in calls.items():
-            out, _, peaks[key] = probe(fn)
+            out, seconds, peaks[key] = probe(fn)
             errors[key] = error(key, out)
+            number[key] = max(1, min(50, math.ceil(MIN_TIMING_S / max(seconds, 1e-6))))
             del out
         last = None
         for _ in range(repeats):
@@ -281,10 +286,12 @@ def _interleaved(
                 lib = "numpy" if key in NUMPY_METHODS else "torch"
                 if last is not None and lib != last:
                     time.sleep(SWITCH_PAUSE_S)  # the other library's idle threads stop spinning (untimed)
+                    fn()  # and this one's wake up (untimed)
                 last = lib
                 t0 = time.perf_counter()
-                fn()
-                times[key].append(time.perf_counter() - t0)
+                for _ in range(number[key]):
+                    fn()
+                times[key].append((time.perf_counter() - t0) / number[key])
                 if tick:
                     tick(key)
     return times, peaks, errors
@@ -412,7 +419,8 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-                            "numpy": np.__version__, "load_average": os.getloadavg()}
+                            "numpy": np.__version__, "load_average": os.getloadavg(),
+                            "blockwise_kernel": tiles.isa() or "Python loop (not compiled)"}
     try:
         import torch
 
