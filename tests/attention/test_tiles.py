@@ -23,6 +23,15 @@ if tiles.isa() is None:
     pytest.skip("the compiled kernel was not built here", allow_module_level=True)
 
 
+@pytest.fixture(params=tiles._tiles.isas(), autouse=True)
+def isa(request):
+    """Every test once per instruction set compiled in that this CPU runs (AVX-512, AVX2, 128-bit)."""
+    best = tiles._tiles.isa()
+    tiles._tiles.isa(request.param)
+    yield request.param
+    tiles._tiles.isa(best)
+
+
 def _data(name, b=2, hq=2, hkv=None, tq=97, tk=None, d=59, dv=None, spread=1.0):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     hkv, tk, dv = hkv or hq, tk or tq, dv or d
@@ -135,3 +144,8 @@ def test_bad_buffers_raise_instead_of_reading_past_them():
     with pytest.raises(ValueError, match="k: expected a C-contiguous buffer of 32 items"):
         tiles._tiles.forward(q, np.zeros(3, np.float32), q[0, 0], np.empty_like(q), np.empty((1, 1, 4), np.float32),
                              None, 1, 1, 4, 4, 8, 8, 1.0, -1, -1, 4, 4, 1)
+
+
+def test_an_instruction_set_this_cpu_lacks_is_refused():
+    with pytest.raises(ValueError, match="this CPU or build has no 'SVE'"):
+        tiles._tiles.isa("SVE")

@@ -8,7 +8,7 @@
  * libgomp.so.1 and the loader keeps one copy per soname, they are torch's own intra-op threads.
  *
  * The body (_tiles_body.h) is compiled for AVX-512, AVX2 and a 128-bit baseline (SSE2 or NEON),
- * and the best that the CPU runs is chosen at import. What it serves: contiguous float32 q (B, G,
+ * and the best that the CPU runs is chosen at import (isa(name) picks another, for the tests). What it serves: contiguous float32 q (B, G,
  * Tq, D), k (B, Tk, D), v (B, Tk, Dv), a band (causal / sliding window, bottom-right aligned) and
  * key-padding lengths; dense masks, biases, float64 and GPUs stay with the Python kernel. */
 
@@ -88,20 +88,56 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #undef ROWS
 #undef SFX
 
-static int (*run)(struct problem *) = run_base;
-static const char *isa = "128-bit vectors";
+/* The instruction sets compiled in, best first, and whether this CPU runs each. */
+static const struct {
+    const char *name;
+    int (*run)(struct problem *);
+    int supported;
+} isas[] = {
+#if defined(__x86_64__) && defined(__GNUC__)
+    {"AVX-512", run_avx512, 0},
+    {"AVX2", run_avx2, 0},
+#endif
+    {"128-bit vectors", run_base, 1},
+};
+#define NISAS ((int)(sizeof isas / sizeof isas[0]))
+static int supported[NISAS];
+static int chosen = NISAS - 1;
 
-static void choose_isa(void) {
+static void detect(void) {
+    for (int i = 0; i < NISAS; i++) supported[i] = isas[i].supported;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
-        run = run_avx512;
-        isa = "AVX-512";
-    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        run = run_avx2;
-        isa = "AVX2";
-    }
+    supported[0] = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+    supported[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
+    for (chosen = 0; !supported[chosen]; chosen++) {
+    }
+}
+
+static PyObject *isas_here(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    PyObject *list = PyList_New(0);
+    for (int i = 0; list && i < NISAS; i++) {
+        PyObject *name = supported[i] ? PyUnicode_FromString(isas[i].name) : NULL;
+        if (supported[i] && (!name || PyList_Append(list, name) < 0)) Py_CLEAR(list);
+        Py_XDECREF(name);
+    }
+    return list;
+}
+
+static PyObject *isa(PyObject *Py_UNUSED(self), PyObject *args) {
+    const char *name = NULL;
+    if (!PyArg_ParseTuple(args, "|z", &name)) return NULL;
+    if (name) {
+        int i = 0;
+        while (i < NISAS && (strcmp(isas[i].name, name) != 0 || !supported[i])) i++;
+        if (i == NISAS) {
+            PyErr_Format(PyExc_ValueError, "isa: this CPU or build has no %R (see isas())", PyTuple_GET_ITEM(args, 0));
+            return NULL;
+        }
+        chosen = i;
+    }
+    return PyUnicode_FromString(isas[chosen].name);
 }
 
 /* A buffer argument of exactly `n` items of `itemsize` bytes, C-contiguous (the caller, tiles.py, checks dtypes). */
@@ -139,7 +175,7 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args) {
     pr.left = left, pr.right = right, pr.bq = bq, pr.bk = bk, pr.threads = threads;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = b * g * tq == 0 ? 0 : run(&pr);
+    status = b * g * tq == 0 ? 0 : isas[chosen].run(&pr);
     Py_END_ALLOW_THREADS
     if (status != 0) {
         PyErr_NoMemory();
@@ -161,6 +197,8 @@ static PyMethodDef methods[] = {
      "forward(q, k, v, out, lse, klen, b, g, tq, tk, d, dv, scale, left, right, block_q, block_k, threads)\n\n"
      "Blockwise attention of float32 buffers q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) into out (B, G, Tq, Dv)\n"
      "and lse (B, G, Tq); klen (B, G) int64 key-padding lengths or None; left/right the band (-1 = none)."},
+    {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
+    {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -173,8 +211,6 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__tiles(void) {
-    choose_isa();
-    PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddStringConstant(m, "ISA", isa) < 0) Py_CLEAR(m);
-    return m;
+    detect();
+    return PyModule_Create(&module);
 }

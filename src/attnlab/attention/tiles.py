@@ -30,7 +30,7 @@ ENABLED = True  # the tests switch it off to run the Python loop on the same cal
 
 def isa() -> str | None:
     """The instruction set the kernel runs with here ("AVX-512", "AVX2", "128-bit vectors"), None if not built."""
-    return None if _tiles is None else _tiles.ISA
+    return None if _tiles is None else _tiles.isa()
 
 
 def refusal(device: str, dtype: str, masked: bool) -> str | None:
