@@ -1,6 +1,6 @@
 """Markdown tables from a `attnlab bench --json` file, for benchmarks/README.md (numbers never typed by hand).
 
-    .venv/bin/python benchmarks/tables.py benchmarks/results/attention.json
+    .venv/bin/python benchmarks/tables.py benchmarks/results/attention.json [--targets | --ratios]
 """
 
 from __future__ import annotations
@@ -39,6 +39,21 @@ def tables(result: dict) -> str:
     return "\n".join(out)
 
 
+def ratios(result: dict) -> str:
+    """blockwise (torch and NumPy input) against sdpa, row by row, from the same run."""
+    by = {(m["method"], m["n"], m["heads"], m["causal"]): m["time_s"] for m in result["measurements"] if m["time_s"]}
+    out = ["| heads | n | | blockwise-torch | blockwise-numpy | sdpa | blockwise-torch / sdpa |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (meth, n, h, c), t in sorted(by.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][3])):
+        sdpa = by.get(("sdpa", n, h, c))
+        if meth != "blockwise-torch" or sdpa is None:
+            continue
+        numpy = by.get(("blockwise-numpy", n, h, c))
+        cells = [f"{t * 1e3:,.1f}", "–" if numpy is None else f"{numpy * 1e3:,.1f}", f"{sdpa * 1e3:,.1f}", f"{t / sdpa:.2f}"]
+        out.append(f"| {h} | {n} | {'causal' if c else 'full'} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def targets(result: dict) -> str:
     """The issue's targets as the run measured them (``targets`` in the JSON), one line each."""
     t, out = result.get("targets", {}), []
@@ -62,4 +77,5 @@ def targets(result: dict) -> str:
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         result = json.load(f)
-    print(targets(result) if "--targets" in sys.argv[2:] else tables(result))
+    mode = sys.argv[2] if len(sys.argv) > 2 else None
+    print({"--targets": targets, "--ratios": ratios}.get(mode, tables)(result))

@@ -21,6 +21,11 @@ Two tricks keep the passes over each tile few (on a CPU that is what the time go
 Tiles that a causal or sliding-window band empties are never visited; the last key block of a
 query block is cut where the band ends, so causal attention does about half the work.
 
+Float32 on the CPU without a dense mask or bias, :func:`forward` runs the compiled kernel
+(:mod:`attnlab.attention.tiles`, the same algorithm in C with its tiles in cache); everything else
+goes through the Python loop here, :func:`loop_forward`, whose tricks above are for a loop of
+library calls. The backward pass is the loop's, on either forward's LSE.
+
 One code path serves both libraries (through :class:`_Lib`); the shapes it works on are canonical:
 q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv), where B is every leading dim flattened and G the query
 heads sharing one key/value head (1 without grouped-query attention).
