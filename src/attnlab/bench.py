@@ -41,7 +41,7 @@ NUMPY_METHODS = ("naive", "numpy", "blockwise-numpy")  # the rest run on torch
 # changes the loop pauses, then makes one untimed call (threads asleep for 0.3 s wake slowly: a
 # 1 ms call timed right after the pause took 3-8 ms).
 SWITCH_PAUSE_S = 0.3
-MIN_TIMING_S = 0.02  # a call shorter than this is timed over several calls in a row (timeit's autorange)
+MIN_TIMING_S = 0.05  # a call shorter than this is timed over several calls in a row (timeit's autorange)
 TORCH_METHODS = ("torch", "sdpa", "blockwise-torch")  # what auto chooses among for tensors
 ERROR_ROWS = 64
 
