@@ -71,6 +71,11 @@ def targets(result: dict) -> str:
         out.append(f"- auto / fastest torch backend: {len(auto) - len(missed)} of {len(auto)} within 1.1x"
                    + "".join(f"; {r['ratio']:.2f}x at n = {r['n']}, {r['heads']} h, {'causal' if r['causal'] else 'full'} [{r['chose']}]"
                              for r in missed))
+        choice = [r["choice_ratio"] for r in auto if r.get("choice_ratio") is not None]
+        if choice:
+            good = sum(c <= 1.1 for c in choice)
+            out.append(f"- the backend auto chose / fastest torch backend (their own medians): {good} of {len(choice)} "
+                       f"within 1.1x, worst {max(choice):.2f}x")
     return "\n".join(out)
 
 
