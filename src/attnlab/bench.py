@@ -42,6 +42,7 @@ NUMPY_METHODS = ("naive", "numpy", "blockwise-numpy")  # the rest run on torch
 # 1 ms call timed right after the pause took 3-8 ms).
 SWITCH_PAUSE_S = 0.3
 MIN_TIMING_S = 0.05  # a call shorter than this is timed over several calls in a row (timeit's autorange)
+WARM_CALL_S = 1.0  # and a call shorter than this gets one untimed call before the first round
 TORCH_METHODS = ("torch", "sdpa", "blockwise-torch")  # what auto chooses among for tensors
 ERROR_ROWS = 64
 
@@ -277,13 +278,17 @@ def _interleaved(
     times: dict[Any, list[float]] = {key: [] for key in calls}
     peaks: dict[Any, int | None] = {}
     errors: dict[Any, float | None] = {}
-    number: dict[Any, int] = {}  # calls per timing
+    seconds: dict[Any, float] = {}  # of the probe call
     with _no_grad():
         for key, fn in calls.items():
-            out, seconds, peaks[key] = probe(fn)
+            out, seconds[key], peaks[key] = probe(fn)
             errors[key] = error(key, out)
-            number[key] = max(1, min(50, math.ceil(MIN_TIMING_S / max(seconds, 1e-6))))
             del out
+        number = {key: max(1, min(50, math.ceil(MIN_TIMING_S / max(t, 1e-6)))) for key, t in seconds.items()}  # per timing
+        time.sleep(SWITCH_PAUSE_S)  # the errors were computed with NumPy: its idle BLAS threads stop spinning
+        for key, fn in calls.items():  # the probes handed freed memory back: fault it in again, untimed
+            if seconds[key] < WARM_CALL_S:
+                fn()
         last, items, order = None, list(calls.items()), np.random.default_rng(0)
         for _ in range(repeats):
             for i in order.permutation(len(items)):
