@@ -48,12 +48,6 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #define ROWS 24
 #define SFX avx512
 #include "_tiles_body.h"
-#undef VW
-#undef RQ
-#undef RP
-#undef NVMAX
-#undef ROWS
-#undef SFX
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -65,12 +59,6 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #define ROWS 12
 #define SFX avx2
 #include "_tiles_body.h"
-#undef VW
-#undef RQ
-#undef RP
-#undef NVMAX
-#undef ROWS
-#undef SFX
 #pragma GCC pop_options
 #endif
 
@@ -81,31 +69,24 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #define ROWS 4
 #define SFX base
 #include "_tiles_body.h"
-#undef VW
-#undef RQ
-#undef RP
-#undef NVMAX
-#undef ROWS
-#undef SFX
 
 /* The instruction sets compiled in, best first, and whether this CPU runs each. */
 static const struct {
     const char *name;
     int (*run)(struct problem *);
-    int supported;
 } isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {"AVX-512", run_avx512, 0},
-    {"AVX2", run_avx2, 0},
+    {"AVX-512", run_avx512},
+    {"AVX2", run_avx2},
 #endif
-    {"128-bit vectors", run_base, 1},
+    {"128-bit vectors", run_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
 };
 #define NISAS ((int)(sizeof isas / sizeof isas[0]))
 static int supported[NISAS];
 static int chosen = NISAS - 1;
 
 static void detect(void) {
-    for (int i = 0; i < NISAS; i++) supported[i] = isas[i].supported;
+    supported[NISAS - 1] = 1;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     supported[0] = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");

@@ -5,6 +5,7 @@
  *   RQ     query rows per register tile of scores (RQ x 2 vectors of accumulators)
  *   RP     query rows per register tile of output (RP x up to NVMAX vectors of accumulators)
  *   NVMAX  output vectors per register tile
+ *   ROWS   a multiple of RQ and RP: query blocks are padded to it
  *   SFX    the suffix of every name defined here
  *
  * Per work item (one query block of one head) the scores of a key block live in a scratch tile
@@ -258,3 +259,9 @@ static int F(run)(struct problem *pr) {
 #undef VF
 #undef VFU
 #undef VI
+#undef VW /* the parameters: the next inclusion defines its own */
+#undef RQ
+#undef RP
+#undef NVMAX
+#undef ROWS
+#undef SFX
