@@ -263,7 +263,7 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
     """
     device, dtype = (str(q.device), str(q.dtype).removeprefix("torch.")) if is_torch(q) else ("cpu", str(q.dtype))
     if tiles.refusal(device, dtype, tiling.mask is not None or tiling.bias is not None) is None:
-        bq, bk = tiles.BLOCK if block_size is None else block_sizes(1, q.shape[2], block_size)
+        bq, bk = tiles.BLOCK if block_size is None else block_sizes(1, q.shape[2], block_size)  # the caller's pair, checked
         return tiles.forward(q, k, v, tiling, scale=scale, block_q=bq, block_k=bk)
     bq, bk = block_sizes(q.shape[0] * q.shape[1], q.shape[2], block_size)
     return loop_forward(q, k, v, tiling, scale=scale, block_q=bq, block_k=bk)
