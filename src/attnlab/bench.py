@@ -1,8 +1,9 @@
 """What attention costs: time and memory of each way of computing it, as the context grows.
 
 One implementation behind ``attnlab bench``, ``benchmarks/bench_attention.py`` and the lesson's
-cost figures (:func:`measure`). Methods run interleaved (every method once, then again, …) so that
-load from other processes falls on all of them alike; the time is the median of the repeats.
+cost figures (:func:`measure`). Methods run interleaved (every method once per round, in a new
+seeded order each round) so that load from other processes falls on all of them alike; the time is
+the median of the rounds, a call under ``MIN_TIMING_S`` timed over several in a row.
 
 - FLOPs: 4·n²·d per head (two GEMMs), half of it for causal; GFLOP/s and the percentage of the
   GEMM rate measured for the same shapes (``gemm``: the two GEMMs alone, in row chunks, float32,
