@@ -99,7 +99,7 @@ def test_compiled_kernel_and_python_loop_agree_on_tensors(case, monkeypatch):
 def test_result_does_not_depend_on_the_thread_count(monkeypatch):
     q, k, v = _data("threads", b=3, hq=4, tq=257, d=64)
     two = attention(q, k, v, backend="blockwise", causal=True)
-    monkeypatch.setattr(tiles, "threads", lambda torch_in: 1)
+    monkeypatch.setattr(tiles, "THREADS", 1)
     one = attention(q, k, v, backend="blockwise", causal=True)
     np.testing.assert_array_equal(one, two)  # a query block is always one thread's: bit for bit
 
@@ -149,3 +149,16 @@ def test_bad_buffers_raise_instead_of_reading_past_them():
 def test_an_instruction_set_this_cpu_lacks_is_refused():
     with pytest.raises(ValueError, match="this CPU or build has no 'SVE'"):
         tiles._tiles.isa("SVE")
+
+
+def test_torch_set_num_threads_reaches_the_kernel():
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    try:
+        # torch sets OpenMP's default in the one libgomp the process has; the kernel (THREADS = None) takes it
+        torch.set_num_threads(1)
+        assert tiles._tiles.default_threads() == 1
+        torch.set_num_threads(2)
+        assert tiles._tiles.default_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 struct problem {
     const float *q, *k, *v;       /* (B, G, Tq, D), (B, Tk, D), (B, Tk, Dv), contiguous */
@@ -142,8 +145,8 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args) {
                           &dv, &pr.scale, &left, &right, &bq, &bk, &threads))
         return NULL;
     if (klen_obj != Py_None && PyObject_GetBuffer(klen_obj, &klen, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
-    if (b < 0 || g < 1 || tq < 0 || tk < 0 || d < 1 || dv < 1 || bq < 1 || bk < 1 || threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "sizes must be positive (b, tq, tk may be 0)");
+    if (b < 0 || g < 1 || tq < 0 || tk < 0 || d < 1 || dv < 1 || bq < 1 || bk < 1 || threads < 0) {
+        PyErr_SetString(PyExc_ValueError, "sizes must be positive (b, tq, tk may be 0; threads 0 = OpenMP's default)");
         goto done;
     }
     if (!check_buffer(&q, "q", b * g * tq * d, 4) || !check_buffer(&k, "k", b * tk * d, 4) ||
@@ -154,6 +157,11 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args) {
     pr.klen = klen.obj ? klen.buf : NULL;
     pr.b = b, pr.g = g, pr.tq = tq, pr.tk = tk, pr.d = d, pr.dv = dv;
     pr.left = left, pr.right = right, pr.bq = bq, pr.bk = bk, pr.threads = threads;
+#ifdef _OPENMP
+    if (pr.threads == 0) pr.threads = omp_get_max_threads(); /* OMP_NUM_THREADS, torch.set_num_threads, or every CPU */
+#else
+    pr.threads = 1;
+#endif
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = b * g * tq == 0 ? 0 : isas[chosen].run(&pr);
@@ -173,11 +181,21 @@ done:
     return result;
 }
 
+static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+#ifdef _OPENMP
+    return PyLong_FromLong(omp_get_max_threads());
+#else
+    return PyLong_FromLong(1);
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
     {"forward", forward, METH_VARARGS,
      "forward(q, k, v, out, lse, klen, b, g, tq, tk, d, dv, scale, left, right, block_q, block_k, threads)\n\n"
      "Blockwise attention of float32 buffers q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) into out (B, G, Tq, Dv)\n"
-     "and lse (B, G, Tq); klen (B, G) int64 key-padding lengths or None; left/right the band (-1 = none)."},
+     "and lse (B, G, Tq); klen (B, G) int64 key-padding lengths or None; left/right the band (-1 = none);\n"
+     "threads 0: OpenMP's default."},
     {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
     {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},
     {NULL, NULL, 0, NULL},

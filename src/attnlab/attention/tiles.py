@@ -12,7 +12,6 @@ L2); a key block is rounded up to whole vectors of keys (16 with AVX-512).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -26,6 +25,9 @@ except ImportError:  # built without a C compiler: the Python loop serves every 
 
 BLOCK = (96, 512)
 ENABLED = True  # the tests switch it off to run the Python loop on the same calls
+# Threads: None is OpenMP's default, the one torch uses too (the process shares torch's libgomp):
+# torch.set_num_threads(n) or OMP_NUM_THREADS if set, else every CPU.
+THREADS: int | None = None
 
 
 def isa() -> str | None:
@@ -48,15 +50,6 @@ def refusal(device: str, dtype: str, masked: bool) -> str | None:
     return None
 
 
-def threads(torch_in: bool) -> int:
-    """Threads to use: torch's intra-op count for tensors (the same OpenMP pool), else this process's CPUs."""
-    if torch_in:
-        import torch
-
-        return torch.get_num_threads()
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def forward(q: Any, k: Any, v: Any, tiling: Any, *, scale: float, block_q: int, block_k: int) -> tuple[Any, Any]:
     """out (B, G, Tq, Dv) and LSE (B, G, Tq) of canonical float32 q, k, v, as blockwise.forward."""
     b, g, tq, d = q.shape
@@ -72,7 +65,7 @@ def forward(q: Any, k: Any, v: Any, tiling: Any, *, scale: float, block_q: int, 
         klen = np.ascontiguousarray(klen.cpu().numpy() if is_torch(klen) else klen, dtype=np.int64)
     left = -1 if tiling.left is None else tiling.left
     right = -1 if tiling.right is None else tiling.right
-    _tiles.forward(q, k, v, out, lse, klen, b, g, tq, tk, d, dv, scale, left, right, block_q, block_k, threads(torch_in))
+    _tiles.forward(q, k, v, out, lse, klen, b, g, tq, tk, d, dv, scale, left, right, block_q, block_k, THREADS or 0)
     if torch_in:
         import torch
 
