@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from attnlab.cli import main
+from attnlab.cli.app import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

@@ -5,11 +5,11 @@ models, teach it (``attnlab lesson``) and measure its cost. ``import attnlab`` n
 torch, transformers and the web server are imported inside the functions that use them.
 """
 
-from attnlab.attention.additive import AdditiveAttention
-from attnlab.attention.masks import causal_mask, combine, hide_mask, padding_mask, window_mask
-from attnlab.attention.multihead import MultiHeadAttention, MultiHeadResult
-from attnlab.attention.backends import attention
-from attnlab.attention.reference import logsumexp, softmax, softmax_jacobian
+from attnlab.spec.additive import AdditiveAttention
+from attnlab.spec.masks import causal_mask, combine, hide_mask, padding_mask, window_mask
+from attnlab.spec.multihead import MultiHeadAttention, MultiHeadResult
+from attnlab.backends.api import attention
+from attnlab.spec.reference import logsumexp, softmax, softmax_jacobian
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.cli import main
+from attnlab.cli.app import main
 from attnlab.lesson.report import FIGURES, SCHEMA_PATH
 
 pytestmark = pytest.mark.model

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from attnlab.cli import main
+from attnlab.cli.app import main
 from attnlab.lesson.listing import W_KEY, W_QUERY, W_VALUE, X, run_listing
 from attnlab.lesson.scene import compute_scene
 

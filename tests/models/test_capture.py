@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab.attention.reference import attention
+from attnlab.spec.reference import attention
 from attnlab.models.capture import capture
 
 BANK = "I sat on the bank of the river."

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from attnlab.cli import main
+from attnlab.cli.app import main
 
 RIVER, MONEY = "I sat on the bank of the river.", "I put the money in the bank."
 

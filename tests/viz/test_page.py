@@ -97,7 +97,7 @@ def test_write_maps_html_adds_the_suffix_and_names_a_missing_folder(bank_maps, t
 
 
 def test_cli_maps_html_writes_the_page(default_model, tmp_path, capsys):
-    from attnlab.cli import main
+    from attnlab.cli.app import main
 
     out = tmp_path / "maps.html"
     assert main(["maps", "I sat on the bank of the river.", "--words", "--html", str(out)]) == 0

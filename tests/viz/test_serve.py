@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from attnlab.cli import main
+from attnlab.cli.app import main
 
 
 def test_busy_port_is_one_clear_error(capsys):

@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 
-from attnlab.attention.additive import AdditiveAttention
-from attnlab.attention.multihead import MultiHeadAttention
-from attnlab.attention.reference import attention, softmax
+from attnlab.spec.additive import AdditiveAttention
+from attnlab.spec.multihead import MultiHeadAttention
+from attnlab.spec.reference import attention, softmax
 from attnlab.lesson.fmt import num, pct, vec
 from attnlab.lesson.listing import run_listing
 from attnlab.lesson.scene import scene

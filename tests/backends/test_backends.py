@@ -7,9 +7,10 @@ import zlib
 import numpy as np
 import pytest
 
-from attnlab.attention import reference
-from attnlab.attention.backends import BACKENDS, NoBackendError, attention, choose
-from attnlab.attention.masks import causal_mask, window_mask
+from attnlab.spec import reference
+from attnlab.backends.api import attention
+from attnlab.backends.dispatch import BACKENDS, NoBackendError, choose
+from attnlab.spec.masks import causal_mask, window_mask
 
 torch = pytest.importorskip("torch")
 
@@ -132,7 +133,7 @@ def test_auto_picks_a_backend_that_serves_the_call_and_matches():
     out, w = attention(q, k, v, weights_rows=[2], **kw)
     expected, _ = _expected(q, k, v, kw)
     np.testing.assert_allclose(out, expected, atol=1e-10)
-    from attnlab.attention._calls import prepare
+    from attnlab.backends.request import prepare
 
     call = prepare(q, k, v, mask=None, bias=None, causal=False, scale=None, window=None, lengths=None,
                    return_weights=True, weights_rows=None, return_lse=False, block_size=None)

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.attention import _checks
-from attnlab.attention.reference import softmax
+from attnlab.spec import validate
+from attnlab.spec.reference import softmax
 
 
 class AdditiveAttention:
@@ -49,7 +49,7 @@ class AdditiveAttention:
         for name, arr, d in (("s", s, self.w.shape[0]), ("h", h, self.u.shape[0])):
             if arr.ndim < 2 or arr.shape[-1] != d:
                 raise ValueError(f"{name} must have shape (..., T, {d}), got {arr.shape}")
-            _checks.check_finite(name, arr)
+            validate.check_finite(name, arr)
         ws = (s @ self.w)[..., :, None, :]  # (..., Tq, 1, d_hidden)
         uh = (h @ self.u)[..., None, :, :]  # (..., 1, Tk, d_hidden)
         return np.tanh(ws + uh) @ self.v  # (..., Tq, Tk)

@@ -11,16 +11,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attnlab.attention._calls import (
-    Backend, Call, Request, as_torch, dense_mask, like_input, torch_overhead, torch_refusal,
-)
+from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
+from attnlab.backends.request import Call, Request, dense_mask
+from attnlab.spec.validate import FLOAT_DTYPES
 
-# Per query-key pair, float32, 2-core CPU (benchmarks/README.md): the fused kernel ran 1.7-1.8 ns
-# full; is_causal took 0.52-0.95 of that; with an explicit mask SDPA materialises (Tq, Tk).
-NS_PER_SCORE = 1.8
-NS_PER_SCORE_MASKED = 5.0
-CAUSAL_FRACTION = 0.75
-OVERHEAD_S = 3e-5
+# A rough prior for auto where nothing was measured. Why the masked figure is larger: with an
+# explicit mask SDPA leaves its fused kernels and materialises (Tq, Tk).
+PRIOR_NS_PER_SCORE = 1.8
+PRIOR_NS_PER_SCORE_MASKED = 5.0
+PRIOR_CAUSAL_FRACTION = 0.75
+PRIOR_OVERHEAD_S = 3e-5
 
 
 def _fast_causal(r: Request) -> bool:
@@ -36,22 +36,28 @@ class SdpaBackend(Backend):
     name = "sdpa"
     summary = "torch.nn.functional.scaled_dot_product_attention: fused, gradients; no weights, no LSE"
 
-    def refuse(self, r: Request) -> str | None:
-        if (why := torch_refusal(r)) is not None:
-            return why
-        if r.weights or r.weights_rows:
-            return "fused kernels return no attention weights (use blockwise with weights_rows=, or torch)"
-        if r.lse:
-            return "returns no LSE (use blockwise or torch)"
-        return None
+    # Fused kernels keep no weights and no LSE (blockwise gives rows of weights and the LSE; torch all of them).
+    supports = Supports(
+        kinds=frozenset({"numpy", "torch"}),
+        devices="any",
+        dtypes=frozenset(FLOAT_DTYPES),
+        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "grad", "bias_grad"}),
+    )
 
-    def cost(self, r: Request) -> float:
-        ns = NS_PER_SCORE
+    def more_refusals(self, r: Request) -> list[str]:
+        return torch_refusals(r)
+
+    def compute_dtype(self, dtype: str) -> str:
+        # float16/bfloat16: SDPA's fused kernels accumulate in float32 (its math path on the CPU does too)
+        return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+    def estimate(self, r: Request) -> float:
+        ns = PRIOR_NS_PER_SCORE
         if r.mask or r.bias or r.lengths or (r.band and not _fast_causal(r)):
-            ns = NS_PER_SCORE_MASKED
+            ns = PRIOR_NS_PER_SCORE_MASKED
         elif r.causal:
-            ns *= CAUSAL_FRACTION
-        return torch_overhead(r) + OVERHEAD_S + ns * 1e-9 * r.scores
+            ns *= PRIOR_CAUSAL_FRACTION
+        return torch_overhead(r) + PRIOR_OVERHEAD_S + ns * 1e-9 * r.scores
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
         import torch

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.attention import reference
-from attnlab.attention.backends import BACKENDS, NoBackendError, attention
-from attnlab.attention.masks import causal_mask, window_mask
+from attnlab.spec import reference
+from attnlab.backends.api import attention
+from attnlab.backends.dispatch import BACKENDS, NoBackendError
+from attnlab.spec.masks import causal_mask, window_mask
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}  # absolute, outputs of unit scale
 LOW_PRECISION_FACTOR = 2.0  # float16/bfloat16: at most this times plain torch's error

@@ -1,6 +1,6 @@
 """One attention call, checked and described: what the dispatcher shows each backend.
 
-:func:`prepare` checks every argument once (``_checks``) and returns the :class:`Call`: the
+:func:`prepare` checks every argument once (:mod:`attnlab.spec.validate`) and returns the :class:`Call`: the
 normalised inputs plus a :class:`Request`, the plain facts (kind, device, dtype, masks, outputs,
 gradients) by which a backend accepts or refuses the call. Backends share the helpers here to
 turn the call's masks into one dense boolean mask when they materialise the scores anyway.
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.attention import _checks
-from attnlab.attention.masks import band_mask, combine
+from attnlab.spec import validate
+from attnlab.spec.masks import band_mask, combine
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,12 @@ class Request:
     kind: str  # "numpy" or "torch": what came in and what goes out
     device: str  # "cpu" for NumPy; the tensors' device otherwise ("cpu", "cuda:0", …)
     dtype: str  # the result's dtype
-    problem: _checks.Problem
+    problem: validate.Problem
     mask: bool  # a dense boolean mask was given
     bias: bool
     band: bool  # causal and/or a sliding window
     causal: bool
+    window: bool  # a sliding window (band beyond causal)
     lengths: bool  # key-padding lengths
     weights: bool  # return_weights=True: every row's weights, (..., Tq, Tk)
     weights_rows: bool  # the weights of chosen query rows only
@@ -61,7 +62,7 @@ class Call:
     request: Request
 
     @property
-    def problem(self) -> _checks.Problem:
+    def problem(self) -> validate.Problem:
         return self.request.problem
 
 
@@ -74,11 +75,11 @@ def _window(window: Any) -> tuple[int, int] | None:
     return int(pair[0]), int(pair[1])
 
 
-def _lengths(lengths: Any, p: _checks.Problem) -> np.ndarray | None:
+def _lengths(lengths: Any, p: validate.Problem) -> np.ndarray | None:
     """Key-padding lengths: ints shaped like the first dims of the batch, e.g. (B,) for (B, H, T, D)."""
     if lengths is None:
         return None
-    if _checks.is_torch(lengths):
+    if validate.is_torch(lengths):
         lengths = lengths.detach().cpu().numpy()
     arr = np.asarray(lengths)
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
@@ -94,7 +95,7 @@ def _lengths(lengths: Any, p: _checks.Problem) -> np.ndarray | None:
     return np.broadcast_to(arr.astype(np.int64), p.batch)
 
 
-def _rows(rows: Any, p: _checks.Problem) -> np.ndarray | None:
+def _rows(rows: Any, p: validate.Problem) -> np.ndarray | None:
     if rows is None:
         return None
     arr = np.asarray(rows)
@@ -114,7 +115,7 @@ def _visible(tk: int, left: int | None, right: int | None) -> float:
 
 
 def _needs_grad(*xs: Any) -> bool:
-    if not _checks.is_torch(xs[0]):
+    if not validate.is_torch(xs[0]):
         return False
     import torch
 
@@ -126,23 +127,23 @@ def prepare(
     lengths: Any, return_weights: bool, weights_rows: Any, return_lse: bool, block_size: Any,
 ) -> Call:
     """Check every argument (errors name the argument, what it got and what was expected)."""
-    p = _checks.check_qkv(q, k, v, scale, gqa=True)
-    _checks.check_mask(mask, p)
-    _checks.check_bias(bias, p)
+    p = validate.check_qkv(q, k, v, scale, gqa=True)
+    validate.check_mask(mask, p)
+    validate.check_bias(bias, p)
     for name, value in (("causal", causal), ("return_weights", return_weights), ("return_lse", return_lse)):
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{name} must be True or False, got {value!r}")
     if return_weights and weights_rows is not None:
         raise ValueError("pass return_weights=True (every row) or weights_rows= (chosen rows), not both")
     for name, x in (("mask", mask), ("bias", bias)):
-        if x is not None and _checks.is_torch(x) != _checks.is_torch(q):
+        if x is not None and validate.is_torch(x) != validate.is_torch(q):
             raise TypeError(f"{name} must be of the same kind as q (NumPy array or torch tensor), got {type(x).__name__}")
     win = _window(window)
     left = None if win is None else win[0]
     right = 0 if causal else None
     if win is not None:
         right = win[1] if right is None else min(right, win[1])
-    torch_in = _checks.is_torch(q)
+    torch_in = validate.is_torch(q)
     request = Request(
         kind="torch" if torch_in else "numpy",
         device=str(q.device) if torch_in else "cpu",
@@ -152,6 +153,7 @@ def prepare(
         bias=bias is not None,
         band=left is not None or right is not None,
         causal=bool(causal),
+        window=win is not None,
         lengths=lengths is not None,
         weights=bool(return_weights),
         weights_rows=weights_rows is not None,
@@ -179,7 +181,7 @@ def dense_mask(call: Call) -> np.ndarray | None:
     if not parts:
         return call.mask
     m = call.mask
-    if m is not None and _checks.is_torch(m):
+    if m is not None and validate.is_torch(m):
         m = m.detach().cpu().numpy()
     return combine(m, *parts)
 
@@ -188,63 +190,6 @@ def repeat_groups(x: Any, groups: int) -> Any:
     """k or v (..., Hkv, T, ·) → (..., Hkv·groups, T, ·): the key/value head of each query head."""
     if groups == 1:
         return x
-    if _checks.is_torch(x):
+    if validate.is_torch(x):
         return x.repeat_interleave(groups, dim=-3)
     return np.repeat(x, groups, axis=-3)
-
-
-class Backend:
-    """A way to compute attention that says what it supports.
-
-    ``refuse`` returns why it cannot serve a request (None: it can); ``cost`` estimates the seconds
-    a request takes, which is how ``auto`` orders the backends that accept it (the constants come
-    from ``attnlab bench`` on a 2-core CPU, see benchmarks/README.md); ``run`` returns
-    (out, weights or None, LSE or None) of the same kind, device and dtype as q.
-    """
-
-    name: str = ""
-    summary: str = ""
-
-    def refuse(self, r: Request) -> str | None:
-        raise NotImplementedError
-
-    def cost(self, r: Request) -> float:
-        raise NotImplementedError
-
-    def run(self, call: Call) -> tuple[Any, Any, Any]:
-        raise NotImplementedError
-
-
-TORCH_IMPORT_S = 1.5  # what the first torch call costs a NumPy-only session: auto weighs it in
-
-
-def torch_refusal(r: Request) -> str | None:
-    """Why a torch-based backend cannot run here (None: it can), and the cost of getting torch."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return "needs torch (pip install 'attnlab[torch]')"
-    return None
-
-
-def torch_overhead(r: Request) -> float:
-    """Seconds a torch backend pays before any math: importing torch for NumPy input, if not yet done."""
-    import sys
-
-    return TORCH_IMPORT_S if "torch" not in sys.modules else 0.0
-
-
-def as_torch(x: Any) -> Any:
-    """A NumPy array as a tensor sharing its memory; tensors and None pass through."""
-    if x is None or _checks.is_torch(x):
-        return x
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(x))
-
-
-def like_input(x: Any, call: Call) -> Any:
-    """A result tensor in the kind, dtype (and device) of the call's inputs."""
-    if x is None or call.request.kind == "torch":
-        return x
-    return x.detach().numpy().astype(call.problem.dtype, copy=False)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.attention.reference import attention
+from attnlab.spec.reference import attention
 
 
 @dataclass(frozen=True)

@@ -351,7 +351,7 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 @app.command()
 def check(as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table.")) -> None:
     """Every available backend against the float64 reference, here: max errors and pass/fail."""
-    from attnlab.attention.agreement import run_check
+    from attnlab.backends.agreement import run_check
 
     bar, update = _progress("checking backends")
     done = [0]
@@ -401,7 +401,7 @@ def bench(
     png_path: str | None = typer.Option(None, "--png", help="Write the time and memory plot to this PNG."),
 ) -> None:
     """Time, GFLOP/s, % of GEMM, peak extra memory and error of each way to compute attention."""
-    from attnlab.bench import BenchConfig, run
+    from attnlab.bench.harness import BenchConfig, run
 
     modes = {"both": (False, True), "yes": (True,), "no": (False,)}
     if causal not in modes:

@@ -7,8 +7,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from attnlab.attention import blockwise, reference
-from attnlab.attention.backends import attention
+from attnlab.backends import online
+from attnlab.spec import reference
+from attnlab.backends.api import attention
 
 torch = pytest.importorskip("torch")
 
@@ -84,7 +85,7 @@ def test_scores_of_1e4_and_a_maximum_that_keeps_rising(kind):
 
 def test_causal_visits_about_half_the_tiles_and_windows_fewer():
     def pairs(left, right, t=4096, bq=256, bk=512):
-        tiling = blockwise.Tiling(t, t, left, right)
+        tiling = online.Tiling(t, t, left, right)
         return sum((k1 - k0) * (min(i0 + bq, t) - i0) for i0 in range(0, t, bq) for k0, k1, _ in tiling.key_blocks(i0, min(i0 + bq, t), bk))
 
     full = pairs(None, None)
@@ -103,7 +104,7 @@ def test_numpy_kernel_memory_grows_with_t_not_t_squared():
     out = attention(q, k, v, causal=True, backend="blockwise")
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    tile = blockwise.TILE_ELEMENTS * 8
+    tile = online.TILE_ELEMENTS * 8
     assert peak < 4 * tile + 20 * n * d * 8, f"peak {peak / 2**20:.1f} MB"
     rows = [0, 2047, 4095]
     np.testing.assert_allclose(out[rows], reference.attention(q[rows], k, v, mask=reference.causal_mask(n)[rows]), atol=1e-12)
@@ -129,7 +130,7 @@ def test_merging_two_halves_of_the_keys_by_their_lse_gives_the_whole(kind):
         q, k, v, mask = (torch.from_numpy(x) for x in (q, k, v, mask))
     a = attention(q, k[:, :20], v[:, :20], mask=mask[:, :20], backend="blockwise", return_lse=True)
     b = attention(q, k[:, 20:], v[:, 20:], mask=mask[:, 20:], backend="blockwise", return_lse=True)
-    out, lse = blockwise.merge(*a, *b)
+    out, lse = online.merge(*a, *b)
     np.testing.assert_allclose(np.asarray(out), expected, atol=1e-12)
     assert np.isneginf(np.asarray(lse)[:, 3]).all() and np.isfinite(np.asarray(lse)[:, 4]).all()
 

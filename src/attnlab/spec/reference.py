@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.attention import _checks
-from attnlab.attention.masks import causal_mask, combine
+from attnlab.spec import validate
+from attnlab.spec.masks import causal_mask, combine
 
 
 def logsumexp(x: Any, axis: int = -1, keepdims: bool = False) -> np.ndarray:
@@ -53,7 +53,7 @@ def softmax_jacobian(alpha: Any) -> np.ndarray:
 
 def scores(q: Any, k: Any, *, scale: float | None = None) -> np.ndarray:
     """scale · q kᵀ in float64: (..., Tq, D), (..., Tk, D) → (..., Tq, Tk)."""
-    scale = _checks.check_scale(scale, np.shape(q)[-1])
+    scale = validate.check_scale(scale, np.shape(q)[-1])
     return np.matmul(np.asarray(q, np.float64), np.swapaxes(np.asarray(k, np.float64), -1, -2)) * scale
 
 
@@ -79,10 +79,10 @@ def attention(
     Returns the output (..., Tq, Dv) in the promoted dtype of q, k, v (computed in float64),
     and with ``return_weights`` the weights (..., Tq, Tk) too.
     """
-    p = _checks.check_qkv(q, k, v, scale)
-    _checks.check_mask(mask, p)
-    _checks.check_bias(bias, p)
-    if _checks.is_torch(q):
+    p = validate.check_qkv(q, k, v, scale)
+    validate.check_mask(mask, p)
+    validate.check_bias(bias, p)
+    if validate.is_torch(q):
         raise TypeError("the numpy reference takes NumPy arrays; use backend='torch' for tensors")
 
     s = scores(q, k, scale=p.scale)  # (..., Tq, Tk)

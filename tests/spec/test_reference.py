@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from attnlab.attention.masks import causal_mask
-from attnlab.attention.reference import attention, logsumexp, softmax, softmax_jacobian
+from attnlab.spec.masks import causal_mask
+from attnlab.spec.reference import attention, logsumexp, softmax, softmax_jacobian
 
 finite = st.floats(-10, 10, allow_nan=False, allow_infinity=False)
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from attnlab import bench
-from attnlab.cli import main
+from attnlab.bench import harness as bench
+from attnlab.cli.app import main
 
 pytest.importorskip("torch")
 

@@ -9,23 +9,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attnlab.attention._calls import (
-    Backend, Call, Request, as_torch, dense_mask, like_input, repeat_groups, torch_overhead, torch_refusal,
-)
+from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
+from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
+from attnlab.spec.validate import FLOAT_DTYPES
 
-NS_PER_SCORE = 7.5  # matmul + softmax + matmul in torch eager, per query-key pair (2-core CPU, float32)
-OVERHEAD_S = 5e-5
+# A rough prior for auto where nothing was measured: matmul + softmax + matmul per score.
+PRIOR_NS_PER_SCORE = 7.5
+PRIOR_OVERHEAD_S = 5e-5
 
 
 class TorchBackend(Backend):
     name = "torch"
     summary = "PyTorch eager, materialises the scores: every mask, weights, LSE, gradients, any device"
 
-    def refuse(self, r: Request) -> str | None:
-        return torch_refusal(r)
+    supports = Supports(
+        kinds=frozenset({"numpy", "torch"}),
+        devices="any",
+        dtypes=frozenset(FLOAT_DTYPES),
+        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "lse", "grad", "bias_grad"}),
+    )
 
-    def cost(self, r: Request) -> float:
-        return torch_overhead(r) + OVERHEAD_S + NS_PER_SCORE * 1e-9 * r.scores
+    def more_refusals(self, r: Request) -> list[str]:
+        return torch_refusals(r)
+
+    def estimate(self, r: Request) -> float:
+        return torch_overhead(r) + PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
         import torch

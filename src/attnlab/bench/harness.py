@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.attention import blockwise, reference, tiles
-from attnlab.attention.backends import attention
-from attnlab.attention.masks import band_mask
+from attnlab.backends import kernel, online
+from attnlab.spec import reference
+from attnlab.backends.api import attention
+from attnlab.spec.masks import band_mask
 
 METHODS = ("naive", "numpy", "torch", "sdpa", "blockwise-numpy", "blockwise-torch", "auto", "gemm")
 NUMPY_METHODS = ("naive", "numpy", "blockwise-numpy")  # the rest run on torch
@@ -160,7 +161,7 @@ def _estimate_bytes(method: str, n: int, d: int, heads: int) -> float:
     """Extra memory a method needs, roughly, to decide what to skip before trying it."""
     nn = float(n) * n * heads
     lin = 6.0 * n * d * heads * 4  # float32 copies of q, k, v (with their extra column), the output
-    bq, bk = blockwise.block_sizes(heads, n)
+    bq, bk = online.block_sizes(heads, n)
     tile = min(bq * bk * heads, nn) * 4  # the kernel's float32 score tile (band masks are bool, a quarter of it, edge tiles only)
     return {
         "naive": nn * 4 * 3, "numpy": nn * 8 * 4, "torch": nn * 4 * 3,
@@ -187,7 +188,7 @@ def _runner(method: str, data: dict[str, Any], causal: bool) -> tuple[Callable[[
     if method == "gemm":
         def gemm() -> Any:  # the attention's two GEMMs on blockwise's tiles, without the softmax
             h, n = tq.shape[0], tq.shape[1]
-            bq, bk = blockwise.block_sizes(h, n)
+            bq, bk = online.block_sizes(h, n)
             kt = tk.transpose(-1, -2)
             out = torch.zeros_like(tv)
             s = torch.empty(h, bq, bk)
@@ -213,8 +214,8 @@ def _error(out: Any, data: dict[str, Any], causal: bool) -> float:
 
 
 def _auto_choice(data: dict[str, Any], causal: bool) -> str:
-    from attnlab.attention._calls import prepare
-    from attnlab.attention.backends import choose
+    from attnlab.backends.request import prepare
+    from attnlab.backends.dispatch import choose
 
     tq, tk, tv = data["torch"]
     call = prepare(tq, tk, tv, mask=None, bias=None, causal=causal, scale=None, window=None, lengths=None,
@@ -431,7 +432,7 @@ def machine() -> dict[str, Any]:
         pass
     info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
                             "numpy": np.__version__, "load_average": os.getloadavg(),
-                            "blockwise_kernel": tiles.isa() or "Python loop (not compiled)"}
+                            "blockwise_kernel": kernel.isa() or "Python loop (not compiled)"}
     try:
         import torch
 

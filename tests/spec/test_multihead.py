@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from attnlab.attention.additive import AdditiveAttention
-from attnlab.attention.multihead import MultiHeadAttention
-from attnlab.attention.reference import softmax
+from attnlab.spec.additive import AdditiveAttention
+from attnlab.spec.multihead import MultiHeadAttention
+from attnlab.spec.reference import softmax
 
 
 def _by_hand(layer, x, ctx, scale):

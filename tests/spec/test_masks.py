@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from attnlab.attention.masks import causal_mask, combine, hide_mask, padding_mask, window_mask
-from attnlab.attention.reference import attention
+from attnlab.spec.masks import causal_mask, combine, hide_mask, padding_mask, window_mask
+from attnlab.spec.reference import attention
 
 
 def test_causal_square_is_lower_triangular():

@@ -13,23 +13,24 @@ import zlib
 import numpy as np
 import pytest
 
-from attnlab.attention import reference, tiles
-from attnlab.attention.backends import attention
-from attnlab.attention.masks import causal_mask, window_mask
+from attnlab.spec import reference
+from attnlab.backends import kernel
+from attnlab.backends.api import attention
+from attnlab.spec.masks import causal_mask, window_mask
 
-if tiles.isa() is None:
+if kernel.isa() is None:
     if os.environ.get("CI"):  # CI builds it: a missing kernel there is a broken set-up, not a skip
         pytest.fail("attnlab.attention._tiles was not built (see pyproject.toml's ext-modules)", pytrace=False)
     pytest.skip("the compiled kernel was not built here", allow_module_level=True)
 
 
-@pytest.fixture(params=tiles._tiles.isas(), autouse=True)
+@pytest.fixture(params=kernel._tiles.isas(), autouse=True)
 def isa(request):
     """Every test once per instruction set compiled in that this CPU runs (AVX-512, AVX2, 128-bit)."""
-    best = tiles._tiles.isa()
-    tiles._tiles.isa(request.param)
+    best = kernel._tiles.isa()
+    kernel._tiles.isa(request.param)
     yield request.param
-    tiles._tiles.isa(best)
+    kernel._tiles.isa(best)
 
 
 def _data(name, b=2, hq=2, hkv=None, tq=97, tk=None, d=59, dv=None, spread=1.0):
@@ -131,10 +132,10 @@ def test_exp2_polynomial_is_accurate_and_exactly_zero_for_hidden_scores():
 
 def test_what_it_refuses_goes_through_the_python_loop():
     q, k, v = _data("refuse", tq=20, d=8)
-    assert tiles.refusal("cpu", "float32", masked=False) is None
-    assert "float32 on the CPU only, got float64 on cpu" in tiles.refusal("cpu", "float64", masked=False)
-    assert "float32 on the CPU only" in tiles.refusal("cuda:0", "float32", masked=False)
-    assert "mask" in tiles.refusal("cpu", "float32", masked=True)
+    assert kernel.refusal("cpu", "float32", masked=False) is None
+    assert "float32 on the CPU only, got float64 on cpu" in kernel.refusal("cpu", "float64", masked=False)
+    assert "float32 on the CPU only" in kernel.refusal("cuda:0", "float32", masked=False)
+    assert "mask" in kernel.refusal("cpu", "float32", masked=True)
     out = attention(q, k, v, backend="blockwise", mask=np.tril(np.ones((20, 20), bool)))  # served by the loop
     np.testing.assert_allclose(out, _expected(q, k, v, causal=True)[0], atol=2e-6)
 
@@ -142,13 +143,13 @@ def test_what_it_refuses_goes_through_the_python_loop():
 def test_bad_buffers_raise_instead_of_reading_past_them():
     q = np.zeros((1, 1, 4, 8), np.float32)
     with pytest.raises(ValueError, match="k: expected a C-contiguous buffer of 32 items"):
-        tiles._tiles.forward(q, np.zeros(3, np.float32), q[0, 0], np.empty_like(q), np.empty((1, 1, 4), np.float32),
+        kernel._tiles.forward(q, np.zeros(3, np.float32), q[0, 0], np.empty_like(q), np.empty((1, 1, 4), np.float32),
                              None, 1, 1, 4, 4, 8, 8, 1.0, -1, -1, 4, 4, 1)
 
 
 def test_an_instruction_set_this_cpu_lacks_is_refused():
     with pytest.raises(ValueError, match="this CPU or build has no 'SVE'"):
-        tiles._tiles.isa("SVE")
+        kernel._tiles.isa("SVE")
 
 
 def test_torch_set_num_threads_reaches_the_kernel():
@@ -157,8 +158,8 @@ def test_torch_set_num_threads_reaches_the_kernel():
     try:
         # torch sets OpenMP's default in the one libgomp the process has; the kernel (THREADS = None) takes it
         torch.set_num_threads(1)
-        assert tiles._tiles.default_threads() == 1
+        assert kernel._tiles.default_threads() == 1
         torch.set_num_threads(2)
-        assert tiles._tiles.default_threads() == 2
+        assert kernel._tiles.default_threads() == 2
     finally:
         torch.set_num_threads(before)

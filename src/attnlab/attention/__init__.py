@@ -1,1 +1,0 @@
-"""The math of attention: the NumPy specification, masks, multi-head and additive attention."""

@@ -1,0 +1,120 @@
+"""What a backend is: what it declares it supports, every reason it refuses a call, how it runs one.
+
+A backend declares its :class:`Supports` (the kinds of input, devices, dtypes and features it
+serves) and, where it needs more, adds its own reasons in :meth:`Backend.more_refusals`.
+:meth:`Backend.refusals` returns *all* the reasons at once, so an error can say everything that
+stands in the way, not only the first thing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnlab.backends.request import Call, Request
+from attnlab.spec import validate
+
+# What a call can ask for, by the name of its Request field, and how a refusal says it.
+FEATURES = {
+    "mask": "a dense boolean mask",
+    "bias": "an additive bias",
+    "band": "causal or a sliding window",
+    "lengths": "key-padding lengths",
+    "gqa": "fewer key/value heads than query heads",
+    "weights": "every weight (return_weights=True)",
+    "weights_rows": "the weights of chosen rows (weights_rows=)",
+    "lse": "the log-sum-exp (return_lse=True)",
+    "grad": "gradients of q, k, v",
+    "bias_grad": "a gradient of the bias",
+    "block_size": "a block size (block_size=)",
+}
+
+
+def asked(r: Request) -> list[str]:
+    """The features of FEATURES that ``r`` asks for."""
+    return [f for f in FEATURES if (r.problem.groups > 1 if f == "gqa" else getattr(r, f))]
+
+
+@dataclass(frozen=True)
+class Supports:
+    """What a backend serves: input kinds ("numpy", "torch"), devices ("cpu" or "any"), dtypes, features."""
+
+    kinds: frozenset[str]
+    devices: str
+    dtypes: frozenset[str]
+    features: frozenset[str]
+
+
+class Backend:
+    """A way to compute attention that says what it supports.
+
+    ``supports`` declares it; ``refusals`` lists every reason it cannot serve a request (empty: it
+    can); ``compute_dtype`` is the precision it computes a dtype in (auto keeps one precision per
+    input dtype at every size); ``estimate`` is a rough prior of the seconds a call takes, used by
+    ``auto`` only where nothing was measured on this machine (:mod:`attnlab.backends.calibrate`);
+    ``run`` returns (out, weights or None, LSE or None) of the same kind, device and dtype as q.
+    """
+
+    name: str = ""
+    summary: str = ""
+    supports: Supports
+
+    def refusals(self, r: Request) -> list[str]:
+        s, reasons = self.supports, []
+        if r.kind not in s.kinds:
+            reasons.append(f"takes {' or '.join(sorted(s.kinds))} inputs, got {r.kind}")
+        if s.devices != "any" and r.device.split(":")[0] != s.devices:
+            reasons.append(f"runs on {s.devices} only, got {r.device}")
+        if r.dtype not in s.dtypes:
+            reasons.append(f"computes {', '.join(d for d in validate.FLOAT_DTYPES if d in s.dtypes)} only, got {r.dtype}")
+        reasons += [f"does not support {FEATURES[f]}" for f in asked(r) if f not in s.features]
+        return reasons + self.more_refusals(r)
+
+    def more_refusals(self, r: Request) -> list[str]:
+        """Reasons beyond the declared support (a missing library, a build without the compiled kernel)."""
+        return []
+
+    def compute_dtype(self, dtype: str) -> str:
+        """The precision the backend computes ``dtype`` inputs in (their own, unless it says otherwise)."""
+        return dtype
+
+    def estimate(self, r: Request) -> float:
+        raise NotImplementedError
+
+    def run(self, call: Call) -> tuple[Any, Any, Any]:
+        raise NotImplementedError
+
+
+TORCH_IMPORT_S = 1.5  # about what importing torch costs a NumPy-only session: the prior weighs it in
+
+
+def torch_refusals(r: Request) -> list[str]:
+    """Why a torch-based backend cannot run here: torch is not installed."""
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+        return ["needs torch (pip install 'attnlab[torch]')"]
+    return []
+
+
+def torch_overhead(r: Request) -> float:
+    """Seconds a torch backend pays before any math: importing torch, if not yet done."""
+    return TORCH_IMPORT_S if "torch" not in sys.modules else 0.0
+
+
+def as_torch(x: Any) -> Any:
+    """A NumPy array as a tensor sharing its memory; tensors and None pass through."""
+    if x is None or validate.is_torch(x):
+        return x
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def like_input(x: Any, call: Call) -> Any:
+    """A result tensor in the kind, dtype (and device) of the call's inputs."""
+    if x is None or call.request.kind == "torch":
+        return x
+    return x.detach().numpy().astype(call.problem.dtype, copy=False)

@@ -1,0 +1,236 @@
+"""auto's measurements: how long each backend takes on *this* machine, measured once and cached.
+
+``auto`` ranks the backends that fit a call by what they cost here, not by constants fitted on
+another machine. For a call of a common kind (no dense mask, bias or padding; full attention or
+square causal; on the CPU) it looks up the *profile* of the call (input kind, dtype, head dim,
+one head or many, causal, gradients) in a small table of timings measured at four sizes, the
+first time such a call is large enough for the choice to matter, and interpolates the time at the
+call's number of scores (log-log). Calls of other kinds, and small ones, are ranked by each
+backend's rough prior (:meth:`attnlab.backends.base.Backend.estimate`).
+
+The table is cached as JSON in ``$ATTNLAB_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnlab``, else
+``~/.cache/attnlab``), in a file keyed by the CPU, the thread count, NumPy's, torch's and attnlab's
+versions and the compiled kernel's instruction set: another machine or an upgrade measures anew.
+``ATTNLAB_CALIBRATE=0`` turns measuring off (auto then uses the priors alone); ``attnlab check
+--calibrate`` measures the usual profiles again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnlab.backends.request import Request
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = "ATTNLAB_CALIBRATE"
+ENV_CACHE = "ATTNLAB_CACHE_DIR"
+MIN_SCORES = 1 << 16  # smaller calls take microseconds: the priors rank them
+HEAD_DIMS = (32, 64, 128, 256)  # a call's head dim is measured as the nearest of these
+MANY_HEADS = 8  # "many heads" is measured with this many
+SIZES = {1: (256, 1024, 4096, 8192), MANY_HEADS: (128, 512, 1024, 2048)}  # n per head count: 2^16 .. 2^26 scores
+PRUNE = 3.0  # a backend this many times slower than the best at one size is not measured at larger ones
+REPEATS = 3  # timings per point; the median is kept
+MIN_TIMING_S = 0.005  # calls shorter than this are timed over several in a row
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The kind of call a timing table is for."""
+
+    kind: str
+    dtype: str
+    d: int
+    heads: int  # 1 or MANY_HEADS
+    causal: bool
+    grad: bool
+
+    def key(self) -> str:
+        return f"{self.kind}/{self.dtype}/d{self.d}/h{self.heads}/{'causal' if self.causal else 'full'}/{'grad' if self.grad else 'fwd'}"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def profile(r: Request) -> Profile | None:
+    """The profile of ``r``, or None where auto uses the priors (small, masked, padded, windowed, GPU calls)."""
+    p = r.problem
+    if r.scores < MIN_SCORES or r.device != "cpu" or r.mask or r.bias or r.lengths or p.d != p.dv or p.groups != 1:
+        return None
+    if r.window or (r.causal and p.tq != p.tk):
+        return None  # a window's cost depends on its width, which no table holds
+    d = min(HEAD_DIMS, key=lambda h: abs(math.log(h / p.d)))
+    heads = 1 if int(np.prod(p.batch, dtype=np.int64)) == 1 else MANY_HEADS
+    return Profile(r.kind, r.dtype, d, heads, r.causal, r.grad)
+
+
+def cache_path() -> Path:
+    root = os.environ.get(ENV_CACHE) or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "attnlab")
+    return Path(root) / f"calibration-{machine_key()[:16]}.json"
+
+
+def machine_facts() -> dict[str, Any]:
+    """What the timings depend on: the CPU, threads, library versions, the kernel's instruction set."""
+    from importlib import metadata
+
+    from attnlab.backends import kernel
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = {}
+    for dist in ("numpy", "torch", "attnlab"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"cpu": cpu, "machine": platform.machine(), "cpus": os.cpu_count(),
+            "omp_threads": os.environ.get("OMP_NUM_THREADS"), "kernel_isa": kernel.isa(), **versions}
+
+
+def machine_key() -> str:
+    return hashlib.sha256(json.dumps(machine_facts(), sort_keys=True).encode()).hexdigest()
+
+
+class Table:
+    """Timings by profile and backend: [(scores, seconds), …], loaded from and saved to the cache file."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or cache_path()
+        self.profiles: dict[str, dict[str, list[list[float]]]] = {}
+        try:
+            data = json.loads(self.path.read_text())
+            if data.get("machine") == machine_facts():
+                self.profiles = data.get("profiles", {})
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def save(self) -> None:
+        data = {"machine": machine_facts(), "profiles": self.profiles}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False, suffix=".tmp") as f:
+                json.dump(data, f, indent=1)
+            os.replace(f.name, self.path)
+        except OSError as e:  # a read-only home: the timings live for this process only
+            log.warning("could not save auto's calibration to %s: %s", self.path, e)
+
+
+_TABLE: Table | None = None
+
+
+def table() -> Table:
+    global _TABLE
+    if _TABLE is None or _TABLE.path != cache_path():
+        _TABLE = Table()
+    return _TABLE
+
+
+def estimate(points: list[list[float]], scores: float) -> float:
+    """Seconds at ``scores`` from measured (scores, seconds) points: linear in log-log, the ends extended."""
+    pts = sorted(points)
+    if len(pts) == 1:
+        return pts[0][1] * scores / pts[0][0]
+    xs, ys = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    x = math.log(scores)
+    i = int(np.clip(np.searchsorted(xs, x) - 1, 0, len(xs) - 2))
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    return float(math.exp(ys[i] + slope * (x - xs[i])))
+
+
+def _timer(fn: Callable[[], Any]) -> float:
+    """Seconds per call of fn: over several calls in a row when one is short."""
+    t0 = time.perf_counter()
+    fn()
+    one = time.perf_counter() - t0
+    reps = max(1, int(MIN_TIMING_S / max(one, 1e-9)))
+    if reps == 1:
+        return one
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def _inputs(prof: Profile, n: int) -> tuple[Any, Any, Any]:
+    rng = np.random.default_rng(0)
+    shape = (1, prof.heads, n, prof.d)
+    qkv = [rng.standard_normal(shape).astype("float32" if prof.dtype == "bfloat16" else prof.dtype) for _ in range(3)]
+    if prof.kind == "torch":
+        import torch
+
+        qkv = [torch.from_numpy(x).to(getattr(torch, prof.dtype)).requires_grad_(prof.grad) for x in qkv]
+    return tuple(qkv)
+
+
+def measure(prof: Profile, names: list[str], run: Callable[[str, tuple, bool], Any]) -> dict[str, list[list[float]]]:
+    """Time each backend of ``names`` on the profile's sizes (interleaved per size, pruned as they fall behind).
+
+    ``run(name, (q, k, v), causal)`` makes one call (the dispatcher passes its own).
+    """
+    points: dict[str, list[list[float]]] = {name: [] for name in names}
+    alive = list(names)
+    for n in SIZES[prof.heads]:
+        q, k, v = _inputs(prof, n)
+        scores = prof.heads * n * n
+
+        def call(name: str) -> Callable[[], Any]:
+            def go() -> None:
+                out = run(name, (q, k, v), prof.causal)
+                if prof.grad:
+                    out.sum().backward()
+            return go
+
+        times: dict[str, list[float]] = {name: [] for name in alive}
+        for name in alive:
+            call(name)()  # warm: first-call costs are not the backend's
+        for _ in range(REPEATS):
+            for name in alive:
+                times[name].append(_timer(call(name)))
+        best = min(float(np.median(t)) for t in times.values())
+        for name, t in times.items():
+            points[name].append([scores, float(np.median(t))])
+        alive = [name for name in alive if float(np.median(times[name])) <= PRUNE * best]
+    return points
+
+
+def timings(r: Request, names: list[str], run: Callable[[str, tuple, bool], Any]) -> dict[str, float] | None:
+    """Each backend's measured seconds for ``r`` on this machine (measuring its profile first if needed), or None."""
+    prof = profile(r) if enabled() else None
+    if prof is None:
+        return None
+    tab = table()
+    measured = tab.profiles.get(prof.key(), {})
+    missing = [n for n in names if n not in measured]
+    if missing:
+        log.info("auto: measuring %s for %s on this machine (once; cached in %s)", ", ".join(missing), prof.key(), tab.path)
+        measured = {**measured, **measure(prof, missing, run)}
+        tab.profiles[prof.key()] = measured
+        tab.save()
+    return {n: estimate(measured[n], r.scores) for n in names}
+
+
+def forget() -> Path:
+    """Drop the cached table (``attnlab check --calibrate`` measures again); returns its path."""
+    global _TABLE
+    path = cache_path()
+    path.unlink(missing_ok=True)
+    _TABLE = None
+    return path

@@ -1,0 +1,94 @@
+"""The ``kernel`` backend: the blockwise online softmax compiled (``_tiles.c``), float32 on the CPU.
+
+Built at install when a C compiler with OpenMP is there (``pyproject.toml``: an optional
+extension); without it the backend refuses every call and says so, and ``blockwise`` (the same
+algorithm as a Python loop) serves them. Float16/bfloat16 inputs are computed in float32.
+
+What it serves: q, k, v on the CPU (NumPy or torch) with a band (causal, sliding window,
+bottom-right aligned) and key-padding lengths; not a dense mask or a bias. Its tiles: ``BLOCK`` =
+96 query rows × 512 keys (a 192 kB score tile, inside a core's L2); a key block is rounded up to
+whole vectors of keys (16 with AVX-512). Gradients: FlashAttention-2's backward of
+:mod:`attnlab.backends.online` on this forward's LSE. Threads: OpenMP's default, which torch shares
+(the process has one libgomp): ``torch.set_num_threads(n)`` or ``OMP_NUM_THREADS``, else every CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnlab.backends.base import Backend, Supports
+from attnlab.backends.blockwise import run_blockwise, work_dtype
+from attnlab.backends.request import Call, Request
+from attnlab.backends.tiling import Tiling, block_sizes
+from attnlab.spec.validate import FLOAT_DTYPES, is_torch
+
+try:
+    from attnlab.backends.kernel import _tiles
+except ImportError:  # built without a C compiler: the backend refuses, blockwise serves
+    _tiles = None
+
+BLOCK = (96, 512)
+PRIOR_NS_PER_SCORE = 1.5  # a rough prior for auto where nothing was measured, per visited score
+PRIOR_OVERHEAD_S = 5e-5
+
+
+def isa() -> str | None:
+    """The instruction set the kernel runs with here ("AVX-512", "AVX2", "128-bit vectors"), None if not built."""
+    return None if _tiles is None else _tiles.isa()
+
+
+def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size: Any = None,
+            threads: int | None = None) -> tuple[Any, Any]:
+    """out (B, G, Tq, Dv) and LSE (B, G, Tq) of canonical float32 q, k, v (as :func:`attnlab.backends.online.forward`).
+
+    ``threads``: None for OpenMP's default. Outputs are NumPy buffers, shared with torch through
+    ``torch.from_numpy`` for tensor inputs: one path for both kinds.
+    """
+    if tiling.mask is not None or tiling.bias is not None:
+        raise ValueError("the compiled kernel takes no dense mask or bias (the blockwise backend does)")
+    block_q, block_k = BLOCK if block_size is None else block_sizes(1, q.shape[2], block_size)
+    b, g, tq, d = q.shape
+    tk, dv = k.shape[1], v.shape[-1]
+    torch_in = is_torch(q)
+    if torch_in:
+        q, k, v = (x.detach().contiguous().numpy() for x in (q, k, v))  # views of the same memory
+    q, k, v = (np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v))
+    out, lse = np.empty((b, g, tq, dv), np.float32), np.empty((b, g, tq), np.float32)
+    klen = tiling.klen
+    if klen is not None:
+        klen = np.ascontiguousarray(klen.cpu().numpy() if is_torch(klen) else klen, dtype=np.int64)
+    left = -1 if tiling.left is None else tiling.left
+    right = -1 if tiling.right is None else tiling.right
+    _tiles.forward(q, k, v, out, lse, klen, b, g, tq, tk, d, dv, scale, left, right, block_q, block_k, threads or 0)
+    if torch_in:
+        import torch
+
+        return torch.from_numpy(out), torch.from_numpy(lse)
+    return out, lse
+
+
+class KernelBackend(Backend):
+    name = "kernel"
+    summary = "the blockwise online softmax compiled (C, OpenMP, SIMD): float32 on the CPU, band, padding, LSE, gradients"
+    supports = Supports(
+        kinds=frozenset({"numpy", "torch"}),
+        devices="cpu",
+        dtypes=frozenset(FLOAT_DTYPES) - {"float64"},
+        features=frozenset({"band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size"}),
+    )
+
+    def more_refusals(self, r: Request) -> list[str]:
+        if _tiles is None:
+            return ["was not built (it needs a C compiler with OpenMP at install); blockwise computes the same"]
+        return []
+
+    def compute_dtype(self, dtype: str) -> str:
+        return work_dtype(dtype)
+
+    def estimate(self, r: Request) -> float:
+        return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible
+
+    def run(self, call: Call) -> tuple[Any, Any, Any]:
+        return run_blockwise(call, forward)

@@ -1,0 +1,40 @@
+"""The ``numpy`` backend: the float64 reference, the specification itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnlab.backends.base import Backend, Supports
+from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
+from attnlab.spec import reference
+
+# A rough prior for auto where nothing was measured: float64 matmuls + exp + softmax per score.
+PRIOR_NS_PER_SCORE = 10.0
+PRIOR_OVERHEAD_S = 2e-5
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    summary = "float64 NumPy reference (the spec): every mask, weights; NumPy in, no LSE, no gradients"
+    supports = Supports(
+        kinds=frozenset({"numpy"}),
+        devices="cpu",
+        dtypes=frozenset({"float16", "float32", "float64"}),
+        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows"}),
+    )
+
+    def compute_dtype(self, dtype: str) -> str:
+        return "float64"  # the reference computes in float64 and returns the inputs' dtype
+
+    def estimate(self, r: Request) -> float:
+        return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores
+
+    def run(self, call: Call) -> tuple[Any, Any, Any]:
+        g = call.problem.groups
+        k, v = repeat_groups(call.k, g), repeat_groups(call.v, g)
+        want = call.request.weights or call.request.weights_rows
+        res = reference.attention(call.q, k, v, mask=dense_mask(call), bias=call.bias, scale=call.problem.scale, return_weights=want)
+        if not want:
+            return res, None, None
+        out, w = res
+        return out, (w if call.rows is None else w[..., call.rows, :]), None

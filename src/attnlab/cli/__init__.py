@@ -1,0 +1,1 @@
+"""`attnlab ...`: the command line, one thin handler per command over library calls."""

@@ -1,0 +1,1 @@
+"""attnlab on torch.distributed: ring attention (context parallelism) and statistics sharded over processes."""
