@@ -18,7 +18,7 @@ _LAZY = {
     "capture": "attnlab.models.capture",
     "load_maps": "attnlab.models.maps",
     "AttentionMaps": "attnlab.models.maps",
-    "WordMaps": "attnlab.analysis.words",
+    "WordMaps": "attnlab.models.words",
     "head_roles": "attnlab.analysis.roles",
     "HeadRoles": "attnlab.analysis.roles",
     "find_heads": "attnlab.analysis.search",

@@ -21,7 +21,9 @@ def viewer_app(default_model):
     pytest.importorskip("fastapi")
     from attnlab.viz.server import create_app
 
-    return create_app(default_model)
+    from attnlab.lesson.scene import scene
+
+    return create_app(default_model, scene=scene())
 
 
 @pytest.fixture(scope="session")

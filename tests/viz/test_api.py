@@ -24,7 +24,7 @@ def test_scene_endpoint_is_the_scene_of_attnlab_scene():
     from attnlab.viz.server import create_app
 
     # The scene needs no model: an app over a model that does not exist still serves it.
-    res = TestClient(create_app("/no/such/model")).get("/api/scene")
+    res = TestClient(create_app("/no/such/model", scene=scene())).get("/api/scene")
     assert res.status_code == 200
     assert res.json() == scene()
 

@@ -154,7 +154,9 @@ def test_compare_shows_the_head_search(page, live_server, client, shots):
 def test_self_contained_page_works_from_a_file_without_network(page, bank_maps, tmp_path):
     from attnlab.viz.page import write_maps_html
 
-    path = write_maps_html(bank_maps.to_words(), tmp_path / "bank.html", target="bank", deciders=["river", "money"])
+    from attnlab.lesson.scene import scene
+
+    path = write_maps_html(bank_maps.to_words(), tmp_path / "bank.html", scene=scene(), target="bank", deciders=["river", "money"])
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     page.goto(path.as_uri())

@@ -49,7 +49,7 @@ def corpus_roles(
 
     ``progress(done, total)`` is called after each batch.
     """
-    from attnlab.analysis.words import to_words
+    from attnlab.models.words import to_words
     from attnlab.models.capture import iter_capture
     from attnlab.models.loading import LoadedModel, load_model
 

@@ -167,7 +167,7 @@ class RoleAccumulator:
         self.sentences = 0
 
     def add(self, words) -> None:
-        """Add every sentence of a :class:`~attnlab.analysis.words.WordMaps`."""
+        """Add every sentence of a :class:`~attnlab.models.words.WordMaps`."""
         for w, kinds, marks in zip(words.weights, words.kinds, words.is_mark):
             w = w.astype(np.float64)
             for name in self.totals:
@@ -182,7 +182,7 @@ class RoleAccumulator:
 
 
 def head_roles(words, roles: list[str] | None = None) -> HeadRoles:
-    """Score every head of ``words`` (:class:`~attnlab.analysis.words.WordMaps`) for each role."""
+    """Score every head of ``words`` (:class:`~attnlab.models.words.WordMaps`) for each role."""
     if not len(words):
         raise ValueError("words has no sentences; capture at least one")
     acc = RoleAccumulator(words.num_layers, words.num_heads, roles)

@@ -97,7 +97,7 @@ def _join(parts: list[str]) -> str:
 
 def find_heads(words, target: str, deciders: list[str], exclude_self: bool = False,
                exclude_marks: bool = False) -> HeadSearch:
-    """Search every head of ``words`` (:class:`~attnlab.analysis.words.WordMaps`) for the target's decider.
+    """Search every head of ``words`` (:class:`~attnlab.models.words.WordMaps`) for the target's decider.
 
     ``deciders[i]`` is the deciding word of sentence i. Words match case-insensitively; the first
     occurrence of the target in each sentence is the one searched.

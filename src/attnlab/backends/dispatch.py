@@ -29,7 +29,7 @@ from attnlab.backends.blockwise import BlockwiseBackend
 from attnlab.backends.eager import TorchBackend
 from attnlab.backends.kernel import KernelBackend
 from attnlab.backends.numpy_ref import NumpyBackend
-from attnlab.backends.request import Request
+from attnlab.backends.request import Request, prepare
 from attnlab.backends.sdpa import SdpaBackend
 
 BACKENDS: dict[str, Backend] = {
@@ -78,9 +78,9 @@ def _listing(reasons: dict[str, list[str]]) -> str:
 
 
 def _run_for_calibration(name: str, qkv: tuple, causal: bool) -> Any:
-    from attnlab.backends.api import attention
-
-    return attention(*qkv, causal=causal, backend=name)
+    call = prepare(*qkv, mask=None, bias=None, causal=causal, scale=None, window=None, lengths=None,
+                   return_weights=False, weights_rows=None, return_lse=False, block_size=None)
+    return BACKENDS[name].run(call)[0]
 
 
 def explain(request: Request) -> Choice:

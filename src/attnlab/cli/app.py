@@ -139,7 +139,9 @@ def maps_cmd(
     if html:
         from attnlab.viz.page import write_maps_html
 
-        err.print(f"wrote {write_maps_html(view, html)}")
+        from attnlab.lesson.scene import scene
+
+        err.print(f"wrote {write_maps_html(view, html, scene=scene())}")
     labels = view.words if words else maps.tokens
     pick = _head(layer, head, maps.num_layers, maps.num_heads)
     if png and pick is None:
@@ -254,9 +256,10 @@ def serve(
     port: int = typer.Option(8765, "--port", min=1, max=65535, help="Port to listen on."),
 ) -> None:
     """The web viewer: type one or two sentences and explore every head in the browser, offline."""
+    from attnlab.lesson.scene import scene
     from attnlab.viz.server import serve as run_server
 
-    run_server(model, revision, host, port, announce=lambda line: err.print(line, highlight=False))
+    run_server(model, revision, host, port, announce=lambda line: err.print(line, highlight=False), scene=scene())
 
 
 # ---------------------------------------------------------------- the lesson: lesson, cost

@@ -40,9 +40,9 @@ def model_info(maps: Any) -> dict:
 
 def capture_bank(model: str | None = None) -> Any:
     """The two sentences' maps on ``model`` (None: the bundled default); loads torch lazily."""
-    import attnlab
+    from attnlab.models.capture import capture
 
-    return attnlab.capture(list(SENTENCES), model=model)
+    return capture(list(SENTENCES), model=model)
 
 
 def _heatmap(words: Any, sentence: int, layer: int, head: int, title: str) -> dict:
@@ -54,11 +54,12 @@ def _heatmap(words: Any, sentence: int, layer: int, head: int, title: str) -> di
 
 
 def maps_section(maps: Any) -> Section:
-    import attnlab
+    from attnlab.analysis.roles import head_roles
+    from attnlab.analysis.search import find_heads
 
     words = maps.to_words()
-    res = attnlab.find_heads(words, target=TARGET, deciders=list(DECIDERS))
-    roles = attnlab.head_roles(words)
+    res = find_heads(words, target=TARGET, deciders=list(DECIDERS))
+    roles = head_roles(words)
     info = model_info(maps)
     total = res.total_heads
     seed = SEED_MAPS

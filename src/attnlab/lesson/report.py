@@ -118,9 +118,10 @@ def write_report(lesson: Lesson, out: str | Path | None = None) -> list[Path]:
     written += [out / "lesson.json", out / "index.html"]
     if lesson.maps is not None:
         from attnlab.lesson.realmaps import DECIDERS, TARGET
+        from attnlab.lesson.scene import scene
         from attnlab.viz.page import write_maps_html
 
         words = lesson.maps.to_words()
-        written.append(write_maps_html(words, out / VIEWER, target=TARGET, deciders=list(DECIDERS)))
+        written.append(write_maps_html(words, out / VIEWER, scene=scene(), target=TARGET, deciders=list(DECIDERS)))
     log.info("report written to %s", out)
     return written

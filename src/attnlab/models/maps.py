@@ -70,8 +70,8 @@ class AttentionMaps:
         return notebook_html(self)
 
     def to_words(self, marks: Iterable[str] | None = None):
-        """Word-level maps (:class:`attnlab.analysis.words.WordMaps`): to = sum, from = mean over pieces."""
-        from attnlab.analysis.words import to_words
+        """Word-level maps (:class:`attnlab.models.words.WordMaps`): to = sum, from = mean over pieces."""
+        from attnlab.models.words import to_words
 
         return to_words(self, marks=marks)
 

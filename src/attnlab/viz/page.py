@@ -17,24 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.viz import payload
-from attnlab.viz.server import read_static
+from attnlab.viz.assets import read_static
 
 DATA_ID = "attnlab-data"
 NOTEBOOK_HEIGHT = 760  # px of the notebook frame
 
 
-def page_data(maps: Any = None, *, scene: bool = True, target: str | None = None,
+def page_data(maps: Any = None, *, scene: dict | None = None, target: str | None = None,
               deciders: list[str] | None = None, overview: int = payload.DEFAULT_OVERVIEW) -> dict:
     """The data a page embeds: the scene, the maps (with every head packed) and the head search.
 
     ``maps``: token-level AttentionMaps or word-level WordMaps (or None for the scene alone).
+    ``scene``: the lesson's scene (``attnlab.lesson.scene.scene()``), handed in by the caller (the
+    viewer sits below the lesson); None leaves the Scene view out.
     ``target`` and ``deciders`` (one per sentence) add the Compare view's head search.
     """
-    data: dict[str, Any] = {"scene": None, "maps": None, "search": None}
-    if scene:
-        from attnlab.lesson.scene import scene as compute
-
-        data["scene"] = compute()
+    data: dict[str, Any] = {"scene": scene, "maps": None, "search": None}
     if maps is not None:
         data["maps"] = payload.maps_payload(maps, overview=overview)
         data["maps"]["packed"] = [payload.pack_weights(w) for w in maps.weights]
@@ -73,12 +71,13 @@ def _title(maps: Any) -> str:
     return f"attnlab · {maps.model_id} · {first[:60]}"
 
 
-def maps_html(maps: Any, *, target: str | None = None, deciders: list[str] | None = None) -> str:
+def maps_html(maps: Any, *, scene: dict | None = None, target: str | None = None,
+              deciders: list[str] | None = None) -> str:
     """The self-contained page of captured maps (head view first, then model view, scene, compare)."""
-    return render_page(page_data(maps, target=target, deciders=deciders), title=_title(maps))
+    return render_page(page_data(maps, scene=scene, target=target, deciders=deciders), title=_title(maps))
 
 
-def write_maps_html(maps: Any, path: str | os.PathLike, *, target: str | None = None,
+def write_maps_html(maps: Any, path: str | os.PathLike, *, scene: dict | None = None, target: str | None = None,
                     deciders: list[str] | None = None) -> Path:
     """Write :func:`maps_html` to ``path`` (``.html`` appended when it has no suffix); returns the path."""
     path = Path(path)
@@ -86,7 +85,7 @@ def write_maps_html(maps: Any, path: str | os.PathLike, *, target: str | None = 
         path = path.with_suffix(".html")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist")
-    path.write_text(maps_html(maps, target=target, deciders=deciders), encoding="utf-8")
+    path.write_text(maps_html(maps, scene=scene, target=target, deciders=deciders), encoding="utf-8")
     return path
 
 

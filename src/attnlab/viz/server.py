@@ -22,6 +22,7 @@ from importlib import resources
 from typing import Annotated, Any, Callable, Literal
 
 from attnlab.viz import payload
+from attnlab.viz.assets import STATIC_FILES, read_static
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +32,6 @@ MAX_WORD_CHARS = 100
 CACHE_SIZE = 8  # captured sentence sets kept for head requests
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-STATIC_FILES = {  # served path -> (package file, media type)
-    "/": ("index.html", "text/html; charset=utf-8"),
-    "/viewer.css": ("viewer.css", "text/css; charset=utf-8"),
-    **{f"/{n}.js": (f"{n}.js", "text/javascript; charset=utf-8") for n in ("core", "scene", "head", "model", "compare", "app")},
-}
-
-
-def read_static(name: str) -> str:
-    """One file of the page, from the installed package."""
-    return resources.files("attnlab.viz").joinpath("static", name).read_text(encoding="utf-8")
-
-
 class MapsCache:
     """Captured maps by request, least recently used out first; one lock around every model call."""
 
@@ -89,12 +78,13 @@ class MapsCache:
             return self.payloads[key]
 
 
-def create_app(model: Any = None, revision: str | None = None, *, preload: bool = False):
+def create_app(model: Any = None, revision: str | None = None, *, preload: bool = False, scene: dict | None = None):
     """The viewer's ASGI app for one model: None (the bundled all-MiniLM-L6-v2), a folder, a hub id
     (with ``revision``), or a :class:`~attnlab.models.loading.LoadedModel` already in memory.
 
     ``preload=True`` loads the model now, so a bad ``model`` fails here rather than on the first
-    request (``attnlab serve`` does this).
+    request (``attnlab serve`` does this). ``scene``: the lesson's scene (``attnlab.lesson.scene.scene()``)
+    that /api/scene serves, handed in by the caller (the viewer sits below the lesson); None hides it.
     """
     from fastapi import FastAPI, HTTPException
     from fastapi.middleware.gzip import GZipMiddleware
@@ -258,11 +248,11 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
                 "num_heads": lm.num_heads, "max_tokens": int(limit), "max_sentences": MAX_SENTENCES,
                 "max_chars": MAX_CHARS}
 
-    @app.get("/api/scene", response_model=SceneOut)
-    def scene() -> dict:
-        from attnlab.lesson.scene import scene as compute
-
-        return compute()
+    @app.get("/api/scene", response_model=SceneOut, responses={404: {"description": "this viewer was made without the scene"}})
+    def scene_out() -> dict:
+        if scene is None:
+            raise HTTPException(404, "this viewer was made without the lesson's scene")
+        return scene
 
     @app.post("/api/maps", response_model=MapsOut, responses=bad_request)
     def maps(req: MapsIn) -> Response:
@@ -310,7 +300,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def serve(model: Any = None, revision: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-          announce: Callable[[str], None] | None = None) -> None:
+          announce: Callable[[str], None] | None = None, scene: dict | None = None) -> None:
     """Load the model, then serve the viewer with uvicorn until interrupted.
 
     ``announce`` gets a line when loading starts (the port is known to be free by then) and one
@@ -321,7 +311,7 @@ def serve(model: Any = None, revision: str | None = None, host: str = DEFAULT_HO
     say = announce or log.info
     check_port(host, port)
     say(f"loading {model or 'the bundled all-MiniLM-L6-v2'}…")
-    app = create_app(model, revision, preload=True)
+    app = create_app(model, revision, preload=True, scene=scene)
     shown = f"[{host}]" if ":" in host else host
     say(f"attnlab viewer at http://{shown}:{port}/ (Ctrl+C to stop)")
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from attnlab.analysis.words import aggregate
+from attnlab.models.words import aggregate
 
 
 def test_unsplit_sentence_is_unchanged(make_maps):

@@ -1,0 +1,66 @@
+"""The house's rules, checked: layers only look down, no import circle, no public name shadows a module."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import attnlab
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_layer_contract_holds():
+    """pyproject.toml's import-linter contract (the layers of DESIGN.md): an upward import fails here."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    res = subprocess.run([str(lint), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "Contracts: 1 kept, 0 broken." in res.stdout
+
+
+def _graph():
+    import grimp
+
+    return grimp.build_graph("attnlab")
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle between modules, the exceptions of the contract included (found by depth-first search)."""
+    graph = _graph()
+    modules = sorted(graph.modules)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.find_modules_directly_imported_by(m) - {m}):  # a package importing its own extension
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in modules:
+        if m not in state and (cycle := visit(m)):
+            pytest.fail("import circle: " + " -> ".join(cycle))
+
+
+def test_every_module_imports_by_its_dotted_path_and_no_public_name_shadows_one():
+    for info in pkgutil.walk_packages(attnlab.__path__, "attnlab."):
+        module = importlib.import_module(info.name) if not info.name.endswith("._tiles") else None
+        parent_name, _, child = info.name.rpartition(".")
+        parent = importlib.import_module(parent_name)
+        if hasattr(parent, child):
+            assert getattr(parent, child) is module or module is None, (
+                f"{parent_name}.{child} is both a module and another object"
+            )
+    for name in attnlab.__all__:
+        assert importlib.util.find_spec(f"attnlab.{name}") is None, f"attnlab.{name} names a public object and a module"
