@@ -1,4 +1,4 @@
-"""attnlab's attention implementation, registered with transformers so every head's weights come out.
+"""attnlab's attention, registered with transformers so every head's weights come out.
 
 In transformers 5.x the default ``sdpa`` attention returns no weights for ``output_attentions=True``.
 Instead of copying any model code, attnlab registers its own attention function under the name
@@ -10,7 +10,9 @@ A newly registered name also needs a mask function under the same name in
 ``AttentionMaskInterface``: without one, transformers hands the attention function
 ``attention_mask=None`` and padding silently leaks into every map of a padded batch. We register
 transformers' own ``eager_mask`` (0 where a key may be attended, the dtype's minimum where not, with
-causality for decoders), so the function below is the eager computation, step for step.
+causality for decoders). The function below hands the projected q, k, v to
+:func:`attnlab.attention` itself: the maps are the spec in action (the backends' agreement tests
+cover them), not a second implementation of attention.
 """
 
 from __future__ import annotations
@@ -30,28 +32,25 @@ def capture_attention_forward(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Any, Any]:
-    """Scaled dot-product attention that returns its weights.
+    """The model's attention computed by :func:`attnlab.attention` (the torch backend), weights kept.
 
-    query (B, H, Tq, D), key (B, Hkv, Tk, D), value (B, Hkv, Tk, Dv), attention_mask additive
-    (B, 1, Tq, Tk) or None → output (B, Tq, H, Dv), weights (B, H, Tq, Tk) in float32 softmax.
+    query (B, H, Tq, D), key (B, Hkv, Tk, D), value (B, Hkv, Tk, Dv) (grouped-query attention when
+    Hkv < H), attention_mask additive (B, 1, Tq, Tk) or None → output (B, Tq, H, Dv), weights
+    (B, H, Tq, Tk). The mask transformers builds (0 where a key may be attended, the dtype's minimum
+    where not) becomes attnlab's boolean mask, so a padded query row gets zero weights, not a
+    uniform row (capture drops those rows).
     """
-    import torch
+    from attnlab.backends.api import attention
 
     if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-        raise RuntimeError("attnlab's capturing attention supports neither softcap nor sliding windows")
-    groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-        key = key.repeat_interleave(groups, dim=1)  # (B, H, Tk, D)
-        value = value.repeat_interleave(groups, dim=1)  # (B, H, Tk, Dv)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
+        raise RuntimeError("attnlab's capturing attention supports neither softcap nor sliding windows yet")
+    if module.training and dropout > 0:
+        raise RuntimeError("capture needs the model in eval mode (attention dropout would change the maps)")
+    mask = None
     if attention_mask is not None:
-        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, Tq, Dv) → (B, Tq, H, Dv)
-    return output, weights
+        mask = attention_mask[:, :, :, : key.shape[-2]] == 0  # (B, 1, Tq, Tk): True = may attend
+    output, weights = attention(query, key, value, mask=mask, scale=scaling, return_weights=True, backend="torch")
+    return output.transpose(1, 2).contiguous(), weights  # (B, H, Tq, Dv) → (B, Tq, H, Dv)
 
 
 def register() -> None:
