@@ -24,6 +24,7 @@ def attention(
     weights_rows: Any = None,
     return_lse: bool = False,
     block_size: int | tuple[int, int] | None = None,
+    softcap: float | None = None,
 ) -> Any:
     """Scaled dot-product attention on NumPy arrays or torch tensors, by the backend that fits.
 
@@ -51,6 +52,8 @@ def attention(
     block_size: tile size of blockwise and kernel, an int or (queries, keys). Default: 96 × 512 in
         the kernel (it rounds the keys up to whole vectors, 16 with AVX-512), about 2^20 scores for
         all heads together in the blockwise loop.
+    softcap: logit softcapping c > 0 (Gemma-2): scaled scores become c · tanh(s / c) before the
+        bias and the masks (numpy and torch backends).
 
     A row with nothing to attend to gives zeros. Returns ``out``, or a tuple
     ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)`` as asked.
@@ -60,6 +63,7 @@ def attention(
     call = prepare(
         q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, window=window, lengths=lengths,
         return_weights=return_weights, weights_rows=weights_rows, return_lse=return_lse, block_size=block_size,
+        softcap=softcap,
     )
     out, weights, lse = choose(call.request, backend).run(call)
     extra = ([weights] if (return_weights or weights_rows is not None) else []) + ([lse] if return_lse else [])

@@ -31,6 +31,7 @@ FEATURES = {
     "grad": "gradients of q, k, v",
     "bias_grad": "a gradient of the bias",
     "block_size": "a block size (block_size=)",
+    "softcap": "logit softcapping (softcap=)",
 }
 
 

@@ -26,7 +26,8 @@ class TorchBackend(Backend):
         kinds=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
-        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "lse", "grad", "bias_grad"}),
+        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "lse", "grad", "bias_grad",
+                            "softcap"}),
     )
 
     def more_refusals(self, r: Request) -> list[str]:
@@ -42,6 +43,8 @@ class TorchBackend(Backend):
         g = call.problem.groups
         k, v = repeat_groups(k, g), repeat_groups(v, g)
         s = torch.matmul(q, k.transpose(-1, -2)) * call.problem.scale  # (..., Tq, Tk)
+        if call.softcap is not None:
+            s = torch.tanh(s / call.softcap) * call.softcap
         if bias is not None:
             s = s + bias.to(s.dtype)
         allowed = dense_mask(call)

@@ -20,7 +20,7 @@ class NumpyBackend(Backend):
         kinds=frozenset({"numpy"}),
         devices="cpu",
         dtypes=frozenset({"float16", "float32", "float64"}),
-        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows"}),
+        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "softcap"}),
     )
 
     def compute_dtype(self, dtype: str) -> str:
@@ -33,7 +33,8 @@ class NumpyBackend(Backend):
         g = call.problem.groups
         k, v = repeat_groups(call.k, g), repeat_groups(call.v, g)
         want = call.request.weights or call.request.weights_rows
-        res = reference.attention(call.q, k, v, mask=dense_mask(call), bias=call.bias, scale=call.problem.scale, return_weights=want)
+        res = reference.attention(call.q, k, v, mask=dense_mask(call), bias=call.bias, scale=call.problem.scale,
+                                  return_weights=want, softcap=call.softcap)
         if not want:
             return res, None, None
         out, w = res

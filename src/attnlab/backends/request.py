@@ -38,6 +38,7 @@ class Request:
     bias_grad: bool  # ... and of the bias
     block_size: bool  # a block size was given (a blockwise parameter)
     visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
+    softcap: bool = False  # logit softcapping (Gemma-2)
 
     @property
     def scores(self) -> int:
@@ -60,6 +61,7 @@ class Call:
     rows: np.ndarray | None  # query rows whose weights are wanted
     block_size: Any
     request: Request
+    softcap: float | None = None  # c: scaled scores become c · tanh(s / c) before bias and mask
 
     @property
     def problem(self) -> validate.Problem:
@@ -125,11 +127,13 @@ def _needs_grad(*xs: Any) -> bool:
 def prepare(
     q: Any, k: Any, v: Any, *, mask: Any, bias: Any, causal: bool, scale: Any, window: Any,
     lengths: Any, return_weights: bool, weights_rows: Any, return_lse: bool, block_size: Any,
+    softcap: Any = None,
 ) -> Call:
     """Check every argument (errors name the argument, what it got and what was expected)."""
     p = validate.check_qkv(q, k, v, scale, gqa=True)
     validate.check_mask(mask, p)
     validate.check_bias(bias, p)
+    cap = validate.check_softcap(softcap)
     for name, value in (("causal", causal), ("return_weights", return_weights), ("return_lse", return_lse)):
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -162,8 +166,10 @@ def prepare(
         bias_grad=_needs_grad(bias) if bias is not None else False,
         block_size=block_size is not None,
         visible=_visible(p.tk, left, right),
+        softcap=cap is not None,
     )
-    return Call(q, k, v, mask, bias, left, right, _lengths(lengths, p), _rows(weights_rows, p), block_size, request)
+    return Call(q, k, v, mask, bias, left, right, _lengths(lengths, p), _rows(weights_rows, p), block_size, request,
+                softcap=cap)
 
 
 def dense_mask(call: Call) -> np.ndarray | None:

@@ -4,6 +4,7 @@ Every other backend is tested against :func:`attention` here. It is written to b
 be fast: scores, mask, softmax, weighted sum, each one line.
 
     s_ij = scale · q_i · k_j + bias_ij      (−∞ where the mask says False)
+           (with ``softcap`` c: s_ij = c · tanh(scale · q_i · k_j / c) + bias_ij, as Gemma-2)
     α_ij = exp(s_ij) / Σ_l exp(s_il)         (a row with nothing allowed: α_i = 0)
     o_i  = Σ_j α_ij v_j
 """
@@ -67,6 +68,7 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
     return_weights: bool = False,
+    softcap: float | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Scaled dot-product attention, the float64 specification.
 
@@ -75,6 +77,8 @@ def attention(
     bias: float added to the scores (−inf blocks a pair), broadcastable to (..., Tq, Tk).
     causal: query i sees keys 0..Tk−Tq+i (aligned bottom-right when Tq ≠ Tk).
     scale: default 1/√D; ``scale=1.0`` is the unscaled scene.
+    softcap: logit softcapping c > 0 (Gemma-2): the scaled scores become c · tanh(s / c), bounded
+        by ±c, before the bias and the mask.
 
     Returns the output (..., Tq, Dv) in the promoted dtype of q, k, v (computed in float64),
     and with ``return_weights`` the weights (..., Tq, Tk) too.
@@ -85,7 +89,10 @@ def attention(
     if validate.is_torch(q):
         raise TypeError("the numpy reference takes NumPy arrays; use backend='torch' for tensors")
 
+    softcap = validate.check_softcap(softcap)
     s = scores(q, k, scale=p.scale)  # (..., Tq, Tk)
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
     if bias is not None:
         s = s + np.asarray(bias, np.float64)
     allowed = combine(mask, causal_mask(p.tq, p.tk) if causal else None)

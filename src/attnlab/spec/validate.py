@@ -85,6 +85,18 @@ def check_scale(scale: Any, d: int) -> float:
     return scale
 
 
+def check_softcap(softcap: Any) -> float | None:
+    """Logit softcapping: None (off) or a finite float > 0."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.floating, np.integer)):
+        raise TypeError(f"softcap must be a positive float or None, got {type(softcap).__name__}")
+    softcap = float(softcap)
+    if not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(f"softcap must be a finite number > 0, got {softcap}")
+    return softcap
+
+
 def head_groups(q: Any, k: Any, v: Any) -> int:
     """Query heads per key/value head: q (..., Hq, Tq, D), k/v (..., Hkv, Tk, ·) with Hkv | Hq.
 

@@ -1,0 +1,122 @@
+"""Real weights for attnlab's transformer, read straight from a model folder's safetensors.
+
+Each family's tensor names map onto the transformer's own (``blocks.{i}.attn.q.weight`` …); GPT-2's
+Conv1D weights are stored [in, out] and are transposed, its fused ``c_attn`` split into q, k and v.
+transformers is used for the tokenizer only, never for the forward pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from attnlab.transformer.config import TransformerConfig
+
+log = logging.getLogger(__name__)
+
+PREFIXES = ("bert.", "roberta.", "transformer.", "model.")  # the base model inside a task model's file
+
+# (our name, the family's name) per layer ({i}) and once per model; "T": stored transposed (Conv1D).
+_BERT_LAYER = [
+    ("attn.q", "attention.self.query"), ("attn.k", "attention.self.key"), ("attn.v", "attention.self.value"),
+    ("attn.o", "attention.output.dense"), ("norm1", "attention.output.LayerNorm"),
+    ("ffn.up", "intermediate.dense"), ("ffn.down", "output.dense"), ("norm2", "output.LayerNorm"),
+]
+_BERT_TOP = [("tok_emb", "embeddings.word_embeddings"), ("pos_emb", "embeddings.position_embeddings"),
+             ("type_emb", "embeddings.token_type_embeddings"), ("emb_norm", "embeddings.LayerNorm")]
+_GPT2_LAYER = [("norm1", "ln_1"), ("attn.o", "attn.c_proj", "T"), ("norm2", "ln_2"),
+               ("ffn.up", "mlp.c_fc", "T"), ("ffn.down", "mlp.c_proj", "T")]
+_GPT2_TOP = [("tok_emb", "wte"), ("pos_emb", "wpe"), ("final_norm", "ln_f")]
+_LLAMA_LAYER = [
+    ("norm1", "input_layernorm"), ("attn.q", "self_attn.q_proj"), ("attn.k", "self_attn.k_proj"),
+    ("attn.v", "self_attn.v_proj"), ("attn.o", "self_attn.o_proj"), ("norm2", "post_attention_layernorm"),
+    ("ffn.gate", "mlp.gate_proj"), ("ffn.up", "mlp.up_proj"), ("ffn.down", "mlp.down_proj"),
+]
+_LLAMA_TOP = [("tok_emb", "embed_tokens"), ("final_norm", "norm")]
+LAYOUT = {
+    "bert": ("encoder.layer.{i}.", _BERT_LAYER, _BERT_TOP),
+    "roberta": ("encoder.layer.{i}.", _BERT_LAYER, _BERT_TOP),
+    "gpt2": ("h.{i}.", _GPT2_LAYER, _GPT2_TOP),
+    "llama": ("layers.{i}.", _LLAMA_LAYER, _LLAMA_TOP),
+}
+# Old BERT checkpoints name LayerNorm's parameters after the paper.
+_RENAMES = {".gamma": ".weight", ".beta": ".bias"}
+
+
+def read_safetensors(folder: Any) -> dict:
+    """Every tensor of every ``*.safetensors`` file in ``folder`` (sharded files are merged)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model folder {str(folder)!r} has no .safetensors weights; attnlab loads only safetensors")
+    tensors: dict = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def convert(tensors: dict, c: TransformerConfig) -> dict:
+    """The family's tensors renamed (and reshaped) into the transformer's state dict."""
+    base = {}
+    for name, t in tensors.items():
+        for old, new in _RENAMES.items():
+            if name.endswith(old):
+                name = name[: -len(old)] + new
+        for prefix in PREFIXES:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                break
+        base[name] = t
+    layer_prefix, layer_names, top_names = LAYOUT[c.family]
+    pairs = [(ours, theirs, *how) for ours, theirs, *how in top_names]
+    for i in range(c.n_layers):
+        pre = layer_prefix.format(i=i)
+        pairs += [(f"blocks.{i}.{ours}", pre + theirs, *how) for ours, theirs, *how in layer_names]
+    if c.family == "gpt2":
+        for i in range(c.n_layers):  # c_attn: [d, 3d] (Conv1D) → q, k, v Linear weights [d, d] each
+            for kind in ("weight", "bias"):
+                fused = base.get(f"h.{i}.attn.c_attn.{kind}")
+                if fused is not None:
+                    parts = (fused.T if kind == "weight" else fused).chunk(3, dim=0)
+                    base.update({f"_qkv.{i}.{x}.{kind}": t for x, t in zip("qkv", parts)})
+            pairs += [(f"blocks.{i}.attn.{x}", f"_qkv.{i}.{x}") for x in "qkv"]
+    if not c.tie_embeddings:
+        pairs.append(("lm_head", "lm_head"))
+    state = {}
+    for ours, theirs, *how in pairs:
+        for kind in ("weight", "bias"):
+            t = base.get(f"{theirs}.{kind}")
+            if t is not None:
+                state[f"{ours}.{kind}"] = t.T.contiguous() if how == ["T"] and kind == "weight" else t
+    return state
+
+
+def load_pretrained(cls: type, model: Any = None, backend: str = "auto", revision: str | None = None) -> Any:
+    """``cls`` (the Transformer) with the weights of ``model`` (see :func:`attnlab.models.loading.resolve`),
+    in eval mode, its parameters frozen (``requires_grad_(True)`` to train it), with its tokenizer."""
+    from transformers import AutoTokenizer
+
+    from attnlab.models.loading import resolve
+
+    folder, model_id, rev = resolve(model, revision)
+    config = TransformerConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    net = cls(config, backend=backend)
+    state = convert(read_safetensors(folder), config)
+    expected = set(net.state_dict())
+    missing = sorted(expected - set(state))
+    if missing:
+        raise ValueError(f"model {model_id!r}: its safetensors lack {len(missing)} tensors the transformer needs, "
+                         f"e.g. {', '.join(missing[:4])}")
+    net.load_state_dict(state, strict=True)
+    net.eval().requires_grad_(False)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+    if tok.pad_token is None:  # GPT-2 and Llama have none; padded keys are masked out anyway
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "right"  # right padding: key padding goes to the backends as lengths
+    net.tokenizer = tok
+    log.info("transformer %s (%s) loaded from %s", model_id, rev, folder)
+    return net
