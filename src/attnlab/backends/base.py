@@ -40,6 +40,11 @@ def asked(r: Request) -> list[str]:
     return [f for f in FEATURES if (r.problem.groups > 1 if f == "gqa" else getattr(r, f))]
 
 
+# The largest score bound a backend computing in each dtype accepts: a quarter of the dtype's range,
+# so that scaling to base 2 and subtracting a row's maximum (the online softmax) cannot overflow either.
+OVERFLOW_LIMIT = {"float16": 65504.0 / 4, "bfloat16": 3.39e38 / 4, "float32": 3.4e38 / 4, "float64": 1.79e308 / 4}
+
+
 @dataclass(frozen=True)
 class Supports:
     """What a backend serves: input kinds ("numpy", "torch"), devices ("cpu" or "any"), dtypes, features."""
@@ -73,6 +78,9 @@ class Backend:
         if r.dtype not in s.dtypes:
             reasons.append(f"computes {', '.join(d for d in validate.FLOAT_DTYPES if d in s.dtypes)} only, got {r.dtype}")
         reasons += [f"does not support {FEATURES[f]}" for f in asked(r) if f not in s.features]
+        if r.dtype in s.dtypes and r.score_bound > (limit := OVERFLOW_LIMIT[self.compute_dtype(r.dtype)]):
+            reasons.append(f"scores reach up to {r.score_bound:.3g} (|scale|·max|q|·max|k|), beyond what it computes in "
+                           f"{self.compute_dtype(r.dtype)} without overflow ({limit:.3g}); scale q or k down, or use float64")
         return reasons + self.more_refusals(r)
 
     def more_refusals(self, r: Request) -> list[str]:

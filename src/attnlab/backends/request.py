@@ -8,6 +8,7 @@ turn the call's masks into one dense boolean mask when they materialise the scor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ class Request:
     block_size: bool  # a block size was given (a blockwise parameter)
     visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
     softcap: bool = False  # logit softcapping (Gemma-2)
+    score_bound: float = 0.0  # no score |scale·q·k + bias| exceeds this (Cauchy–Schwarz): what overflow checks use
 
     @property
     def scores(self) -> int:
@@ -116,6 +118,40 @@ def _visible(tk: int, left: int | None, right: int | None) -> float:
     return min(1.0, reach / tk)
 
 
+# No backend computes in a dtype narrower than float16: a cheap bound under a quarter of its range
+# (base.OVERFLOW_LIMIT) needs no closer look.
+CHEAP_BOUND_OK = 65504.0 / 4
+
+
+def score_bound(q: Any, k: Any, bias: Any, scale: float, q_max: float, k_max: float) -> float:
+    """An upper bound of every |scale·q_i·k_j + bias_ij|, from the largest |entries| q_max, k_max of q and k.
+
+    Backends compare it with the range of the dtype they compute in, so that finite inputs whose
+    scores would overflow are refused with that reason instead of giving NaN or a wrong number.
+    First |scale|·D·q_max·k_max; where that is large, the closer |scale|·max|q_i|·max|k_j| (Cauchy–Schwarz,
+    one more pass over q and k).
+    """
+    b_max = 0.0
+    if bias is not None and (bias.numel() if validate.is_torch(bias) else np.size(bias)):
+        b_max = float(bias.detach().abs().max() if validate.is_torch(bias) else np.abs(bias).max())
+    bound = abs(scale) * q.shape[-1] * q_max * k_max
+    if bound + b_max <= CHEAP_BOUND_OK:
+        return bound + b_max
+
+    def max_norm(x: Any) -> float:  # in the input's dtype (no copy); again in float64 where that overflowed
+        if validate.is_torch(x):
+            import torch
+
+            wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+            norm = float(torch.linalg.vector_norm(x.detach(), dim=-1, dtype=wide).max())
+            return norm if math.isfinite(norm) else float(torch.linalg.vector_norm(x.detach().double(), dim=-1).max())
+        with np.errstate(over="ignore"):
+            norm = float(np.sqrt(np.einsum("...d,...d->...", x, x).max()))
+        return norm if math.isfinite(norm) else float(np.sqrt(np.einsum("...d,...d->...", x, x, dtype=np.float64).max()))
+
+    return min(bound, abs(scale) * max_norm(q) * max_norm(k)) + b_max
+
+
 def _needs_grad(*xs: Any) -> bool:
     if not validate.is_torch(xs[0]):
         return False
@@ -130,7 +166,8 @@ def prepare(
     softcap: Any = None,
 ) -> Call:
     """Check every argument (errors name the argument, what it got and what was expected)."""
-    p = validate.check_qkv(q, k, v, scale, gqa=True)
+    p = validate.check_qkv(q, k, v, scale, gqa=True, finite=False)
+    q_max, k_max, _ = (validate.check_finite(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     validate.check_mask(mask, p)
     validate.check_bias(bias, p)
     cap = validate.check_softcap(softcap)
@@ -166,6 +203,7 @@ def prepare(
         bias_grad=_needs_grad(bias) if bias is not None else False,
         block_size=block_size is not None,
         visible=_visible(p.tk, left, right),
+        score_bound=score_bound(q, k, bias, p.scale, q_max, k_max),
         softcap=cap is not None,
     )
     return Call(q, k, v, mask, bias, left, right, _lengths(lengths, p), _rows(weights_rows, p), block_size, request,

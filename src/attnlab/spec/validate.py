@@ -60,18 +60,28 @@ def check_array(name: str, x: Any) -> None:
         raise ValueError(f"{name} must have shape (..., T, D) with at least 2 dims, got shape {tuple(x.shape)}")
 
 
-def check_finite(name: str, x: Any) -> None:
+def check_finite(name: str, x: Any) -> float:
+    """Raise if ``x`` holds NaN or Inf; return its largest |value| (0 for an empty array).
+
+    One pass of min and max, which NaN and Inf both reach, serves the check and the magnitude
+    that overflow checks use.
+    """
     if is_torch(x):
         import torch
 
-        if x.device.type == "cpu" and x.dtype != torch.bfloat16:  # NumPy's check of the same memory: ~15x faster
-            ok = bool(np.isfinite(x.detach().numpy()).all())
+        if x.numel() == 0:
+            return 0.0
+        if x.device.type == "cpu" and x.dtype != torch.bfloat16:  # NumPy's min/max of the same memory: faster
+            x = x.detach().numpy()
         else:
-            ok = bool(torch.isfinite(x).all())
-    else:
-        ok = bool(np.isfinite(x).all())
-    if not ok:
+            lo, hi = (float(v) for v in torch.aminmax(x.detach()))
+    if not is_torch(x):
+        if x.size == 0:
+            return 0.0
+        lo, hi = float(np.min(x)), float(np.max(x))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"{name} contains NaN or Inf; attention needs finite inputs")
+    return max(-lo, hi)
 
 
 def check_scale(scale: Any, d: int) -> float:

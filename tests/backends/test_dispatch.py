@@ -1,0 +1,148 @@
+"""auto's rules: one precision per input dtype at every size, the fastest measured here, overflow refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from attnlab.backends import calibrate, dispatch
+from attnlab.backends.api import attention
+from attnlab.backends.dispatch import BACKENDS, NoBackendError, explain
+from attnlab.backends.request import prepare
+
+torch = pytest.importorskip("torch")  # every backend here but numpy is a torch backend
+
+PLAIN = dict(mask=None, bias=None, causal=False, scale=None, window=None, lengths=None,
+             return_weights=False, weights_rows=None, return_lse=False, block_size=None)
+
+
+def request(*qkv, **kw):
+    return prepare(*qkv, **{**PLAIN, **kw}).request
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_auto_computes_in_the_inputs_precision_at_every_size(kind, dtype, monkeypatch):
+    monkeypatch.setenv(calibrate.ENV_SWITCH, "0")
+    for n in (4, 16, 64, 256, 2048):
+        x = np.ones((1, n, 64), dtype)
+        if kind == "torch":
+            x = torch.from_numpy(x)
+        choice = explain(request(x, x, x))
+        assert choice.precision == dtype
+        assert BACKENDS[choice.backend].compute_dtype(dtype) == dtype, (n, choice)
+
+
+def test_sixteen_bit_inputs_get_float32_accumulation():
+    x = torch.ones(1, 256, 64, dtype=torch.float16)
+    choice = explain(request(x, x, x))
+    assert choice.precision == "float32"
+    assert "torch" in choice.excluded  # plain torch computes in float16
+    assert choice.backend in ("sdpa", "blockwise", "kernel")
+
+
+BIG = np.full((1, 4, 8), 1e20, np.float32)  # finite, but q·k = 8e40 overflows float32
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_overflowing_scores_are_computed_right_or_refused_by_name(backend, kind):
+    x = BIG if kind == "numpy" else torch.from_numpy(BIG)
+    try:
+        out = attention(x, x, x, backend=backend)
+    except NoBackendError as e:
+        reasons = BACKENDS[backend].refusals(request(x, x, x))
+        assert reasons, "refused without a reason"
+        if kind == "numpy" or backend != "numpy":
+            assert "overflow" in str(e) and "2.83e+40" in str(e)
+        return
+    out = np.asarray(out, dtype=np.float64)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, 1e20, rtol=1e-6)  # every value row is 1e20: so is their average
+
+
+def test_auto_takes_the_float64_reference_for_overflowing_float32_numpy_input():
+    out = attention(BIG, BIG, BIG)
+    np.testing.assert_allclose(out, 1e20, rtol=1e-6)
+
+
+def test_float16_scores_beyond_its_range_are_refused_by_plain_torch_only():
+    h = torch.full((1, 4, 64), 300.0, dtype=torch.float16)  # q·k/8 = 720,000 > 65,504
+    with pytest.raises(NoBackendError, match="float16 without overflow"):
+        attention(h, h, h, backend="torch")
+    out = attention(h, h, h, backend="sdpa")  # computes in float32
+    assert torch.equal(out, h)
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_estimate_interpolates_in_log_log_space():
+    pts = [[1e4, 1e-3], [1e6, 1e-1], [1e8, 1e1]]
+    assert calibrate.estimate(pts, 1e5) == pytest.approx(1e-2)
+    assert calibrate.estimate(pts, 1e7) == pytest.approx(1.0)
+    assert calibrate.estimate(pts, 1e9) == pytest.approx(1e2)  # the last segment extended
+    assert calibrate.estimate([[1e4, 2e-3]], 4e4) == pytest.approx(8e-3)  # one point: linear in scores
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(calibrate.ENV_CACHE, str(tmp_path))
+    monkeypatch.setenv(calibrate.ENV_SWITCH, "1")
+    monkeypatch.setattr(calibrate, "_TABLE", None)
+    return tmp_path
+
+
+def test_auto_follows_the_timings_measured_here(cache):
+    """A table that says sdpa is fastest small and torch fastest large: auto switches where the table does."""
+    x_small, x_large = (torch.ones(1, n, 64) for n in (512, 4096))
+    prof = calibrate.profile(request(x_small, x_small, x_small))
+    fake = {"sdpa": [[2**16, 1e-4], [2**26, 1.0]], "torch": [[2**16, 1e-3], [2**26, 0.1]],
+            "blockwise": [[2**16, 1e-2], [2**26, 10.0]], "kernel": [[2**16, 1e-2], [2**26, 10.0]]}
+    calibrate.cache_path().write_text(json.dumps({"machine": calibrate.machine_facts(), "profiles": {prof.key(): fake}}))
+    small, large = explain(request(x_small, x_small, x_small)), explain(request(x_large, x_large, x_large))
+    assert (small.backend, large.backend) == ("sdpa", "torch")
+    assert small.measured and "measured on this machine" in small.reason
+
+
+def test_a_table_from_another_machine_is_not_used(cache):
+    x = torch.ones(1, 512, 64)
+    prof = calibrate.profile(request(x, x, x))
+    other = {**calibrate.machine_facts(), "cpu": "another CPU"}
+    calibrate.cache_path().write_text(json.dumps({"machine": other, "profiles": {prof.key(): {"torch": [[1, 1e-9]]}}}))
+    assert calibrate.Table().profiles == {}
+
+
+def test_measuring_fills_the_cache_once(cache, monkeypatch):
+    monkeypatch.setattr(calibrate, "SIZES", {1: (64, 128), calibrate.MANY_HEADS: (32, 64)})
+    monkeypatch.setattr(calibrate, "MIN_SCORES", 1)
+    monkeypatch.setattr(calibrate, "REPEATS", 1)
+    calls = []
+    real = dispatch._run_for_calibration
+    monkeypatch.setattr(dispatch, "_run_for_calibration", lambda *a: calls.append(a[0]) or real(*a))
+    x = torch.ones(1, 128, 64)
+    first = explain(request(x, x, x))
+    assert first.measured and calls and set(calls) <= {"torch", "sdpa", "blockwise", "kernel"}
+    saved = json.loads(calibrate.cache_path().read_text())
+    assert saved["machine"] == calibrate.machine_facts()
+    assert set(saved["profiles"][calibrate.profile(request(x, x, x)).key()]) == set(first.seconds)
+    calls.clear()
+    monkeypatch.setattr(calibrate, "_TABLE", None)  # a new process: read back from the file
+    assert explain(request(x, x, x)).backend == first.backend and not calls
+
+
+def test_switched_off_auto_uses_the_priors(cache, monkeypatch):
+    monkeypatch.setenv(calibrate.ENV_SWITCH, "0")
+    x = torch.ones(1, 4096, 64)
+    choice = explain(request(x, x, x))
+    assert not choice.measured and "priors" in choice.reason
+    assert not calibrate.cache_path().exists()
+
+
+def test_masked_and_windowed_calls_use_the_priors():
+    x = torch.ones(1, 4096, 64)
+    assert calibrate.profile(request(x, x, x, window=8)) is None
+    assert calibrate.profile(request(x, x, x, mask=torch.ones(4096, 4096, dtype=torch.bool))) is None
+    assert calibrate.profile(request(x, x, x, causal=True)) is not None
