@@ -1,12 +1,19 @@
 """Markdown tables from a `attnlab bench --json` file, for benchmarks/README.md (numbers never typed by hand).
 
-    .venv/bin/python benchmarks/tables.py benchmarks/results/attention.json [--targets | --ratios]
+    .venv/bin/python benchmarks/tables.py benchmarks/results/attention.json [--targets | --ratios | --auto]
+
+``--targets`` and ``--auto`` are the issue's targets judged on the file (:mod:`targets`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere: targets.py sits here
+
+from targets import auto_table, fast_method, summary  # noqa: E402
 
 
 def tables(result: dict) -> str:
@@ -40,42 +47,19 @@ def tables(result: dict) -> str:
 
 
 def ratios(result: dict) -> str:
-    """blockwise (torch and NumPy input) against sdpa, row by row, from the same run."""
+    """The compiled kernel and the blockwise loop (torch and NumPy input) against sdpa, row by row, from the same run."""
     by = {(m["method"], m["n"], m["heads"], m["causal"]): m["time_s"] for m in result["measurements"] if m["time_s"]}
-    out = ["| heads | n | | blockwise-torch | blockwise-numpy | sdpa | blockwise-torch / sdpa |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    fast = fast_method(result)
+    loops = [x for x in ("blockwise-torch", "blockwise-numpy") if x != fast]
+    out = [f"| heads | n | | {fast} | " + " | ".join(loops) + f" | sdpa | {fast} / sdpa |",
+           "| --- | --- | --- | --- | " + " | ".join("---" for _ in loops) + " | --- | --- |"]
     for (meth, n, h, c), t in sorted(by.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][3])):
         sdpa = by.get(("sdpa", n, h, c))
-        if meth != "blockwise-torch" or sdpa is None:
+        if meth != fast or sdpa is None:
             continue
-        numpy = by.get(("blockwise-numpy", n, h, c))
-        cells = [f"{t * 1e3:,.1f}", "–" if numpy is None else f"{numpy * 1e3:,.1f}", f"{sdpa * 1e3:,.1f}", f"{t / sdpa:.2f}"]
+        cells = [f"{t * 1e3:,.1f}"] + ["–" if (x, n, h, c) not in by else f"{by[x, n, h, c] * 1e3:,.1f}" for x in loops]
+        cells += [f"{sdpa * 1e3:,.1f}", f"{t / sdpa:.2f}"]
         out.append(f"| {h} | {n} | {'causal' if c else 'full'} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
-def targets(result: dict) -> str:
-    """The issue's targets as the run measured them (``targets`` in the JSON), one line each."""
-    t, out = result.get("targets", {}), []
-    verdict = {True: "met", False: "**missed**"}
-    for r in t.get("blockwise_vs_sdpa", []):
-        out.append(f"- blockwise (torch, full) / sdpa, n = {r['n']}, {r['heads']} h: {r['ratio']:.2f}x — {verdict[r['met']]}")
-    for r in t.get("causal_saving", []):
-        vs = "" if r["vs_sdpa_causal"] is None else f"; {r['vs_sdpa_causal']:.2f}x causal sdpa — {verdict[r['vs_sdpa_causal'] <= 1]}"
-        out.append(f"- blockwise causal saving, n = {r['n']}, {r['heads']} h: {100 * r['saving']:.1f} % — {verdict[r['met']]}{vs}")
-    for r in t.get("memory_65536", []):
-        out.append(f"- blockwise extra memory, n = 65536, 1 h, {'causal' if r['causal'] else 'full'}: {r['peak_mb']:.1f} MB — {verdict[r['met']]}")
-    auto = t.get("auto_vs_fastest", [])
-    if auto:
-        missed = [r for r in auto if not r["met"]]
-        out.append(f"- auto / fastest torch backend: {len(auto) - len(missed)} of {len(auto)} within 1.1x"
-                   + "".join(f"; {r['ratio']:.2f}x at n = {r['n']}, {r['heads']} h, {'causal' if r['causal'] else 'full'} [{r['chose']}]"
-                             for r in missed))
-        choice = [r["choice_ratio"] for r in auto if r.get("choice_ratio") is not None]
-        if choice:
-            good = sum(c <= 1.1 for c in choice)
-            out.append(f"- the backend auto chose / fastest torch backend (their own medians): {good} of {len(choice)} "
-                       f"within 1.1x, worst {max(choice):.2f}x")
     return "\n".join(out)
 
 
@@ -83,4 +67,4 @@ if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         result = json.load(f)
     mode = sys.argv[2] if len(sys.argv) > 2 else None
-    print({"--targets": targets, "--ratios": ratios}.get(mode, tables)(result))
+    print({"--targets": summary, "--ratios": ratios, "--auto": auto_table}.get(mode, tables)(result))

@@ -21,11 +21,11 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    """(folder, stdout JSON) of one `attnlab lesson --out DIR --json` run (small deadline: a short search)."""
+    """(folder, stdout JSON) of one `attnlab lesson --out DIR --json -` run (small deadline: a short search)."""
     out = tmp_path_factory.mktemp("lesson") / "report"
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["lesson", "--out", str(out), "--json", "--deadline-ms", "5", "--memory-mb", "64", "--seed", "0"])
+        rc = main(["lesson", "--out", str(out), "--json", "-", "--deadline-ms", "5", "--memory-mb", "64", "--seed", "0"])
     assert rc == 0
     return out, json.loads(buf.getvalue())
 
@@ -42,7 +42,7 @@ def test_report_folder_holds_every_promised_file(report):
     assert promised <= {p.name for p in out.iterdir()}
     for name in promised - pages:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((out / "lesson.json").read_text()) == doc  # --json prints exactly the file
+    assert json.loads((out / "lesson.json").read_text()) == doc  # --json - prints exactly the file
     assert doc["figures"] == {k: [n for n, _ in v] for k, v in FIGURES.items()}
 
 
@@ -171,6 +171,6 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
 
 
 def test_cost_command_json(capsys):
-    assert main(["cost", "--deadline-ms", "2", "--memory-mb", "16", "--json"]) == 0
+    assert main(["cost", "--deadline-ms", "2", "--memory-mb", "16", "--json", "-"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["key"] == "cost" and doc["data"]["config"]["deadline_ms"] == 2.0

@@ -33,7 +33,7 @@ def test_scene_cli_prints_tables_and_json(capsys):
     assert main(["scene"]) == 0
     out = capsys.readouterr().out
     assert "60 %" in out and "46 %" in out and "(0.75, 0.05)" in out and "(0.63, 0.06)" in out
-    assert main(["scene", "--json"]) == 0
+    assert main(["scene", "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["tokens"][4] == "bank" and round(data["scaled"]["weights"][-1], 2) == 0.46
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnlab.lesson import cost as cost_mod
-from attnlab.bench.harness import Measurement
+from attnlab.bench import Measurement
 from attnlab.lesson.cost import CostConfig, growth_exponent, largest_context
 from attnlab.lesson.fmt import pct, vec
 from attnlab.lesson.formula import SEED_SCENE, formula_section, qkv_section
@@ -142,7 +142,7 @@ def test_cost_section_measures_memory_growing_as_n_squared():
 
 
 def test_bench_sweep_interleaves_sizes_and_measures_memory_with_tracemalloc():
-    from attnlab.bench.harness import harness as bench
+    from attnlab import bench
 
     ms = bench.measure_sweep("numpy", (64, 128), d=8, repeats=2, memory="tracemalloc", blas_threads=1)
     assert [m.n for m in ms] == [64, 128] and all(len(m.times_s) == 2 for m in ms)

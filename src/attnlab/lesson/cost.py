@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from attnlab.bench import harness as bench
-from attnlab.bench.harness import Measurement
+from attnlab import bench
+from attnlab.bench import Measurement
 from attnlab.lesson.fmt import big, mb, ms, num
 from attnlab.lesson.section import Section, table
 

@@ -12,8 +12,8 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 STYLE = {  # one colour and marker per method, the same in every panel
     "naive": ("#8c8c8c", "x"), "numpy": ("#937860", "s"), "torch": ("#dd8452", "^"), "sdpa": ("#4c72b0", "o"),
-    "blockwise-numpy": ("#55a868", "v"), "blockwise-torch": ("#c44e52", "D"), "auto": ("#8172b3", "+"),
-    "gemm": ("#000000", "."),
+    "blockwise-numpy": ("#55a868", "v"), "blockwise-torch": ("#64b5cd", "<"), "kernel": ("#c44e52", "D"),
+    "auto": ("#8172b3", "+"), "gemm": ("#000000", "."),
 }
 
 

@@ -1,0 +1,142 @@
+"""`attnlab maps`, `attnlab heads`, `attnlab find-head`: real attention maps of a pretrained model."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, progress, write_json
+from attnlab.lesson.fmt import pct
+
+LESSON_SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
+
+
+def _as_items(sentences: list[str]) -> list[str | tuple[str, str]]:
+    """CLI sentences: a tab inside one makes it a pair (segments A and B), as in a corpus file."""
+    return [tuple(s.split("\t", 1)) if "\t" in s else s for s in sentences]  # type: ignore[misc]
+
+
+def _head(layer: int | None, head: int | None, num_layers: int, num_heads: int) -> tuple[int, int] | None:
+    """1-based --layer/--head from the user → 0-based, checked against the model's counts."""
+    if layer is None and head is None:
+        return None
+    if layer is None or head is None:
+        raise ValueError("--layer and --head go together; give both (1-based) or neither")
+    if not 1 <= layer <= num_layers:
+        raise ValueError(f"--layer {layer} is out of range; this model has layers 1 to {num_layers}")
+    if not 1 <= head <= num_heads:
+        raise ValueError(f"--head {head} is out of range; this model has heads 1 to {num_heads}")
+    return layer - 1, head - 1
+
+
+def maps(
+    sentences: list[str] = typer.Argument(..., help="Sentences (a tab inside one makes a sentence pair)."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    layer: int = typer.Option(None, "--layer", help="Layer to show, 1-based (with --head)."),
+    head: int = typer.Option(None, "--head", help="Head to show, 1-based (with --layer)."),
+    words: bool = typer.Option(False, "--words", help="Add word pieces up into words (to: sum, from: mean)."),
+    png: str = typer.Option(None, "--png", help="Write a heatmap of the chosen head to this PNG file."),
+    json_path: str = json_option(),
+    save: str = typer.Option(None, "--save", help="Write every captured map to this .npz file (attnlab.load_maps)."),
+    html: str = typer.Option(None, "--html", help="Write the viewer (head, model and scene views) as one self-contained HTML file."),
+) -> None:
+    """Capture every head's attention map; show one head's map, or where each head looks most."""
+    from attnlab.analysis.overview import maps_record, where_heads_look
+    from attnlab.models.capture import capture
+
+    found = capture(_as_items(sentences), model, revision)
+    pick = _head(layer, head, found.num_layers, found.num_heads)
+    if png and pick is None:
+        raise ValueError("--png draws one head; give --layer and --head (1-based)")
+    if save:
+        err.print(f"wrote {found.save(save)}", highlight=False)
+    view = found.to_words() if words else found
+    labels = view.words if words else found.tokens
+    if html:
+        from attnlab.lesson.scene import scene
+        from attnlab.viz.page import write_maps_html
+
+        err.print(f"wrote {write_maps_html(view, html, scene=scene())}", highlight=False)
+    if png:
+        from attnlab.viz.heatmap import plot_maps
+
+        plot_maps([view.weights[i][pick] for i in range(len(found))], labels,
+                  title=f"{found.model_id}: layer {pick[0] + 1}, head {pick[1] + 1}").savefig(png, dpi=150)
+        err.print(f"wrote {png}", highlight=False)
+    if write_json(json_path, maps_record(found, pick, view if words else None)):
+        return
+    console.print(f"{found.model_id} ({found.revision}): {found.num_layers} layers × {found.num_heads} heads")
+    for i, w in enumerate(view.weights):
+        if pick is not None:
+            table = Table(title=f"sentence {i + 1}, layer {pick[0] + 1}, head {pick[1] + 1}: "
+                                f"% of each row's attention per column")
+            table.add_column("", no_wrap=True)
+            for lab in labels[i]:
+                table.add_column(lab, justify="right", no_wrap=True)
+            for r, lab in enumerate(labels[i]):
+                table.add_row(lab, *(str(round(100 * x)) for x in w[pick][r]))
+        else:
+            table = Table(title=f"sentence {i + 1}: where each head looks most (mean row, %)")
+            table.add_column("", no_wrap=True)
+            for l in range(found.num_layers):
+                table.add_column(f"layer {l + 1}", no_wrap=True)
+            top, share = where_heads_look(w)
+            for h in range(found.num_heads):
+                table.add_row(f"head {h + 1}", *(f"{labels[i][top[l, h]]} {round(100 * share[l, h])}"
+                                                 for l in range(found.num_layers)))
+        console.print(table)
+
+
+def heads(
+    sentences: list[str] = typer.Argument(None, help="Sentences to score (default: the lesson's two 'bank' sentences)."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    corpus: str = typer.Option(None, "--corpus", help="A text file: one sentence, or a tab-separated pair, per line."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sentences per forward pass."),
+    json_path: str = json_option(),
+) -> None:
+    """Heads by role: each head's average attention to [CLS], [SEP], punctuation, self, previous, next word, and entropy."""
+    from attnlab.analysis.corpus import corpus_roles, read_corpus
+    from attnlab.analysis.roles import ROLES
+
+    if corpus and sentences:
+        raise ValueError("give sentences or --corpus FILE, not both")
+    items = read_corpus(corpus) if corpus else _as_items(sentences or list(LESSON_SENTENCES))
+    bar, tick = progress("capturing")
+    with bar:
+        roles = corpus_roles(items, model, revision, batch_size=batch_size, progress=tick)
+    if write_json(json_path, roles.to_dict()):
+        return
+    table = Table(title=f"{roles.model_id}: head roles over {roles.num_sentences} sentences (layer, head 1-based)")
+    for col in ("role", "attention to", "top head", "score", "heads ≥ threshold"):
+        table.add_column(col, justify="right" if col in ("score", "heads ≥ threshold") else "left")
+    for name, role in ROLES.items():
+        layer, head, score = roles.top(name)
+        shown = f"{score:.2f} nats" if role.unit == "nats" else pct(score)
+        over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{' nats' if role.unit == 'nats' else ''})"
+        table.add_row(name, role.description, f"layer {layer + 1}, head {head + 1}", shown, over)
+    console.print(table)
+
+
+def find_head(
+    sentences: list[str] = typer.Argument(..., help="One sentence per decider."),
+    target: str = typer.Option(..., "--target", help="The ambiguous word, e.g. bank."),
+    decider: list[str] = typer.Option(..., "--decider", help="The deciding word of each sentence, in order."),
+    exclude_self: bool = typer.Option(False, "--exclude-self", help="Leave the target itself out of the argmax."),
+    exclude_marks: bool = typer.Option(False, "--exclude-marks", help="Leave the marks out of the argmax."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    json_path: str = json_option(),
+) -> None:
+    """The heads whose largest weight of the target falls on its decider in every sentence."""
+    from attnlab.analysis.search import MARK_RULE, find_heads
+    from attnlab.models.capture import capture
+
+    found = find_heads(capture(_as_items(sentences), model, revision).to_words(), target, decider,
+                       exclude_self=exclude_self, exclude_marks=exclude_marks)
+    if write_json(json_path, found.to_dict()):
+        return
+    console.print(found.summary(), highlight=False)
+    console.print(f"marks: in {found.mark_heads} of {found.total_heads} heads {MARK_RULE} "
+                  f"(per sentence: {', '.join(map(str, found.mark_heads_per_sentence))}).", highlight=False)

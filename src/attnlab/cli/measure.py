@@ -1,0 +1,136 @@
+"""`attnlab check` and `attnlab bench`: do the backends agree with the reference here, and what do they cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from attnlab.bench.methods import METHODS
+from attnlab.bench.sweep import BenchConfig
+from attnlab.cli.common import console, counter, err, ints, json_option, names, progress, write_json
+
+CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
+CALIBRATE_HELP = ("Forget auto's cached timings and measure them again (float32 torch tensors (1, 1, 4096, 64) and "
+                  "(1, 12, 1024, 64), full and causal); print the cache file and the backends auto chooses.")
+
+
+def _kernel_text(info: Any) -> str:
+    """kernel_info() in one line: the instruction set in use, and the build where it is known."""
+    if not isinstance(info, dict):
+        return str(info)
+    variants = ", ".join(v["name"] + ("" if v.get("runs_here", True) else " (not on this CPU)") for v in info.get("variants", []))
+    openmp = "no OpenMP (one thread)" if info.get("openmp") is None else f"OpenMP {info['openmp']}"
+    return f"{info.get('chosen')} (compiled for {variants}; {info.get('compiler')}, {openmp})"
+
+
+def check(
+    json_path: str = json_option(),
+    calibrate: bool = typer.Option(False, "--calibrate", help=CALIBRATE_HELP),
+) -> None:
+    """Every backend against the float64 reference, here: max errors and pass/fail; the compiled kernel's build."""
+    from attnlab.backends.agreement import run_check
+    from attnlab.bench.checkup import recalibrate, summary
+    from attnlab.bench.sweep import kernel_info
+
+    kernel = kernel_info()
+    bar, update = progress("checking backends")
+    with bar:
+        rows = run_check(counter(update))
+    calibration = None
+    if calibrate:
+        with err.status("measuring the backends for auto on this machine…"):
+            calibration = recalibrate()
+    told = summary(rows)
+    data = {"passed": told["failed"] == 0, "kernel": kernel, "summary": told,
+            "rows": [r.to_dict() for r in rows], "calibration": calibration}
+    if not write_json(json_path, data):
+        _print_check(rows, told, kernel, calibration)
+    if told["failed"]:
+        raise typer.Exit(1)
+
+
+def _print_check(rows: list, told: dict, kernel: Any, calibration: dict | None) -> None:
+    console.print(f"compiled kernel: {_kernel_text(kernel)}", highlight=False)
+    table = Table(title="attnlab check: every backend against the float64 reference")
+    for col in ("case", "input", "dtype", "backend", "max error", "tolerance", "result"):
+        table.add_column(col, justify="right" if col in ("max error", "tolerance") else "left", no_wrap=col != "case")
+    for r in rows:
+        if r.passed is not None:  # refusals are listed once below, not once per case
+            table.add_row(r.case, r.kind, r.dtype, r.backend, f"{r.max_error:.1e}", f"{r.tolerance:.1e}",
+                          "[green]pass[/]" if r.passed else "[red]FAIL[/]")
+    console.print(table)
+    for r in told["refused"]:
+        console.print(f"{r['backend']} refused {r['runs']} runs: {r['reason']}", highlight=False)
+    failed = told["failed"]
+    console.print(f"{told['ran'] - failed} of {told['ran']} passed" + (f", [red]{failed} failed[/]" if failed else ""))
+    if calibration is not None:
+        state = "" if calibration["enabled"] else " (ATTNLAB_CALIBRATE turns measuring off: auto uses the priors)"
+        console.print(f"auto's timings: {calibration['cache']}{state}", highlight=False)
+        for c in calibration["choices"]:
+            console.print(f"  {tuple(c['shape'])} {'causal' if c['causal'] else 'full'}: {c['reason']}", highlight=False)
+
+
+def bench(
+    sizes: str = typer.Option(",".join(map(str, BenchConfig.sizes)), "--sizes", help="Context lengths n, comma-separated (up to 65536)."),
+    heads: str = typer.Option(",".join(map(str, BenchConfig.heads)), "--heads", help="Head counts, comma-separated."),
+    causal: str = typer.Option("both", "--causal", help="both, yes or no."),
+    methods: str = typer.Option(",".join(METHODS), "--methods", help="Methods, comma-separated."),
+    d: int = typer.Option(BenchConfig.d, "--d", help="Head dimension."),
+    repeats: int = typer.Option(BenchConfig.repeats, "--repeats", help="Timed rounds per method and size (median reported)."),
+    memory_mb: float = typer.Option(BenchConfig.memory_mb, "--memory-mb", help="Skip a method whose estimated extra memory exceeds this."),
+    max_seconds: float = typer.Option(BenchConfig.max_seconds, "--max-seconds", help="Skip a method whose estimated time per call exceeds this."),
+    threads: int | None = typer.Option(None, "--threads", help="torch threads while measuring (default: torch's)."),
+    json_path: str | None = json_option(),
+    png_path: str | None = typer.Option(None, "--png", metavar="PATH", help="Write the time and memory plot to this PNG."),
+) -> None:
+    """Time, GFLOP/s, % of GEMM, peak extra memory and error of each way to compute attention; which backend auto chose and why."""
+    from attnlab.bench.sweep import run
+
+    if causal not in CAUSAL:
+        raise ValueError(f"--causal must be both, yes or no, got {causal!r}")
+    cfg = BenchConfig(sizes=ints("--sizes", sizes), heads=ints("--heads", heads), causal=CAUSAL[causal],
+                      d=d, methods=names(methods), repeats=repeats, memory_mb=memory_mb,
+                      max_seconds=max_seconds, threads=threads)
+    bar, update = progress("benchmarking")
+    tick = counter(update)
+    tick.total = len(cfg.sizes) * len(cfg.heads) * len(cfg.causal) * len(cfg.methods) * cfg.repeats
+    with bar:
+        result = run(cfg, tick).to_dict()
+    if png_path:
+        from attnlab.viz.benchplot import bench_figure
+
+        bench_figure(result).savefig(png_path, dpi=110)
+        err.print(f"wrote {png_path}", highlight=False)
+    if write_json(json_path, result):
+        return
+    _print_bench(result)
+
+
+def _print_bench(result: dict) -> None:
+    mach = result["machine"]
+    console.print(f"{mach['cpu']}, {mach['cores']} cores, torch threads {mach.get('torch_threads', '–')}, "
+                  f"compiled kernel: {_kernel_text(mach['kernel'])}", highlight=False)
+    ms = result["measurements"]
+    for key in sorted({(m["n"], m["heads"], m["causal"]) for m in ms}):
+        n, h, c = key
+        rows = [m for m in ms if (m["n"], m["heads"], m["causal"]) == key]
+        table = Table(title=f"n = {n}, {h} head{'s' if h > 1 else ''}, d = {rows[0]['d']}, {'causal' if c else 'full'}")
+        for col in ("method", "ms", "GFLOP/s", "% GEMM", "peak MB", "error", "note"):
+            table.add_column(col, justify="left" if col in ("method", "note") else "right", no_wrap=col != "note")
+        for m in rows:
+            if m["time_s"] is None:
+                table.add_row(m["method"], "", "", "", "", "", f"skipped: {m['skipped']}")
+                continue
+            table.add_row(
+                m["method"], f"{m['time_s'] * 1e3:,.2f}", f"{m['gflops']:.1f}",
+                "" if m["pct_of_gemm"] is None else f"{m['pct_of_gemm']:.0f} %",
+                "" if m["peak_bytes"] is None else f"{m['peak_bytes'] / 2**20:,.1f}",
+                "" if m["max_error"] is None else f"{m['max_error']:.1e}",
+                f"chose {m['backend']}" if m["backend"] else "",
+            )
+        console.print(table)
+        for m in rows:
+            if m["reason"]:
+                console.print(f"auto chose {m['reason']}", highlight=False)
