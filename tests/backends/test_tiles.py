@@ -1,34 +1,48 @@
-"""The compiled forward pass (``_tiles.c``) against the float64 reference and the Python loop.
+"""The compiled kernel (``_tiles.c``, backend="kernel") against the float64 reference and the Python loop.
 
-It serves float32 CPU calls; the float64 cases of test_backends.py run the Python loop, so the
+It serves float32 CPU calls; the float64 cases of test_backends.py run other backends, so the
 compiled kernel gets its own cases here: odd sizes, head dims that are not whole vectors, tiles
-that divide nothing, bands, padding, GQA, empty rows, huge scores.
+that divide nothing, bands, padding, GQA, empty rows, huge scores. Every test runs once per
+instruction-set variant compiled in that this CPU runs (AVX-512, AVX2, 128-bit vectors), and the
+arguments the C code is given are checked there, before it reads anything.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import zlib
 
 import numpy as np
 import pytest
 
-from attnlab.spec import reference
-from attnlab.backends import kernel
+from attnlab.backends import kernel, online
 from attnlab.backends.api import attention
+from attnlab.backends.dispatch import NoBackendError
+from attnlab.backends.tiling import Tiling
+from attnlab.spec import reference
 from attnlab.spec.masks import causal_mask, window_mask
 
 if kernel.isa() is None:
     if os.environ.get("CI"):  # CI builds it: a missing kernel there is a broken set-up, not a skip
-        pytest.fail("attnlab.attention._tiles was not built (see pyproject.toml's ext-modules)", pytrace=False)
+        pytest.fail("attnlab.backends.kernel._tiles was not built (see pyproject.toml's ext-modules)", pytrace=False)
     pytest.skip("the compiled kernel was not built here", allow_module_level=True)
 
+ISAS = kernel._tiles.isas()
 
-@pytest.fixture(params=kernel._tiles.isas(), autouse=True)
+
+def pytest_generate_tests(metafunc):
+    if "isa" in metafunc.fixturenames:
+        metafunc.parametrize("isa", ISAS, indirect=True)
+
+
+@pytest.fixture
 def isa(request):
-    """Every test once per instruction set compiled in that this CPU runs (AVX-512, AVX2, 128-bit)."""
+    """A test that takes ``isa`` runs once per instruction set compiled in that this CPU runs (AVX-512, AVX2, 128-bit)."""
     best = kernel._tiles.isa()
-    kernel._tiles.isa(request.param)
+    assert kernel._tiles.isa(request.param) == request.param
     yield request.param
     kernel._tiles.isa(best)
 
@@ -42,11 +56,7 @@ def _data(name, b=2, hq=2, hkv=None, tq=97, tk=None, d=59, dv=None, spread=1.0):
     return q, k, v
 
 
-def _expected(q, k, v, causal=False, window=None, lengths=None):
-    q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    g = q.shape[-3] // k.shape[-3]
-    k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
-    tq, tk = q.shape[-2], k.shape[-2]
+def _allowed(tq, tk, causal=False, window=None, lengths=None):
     allowed = np.ones((tq, tk), bool)
     if causal:
         allowed = allowed & causal_mask(tq, tk)
@@ -55,6 +65,14 @@ def _expected(q, k, v, causal=False, window=None, lengths=None):
         allowed = allowed & window_mask(tq, tk, left=left, right=right)
     if lengths is not None:
         allowed = allowed & (np.arange(tk) < np.asarray(lengths)[:, None, None, None])
+    return allowed
+
+
+def _expected(q, k, v, causal=False, window=None, lengths=None):
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    g = q.shape[-3] // k.shape[-3]
+    k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
+    allowed = _allowed(q.shape[-2], k.shape[-2], causal, window, lengths)
     s = np.where(allowed, reference.scores(q, k), -np.inf)
     return reference.attention(q, k, v, mask=allowed), reference.logsumexp(s)
 
@@ -75,9 +93,9 @@ CASES = {
 
 @pytest.mark.parametrize("block", [None, (16, 23), (7, 100), (1000, 5)], ids=["default", "16x23", "7x100", "1000x5"])
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_compiled_kernel_matches_the_float64_reference(case, block):
+def test_compiled_kernel_matches_the_float64_reference(case, block, isa):
     (q, k, v), kw = case
-    out, lse = attention(q, k, v, backend="blockwise", return_lse=True, block_size=block, **kw)
+    out, lse = attention(q, k, v, backend="kernel", return_lse=True, block_size=block, **kw)
     expected, expected_lse = _expected(q, k, v, **kw)
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, expected, atol=2e-6)
@@ -86,28 +104,43 @@ def test_compiled_kernel_matches_the_float64_reference(case, block):
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_compiled_kernel_and_python_loop_agree_on_tensors(case, monkeypatch):
+def test_compiled_kernel_and_python_loop_agree_on_tensors(case, isa):
     torch = pytest.importorskip("torch")
     (q, k, v), kw = case
     q, k, v = (torch.from_numpy(x) for x in (q, k, v))
-    out = attention(q, k, v, backend="blockwise", **kw)
-    monkeypatch.setattr(tiles, "ENABLED", False)
-    loop = attention(q, k, v, backend="blockwise", **kw)
+    out, lse = attention(q, k, v, backend="kernel", return_lse=True, **kw)
+    loop, loop_lse = attention(q, k, v, backend="blockwise", return_lse=True, **kw)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
     torch.testing.assert_close(out, loop, atol=2e-6, rtol=0)
+    torch.testing.assert_close(lse, loop_lse, atol=1e-5, rtol=1e-6)
 
 
-def test_result_does_not_depend_on_the_thread_count(monkeypatch):
+def test_the_wrapper_is_the_loops_twin(isa):
+    """kernel.forward and online.forward take the same canonical arguments and give the same results."""
+    q, k, v = _data("twin", b=1, hq=3, tq=70, d=24)
+    q, k, v = q[0][None], k[0, 0][None], v[0, 0][None]  # (B, G, Tq, D), (B, Tk, D), (B, Tk, Dv)
+    tiling = Tiling(70, 70, None, 0, klen=np.array([[60, 70, 0]]))
+    out, lse = kernel.forward(q, k, v, tiling, scale=0.2, block_size=(16, 32), threads=2)
+    loop_out, loop_lse = online.forward(q, k, v, tiling, scale=0.2, block_size=(16, 32))
+    np.testing.assert_allclose(out, loop_out, atol=2e-6)
+    np.testing.assert_allclose(lse, loop_lse, atol=1e-5)
+    assert np.isneginf(lse[0, 2]).all() and (out[0, 2] == 0).all()
+
+
+def test_result_does_not_depend_on_the_thread_count(isa):
     q, k, v = _data("threads", b=3, hq=4, tq=257, d=64)
-    two = attention(q, k, v, backend="blockwise", causal=True)
-    monkeypatch.setattr(tiles, "THREADS", 1)
-    one = attention(q, k, v, backend="blockwise", causal=True)
-    np.testing.assert_array_equal(one, two)  # a query block is always one thread's: bit for bit
+    q, k, v = q, k[:, 0], v[:, 0]
+    q = q.reshape(3, 4, 257, 64)  # four query heads on one key/value head
+    tiling = Tiling(257, 257, None, 0)
+    one = kernel.forward(q, k, v, tiling, scale=0.125, threads=1)
+    three = kernel.forward(q, k, v, tiling, scale=0.125, threads=3)
+    for a, b in zip(one, three):
+        np.testing.assert_array_equal(a, b)  # a query block is always one thread's: bit for bit
 
 
-def test_huge_scores_neither_overflow_nor_lose_the_maximum():
+def test_huge_scores_neither_overflow_nor_lose_the_maximum(isa):
     q, k, v = _data("huge", tq=200, d=32, spread=3e3)  # scores up to ~1e5: exp of anything but the max is 0
-    out = attention(q, k, v, backend="blockwise")
+    out = attention(q, k, v, backend="kernel")
     expected, _ = _expected(q, k, v)
     assert np.isfinite(out).all()
     # float32 rounds a score of 1e5 by ~0.004, which moves the weights: judge against plain float32 math
@@ -117,34 +150,86 @@ def test_huge_scores_neither_overflow_nor_lose_the_maximum():
     assert np.abs(out - expected).max() <= 2 * np.abs(plain - expected).max() + 1e-6
 
 
-def test_exp2_polynomial_is_accurate_and_exactly_zero_for_hidden_scores():
-    # one query against keys with scores 0, -1/4, ..., down to -150 (base 2), and a hidden tail
+def test_exp2_polynomial_is_accurate_and_exactly_zero_for_hidden_scores(isa):
+    # one query against keys with scores 0, -1/4, ..., down to -175 (base 2), and a hidden tail
     d, n = 1, 700
     q = np.ones((1, 1, 1, d), np.float32)
     k = (-np.arange(n, dtype=np.float32) / 4).reshape(1, 1, n, d) / np.float32(np.log2(np.e))
     v = np.eye(n, dtype=np.float32).reshape(1, 1, n, n)
-    out = attention(q, k, v, backend="blockwise", scale=1.0, lengths=[650])  # out[j] is weight j
+    out = attention(q, k, v, backend="kernel", scale=1.0, lengths=[650])  # out[j] is weight j
     w = out[0, 0, 0]
     exact = 2.0 ** (-np.arange(650) / 4) / np.sum(2.0 ** (-np.arange(650) / 4))
     np.testing.assert_allclose(w[:650], exact, rtol=3e-6, atol=1e-30)
     assert (w[650:] == 0).all() and (w[:650] > 0).sum() >= 4 * 126  # below 2^-126 float32 flushes to 0
 
 
-def test_what_it_refuses_goes_through_the_python_loop():
+def test_what_it_refuses_it_says_and_the_loop_serves():
     q, k, v = _data("refuse", tq=20, d=8)
-    assert kernel.refusal("cpu", "float32", masked=False) is None
-    assert "float32 on the CPU only, got float64 on cpu" in kernel.refusal("cpu", "float64", masked=False)
-    assert "float32 on the CPU only" in kernel.refusal("cuda:0", "float32", masked=False)
-    assert "mask" in kernel.refusal("cpu", "float32", masked=True)
-    out = attention(q, k, v, backend="blockwise", mask=np.tril(np.ones((20, 20), bool)))  # served by the loop
+    with pytest.raises(NoBackendError, match="backend 'kernel' cannot serve this call: .*float64"):
+        attention(q.astype(np.float64), k, v, backend="kernel")
+    with pytest.raises(NoBackendError, match="backend 'kernel' cannot serve this call: .*mask"):
+        attention(q, k, v, backend="kernel", mask=np.tril(np.ones((20, 20), bool)))
+    out = attention(q, k, v, backend="blockwise", mask=np.tril(np.ones((20, 20), bool)))
     np.testing.assert_allclose(out, _expected(q, k, v, causal=True)[0], atol=2e-6)
 
 
-def test_bad_buffers_raise_instead_of_reading_past_them():
-    q = np.zeros((1, 1, 4, 8), np.float32)
-    with pytest.raises(ValueError, match="k: expected a C-contiguous buffer of 32 items"):
-        kernel._tiles.forward(q, np.zeros(3, np.float32), q[0, 0], np.empty_like(q), np.empty((1, 1, 4), np.float32),
-                             None, 1, 1, 4, 4, 8, 8, 1.0, -1, -1, 4, 4, 1)
+def _args(**change):
+    """forward's arguments for a small valid call, with some replaced."""
+    q = np.zeros((1, 2, 4, 8), np.float32)
+    args = {"q": q, "k": np.zeros((1, 5, 8), np.float32), "v": np.zeros((1, 5, 3), np.float32),
+            "out": np.empty((1, 2, 4, 3), np.float32), "lse": np.empty((1, 2, 4), np.float32),
+            "klen": np.array([[5, 0]], np.int64), "scale": 1.0, "left": -1, "right": -1, "block_q": 4, "block_k": 4,
+            "threads": 1}
+    args.update(change)
+    return args
+
+
+def test_a_valid_direct_call_runs(isa):
+    args = _args(q=np.ones((1, 2, 4, 8), np.float32), v=np.ones((1, 5, 3), np.float32))
+    kernel._tiles.forward(**args)
+    assert (args["out"][0, 0] == 1).all() and (args["out"][0, 1] == 0).all() and np.isneginf(args["lse"][0, 1]).all()
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"k": np.zeros(40, np.float32)}, "k: expected shape (B=1, K, D=8), got (40,)"),
+    ({"k": np.zeros((1, 5, 7), np.float32)}, "k: expected shape (B=1, K, D=8), got (1, 5, 7)"),
+    ({"v": np.zeros((1, 6, 3), np.float32)}, "v: expected shape (B=1, K=5, V), got (1, 6, 3)"),
+    ({"out": np.empty((1, 2, 4, 4), np.float32)}, "out: expected shape (B=1, G=2, T=4, V=3), got (1, 2, 4, 4)"),
+    ({"lse": np.empty((2, 4), np.float32)}, "lse: expected shape (B=1, G=2, T=4), got (2, 4)"),
+    ({"klen": np.array([5, 0], np.int64)}, "klen: expected shape (B=1, G=2), got (2,)"),
+    ({"q": np.zeros((1, 2, 4, 8))}, "q: expected float32 items (buffer format 'f'), got format 'd' of 8 bytes"),
+    ({"klen": np.array([[5, 0]], np.int32)}, "klen: expected int64 items"),
+    ({"q": np.zeros((1, 2, 8, 4), np.float32).swapaxes(-1, -2)}, "q: expected a C-contiguous array"),
+    ({"out": np.empty((1, 2, 4, 3), np.float32)[..., ::-1]}, "out: expected a C-contiguous array"),
+    ({"q": [[1.0]]}, "q: expected a float32 array, got list"),
+    ({"klen": np.array([[6, 0]], np.int64)}, "klen: expected key-padding lengths in 0..Tk = 0..5, got 6 at [0, 0]"),
+    ({"klen": np.array([[5, -1]], np.int64)}, "klen: expected key-padding lengths in 0..Tk = 0..5, got -1 at [0, 1]"),
+    ({"block_q": 0}, "block_q: expected a block size >= 1, got 0"),
+    ({"block_k": -3}, "block_k: expected a block size >= 1, got -3"),
+    ({"threads": -1}, "threads: expected >= 0"),
+    ({"left": -2}, "left: expected -1 (unbounded) or a number of keys >= 0, got -2"),
+    ({"q": np.zeros((1, 2, 4, 0), np.float32), "k": np.zeros((1, 5, 0), np.float32)}, "q: expected a head dim >= 1"),
+])
+def test_bad_arguments_raise_naming_them_instead_of_reading_past_them(change, text):
+    args = _args(**change)
+    with pytest.raises(ValueError) as e:
+        kernel._tiles.forward(**args)
+    assert text in str(e.value)
+
+
+def test_a_read_only_output_is_refused():
+    out = np.empty((1, 2, 4, 3), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out: expected a writable float32 array"):
+        kernel._tiles.forward(**_args(out=out))
+
+
+def test_huge_block_sizes_and_band_edges_are_clamped_not_overflowed(isa):
+    big = 2**62
+    args = _args(q=np.ones((1, 2, 4, 8), np.float32), v=np.ones((1, 5, 3), np.float32), block_q=big, block_k=big,
+                 left=big, right=big)
+    kernel._tiles.forward(**args)
+    assert (args["out"][0, 0] == 1).all()
 
 
 def test_an_instruction_set_this_cpu_lacks_is_refused():
@@ -152,11 +237,51 @@ def test_an_instruction_set_this_cpu_lacks_is_refused():
         kernel._tiles.isa("SVE")
 
 
+def test_build_info_says_what_was_compiled_and_what_runs(isa):
+    info = kernel.build_info()
+    names = [v["name"] for v in info["variants"]]
+    assert info["chosen"] == isa == kernel.isa()
+    assert [v["name"] for v in info["variants"] if v["runs_here"]] == ISAS
+    assert names[-1] == "128-bit vectors" and info["variants"][-1]["target"] == ""
+    assert info["compiler"].split()[0] in ("gcc", "clang")
+    if re.match(r"x86_64|AMD64", os.uname().machine):
+        assert names[:2] == ["AVX-512", "AVX2"]
+        assert "avx512f" in info["variants"][0]["target"] and "avx2" in info["variants"][1]["target"]
+
+
+def _disassembly():
+    tool = shutil.which("objdump")
+    if tool is None:
+        pytest.skip("objdump is not installed (binutils)")
+    text = subprocess.run([tool, "-d", "--no-show-raw-insn", kernel._tiles.__file__], capture_output=True, text=True,
+                          check=True).stdout
+    functions: dict[str, str] = {}
+    for part in re.split(r"\n(?=[0-9a-f]+ <[^>]+>:\n)", text):
+        head = re.match(r"[0-9a-f]+ <([^>]+)>:", part)
+        if head:
+            functions[head.group(1)] = part
+    return functions
+
+
+@pytest.mark.parametrize("variant, register, wider", [("avx512", "zmm", None), ("avx2", "ymm", "zmm")])
+def test_each_variant_is_compiled_with_vectors_of_its_width(variant, register, wider):
+    compiled = {v["name"] for v in kernel.build_info()["variants"]}
+    if {"avx512": "AVX-512", "avx2": "AVX2"}[variant] not in compiled:
+        pytest.skip(f"{variant} was not compiled in on this platform")
+    functions = _disassembly()
+    item = functions.get(f"item_{variant}")
+    assert item is not None, f"no item_{variant} symbol in the extension (stripped?): {sorted(functions)[:20]}"
+    assert len(re.findall(rf"%{register}\d+", item)) > 20, f"item_{variant} uses no {register} registers"
+    if wider:
+        assert not re.search(rf"%{wider}\d+", item), f"item_{variant} uses {wider} registers"
+    assert not re.search(r"%[yz]mm\d+", functions["item_base"]), "the baseline variant uses AVX registers"
+
+
 def test_torch_set_num_threads_reaches_the_kernel():
     torch = pytest.importorskip("torch")
     before = torch.get_num_threads()
     try:
-        # torch sets OpenMP's default in the one libgomp the process has; the kernel (THREADS = None) takes it
+        # torch sets OpenMP's default in the one libgomp the process has; the kernel (threads=None) takes it
         torch.set_num_threads(1)
         assert kernel._tiles.default_threads() == 1
         torch.set_num_threads(2)

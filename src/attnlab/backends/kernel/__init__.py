@@ -39,6 +39,18 @@ def isa() -> str | None:
     return None if _tiles is None else _tiles.isa()
 
 
+def build_info() -> dict[str, Any] | None:
+    """How the kernel was built and what runs here, None if it was not built.
+
+    ``{"variants": [{"name": "AVX-512", "target": "avx512f,avx512vl,fma", "runs_here": True}, ...],
+    "chosen": "AVX-512", "compiler": "gcc 12.2.0", "openmp": 201511}``: the instruction-set
+    variants compiled in (best first; ``target`` the features their functions are compiled for,
+    "" for the compiler's baseline), whether this CPU runs each, the one in use, the compiler and
+    OpenMP's version date (None: built without OpenMP, one thread).
+    """
+    return None if _tiles is None else _tiles.build_info()
+
+
 def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size: Any = None,
             threads: int | None = None) -> tuple[Any, Any]:
     """out (B, G, Tq, Dv) and LSE (B, G, Tq) of canonical float32 q, k, v (as :func:`attnlab.backends.online.forward`).
@@ -61,7 +73,7 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
         klen = np.ascontiguousarray(klen.cpu().numpy() if is_torch(klen) else klen, dtype=np.int64)
     left = -1 if tiling.left is None else tiling.left
     right = -1 if tiling.right is None else tiling.right
-    _tiles.forward(q, k, v, out, lse, klen, b, g, tq, tk, d, dv, scale, left, right, block_q, block_k, threads or 0)
+    _tiles.forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads or 0)
     if torch_in:
         import torch
 

@@ -1,4 +1,4 @@
-/* attnlab.attention._tiles: the blockwise kernel's forward pass, compiled (float32, CPU).
+/* attnlab.backends.kernel._tiles: the blockwise kernel's forward pass, compiled (float32, CPU).
  *
  * The Python loop in blockwise.py has to keep its tiles large (each PyTorch or NumPy call costs
  * microseconds and a fork-join of the threads), so its scores leave the L2 cache and every
@@ -8,9 +8,11 @@
  * libgomp.so.1 and the loader keeps one copy per soname, they are torch's own intra-op threads.
  *
  * The body (_tiles_body.h) is compiled for AVX-512, AVX2 and a 128-bit baseline (SSE2 or NEON),
- * and the best that the CPU runs is chosen at import (isa(name) picks another, for the tests). What it serves: contiguous float32 q (B, G,
- * Tq, D), k (B, Tk, D), v (B, Tk, Dv), a band (causal / sliding window, bottom-right aligned) and
- * key-padding lengths; dense masks, biases, float64 and GPUs stay with the Python kernel. */
+ * and the best that the CPU runs is chosen at import (isa(name) picks another, for the tests).
+ * What it serves: contiguous float32 q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv), a band (causal /
+ * sliding window, bottom-right aligned) and key-padding lengths; dense masks, biases, float64 and
+ * GPUs stay with the Python loop (the blockwise backend). Every argument is checked here, before
+ * anything is read: dtype, C-contiguity, shapes against each other, lengths, block sizes. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -41,9 +43,14 @@ struct scratch {
 
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc wants a multiple of the alignment */
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,fma")
+/* Each variant's functions carry __attribute__((target(...))), which GCC and clang both honour
+ * (clang ignores `#pragma GCC target`: under it such variants were baseline code in disguise). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define X86_VARIANTS 1
+#define AVX512_TARGET "avx512f,avx512vl,fma"
+#define AVX2_TARGET "avx2,fma"
+
+#define TARGET __attribute__((target(AVX512_TARGET)))
 #define VW 16
 #define RQ 8
 #define RP 6
@@ -51,10 +58,8 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #define ROWS 24
 #define SFX avx512
 #include "_tiles_body.h"
-#pragma GCC pop_options
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#define TARGET __attribute__((target(AVX2_TARGET)))
 #define VW 8
 #define RQ 6
 #define RP 4
@@ -62,9 +67,9 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #define ROWS 12
 #define SFX avx2
 #include "_tiles_body.h"
-#pragma GCC pop_options
 #endif
 
+#define TARGET
 #define VW 4
 #define RQ 4
 #define RP 4
@@ -75,14 +80,14 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 
 /* The instruction sets compiled in, best first, and whether this CPU runs each. */
 static const struct {
-    const char *name;
+    const char *name, *target; /* target: the attribute's features, "" for the compiler's baseline */
     int (*run)(struct problem *);
 } isas[] = {
-#if defined(__x86_64__) && defined(__GNUC__)
-    {"AVX-512", run_avx512},
-    {"AVX2", run_avx2},
+#ifdef X86_VARIANTS
+    {"AVX-512", AVX512_TARGET, run_avx512},
+    {"AVX2", AVX2_TARGET, run_avx2},
 #endif
-    {"128-bit vectors", run_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
+    {"128-bit vectors", "", run_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
 };
 #define NISAS ((int)(sizeof isas / sizeof isas[0]))
 static int supported[NISAS];
@@ -90,7 +95,7 @@ static int chosen = NISAS - 1;
 
 static void detect(void) {
     supported[NISAS - 1] = 1;
-#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef X86_VARIANTS
     __builtin_cpu_init();
     supported[0] = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
     supported[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -124,47 +129,185 @@ static PyObject *isa(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyUnicode_FromString(isas[chosen].name);
 }
 
-/* A buffer argument of exactly `n` items of `itemsize` bytes, C-contiguous (the caller, tiles.py, checks dtypes). */
-static int check_buffer(Py_buffer *view, const char *name, Py_ssize_t n, Py_ssize_t itemsize) {
-    if (!PyBuffer_IsContiguous(view, 'C') || view->len != n * itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous buffer of %zd items of %zd bytes, got %zd bytes",
-                     name, n, itemsize, view->len);
+static PyObject *build_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    PyObject *variants = PyList_New(0);
+    for (int i = 0; variants && i < NISAS; i++) {
+        PyObject *v = Py_BuildValue("{s:s,s:s,s:O}", "name", isas[i].name, "target", isas[i].target, "runs_here",
+                                    supported[i] ? Py_True : Py_False);
+        if (!v || PyList_Append(variants, v) < 0) Py_CLEAR(variants);
+        Py_XDECREF(v);
+    }
+    if (!variants) return NULL;
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#ifdef __clang__
+    const char *compiler = "clang " STR(__clang_major__) "." STR(__clang_minor__) "." STR(__clang_patchlevel__);
+#elif defined(__GNUC__)
+    const char *compiler = "gcc " __VERSION__;
+#else
+    const char *compiler = "unknown";
+#endif
+#ifdef _OPENMP
+    PyObject *openmp = PyLong_FromLong(_OPENMP);
+#else
+    PyObject *openmp = Py_NewRef(Py_None);
+#endif
+    return Py_BuildValue("{s:N,s:s,s:s,s:N}", "variants", variants, "chosen", isas[chosen].name, "compiler", compiler,
+                         "openmp", openmp);
+}
+
+/* ---- Checking the arguments: everything the kernel reads or writes is checked before it runs. ---- */
+
+static int little_endian(void) {
+    const uint16_t one = 1;
+    unsigned char first;
+    memcpy(&first, &one, 1);
+    return first == 1;
+}
+
+/* The buffer's element type: 'f' float32, 'i' int64, 0 anything else. */
+static char kind_of(const Py_buffer *view) {
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || (*f == '<' && little_endian()) || (*f == '>' && !little_endian())) f++;
+    if (f[0] && !f[1]) {
+        if (f[0] == 'f' && view->itemsize == 4) return 'f';
+        if ((f[0] == 'q' || f[0] == 'l') && view->itemsize == 8) return 'i';
+    }
+    return 0;
+}
+
+static void format_shape(char *buf, size_t size, int ndim, const Py_ssize_t *shape) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int i = 0; i < ndim && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%zd%s", i ? " " : "", shape[i], i + 1 < ndim || ndim == 1 ? "," : "");
+    if (used < size) snprintf(buf + used, size - used, ")");
+}
+
+/* Take `obj`'s buffer as argument `name`: a C-contiguous array of `kind` ('f' float32, 'i' int64),
+ * `ndim` dims named by the letters of `dims` (e.g. "BGTD"). dim[letter] holds each size seen so far
+ * (-1 unset): the first array to show a letter sets it, every later one must match. */
+static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, char kind, const char *dims,
+                Py_ssize_t dim[128]) {
+    const int ndim = (int)strlen(dims);
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        view->obj = NULL;
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_ValueError, "%s: expected a %s%s array, got %s (%S)", name, writable ? "writable " : "",
+                     kind == 'f' ? "float32" : "int64", Py_TYPE(obj)->tp_name, value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
         return 0;
     }
+    const char got = kind_of(view);
+    if (got != kind) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %s items (buffer format %s), got format '%s' of %zd bytes", name,
+                     kind == 'f' ? "float32" : "int64", kind == 'f' ? "'f'" : "'q' or 'l'",
+                     view->format ? view->format : "B", view->itemsize);
+        return 0;
+    }
+    char expected[160], seen[160];
+    int ok = view->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = dim[(int)dims[i]] < 0 || dim[(int)dims[i]] == view->shape[i];
+    if (!ok) {
+        size_t used = (size_t)snprintf(expected, sizeof expected, "(");
+        for (int i = 0; i < ndim && used < sizeof expected; i++) {
+            const Py_ssize_t n = dim[(int)dims[i]];
+            used += n < 0 ? (size_t)snprintf(expected + used, sizeof expected - used, "%s%c", i ? ", " : "", dims[i])
+                          : (size_t)snprintf(expected + used, sizeof expected - used, "%s%c=%zd", i ? ", " : "", dims[i], n);
+        }
+        if (used < sizeof expected) snprintf(expected + used, sizeof expected - used, ")");
+        format_shape(seen, sizeof seen, view->ndim, view->shape);
+        PyErr_Format(PyExc_ValueError, "%s: expected shape %s, got %s", name, expected, seen);
+        return 0;
+    }
+    if (!PyBuffer_IsContiguous(view, 'C')) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous array, got strides that are not", name);
+        return 0;
+    }
+    for (int i = 0; i < ndim; i++) dim[(int)dims[i]] = view->shape[i];
     return 1;
 }
 
-static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer q, k, v, out, lse, klen = {0};
-    PyObject *klen_obj;
+static void release(Py_buffer *views, int n) {
+    for (int i = 0; i < n; i++)
+        if (views[i].obj) PyBuffer_Release(&views[i]);
+}
+
+/* The scalar arguments every call shares; a band edge beyond Tq + Tk is the same as none. */
+static int check_scalars(struct problem *pr, long long left, long long right, long long bq, long long bk, int threads) {
+    if (left < -1 || right < -1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected -1 (unbounded) or a number of keys >= 0, got %lld",
+                     left < -1 ? "left" : "right", left < -1 ? left : right);
+        return 0;
+    }
+    if (bq < 1 || bk < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a block size >= 1, got %lld", bq < 1 ? "block_q" : "block_k",
+                     bq < 1 ? bq : bk);
+        return 0;
+    }
+    if (threads < 0) {
+        PyErr_Format(PyExc_ValueError, "threads: expected >= 0 (0: OpenMP's default), got %d", threads);
+        return 0;
+    }
+    const int64_t far = pr->tq + pr->tk;
+    pr->left = left > far ? far : left;
+    pr->right = right > far ? far : right;
+    pr->bq = bq > pr->tq ? (pr->tq > 0 ? pr->tq : 1) : bq; /* a block past the end is the same as the whole */
+    pr->bk = bk > pr->tk ? (pr->tk > 0 ? pr->tk : 1) : bk;
+#ifdef _OPENMP
+    pr->threads = threads == 0 ? omp_get_max_threads() : threads; /* OMP_NUM_THREADS, torch.set_num_threads, or every CPU */
+    if (pr->threads > omp_get_thread_limit()) pr->threads = omp_get_thread_limit();
+#else
+    pr->threads = 1;
+#endif
+    return 1;
+}
+
+/* klen (B, G): every length in 0..Tk. */
+static int check_klen(const struct problem *pr) {
+    for (int64_t i = 0; pr->klen && i < pr->b * pr->g; i++)
+        if (pr->klen[i] < 0 || pr->klen[i] > pr->tk) {
+            PyErr_Format(PyExc_ValueError, "klen: expected key-padding lengths in 0..Tk = 0..%lld, got %lld at [%lld, %lld]",
+                         (long long)pr->tk, (long long)pr->klen[i], (long long)(i / pr->g), (long long)(i % pr->g));
+            return 0;
+        }
+    return 1;
+}
+
+enum { B_ = 'B', G_ = 'G', T_ = 'T', K_ = 'K', D_ = 'D', V_ = 'V' };
+
+static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "klen", "scale", "left", "right", "block_q", "block_k",
+                             "threads", NULL};
+    PyObject *obj[6];
+    Py_buffer view[6] = {{0}};
     struct problem pr = {0};
-    long long b, g, tq, tk, d, dv, left, right, bq, bk;
+    long long left, right, bq, bk;
     int threads;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*w*OLLLLLLfLLLLi", &q, &k, &v, &out, &lse, &klen_obj, &b, &g, &tq, &tk, &d,
-                          &dv, &pr.scale, &left, &right, &bq, &bk, &threads))
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOfLLLLi:forward", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &obj[5], &pr.scale, &left, &right, &bq, &bk, &threads))
         return NULL;
-    if (klen_obj != Py_None && PyObject_GetBuffer(klen_obj, &klen, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
-    if (b < 0 || g < 1 || tq < 0 || tk < 0 || d < 1 || dv < 1 || bq < 1 || bk < 1 || threads < 0) {
-        PyErr_SetString(PyExc_ValueError, "sizes must be positive (b, tq, tk may be 0; threads 0 = OpenMP's default)");
+    if (!take(obj[0], &view[0], "q", 0, 'f', "BGTD", dim) || !take(obj[1], &view[1], "k", 0, 'f', "BKD", dim) ||
+        !take(obj[2], &view[2], "v", 0, 'f', "BKV", dim) || !take(obj[3], &view[3], "out", 1, 'f', "BGTV", dim) ||
+        !take(obj[4], &view[4], "lse", 1, 'f', "BGT", dim) ||
+        (obj[5] != Py_None && !take(obj[5], &view[5], "klen", 0, 'i', "BG", dim)))
+        goto done;
+    pr.b = dim[B_], pr.g = dim[G_], pr.tq = dim[T_], pr.tk = dim[K_], pr.d = dim[D_], pr.dv = dim[V_];
+    if (pr.d < 1 || pr.dv < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a head dim >= 1, got 0", pr.d < 1 ? "q" : "v");
         goto done;
     }
-    if (!check_buffer(&q, "q", b * g * tq * d, 4) || !check_buffer(&k, "k", b * tk * d, 4) ||
-        !check_buffer(&v, "v", b * tk * dv, 4) || !check_buffer(&out, "out", b * g * tq * dv, 4) ||
-        !check_buffer(&lse, "lse", b * g * tq, 4) || (klen.obj && !check_buffer(&klen, "klen", b * g, 8)))
-        goto done;
-    pr.q = q.buf, pr.k = k.buf, pr.v = v.buf, pr.out = out.buf, pr.lse = lse.buf;
-    pr.klen = klen.obj ? klen.buf : NULL;
-    pr.b = b, pr.g = g, pr.tq = tq, pr.tk = tk, pr.d = d, pr.dv = dv;
-    pr.left = left, pr.right = right, pr.bq = bq, pr.bk = bk, pr.threads = threads;
-#ifdef _OPENMP
-    if (pr.threads == 0) pr.threads = omp_get_max_threads(); /* OMP_NUM_THREADS, torch.set_num_threads, or every CPU */
-#else
-    pr.threads = 1;
-#endif
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
+    pr.klen = view[5].obj ? view[5].buf : NULL;
+    if (!check_scalars(&pr, left, right, bq, bk, threads) || !check_klen(&pr)) goto done;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = b * g * tq == 0 ? 0 : isas[chosen].run(&pr);
+    status = pr.b * pr.g * pr.tq == 0 ? 0 : isas[chosen].run(&pr);
     Py_END_ALLOW_THREADS
     if (status != 0) {
         PyErr_NoMemory();
@@ -172,12 +315,7 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&lse);
-    if (klen.obj) PyBuffer_Release(&klen);
+    release(view, 6);
     return result;
 }
 
@@ -191,11 +329,15 @@ static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(
 
 static PyMethodDef methods[] = {
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
-    {"forward", forward, METH_VARARGS,
-     "forward(q, k, v, out, lse, klen, b, g, tq, tk, d, dv, scale, left, right, block_q, block_k, threads)\n\n"
-     "Blockwise attention of float32 buffers q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) into out (B, G, Tq, Dv)\n"
-     "and lse (B, G, Tq); klen (B, G) int64 key-padding lengths or None; left/right the band (-1 = none);\n"
-     "threads 0: OpenMP's default."},
+    {"build_info", build_info, METH_NOARGS,
+     "build_info() -> {'variants': [{'name', 'target', 'runs_here'}, ...] (compiled in, best first), 'chosen',\n"
+     "'compiler', 'openmp' (the _OPENMP date, None without OpenMP)}."},
+    {"forward", (PyCFunction)(void (*)(void))forward, METH_VARARGS | METH_KEYWORDS,
+     "forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads)\n\n"
+     "Blockwise attention of float32 C-contiguous arrays q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) into\n"
+     "out (B, G, Tq, Dv) and lse (B, G, Tq); klen (B, G) int64 key-padding lengths in 0..Tk, or None;\n"
+     "left/right the band (-1 = none); block sizes >= 1; threads 0: OpenMP's default. Every argument is\n"
+     "checked first (ValueError naming it)."},
     {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
     {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},
     {NULL, NULL, 0, NULL},

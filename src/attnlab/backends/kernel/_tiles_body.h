@@ -1,6 +1,9 @@
 /* The compiled kernel's body, included by _tiles.c once per instruction set. Each inclusion
  * defines, for its own vector width, the functions pack_SFX, item_SFX and run_SFX:
  *
+ *   TARGET the function attribute that compiles them for the instruction set,
+ *          __attribute__((target("avx2,fma"))) or empty (GCC and clang both honour the attribute;
+ *          clang ignores `#pragma GCC target`, so the variants must not rely on it)
  *   VW     floats per vector register (16 AVX-512, 8 AVX2, 4 SSE2/NEON)
  *   RQ     query rows per register tile of scores (RQ x 2 vectors of accumulators)
  *   RP     query rows per register tile of output (RP x up to NVMAX vectors of accumulators)
@@ -16,14 +19,17 @@
 #define CAT(a, b) CAT_(a, b)
 #define F(name) CAT(name, SFX)
 
-typedef float F(vf) __attribute__((vector_size(VW * 4), aligned(VW * 4)));
-typedef float F(vfu) __attribute__((vector_size(VW * 4), aligned(4))); /* for rows of v, which may sit anywhere */
-typedef int32_t F(vi) __attribute__((vector_size(VW * 4), aligned(VW * 4)));
+/* may_alias: the vectors are loaded from and stored to float arrays through pointer casts */
+typedef float F(vf) __attribute__((vector_size(VW * 4), aligned(VW * 4), may_alias));
+typedef float F(vfu) __attribute__((vector_size(VW * 4), aligned(4), may_alias)); /* rows that may sit anywhere */
+typedef int32_t F(vi) __attribute__((vector_size(VW * 4), aligned(VW * 4), may_alias));
+typedef uint32_t F(vu) __attribute__((vector_size(VW * 4), aligned(VW * 4), may_alias));
 #define VF F(vf)
 #define VFU F(vfu)
 #define VI F(vi)
+#define VU F(vu)
 
-static inline VF F(select)(VI mask, VF a, VF b) { /* mask ? a : b, lane by lane */
+static inline TARGET VF F(select)(VI mask, VF a, VF b) { /* mask ? a : b, lane by lane */
     VI ai, bi;
     __builtin_memcpy(&ai, &a, sizeof ai);
     __builtin_memcpy(&bi, &b, sizeof bi);
@@ -32,12 +38,15 @@ static inline VF F(select)(VI mask, VF a, VF b) { /* mask ? a : b, lane by lane 
     return a;
 }
 
-/* 2^x, for x <= 0 (a score minus its row's maximum): exactly 0 below -126 and for -inf.
- * x = n + f, n = round(x), f in [-1/2, 1/2]; 2^f from a degree-6 polynomial (relative error
- * about 1e-7, float32's own rounding), times 2^n by adding n to the exponent bits. */
-static inline VF F(exp2v)(VF x) {
-    const VI dead = x < -126.0f;
+/* 2^x, for x <= 0 (a score minus its row's maximum): exactly 0 below -126, for -inf and NaN
+ * (an overflowed score); x above 64 is taken as 64 (it cannot occur; the cap keeps n's
+ * conversion to int32 defined). x = n + f, n = round(x), f in [-1/2, 1/2]; 2^f from a degree-6
+ * polynomial (relative error about 1e-7, float32's own rounding), times 2^n by adding n to the
+ * exponent bits, on unsigned lanes (a left shift of a negative int32 is undefined in C). */
+static inline TARGET VF F(exp2v)(VF x) {
+    const VI dead = ~(x >= -126.0f); /* NaN compares false: dead too */
     x = F(select)(dead, (VF){} - 126.0f, x);
+    x = F(select)(x > 64.0f, (VF){} + 64.0f, x);
     const VF n = (x + 12582912.0f) - 12582912.0f; /* round to nearest: adding 1.5 * 2^23 drops the fraction */
     const VF f = x - n;
     VF p = (VF){} + 1.5353362e-4f;
@@ -47,16 +56,16 @@ static inline VF F(exp2v)(VF x) {
     p = p * f + 2.4022652e-1f;
     p = p * f + 6.9314718e-1f;
     p = p * f + 1.0f;
-    VI bits;
+    VU bits;
     __builtin_memcpy(&bits, &p, sizeof bits);
-    bits += __builtin_convertvector(n, VI) << 23;
-    bits &= ~dead;
+    bits += (VU)__builtin_convertvector(n, VI) << 23;
+    bits &= ~(VU)dead;
     __builtin_memcpy(&p, &bits, sizeof p);
     return p;
 }
 
 /* s[RQ][2 VW] = q[RQ][d] . (two panels of keys, each [d][VW]) */
-static inline void F(qk2)(const float *restrict q, int64_t d, const float *restrict k0, const float *restrict k1,
+static inline TARGET void F(qk2)(const float *restrict q, int64_t d, const float *restrict k0, const float *restrict k1,
                           float *restrict s, int64_t lds) {
     VF c[RQ][2];
     for (int r = 0; r < RQ; r++) c[r][0] = c[r][1] = (VF){};
@@ -75,7 +84,7 @@ static inline void F(qk2)(const float *restrict q, int64_t d, const float *restr
 }
 
 /* the same for one panel (a key block's last, odd one) */
-static inline void F(qk1)(const float *restrict q, int64_t d, const float *restrict k0, float *restrict s, int64_t lds) {
+static inline TARGET void F(qk1)(const float *restrict q, int64_t d, const float *restrict k0, float *restrict s, int64_t lds) {
     VF c[RQ];
     for (int r = 0; r < RQ; r++) c[r] = (VF){};
     for (int64_t t = 0; t < d; t++) {
@@ -87,7 +96,7 @@ static inline void F(qk1)(const float *restrict q, int64_t d, const float *restr
 
 /* acc[RP][NV VW] += p[RP][nc] . v[nc][NV VW] */
 #define PV(NV)                                                                                                 \
-    static inline void F(CAT(pv, NV))(const float *restrict p, int64_t ldp, const float *restrict v, int64_t ldv, \
+    static inline TARGET void F(CAT(pv, NV))(const float *restrict p, int64_t ldp, const float *restrict v, int64_t ldv, \
                                       int64_t nc, float *restrict acc, int64_t lda) {                          \
         VF c[RP][NV];                                                                                          \
         for (int r = 0; r < RP; r++)                                                                           \
@@ -111,7 +120,7 @@ PV(4)
 #endif
 
 /* acc[RP][dvp] += p[RP][nc] . v[nc][dvp], NVMAX vectors of columns at a time */
-static inline void F(pv)(const float *restrict p, int64_t ldp, const float *restrict v, int64_t ldv, int64_t nc,
+static inline TARGET void F(pv)(const float *restrict p, int64_t ldp, const float *restrict v, int64_t ldv, int64_t nc,
                          float *restrict acc, int64_t dvp) {
     int64_t t = 0;
 #if NVMAX >= 3
@@ -124,7 +133,7 @@ static inline void F(pv)(const float *restrict p, int64_t ldp, const float *rest
 
 /* Keys of batch b into panels of VW keys, kp[Tkp / VW][d][VW] (zero past Tk), and, when v's rows
  * are not a whole number of vectors, v into vp[Tkp][dvp] (zero padded). */
-static void F(pack)(const struct problem *pr, int64_t b, float *kp, float *vp) {
+static TARGET void F(pack)(const struct problem *pr, int64_t b, float *kp, float *vp) {
     const int64_t d = pr->d, dv = pr->dv, tk = pr->tk;
     const float *k = pr->k + b * tk * d, *v = pr->v + b * tk * dv;
     for (int64_t j = 0; j < pr->tkp; j++) {
@@ -136,8 +145,9 @@ static void F(pack)(const struct problem *pr, int64_t b, float *kp, float *vp) {
             for (int64_t t = 0; t < pr->dvp; t++) vp[j * pr->dvp + t] = j < tk && t < dv ? v[j * dv + t] : 0.0f;
 }
 
-/* One work item: query rows i0..i1-1 of query head g of batch b, against every key they may see. */
-static void F(item)(const struct problem *pr, const struct scratch *sc, int64_t b, int64_t g, int64_t i0, int64_t i1) {
+/* One work item: query rows i0..i1-1 of query head g of batch b, against every key they may see.
+ * Not inlined: the work of the variant sits in a function named for it (the tests disassemble it). */
+static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, const struct scratch *sc, int64_t b, int64_t g, int64_t i0, int64_t i1) {
     const int64_t d = pr->d, dv = pr->dv, dvp = pr->dvp, bqp = pr->bqp, bk = pr->bk, tk = pr->tk;
     const int64_t nr = i1 - i0, off = tk - pr->tq; /* query i sits at key position i + off */
     const int64_t bg = b * pr->g + g, klen = pr->klen ? pr->klen[bg] : tk;
@@ -211,7 +221,7 @@ static void F(item)(const struct problem *pr, const struct scratch *sc, int64_t 
 }
 
 /* The whole call: pack the keys, then every (head, query block) on the threads, the costliest first. */
-static int F(run)(struct problem *pr) {
+static TARGET int F(run)(struct problem *pr) {
     pr->bqp = (pr->bq + ROWS - 1) / ROWS * ROWS;
     pr->bk = (pr->bk + VW - 1) / VW * VW;
     pr->tkp = (pr->tk + VW - 1) / VW * VW;
@@ -259,6 +269,8 @@ static int F(run)(struct problem *pr) {
 #undef VF
 #undef VFU
 #undef VI
+#undef VU
+#undef TARGET
 #undef VW /* the parameters: the next inclusion defines its own */
 #undef RQ
 #undef RP
