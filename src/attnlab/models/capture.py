@@ -1,4 +1,4 @@
-"""Capturing every head's post-softmax weights for sentences or sentence pairs.
+"""Capturing every head's post-softmax weights for sentences, sentence pairs or (source, target) pairs.
 
 Sentences are tokenized one by one (so single sentences and pairs may be mixed), grouped into
 batches of similar length to waste little on padding, run through the model with attnlab's
@@ -6,22 +6,25 @@ capturing attention (:mod:`attnlab.models.capture_attention`), and cut back to t
 a map never contains a padding position, and padding never changes a map (the mask function
 registered with the attention function sees to that).
 
-Word boundaries come from the fast tokenizer's ``word_ids()`` and ``sequence_ids()``, so WordPiece
-(``##``), byte-level BPE (``Ġ``) and SentencePiece (``▁``) all give whole words; a word's text is
-the span of the original sentence its pieces cover.
+Encoders (BERT, RoBERTa) and decoders (GPT-2, Llama, Qwen2, Mistral, Gemma-2) give one map per
+layer. An encoder–decoder (T5, BART) takes (source, target) pairs and gives three: ``weights``
+(the encoder's self-attention over the source), ``decoder.weights`` (the decoder's causal
+self-attention over its input: the start token, then the target) and ``cross_weights``
+(decoder → encoder, [L_dec, H, T_target, T_source]).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import unicodedata
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from attnlab.models.encoding import Encoded, check_sentences, decoder_input, encode, is_punctuation  # noqa: F401
 from attnlab.models.loading import LoadedModel, load_model
-from attnlab.models.maps import AttentionMaps, Sentence
+from attnlab.models.maps import AttentionMaps
 
 log = logging.getLogger(__name__)
 
@@ -29,74 +32,56 @@ DEFAULT_BATCH_SIZE = 16
 Progress = Callable[[int, int], None]  # (sentences done, total)
 
 
-def is_punctuation(text: str) -> bool:
-    """True for a non-empty word made only of punctuation characters (Unicode category P*)."""
-    return bool(text) and all(unicodedata.category(c).startswith("P") for c in text)
+def _pad(seqs: list[list[int]], pad: int) -> tuple[Any, Any]:
+    """Right-padded (B, T) ids and the (B, T) mask of real tokens (1 = real)."""
+    import torch
+
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s)
+        mask[r, : len(s)] = 1
+    return ids, mask
 
 
-def check_sentences(sentences: Any) -> list[Sentence]:
-    """A list of non-empty sentences or (A, B) pairs, or a ValueError/TypeError that says what is wrong."""
-    if isinstance(sentences, (str, tuple)):
-        sentences = [sentences]
-    try:
-        items = list(sentences)
-    except TypeError:
-        raise TypeError(f"sentences must be a list of str or (str, str) pairs, got {type(sentences).__name__}") from None
-    if not items:
-        raise ValueError("sentences is empty; give at least one sentence")
-    out: list[Sentence] = []
+def _stack(per_layer: Any, r: int, tq: int, tk: int) -> np.ndarray:
+    """Layer tensors (B, H, Tq', Tk') → sentence r's [L, H, tq, tk], padding cut, float32 NumPy."""
+    import torch
+
+    return np.ascontiguousarray(torch.stack([a[r, :, :tq, :tk] for a in per_layer]).float().numpy())
+
+
+def _qk_meta(calls: list[dict]) -> dict:
+    """What reproduces the weights from queries and keys: per layer scale, softcap, causal, window."""
+    return {name: [c[name] for c in calls] for name in ("scale", "softcap", "causal", "window")}
+
+
+def _encodings(lm: LoadedModel, items: list, seq2seq: bool) -> list[tuple[Encoded, Encoded | None]]:
+    limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
+    out = []
     for i, s in enumerate(items):
-        parts = (s,) if isinstance(s, str) else tuple(s) if isinstance(s, (tuple, list)) else None
-        if parts is None or len(parts) not in (1, 2) or not all(isinstance(p, str) for p in parts):
-            raise TypeError(f"sentences[{i}] must be a str or a (str, str) pair, got {s!r}")
-        for p in parts:
-            if not p.strip():
-                raise ValueError(f"sentences[{i}] is empty; every sentence needs at least one word")
-        out.append(parts[0] if len(parts) == 1 else (parts[0], parts[1]))
+        if not seq2seq:
+            texts = (s,) if isinstance(s, str) else s
+            out.append((encode(lm.tokenizer, texts, limit, f"sentences[{i}]", lm.model_id), None))
+            continue
+        if isinstance(s, str):
+            raise ValueError(f"sentences[{i}] is one string, but {lm.model_id!r} is an encoder–decoder model: "
+                             f"give (source, target) pairs")
+        src = encode(lm.tokenizer, (s[0],), limit, f"sentences[{i}] (source)", lm.model_id)
+        tgt = encode(lm.tokenizer, (s[1],), limit, f"sentences[{i}] (target)", lm.model_id, target=True)
+        start = lm.config.get("decoder_start_token_id")
+        start = lm.tokenizer.pad_token_id if start is None else start
+        out.append((src, decoder_input(tgt, start, lm.tokenizer.convert_ids_to_tokens(start))))
     return out
 
 
-def _words(enc: Any, texts: tuple[str, ...]) -> tuple[list[int], list[str], list[str]]:
-    """Group one sentence's tokens into words: (word_of per token, word texts, word kinds).
-
-    ``enc`` is the tokenizer's output for the sentence (a fast ``BatchEncoding`` with offsets).
-    """
-    toks, offsets = enc.tokens(), enc["offset_mapping"]
-    word_of: list[int] = []
-    spans: list[list[int]] = []  # per word: [segment, start, end] or [-1, token index, 0] for a special token
-    index: dict[tuple[int, int], int] = {}
-    for t, (wid, sid) in enumerate(zip(enc.word_ids(), enc.sequence_ids())):
-        start, end = offsets[t]
-        if wid is None or sid is None:
-            spans.append([-1, t, 0])
-            word_of.append(len(spans) - 1)
-            continue
-        key = (sid, wid)
-        if key not in index:
-            index[key] = len(spans)
-            spans.append([sid, start, end])
-        w = index[key]
-        spans[w][1], spans[w][2] = min(spans[w][1], start), max(spans[w][2], end)
-        word_of.append(w)
-    words, kinds = [], []
-    for w, (sid, start, end) in enumerate(spans):
-        if sid < 0:
-            words.append(toks[start])
-            kinds.append("cls" if start == 0 else "sep")
-            continue
-        text = texts[sid][start:end].strip() or toks[word_of.index(w)]
-        words.append(text)
-        kinds.append("punct" if is_punctuation(text) else "word")
-    return word_of, words, kinds
-
-
-def _encode(lm: LoadedModel, sentence: Sentence, limit: int, i: int) -> Any:
-    texts = (sentence,) if isinstance(sentence, str) else sentence
-    enc = lm.tokenizer(*texts, add_special_tokens=True, return_offsets_mapping=True)
-    n = len(enc["input_ids"])
-    if n > limit:
-        raise ValueError(f"sentences[{i}] has {n} tokens; model {lm.model_id!r} takes at most {limit}")
-    return enc
+def _maps(lm: LoadedModel, sentences: list, encs: list[Encoded], weights: list, num_layers: int, **extra: Any) -> AttentionMaps:
+    return AttentionMaps(
+        sentences=sentences, tokens=[e.tokens for e in encs], weights=weights, word_of=[e.word_of for e in encs],
+        words=[e.words for e in encs], kinds=[e.kinds for e in encs], model_id=lm.model_id, revision=lm.revision,
+        num_layers=num_layers, num_heads=weights[0].shape[1], config=lm.config, **extra,
+    )
 
 
 def iter_capture(
@@ -106,62 +91,62 @@ def iter_capture(
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: Progress | None = None,
+    qk: bool = False,
 ) -> Iterator[tuple[list[int], AttentionMaps]]:
     """Capture batch by batch: yields (indices into ``sentences``, their maps), for corpora too big
     to hold every map at once. Batches group sentences of similar length, so indices are not in order."""
     import torch
 
+    from attnlab.models.capture_attention import recording
+
     items = check_sentences(sentences)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
-    limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
-    encs = [_encode(lm, s, limit, i) for i, s in enumerate(items)]
-    order = sorted(range(len(items)), key=lambda i: len(encs[i]["input_ids"]))
+    seq2seq = bool(lm.config.get("is_encoder_decoder"))
+    if qk and seq2seq:
+        raise ValueError(f"qk=True is not available for encoder–decoder models such as {lm.model_id!r} yet")
+    encs = _encodings(lm, items, seq2seq)
+    order = sorted(range(len(items)), key=lambda i: len(encs[i][0].ids))
     pad = lm.tokenizer.pad_token_id
     done = 0
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
-        lengths = [len(encs[i]["input_ids"]) for i in idx]
-        t = max(lengths)
-        ids = torch.full((len(idx), t), pad, dtype=torch.long)  # (B, T), right-padded
-        mask = torch.zeros((len(idx), t), dtype=torch.long)  # (B, T), 1 = real token
-        types = torch.zeros((len(idx), t), dtype=torch.long)
-        for r, i in enumerate(idx):
-            n = lengths[r]
-            ids[r, :n] = torch.tensor(encs[i]["input_ids"])
-            mask[r, :n] = 1
-            if "token_type_ids" in encs[i]:
-                types[r, :n] = torch.tensor(encs[i]["token_type_ids"])
+        src = [encs[i][0] for i in idx]
+        ids, mask = _pad([e.ids for e in src], pad)
         inputs = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in encs[idx[0]]:
-            inputs["token_type_ids"] = types
-        with torch.inference_mode():
+        if src[0].type_ids is not None:
+            inputs["token_type_ids"] = _pad([e.type_ids for e in src], 0)[0]
+        if seq2seq:
+            tgt = [encs[i][1] for i in idx]
+            inputs["decoder_input_ids"], inputs["decoder_attention_mask"] = _pad([e.ids for e in tgt], pad)
+        with torch.inference_mode(), (recording() if qk else contextlib.nullcontext()) as calls:
             out = lm.model(**inputs, output_attentions=True)
-        if not out.attentions or len(out.attentions) != lm.num_layers:
+        enc_att = out.encoder_attentions if seq2seq else out.attentions
+        if not enc_att or len(enc_att) != lm.num_layers:
             raise RuntimeError(
-                f"model {lm.model_id!r} returned {len(out.attentions or ())} attention maps for "
-                f"{lm.num_layers} layers; is it a BERT-, RoBERTa- or GPT-2-style model?"
+                f"model {lm.model_id!r} returned {len(enc_att or ())} attention maps for {lm.num_layers} layers; "
+                f"is its attention one that transformers' attention interface serves?"
             )
-        stacked = torch.stack(out.attentions, dim=1).float().numpy()  # (B, L, H, T, T)
-        tokens, weights, word_of, words, kinds = [], [], [], [], []
-        for r, i in enumerate(idx):
-            n = lengths[r]
-            texts = (items[i],) if isinstance(items[i], str) else items[i]
-            wo, ws, ks = _words(encs[i], texts)
-            tokens.append(encs[i].tokens())
-            weights.append(np.ascontiguousarray(stacked[r, :, :, :n, :n]))  # drop padded rows and columns
-            word_of.append(wo)
-            words.append(ws)
-            kinds.append(ks)
+        n = [len(e.ids) for e in src]
+        extra: dict[str, Any] = {}
+        if seq2seq:
+            m = [len(e.ids) for e in tgt]
+            dec = _maps(lm, [items[i][1] for i in idx], tgt,
+                        [_stack(out.decoder_attentions, r, m[r], m[r]) for r in range(len(idx))],
+                        len(out.decoder_attentions))
+            extra = {"decoder": dec, "cross_weights": [_stack(out.cross_attentions, r, m[r], n[r]) for r in range(len(idx))]}
+        if qk:
+            extra = {
+                "queries": [_stack([c["query"] for c in calls], r, n[r], None) for r in range(len(idx))],
+                "keys": [_stack([c["key"] for c in calls], r, n[r], None) for r in range(len(idx))],
+                "qk_meta": _qk_meta(calls),
+            }
         done += len(idx)
         if progress is not None:
             progress(done, len(items))
-        yield idx, AttentionMaps(
-            sentences=[items[i] for i in idx], tokens=tokens, weights=weights, word_of=word_of, words=words,
-            kinds=kinds, model_id=lm.model_id, revision=lm.revision, num_layers=lm.num_layers,
-            num_heads=lm.num_heads, config=lm.config,
-        )
+        yield idx, _maps(lm, [items[i] for i in idx], src, [_stack(enc_att, r, n[r], n[r]) for r in range(len(idx))],
+                         lm.num_layers, **extra)
 
 
 def capture(
@@ -171,22 +156,24 @@ def capture(
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: Progress | None = None,
+    qk: bool = False,
 ) -> AttentionMaps:
-    """Every layer's and head's post-softmax weights for each sentence or (A, B) pair.
+    """Every layer's and head's post-softmax weights for each sentence, (A, B) pair, or (for an
+    encoder–decoder) (source, target) pair.
 
     ``model``: None (the bundled all-MiniLM-L6-v2), a model folder, or a hub id with ``revision``.
     Returns :class:`AttentionMaps` in the order given; ``weights[i]`` is float32 [L, H, T, T].
+    ``qk=True`` also keeps ``queries[i]`` and ``keys[i]``, [L, H, T, D_head] as the attention
+    function received them (after RoPE, before scaling; grouped-query keys repeated per query head),
+    with ``qk_meta`` (per layer scale, softcap, causal, window) to recompute the weights from them.
     """
     items = check_sentences(sentences)
     slots: list[Any] = [None] * len(items)
-    meta = None
-    for idx, part in iter_capture(items, model, revision, batch_size=batch_size, progress=progress):
-        meta = part
+    parts = []
+    for idx, part in iter_capture(items, model, revision, batch_size=batch_size, progress=progress, qk=qk):
+        parts.append(part)
         for r, i in enumerate(idx):
-            slots[i] = (part.tokens[r], part.weights[r], part.word_of[r], part.words[r], part.kinds[r])
-    tokens, weights, word_of, words, kinds = (list(x) for x in zip(*slots))
-    return AttentionMaps(
-        sentences=items, tokens=tokens, weights=weights, word_of=word_of, words=words, kinds=kinds,
-        model_id=meta.model_id, revision=meta.revision, num_layers=meta.num_layers, num_heads=meta.num_heads,
-        config=meta.config,
-    )
+            slots[i] = (len(parts) - 1, r)
+    from attnlab.models.maps import gather
+
+    return gather(parts, slots)

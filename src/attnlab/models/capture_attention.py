@@ -17,9 +17,28 @@ cover them), not a second implementation of attention.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import contextvars
+from typing import Any, Iterator
 
 ATTN_IMPLEMENTATION = "attnlab_capture"
+
+# Where the attention calls of one forward pass leave their queries and keys (capture(qk=True));
+# None outside :func:`recording`, so an ordinary forward keeps nothing.
+_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("attnlab_capture_record", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Collect, call by call, a dict per attention call of the forward run inside the block:
+    ``query`` (B, H, Tq, D) and ``key`` (B, H, Tk, D) as the attention function received them (after
+    RoPE, before scaling; grouped keys repeated per query head), ``scale`` and ``softcap``."""
+    calls: list = []
+    token = _RECORD.set(calls)
+    try:
+        yield calls
+    finally:
+        _RECORD.reset(token)
 
 
 def capture_attention_forward(
@@ -30,6 +49,9 @@ def capture_attention_forward(
     attention_mask: Any,
     scaling: float | None = None,
     dropout: float = 0.0,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
+    position_bias: Any = None,
     **kwargs: Any,
 ) -> tuple[Any, Any]:
     """The model's attention computed by :func:`attnlab.attention` (the torch backend), weights kept.
@@ -38,18 +60,33 @@ def capture_attention_forward(
     Hkv < H), attention_mask additive (B, 1, Tq, Tk) or None → output (B, Tq, H, Dv), weights
     (B, H, Tq, Tk). The mask transformers builds (0 where a key may be attended, the dtype's minimum
     where not) becomes attnlab's boolean mask, so a padded query row gets zero weights, not a
-    uniform row (capture drops those rows).
+    uniform row (capture drops those rows). A sliding window (Mistral, Gemma-2) is already in that
+    mask: transformers builds it with the window's mask function. ``softcap`` (Gemma-2) goes to
+    attnlab.attention; T5's relative ``position_bias`` (1 or B, H, Tq, Tk) is attnlab's ``bias``.
     """
     from attnlab.backends.api import attention
 
-    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-        raise RuntimeError("attnlab's capturing attention supports neither softcap nor sliding windows yet")
     if module.training and dropout > 0:
         raise RuntimeError("capture needs the model in eval mode (attention dropout would change the maps)")
+    if sliding_window is not None and attention_mask is None:
+        raise RuntimeError("a sliding-window layer was called without its mask; attnlab cannot apply the window")
     mask = None
     if attention_mask is not None:
         mask = attention_mask[:, :, :, : key.shape[-2]] == 0  # (B, 1, Tq, Tk): True = may attend
-    output, weights = attention(query, key, value, mask=mask, scale=scaling, return_weights=True, backend="torch")
+    bias = None if position_bias is None else position_bias[..., : key.shape[-2]].to(query.dtype)
+    output, weights = attention(query, key, value, mask=mask, bias=bias, scale=scaling, softcap=softcap,
+                                return_weights=True, backend="torch")
+    calls = _RECORD.get()
+    if calls is not None:
+        groups = query.shape[1] // key.shape[1]
+        calls.append({
+            "query": query.detach(), "key": key.detach().repeat_interleave(groups, dim=1),  # (B, H, T, D)
+            "scale": float(scaling) if scaling is not None else query.shape[-1] ** -0.5,
+            "softcap": None if softcap is None else float(softcap), "bias": position_bias is not None,
+            "causal": bool(getattr(module, "is_causal", False)),
+            # transformers' window: key j is seen by query i when i − window < j ≤ i
+            "window": None if sliding_window is None else [int(sliding_window) - 1, 0],
+        })
     return output.transpose(1, 2).contiguous(), weights  # (B, H, Tq, Dv) → (B, Tq, H, Dv)
 
 

@@ -136,7 +136,9 @@ def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tup
 
 def _config_dict(config: Any) -> dict:
     keep = ("model_type", "architectures", "num_hidden_layers", "num_attention_heads", "hidden_size",
-            "intermediate_size", "max_position_embeddings", "vocab_size", "is_decoder", "type_vocab_size")
+            "intermediate_size", "max_position_embeddings", "vocab_size", "is_decoder", "type_vocab_size",
+            "num_key_value_heads", "head_dim", "sliding_window", "attn_logit_softcapping", "is_encoder_decoder",
+            "decoder_start_token_id")
     full = config.to_dict()
     return {k: full[k] for k in keep if k in full}
 

@@ -3,8 +3,11 @@
 A file is a NumPy ``.npz`` archive read with ``allow_pickle=False``: one array ``weights_<i>`` of
 shape [L, H, T, T] per sentence (float32 or float16, exactly as captured or converted) and one
 ``header`` array holding UTF-8 JSON with everything else (format name and version, model id,
-revision, config, sentences, tokens, token-to-word index, words and their kinds). Saving and
-loading are lossless: the arrays come back bit for bit, the rest equal.
+revision, config, sentences, tokens, token-to-word index, words and their kinds). Optional parts
+add arrays of their own: ``queries_<i>`` and ``keys_<i>`` [L, H, T, D] (``qk=True``), and for an
+encoder–decoder ``cross_<i>`` [L_dec, H, T_target, T_source] and the decoder's maps under the
+prefix ``decoder.`` (its header under the header's ``decoder`` key). Saving and loading are
+lossless: the arrays come back bit for bit, the rest equal.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -46,6 +49,11 @@ class AttentionMaps:
     num_layers: int
     num_heads: int
     config: dict = field(default_factory=dict, repr=False)
+    decoder: AttentionMaps | None = field(default=None, repr=False)
+    cross_weights: list[np.ndarray] | None = field(default=None, repr=False)
+    queries: list[np.ndarray] | None = field(default=None, repr=False)
+    keys: list[np.ndarray] | None = field(default=None, repr=False)
+    qk_meta: dict | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.sentences)
@@ -59,6 +67,26 @@ class AttentionMaps:
                     f"AttentionMaps.weights[{i}] has shape {w.shape}, expected "
                     f"{(self.num_layers, self.num_heads, t, t)} (L, H, T, T)"
                 )
+        if (self.decoder is None) != (self.cross_weights is None):
+            raise ValueError("AttentionMaps.decoder and cross_weights come together (an encoder–decoder) or not at all")
+        if self.decoder is not None:
+            for i, c in enumerate(self.cross_weights):
+                want = (self.decoder.num_layers, self.decoder.num_heads, len(self.decoder.tokens[i]), len(self.tokens[i]))
+                if c.shape != want:
+                    raise ValueError(f"AttentionMaps.cross_weights[{i}] has shape {c.shape}, expected {want} "
+                                     f"(L_dec, H, T_target, T_source)")
+        if (self.queries is None) != (self.keys is None):
+            raise ValueError("AttentionMaps.queries and keys come together or not at all")
+        for name in ("queries", "keys"):
+            for i, x in enumerate(getattr(self, name) or ()):
+                if x.shape[:3] != (self.num_layers, self.num_heads, len(self.tokens[i])):
+                    raise ValueError(f"AttentionMaps.{name}[{i}] has shape {x.shape}, expected "
+                                     f"{(self.num_layers, self.num_heads, len(self.tokens[i]))} + (D,) (L, H, T, D)")
+
+    @property
+    def is_seq2seq(self) -> bool:
+        """True for an encoder–decoder's maps (``decoder`` and ``cross_weights`` are set)."""
+        return self.decoder is not None
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -80,20 +108,35 @@ class AttentionMaps:
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float16):
             raise ValueError(f"dtype must be float32 or float16, got {dtype}")
-        return replace(self, weights=[w.astype(dtype) for w in self.weights])
+        decoder = None if self.decoder is None else self.decoder.astype(dtype)
+        cross = None if self.cross_weights is None else [c.astype(dtype) for c in self.cross_weights]
+        return replace(self, weights=[w.astype(dtype) for w in self.weights], decoder=decoder, cross_weights=cross)
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the maps to ``path`` (``.npz`` is appended when missing); returns the path written."""
-        path = Path(path)
-        if path.suffix != ".npz":
-            path = path.with_name(path.name + ".npz")
+    def _parts(self, prefix: str = "") -> tuple[dict, dict]:
+        """(header, arrays) of the file format, array names under ``prefix``."""
         header = {
             "format": FORMAT, "version": FORMAT_VERSION, "model_id": self.model_id, "revision": self.revision,
             "num_layers": self.num_layers, "num_heads": self.num_heads, "config": self.config,
             "sentences": [s if isinstance(s, str) else list(s) for s in self.sentences],
             "tokens": self.tokens, "word_of": self.word_of, "words": self.words, "kinds": self.kinds,
         }
-        arrays = {f"weights_{i}": w for i, w in enumerate(self.weights)}
+        arrays = {f"{prefix}weights_{i}": w for i, w in enumerate(self.weights)}
+        if self.queries is not None:
+            header["qk_meta"] = self.qk_meta
+            arrays.update({f"{prefix}queries_{i}": x for i, x in enumerate(self.queries)})
+            arrays.update({f"{prefix}keys_{i}": x for i, x in enumerate(self.keys)})
+        if self.decoder is not None:
+            header["decoder"], more = self.decoder._parts("decoder.")
+            arrays.update(more)
+            arrays.update({f"{prefix}cross_{i}": c for i, c in enumerate(self.cross_weights)})
+        return header, arrays
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the maps to ``path`` (``.npz`` is appended when missing); returns the path written."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
+        header, arrays = self._parts()
         arrays["header"] = np.frombuffer(json.dumps(header, ensure_ascii=False).encode(), dtype=np.uint8)
         with open(path, "wb") as f:
             np.savez(f, **arrays)
@@ -118,11 +161,43 @@ def load_maps(path: str | os.PathLike) -> AttentionMaps:
                 f"maps file {str(path)!r} is format {header.get('format')!r} version {header.get('version')!r}; "
                 f"expected {FORMAT!r} version {FORMAT_VERSION}"
             )
-        n = len(header["sentences"])
-        weights = [archive[f"weights_{i}"] for i in range(n)]
+        return _from_parts(header, archive, "")
+
+
+def _from_parts(header: dict, archive: Any, prefix: str) -> AttentionMaps:
+    n = len(header["sentences"])
+
+    def arrays(name: str) -> list[np.ndarray]:
+        return [archive[f"{prefix}{name}_{i}"] for i in range(n)]
+
+    qk = "qk_meta" in header
+    decoder = _from_parts(header["decoder"], archive, "decoder.") if "decoder" in header else None
     return AttentionMaps(
         sentences=[s if isinstance(s, str) else tuple(s) for s in header["sentences"]],
-        tokens=header["tokens"], weights=weights, word_of=header["word_of"], words=header["words"],
+        tokens=header["tokens"], weights=arrays("weights"), word_of=header["word_of"], words=header["words"],
         kinds=header["kinds"], model_id=header["model_id"], revision=header["revision"],
         num_layers=header["num_layers"], num_heads=header["num_heads"], config=header["config"],
+        decoder=decoder, cross_weights=arrays("cross") if decoder is not None else None,
+        queries=arrays("queries") if qk else None, keys=arrays("keys") if qk else None,
+        qk_meta=header.get("qk_meta"),
+    )
+
+
+def gather(parts: list[AttentionMaps], slots: list[tuple[int, int]]) -> AttentionMaps:
+    """One AttentionMaps from batches: entry i of the result is entry ``slots[i] = (part, row)``."""
+
+    def pick(get: Callable[[AttentionMaps], list | None]) -> list | None:
+        if get(parts[0]) is None:
+            return None
+        return [get(parts[p])[r] for p, r in slots]
+
+    first = parts[0]
+    decoder = None
+    if first.decoder is not None:
+        decoder = gather([p.decoder for p in parts], slots)
+    return replace(
+        first, sentences=pick(lambda m: m.sentences), tokens=pick(lambda m: m.tokens),
+        weights=pick(lambda m: m.weights), word_of=pick(lambda m: m.word_of), words=pick(lambda m: m.words),
+        kinds=pick(lambda m: m.kinds), decoder=decoder, cross_weights=pick(lambda m: m.cross_weights),
+        queries=pick(lambda m: m.queries), keys=pick(lambda m: m.keys),
     )
