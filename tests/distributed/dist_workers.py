@@ -1,0 +1,62 @@
+"""What each rank of a test's local group runs (module-level functions: the processes import them by name)."""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.distributed import all_reduce_sum, rank_and_world, ring_attention, shard
+
+
+def ring_cases(rank: int, world: int, cases: list[dict]) -> dict:
+    """Every case's output and gradients on this rank's shard (float32), keyed by case name."""
+    results = {}
+    for c in cases:
+        layout = c["layout"]
+        q, k, v = (shard(c[n], rank, world, layout).float().requires_grad_() for n in ("q", "k", "v"))
+        out, lse = ring_attention(q, k, v, causal=c["causal"], scale=c["scale"], layout=layout, return_lse=True)
+        (out * shard(c["dout"], rank, world, layout).float()).sum().backward()
+        results[c["name"]] = [x.detach() for x in (out, lse, q.grad, k.grad, v.grad)]
+    return results
+
+
+def ring_errors(rank: int, world: int) -> dict:
+    """(error type, message) of calls that must fail, per case; None where a call did not raise."""
+    torch.manual_seed(rank)
+    found = {}
+
+    def attempt(name, fn):
+        try:
+            fn()
+            found[name] = None
+        except Exception as e:  # noqa: BLE001 - the test looks at which
+            found[name] = (type(e).__name__, str(e))
+
+    x = torch.randn(1, 2, 4, 8)
+    odd = torch.randn(1, 2, 3 + rank, 8)  # rank 0 holds 3 rows: odd for zigzag
+    attempt("zigzag_odd", lambda: ring_attention(odd, odd, odd, layout="zigzag"))
+    wide = torch.randn(1, 2, 4, 8 + 8 * (rank == world - 1))  # the last rank has D = 16
+    attempt("d_differs", lambda: ring_attention(wide, wide, wide))
+    bad = x.clone()
+    if rank == 1:
+        bad[0, 0, 0, 0] = float("nan")
+    attempt("nan_on_rank_1", lambda: ring_attention(bad, x, x))
+    attempt("layout", lambda: ring_attention(x, x, x, layout="spiral"))
+    attempt("still_works", lambda: ring_attention(x, x, x, causal=True))  # the group survived the errors
+    return found
+
+
+def fails_on(rank: int, world: int, bad_rank: int) -> None:
+    if rank == bad_rank:
+        raise ValueError(f"rank {rank} was told to fail")
+    torch.distributed.barrier()  # the others wait for it in a collective
+
+
+def sleeps(rank: int, world: int, seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+def reduce_ranks(rank: int, world: int) -> list:
+    r, w = rank_and_world()
+    return all_reduce_sum([torch.full((2, 3), float(r + 1)).numpy(), [float(w)]])
