@@ -166,8 +166,9 @@ def test_cli_check_passes_and_reports_refusals_and_the_kernel(capsys):
 
 
 def test_cli_check_calibrate_forgets_the_cache_and_lists_autos_choices(tmp_path, monkeypatch, capsys):
-    from attnlab.backends import calibrate
+    from attnlab.backends import agreement, calibrate
 
+    monkeypatch.setattr(agreement, "run_check", lambda tick=None: [])  # the table is the test above's
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ATTNLAB_CALIBRATE", "0")  # no measuring in the tests: the priors choose
     stale = calibrate.cache_path()
