@@ -73,19 +73,22 @@ def _print_check(rows: list, told: dict, kernel: Any, calibration: dict | None) 
 
 
 def bench(
-    sizes: str = typer.Option(",".join(map(str, BenchConfig.sizes)), "--sizes", help="Context lengths n, comma-separated (up to 65536)."),
+    sizes: str = typer.Option(",".join(map(str, BenchConfig.sizes)), "--sizes",
+                              help="Context lengths n, comma-separated (up to 65536)."),
     heads: str = typer.Option(",".join(map(str, BenchConfig.heads)), "--heads", help="Head counts, comma-separated."),
     causal: str = typer.Option("both", "--causal", help="both, yes or no."),
-    methods: str = typer.Option(",".join(METHODS), "--methods", help="Methods, comma-separated."),
+    methods: str = typer.Option(",".join(METHODS), "--methods", help="Methods, comma-separated (benchmarks/README.md says what each is)."),
     d: int = typer.Option(BenchConfig.d, "--d", help="Head dimension."),
     repeats: int = typer.Option(BenchConfig.repeats, "--repeats", help="Timed rounds per method and size (median reported)."),
-    memory_mb: float = typer.Option(BenchConfig.memory_mb, "--memory-mb", help="Skip a method whose estimated extra memory exceeds this."),
-    max_seconds: float = typer.Option(BenchConfig.max_seconds, "--max-seconds", help="Skip a method whose estimated time per call exceeds this."),
+    memory_mb: float = typer.Option(BenchConfig.memory_mb, "--memory-mb",
+                                    help="Skip a method whose estimated extra memory exceeds this."),
+    max_seconds: float = typer.Option(BenchConfig.max_seconds, "--max-seconds",
+                                      help="Skip a method whose estimated time per call exceeds this."),
     threads: int | None = typer.Option(None, "--threads", help="torch threads while measuring (default: torch's)."),
     json_path: str | None = json_option(),
     png_path: str | None = typer.Option(None, "--png", metavar="PATH", help="Write the time and memory plot to this PNG."),
 ) -> None:
-    """Time, GFLOP/s, % of GEMM, peak extra memory and error of each way to compute attention; which backend auto chose and why."""
+    """Time, GFLOP/s, % of GEMM, peak extra memory and error of each way to compute attention; auto's choice and why."""
     from attnlab.bench.sweep import run
 
     if causal not in CAUSAL:
