@@ -42,8 +42,8 @@ MIN_SCORES = 1 << 16  # smaller calls take microseconds: the priors rank them
 HEAD_DIMS = (32, 64, 128, 256)  # a call's head dim is measured as the nearest of these
 MANY_HEADS = 8  # "many heads" is measured with this many
 SIZES = {1: (256, 1024, 4096, 8192), MANY_HEADS: (128, 512, 1024, 2048)}  # n per head count: 2^16 .. 2^26 scores
-PRUNE = 3.0  # a backend this many times slower than the best at one size is not measured at larger ones
-REPEATS = 3  # timings per point; the median is kept
+PRUNE = 4.0  # a backend this many times slower than the best at a size (past the first) is not measured at larger ones
+REPEATS = 3  # timings per point; the fastest is kept (a busy machine only ever adds time)
 MIN_TIMING_S = 0.005  # calls shorter than this are timed over several in a row
 
 
@@ -204,10 +204,11 @@ def measure(prof: Profile, names: list[str], run: Callable[[str, tuple, bool], A
         for _ in range(REPEATS):
             for name in alive:
                 times[name].append(_timer(call(name)))
-        best = min(float(np.median(t)) for t in times.values())
+        best = min(min(t) for t in times.values())
         for name, t in times.items():
-            points[name].append([scores, float(np.median(t))])
-        alive = [name for name in alive if float(np.median(times[name])) <= PRUNE * best]
+            points[name].append([scores, min(t)])
+        if n != SIZES[prof.heads][0]:  # the smallest size measures per-call overheads, not the rate
+            alive = [name for name in alive if min(times[name]) <= PRUNE * best]
     return points
 
 
