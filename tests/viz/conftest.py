@@ -17,8 +17,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @pytest.fixture(scope="session")
-def viewer_app(default_model):
-    pytest.importorskip("fastapi")
+def viewer_app(default_model):  # needs fastapi: tests/conftest.py marks the tests that use it
     from attnlab.viz.server import create_app
 
     from attnlab.lesson.scene import scene
@@ -30,7 +29,7 @@ def viewer_app(default_model):
 def client(viewer_app):
     from fastapi.testclient import TestClient
 
-    with TestClient(viewer_app) as c:
+    with TestClient(viewer_app, base_url="http://127.0.0.1") as c:
         yield c
 
 
@@ -85,8 +84,7 @@ def browser():
         if os.environ.get("CI"):  # CI installs it: a missing browser there is a broken set-up, not a skip
             pytest.fail(message)
         pytest.skip(message)
-    sync_api = pytest.importorskip("playwright.sync_api")
-    sync_playwright = sync_api.sync_playwright
+    from playwright.sync_api import sync_playwright  # a test tool (extra `test`), like pytest itself
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -24,7 +24,7 @@ def test_scene_endpoint_is_the_scene_of_attnlab_scene():
     from attnlab.viz.server import create_app
 
     # The scene needs no model: an app over a model that does not exist still serves it.
-    res = TestClient(create_app("/no/such/model", scene=scene())).get("/api/scene")
+    res = TestClient(create_app("/no/such/model", scene=scene()), base_url="http://localhost").get("/api/scene")
     assert res.status_code == 200
     assert res.json() == scene()
 
@@ -153,19 +153,186 @@ def test_packed_weights_decode_within_their_resolution():
     np.testing.assert_allclose(raw / 65535, w, atol=0.5 / 65535 + 1e-7)
 
 
-def test_one_capture_serves_every_head_and_level_and_the_cache_is_bounded(default_model, monkeypatch):
+def test_one_capture_serves_every_head_and_level_and_the_cache_is_bounded_in_bytes(default_model, monkeypatch):
     import attnlab.models.capture as capture_module
     from attnlab.viz.server import MapsCache
 
     calls = []
     real = capture_module.capture
     monkeypatch.setattr(capture_module, "capture", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
-    cache = MapsCache(default_model, None, size=2)
+    one = real(BANK[:1], default_model)
+    per_capture = one.weights[0].nbytes + one.to_words().weights[0].nbytes  # both levels
+    cache = MapsCache(default_model, None, max_mb=2.5 * per_capture / 1e6)  # room for two captures, not three
     for level in ("word", "token", "word"):
         cache.get(BANK[:1], level)
-    cache.maps_payload(BANK[:1], "word", 8)
+    assert cache.computed(("k",), lambda: b"x" * 10) == cache.computed(("k",), lambda: b"y")
     assert calls == [BANK[:1]]
-    for i in range(4):
-        cache.get([f"Sentence number {i}."], "word")
-    assert len(cache.entries) == 4  # two captures, each at both levels
-    assert (tuple(BANK[:1]), "word") not in cache.entries
+    for place in ("lake", "pond", "road", "hill"):  # as many tokens as BANK[0]
+        cache.get([f"I sat on the bank of the {place}."], "word")
+    assert cache.total == sum(size for _, size in cache.entries.values()) <= cache.max_bytes
+    assert ("maps", tuple(BANK[:1]), "word") not in cache.entries  # the oldest went first
+    assert ("maps", ("I sat on the bank of the hill.",), "token") in cache.entries
+    tiny = MapsCache(default_model, None, max_mb=1e-6)  # one entry larger than the bound is still kept
+    tiny.put(("a",), b"12345")
+    assert list(tiny.entries) == [("a",)]
+
+
+# ---------------------------------------------------------------- hardening (issue 10)
+
+SURROGATE = "\ud800"  # valid in JSON ("\ud800"), not encodable as UTF-8
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/maps", {"sentences": [f"I sat {SURROGATE} there."]}),
+    ("/api/maps", {"sentences": ["I sat."], "level": SURROGATE}),
+    ("/api/maps", {"sentences": ["I sat."], SURROGATE: 1}),                       # an unknown key
+    ("/api/head", {"sentences": [SURROGATE], "layer": 1, "head": 1}),
+    ("/api/find-head", {"sentences": BANK, "target": "bank" + SURROGATE, "deciders": ["river", "money"]}),
+    ("/api/find-head", {"sentences": BANK, "target": "bank", "deciders": ["river", SURROGATE]}),
+])
+def test_a_lone_surrogate_gets_422_with_a_readable_reason(client, path, body):
+    import json
+
+    res = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert res.status_code == 422, res.text
+    messages = [e["msg"] for e in res.json()["detail"]]
+    assert messages and all(isinstance(m, str) and m for m in messages)
+    assert SURROGATE not in res.text
+
+
+def test_after_a_surrogate_the_same_connection_still_answers(live_server):
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    url = urlsplit(live_server)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    try:
+        conn.request("POST", "/api/maps", body=json.dumps({"sentences": [SURROGATE]}),
+                     headers={"Content-Type": "application/json"})
+        first = conn.getresponse()
+        assert first.status == 422 and "not valid text" in first.read().decode()
+        conn.request("GET", "/api/info")  # the same keep-alive connection
+        second = conn.getresponse()
+        assert second.status == 200 and json.loads(second.read())["num_layers"] == 6
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"sentences": []}, "Type a sentence first"),
+    ({"sentences": ["  "]}, "only spaces"),
+    ({"sentences": ["a", "b", "c"]}, "At most 2 sentences"),
+    ({"sentences": ["x" * 4001]}, "at most 4,000 characters"),
+])
+def test_empty_or_oversized_input_is_explained_in_words(client, body, words):
+    res = client.post("/api/maps", json=body)
+    assert res.status_code == 422
+    assert words in res.json()["detail"][0]["msg"]
+    assert "List should have" not in res.text and "String should" not in res.text
+
+
+@pytest.mark.parametrize("host, status", [
+    ("127.0.0.1:8765", 200), ("localhost:8765", 200), ("LOCALHOST", 200), ("[::1]:8765", 200),
+    ("evil.example", 400), ("evil.example:8765", 400), ("127.0.0.1.evil.example", 400), ("localhost.", 400),
+])
+def test_only_the_viewers_own_host_names_are_answered(client, host, status):
+    for path in ("/", "/api/info"):
+        res = client.get(path, headers={"Host": host})
+        assert res.status_code == status, (path, host, res.text)
+    if status == 400:
+        assert "not a name this viewer answers to" in res.json()["detail"]
+
+
+def test_the_host_given_to_serve_is_answered_and_a_wildcard_bind_takes_addresses_not_names():
+    from attnlab.viz.guard import allowed_hosts
+
+    named = allowed_hosts("viewer.lan")
+    assert {"127.0.0.1", "localhost", "[::1]", "viewer.lan"} <= named and "evil.example" not in named
+    assert "[fe80::1]" in allowed_hosts("fe80::1")
+
+    from fastapi.testclient import TestClient
+
+    from attnlab.viz.server import create_app
+
+    app = create_app("/no/such/model", scene={"x": 1}, hosts=allowed_hosts("0.0.0.0"))
+    c = TestClient(app, base_url="http://127.0.0.1")
+    assert c.get("/", headers={"Host": "192.168.1.5:8765"}).status_code == 200
+    assert c.get("/", headers={"Host": "[fe80::1]:8765"}).status_code == 200
+    assert c.get("/", headers={"Host": "attacker.example:8765"}).status_code == 400
+
+
+@pytest.mark.parametrize("origin, status", [
+    ("http://evil.example", 403), ("null", 403), ("http://127.0.0.1:9999", 403), ("https://localhost", 403),
+    ("http://127.0.0.1", 200), (None, 200),
+])
+def test_cross_origin_posts_are_refused(client, origin, status):
+    headers = {"Origin": origin} if origin else {}
+    res = client.post("/api/roles", json={"sentences": BANK[:1]}, headers=headers)
+    assert res.status_code == status, res.text
+    if status == 403:
+        assert "cross-origin" in res.json()["detail"]
+    assert client.get("/api/info", headers={"Origin": "http://evil.example"}).status_code == 200  # no CORS: unreadable
+
+
+def test_heavy_work_leaves_light_endpoints_free_and_a_full_queue_gets_503(default_model, monkeypatch):
+    """One worker, one place in the queue: with both taken, a third heavy request gets 503 at once,
+    while the page, /api/info and /api/scene still answer; once the work ends, everything answers."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    import attnlab.models.capture as capture_module
+    from attnlab.viz.server import create_app
+
+    gate, entered = threading.Event(), threading.Event()
+    real = capture_module.capture
+
+    def held(*a, **k):
+        entered.set()
+        gate.wait(60)
+        return real(*a, **k)
+
+    monkeypatch.setattr(capture_module, "capture", held)
+    from attnlab.lesson.scene import scene
+
+    app = create_app(default_model, scene=scene(), workers=1, queue=1)
+    c = TestClient(app, base_url="http://127.0.0.1")
+    pool = app.state.pool
+    results: dict[str, int] = {}
+
+    def post(name: str, sentence: str) -> None:
+        results[name] = c.post("/api/maps", json={"sentences": [sentence]}).status_code
+
+    threads = [threading.Thread(target=post, args=(f"s{i}", f"Sentence {i}.")) for i in range(2)]
+    try:
+        threads[0].start()
+        assert entered.wait(60)
+        threads[1].start()
+        for _ in range(600):
+            if pool.pending == 2:
+                break
+            threading.Event().wait(0.05)
+        assert pool.pending == 2  # one running, one waiting
+
+        busy = c.post("/api/maps", json={"sentences": ["One more."]})
+        assert busy.status_code == 503
+        assert int(busy.headers["Retry-After"]) >= 1 and "busy" in busy.json()["detail"]
+
+        light: dict[str, int] = {}
+
+        def ask() -> None:
+            for path in ("/", "/viewer.css", "/api/info", "/api/scene"):
+                light[path] = c.get(path).status_code
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        asker.join(30)  # would wait for the held capture if light requests queued behind it
+        assert light == {"/": 200, "/viewer.css": 200, "/api/info": 200, "/api/scene": 200}
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(60)
+    assert results == {"s0": 200, "s1": 200}
+    assert pool.pending == 0
+    assert c.post("/api/maps", json={"sentences": ["One more."]}).status_code == 200

@@ -1,0 +1,52 @@
+"""The viewer's 422 answers: every validation error as a sentence a learner understands, in JSON
+that any input can be written into.
+
+FastAPI's own handler echoes the client's input back; a lone surrogate (``"\\ud800"``, which JSON
+allows and UTF-8 cannot encode) then crashes the handler with a 500 and resets the connection. Here
+the input is never echoed, and every string is made encodable first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def encodable(text: str) -> str:
+    """``text`` with anything UTF-8 cannot encode written as an escape: '\\ud800' → '\\\\ud800'."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _field(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(encodable(p) for p in parts) or "body"
+
+
+def friendly(error: dict, max_sentences: int, max_chars: int) -> str:
+    """One pydantic error as a sentence; the common mistakes of the page's form in plain words."""
+    loc, kind = tuple(error.get("loc", ())), error.get("type", "")
+    field = _field(loc)
+    top = next((str(p) for p in loc if p != "body"), "")
+    if top == "sentences":
+        if kind == "too_short" and len(loc) == 2:
+            return "Type a sentence first: there is nothing to show yet."
+        if kind == "too_long" and len(loc) == 2:
+            return f"At most {max_sentences} sentences at a time."
+        if kind in ("string_pattern_mismatch", "string_too_short"):
+            return "A sentence is empty or only spaces: type some words."
+        if kind == "string_too_long":
+            return f"A sentence may have at most {max_chars:,} characters."
+    if top in ("target", "deciders") and kind in ("string_pattern_mismatch", "string_too_short", "too_short"):
+        return f"{field}: type a word (it is empty)."
+    if kind == "string_unicode":  # pydantic's check: a lone surrogate, half of a UTF-16 pair
+        return (f"{field}: holds a character that is not valid text (half of a character pair, such as \\ud800); "
+                "type or paste the text again.")
+    if kind == "json_invalid":
+        return "The request is not valid JSON."
+    return f"{field}: {encodable(str(error.get('msg', 'invalid value')))}"
+
+
+def validation_detail(errors: list[dict], max_sentences: int, max_chars: int) -> list[dict[str, Any]]:
+    """FastAPI's ``detail`` list (``loc``, ``msg``, ``type``) without the echoed input, every string encodable."""
+    return [{"loc": [p if isinstance(p, int) else encodable(str(p)) for p in e.get("loc", ())],
+             "msg": friendly(e, max_sentences, max_chars), "type": encodable(str(e.get("type", "")))}
+            for e in errors]
