@@ -59,7 +59,8 @@ def test_previous_word_average_uses_rows_that_have_one(make_maps, plant):
 
 def test_to_dict_is_one_based_and_complete(make_maps):
     d = attnlab.head_roles(make_maps(SENTENCES, num_layers=2, num_heads=3).to_words()).to_dict()
-    assert set(d["roles"]) == set(ROLES)
+    assert set(d["roles"]) | set(d["not_applicable"]) == set(ROLES)
+    assert set(d["not_applicable"]) == {"duplicate", "induction"}  # no word repeats within a sentence
     for r in d["roles"].values():
         assert 1 <= r["top"]["layer"] <= 2 and 1 <= r["top"]["head"] <= 3
         assert np.asarray(r["scores"]).shape == (2, 3)
@@ -75,7 +76,8 @@ def test_accumulating_in_parts_equals_all_at_once(make_maps):
         object.__setattr__(part, "weights", [maps.weights[i]])
         acc.add(part.to_words())
     parts = acc.result("synthetic", None)
-    for name in ROLES:
+    assert set(parts.scores) == set(whole.scores) and parts.not_applicable == whole.not_applicable
+    for name in whole.scores:
         np.testing.assert_allclose(parts.scores[name], whole.scores[name], atol=1e-12)
 
 

@@ -10,11 +10,22 @@ constant: a head "has" the role when its score passes it.
     self    weight on the word itself              cls    weight on the opening special token
     sep     weight on the other special tokens     punct  weight on punctuation
     marks   weight on all marks                    broad  mean row entropy, nats
+    sink    weight on the first position (the attention sink of StreamingLLM, Xiao et al. 2023)
+    duplicate   weight on earlier copies of the word itself      } TransformerLens's detect_head
+    induction   weight on the word after an earlier copy of it   } patterns, "mul" measure
+
+``prev``, ``duplicate`` and ``induction`` are TransformerLens's ``previous_token_head``,
+``duplicate_token_head`` and ``induction_head`` detection patterns (``detect_head`` with its
+default "mul" measure: the share of a row's weight that falls on the pattern, averaged over all
+rows), on words; on token maps of a repeated random sequence, :mod:`attnlab.analysis.induction` is
+the standard probe. A role that cannot apply to the maps at hand (a causal decoder cannot look at
+the next word; marks-based roles are for encoders, whose special tokens collect attention; no word
+repeats) is not scored: :attr:`HeadRoles.not_applicable` says why.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -28,10 +39,13 @@ SEP_THRESHOLD = 0.5
 PUNCT_THRESHOLD = 0.5
 MARKS_THRESHOLD = 0.5
 BROAD_THRESHOLD_NATS = 2.0  # as spread as a uniform row over e^2 ≈ 7.4 words
+SINK_THRESHOLD = 0.5
+DUPLICATE_THRESHOLD = 0.4
+INDUCTION_THRESHOLD = 0.4
 ENTROPY_EPS = 1e-10  # Clark et al.'s smoothing: −Σ p log(p + ε), so p = 0 adds nothing
 
-# One sentence: (weights [L, H, W, W], word kinds, mark flags) → (row total [L, H], number of rows)
-Scorer = Callable[[np.ndarray, list[str], list[bool]], tuple[np.ndarray, int]]
+# One sentence: (weights [L, H, W, W], word kinds, mark flags, word texts) → (row total [L, H], number of rows)
+Scorer = Callable[[np.ndarray, list[str], list[bool], list[str]], tuple[np.ndarray, int]]
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,7 @@ class Role:
     score: Scorer
     threshold: float
     unit: str = "weight"  # "weight" (0..1) or "nats"
+    encoders_only: bool = False  # marks-based: not scored on causal decoders
 
 
 def _diagonal(w: np.ndarray, offset: int) -> tuple[np.ndarray, int]:
@@ -52,37 +67,63 @@ def _to_columns(w: np.ndarray, columns: list[bool]) -> tuple[np.ndarray, int]:
     return w[..., np.asarray(columns, dtype=bool)].sum(axis=(-1, -2)), w.shape[-2]
 
 
-def _prev(w, kinds, marks):
+def _prev(w, kinds, marks, texts):
     return _diagonal(w, -1)  # row i, column i − 1
 
 
-def _next(w, kinds, marks):
+def _next(w, kinds, marks, texts):
     return _diagonal(w, 1)
 
 
-def _self(w, kinds, marks):
+def _self(w, kinds, marks, texts):
     return _diagonal(w, 0)
 
 
-def _cls(w, kinds, marks):
+def _cls(w, kinds, marks, texts):
     return _to_columns(w, [k == "cls" for k in kinds])
 
 
-def _sep(w, kinds, marks):
+def _sep(w, kinds, marks, texts):
     return _to_columns(w, [k == "sep" for k in kinds])
 
 
-def _punct(w, kinds, marks):
+def _punct(w, kinds, marks, texts):
     return _to_columns(w, [k == "punct" for k in kinds])
 
 
-def _marks(w, kinds, marks):
+def _marks(w, kinds, marks, texts):
     return _to_columns(w, marks)
 
 
-def _broad(w, kinds, marks):
+def _broad(w, kinds, marks, texts):
     entropy = -(w * np.log(w + ENTROPY_EPS)).sum(axis=-1)  # (L, H, W)
     return entropy.sum(axis=-1), w.shape[-2]
+
+
+def _sink(w, kinds, marks, texts):
+    return w[..., 0].sum(axis=-1), w.shape[-2]  # column 0, whatever token sits there
+
+
+def duplicate_pattern(texts: list[str]) -> np.ndarray:
+    """[W, W] 1 where word j < i is the same word as i (case-insensitive): TransformerLens's duplicate pattern."""
+    folded = np.array([t.casefold() for t in texts], dtype=object)
+    same = folded[:, None] == folded[None, :]
+    return np.tril(same, k=-1).astype(np.float64)
+
+
+def induction_pattern(texts: list[str]) -> np.ndarray:
+    """[W, W] 1 where word j − 1 is an earlier copy of word i (j < i): the duplicate pattern shifted one right."""
+    shifted = np.zeros((len(texts), len(texts)))
+    shifted[:, 1:] = duplicate_pattern(texts)[:, :-1]
+    return np.tril(shifted, k=-1)
+
+
+def _duplicate(w, kinds, marks, texts):
+    return (w * duplicate_pattern(texts)).sum(axis=(-1, -2)), w.shape[-2]
+
+
+def _induction(w, kinds, marks, texts):
+    return (w * induction_pattern(texts)).sum(axis=(-1, -2)), w.shape[-2]
 
 
 ROLES: dict[str, Role] = {
@@ -91,23 +132,52 @@ ROLES: dict[str, Role] = {
         Role("prev", "previous word", _prev, PREV_THRESHOLD),
         Role("next", "next word", _next, NEXT_THRESHOLD),
         Role("self", "the word itself", _self, SELF_THRESHOLD),
-        Role("cls", "[CLS] / <s>", _cls, CLS_THRESHOLD),
-        Role("sep", "[SEP] / </s>", _sep, SEP_THRESHOLD),
+        Role("cls", "[CLS] / <s>", _cls, CLS_THRESHOLD, encoders_only=True),
+        Role("sep", "[SEP] / </s>", _sep, SEP_THRESHOLD, encoders_only=True),
         Role("punct", "punctuation", _punct, PUNCT_THRESHOLD),
-        Role("marks", "marks (special + punct.)", _marks, MARKS_THRESHOLD),
+        Role("marks", "marks (special + punct.)", _marks, MARKS_THRESHOLD, encoders_only=True),
         Role("broad", "everything: row entropy", _broad, BROAD_THRESHOLD_NATS, unit="nats"),
+        Role("sink", "first token (attention sink)", _sink, SINK_THRESHOLD),
+        Role("duplicate", "earlier copies of the word", _duplicate, DUPLICATE_THRESHOLD),
+        Role("induction", "word after an earlier copy", _induction, INDUCTION_THRESHOLD),
     )
 }
 
 
+def is_causal(weights: list[np.ndarray]) -> bool:
+    """True when no row of any head puts weight on a later position: a causal decoder's maps."""
+    return all(w.shape[-1] < 2 or not np.triu(w, k=1).any() for w in weights)
+
+
+def not_applicable(names: list[str], causal: bool, kinds: set[str], repeats: bool) -> dict[str, str]:
+    """Why each role of ``names`` does not apply to maps that are ``causal`` (or not), have words of
+    ``kinds`` and (or not) a word that ``repeats`` within a sentence."""
+    why = {}
+    for name in names:
+        role = ROLES[name]
+        if causal and name == "next":
+            why[name] = "a causal decoder never attends to the next word"
+        elif causal and role.encoders_only:
+            why[name] = "marks-based, for encoders; a causal decoder's first token is scored by 'sink'"
+        elif name in ("cls", "sep") and name not in kinds:
+            why[name] = f"no sentence has {'an opening' if name == 'cls' else 'a closing'} special token"
+        elif name in ("duplicate", "induction") and not repeats:
+            why[name] = "no word repeats in these sentences (the induction probe, heads --induction, makes repeats)"
+    return why
+
+
 @dataclass(frozen=True)
 class HeadRoles:
-    """Role scores per head: ``scores[role]`` is [L, H], averaged over every row of every sentence."""
+    """Role scores per head: ``scores[role]`` is [L, H], averaged over every row of every sentence.
+
+    ``not_applicable[role]`` says why a role asked for was not scored (it has no entry in ``scores``).
+    """
 
     scores: dict[str, np.ndarray]
     num_sentences: int
     model_id: str
     revision: str | None
+    not_applicable: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -118,6 +188,8 @@ class HeadRoles:
         return next(iter(self.scores.values())).shape[1]
 
     def _role(self, role: str) -> Role:
+        if role in self.not_applicable:
+            raise LookupError(f"role {role!r} does not apply here: {self.not_applicable[role]}")
         if role not in self.scores:
             raise LookupError(f"role {role!r} is unknown; roles: {', '.join(self.scores)}")
         return ROLES[role]
@@ -130,7 +202,10 @@ class HeadRoles:
         return int(layer), int(head), float(s[layer, head])
 
     def heads(self, role: str) -> list[tuple[int, int]]:
-        """Heads (layer0, head0) whose score reaches the role's threshold, best first."""
+        """Heads (layer0, head0) whose score reaches the role's threshold, best first (none for a role
+        that does not apply)."""
+        if role in self.not_applicable:
+            return []
         r = self._role(role)
         s = self.scores[role]
         found = [(int(l), int(h)) for l, h in zip(*np.nonzero(s >= r.threshold))]
@@ -151,6 +226,7 @@ class HeadRoles:
         return {
             "model_id": self.model_id, "revision": self.revision, "num_sentences": self.num_sentences,
             "num_layers": self.num_layers, "num_heads": self.num_heads, "roles": roles,
+            "not_applicable": dict(self.not_applicable),
         }
 
 
@@ -165,20 +241,26 @@ class RoleAccumulator:
         self.totals = {n: np.zeros((num_layers, num_heads)) for n in names}
         self.rows = {n: 0 for n in names}
         self.sentences = 0
+        self.causal, self.kinds, self.repeats = True, set(), False  # what decides which roles apply
 
     def add(self, words) -> None:
         """Add every sentence of a :class:`~attnlab.models.words.WordMaps`."""
-        for w, kinds, marks in zip(words.weights, words.kinds, words.is_mark):
+        self.causal = self.causal and is_causal(words.weights)
+        for w, kinds, marks, texts in zip(words.weights, words.kinds, words.is_mark, words.words):
+            self.kinds.update(kinds)
+            self.repeats = self.repeats or len({t.casefold() for t in texts}) < len(texts)
             w = w.astype(np.float64)
             for name in self.totals:
-                total, rows = ROLES[name].score(w, kinds, marks)
+                total, rows = ROLES[name].score(w, kinds, marks, texts)
                 self.totals[name] += total
                 self.rows[name] += rows
             self.sentences += 1
 
     def result(self, model_id: str, revision: str | None) -> HeadRoles:
-        scores = {n: self.totals[n] / max(self.rows[n], 1) for n in self.totals}
-        return HeadRoles(scores=scores, num_sentences=self.sentences, model_id=model_id, revision=revision)
+        skip = not_applicable(list(self.totals), self.causal, self.kinds, self.repeats)
+        scores = {n: self.totals[n] / max(self.rows[n], 1) for n in self.totals if n not in skip}
+        return HeadRoles(scores=scores, num_sentences=self.sentences, model_id=model_id, revision=revision,
+                         not_applicable=skip)
 
 
 def head_roles(words, roles: list[str] | None = None) -> HeadRoles:

@@ -94,11 +94,22 @@ def heads(
     revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
     corpus: str = typer.Option(None, "--corpus", help="A text file: one sentence, or a tab-separated pair, per line."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sentences per forward pass."),
+    induction: bool = typer.Option(False, "--induction", help="Run the induction probe (a seeded random token "
+                                   "sequence repeated once) and print each head's induction score instead."),
+    length: int = typer.Option(50, "--length", min=2, help="With --induction: random tokens per copy."),
+    seed: int = typer.Option(0, "--seed", help="With --induction: the random sequence's seed."),
     json_path: str = json_option(),
 ) -> None:
     """Heads by role: each head's average attention to [CLS], [SEP], punctuation, self, previous, next word, and entropy."""
     from attnlab.analysis.corpus import corpus_roles, read_corpus
     from attnlab.analysis.roles import ROLES
+
+    if induction:
+        if corpus or sentences:
+            raise ValueError("--induction makes its own token sequence; give no sentences or --corpus with it")
+        from attnlab.cli.induction import show_induction
+
+        return show_induction(model, revision, length, seed, json_path)
 
     if corpus and sentences:
         raise ValueError("give sentences or --corpus FILE, not both")
@@ -112,6 +123,9 @@ def heads(
     for col in ("role", "attention to", "top head", "score", "heads ≥ threshold"):
         table.add_column(col, justify="right" if col in ("score", "heads ≥ threshold") else "left")
     for name, role in ROLES.items():
+        if name in roles.not_applicable:
+            table.add_row(name, role.description, "—", "does not apply", roles.not_applicable[name])
+            continue
         layer, head, score = roles.top(name)
         shown = f"{score:.2f} nats" if role.unit == "nats" else pct(score)
         over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{' nats' if role.unit == 'nats' else ''})"

@@ -177,3 +177,20 @@ def capture(
     from attnlab.models.maps import gather
 
     return gather(parts, slots)
+
+
+def capture_ids(ids: Any, model: str | os.PathLike | LoadedModel | None = None, revision: str | None = None) -> np.ndarray:
+    """Every layer's and head's weights for token ids given directly (no tokenizer, no padding):
+    ids (B, T) ints → float32 [B, L, H, T, T]. For probes built from tokens, such as a repeated
+    random sequence (:mod:`attnlab.analysis.induction`)."""
+    import torch
+
+    lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
+    if lm.config.get("is_encoder_decoder"):
+        raise ValueError(f"capture_ids runs encoders and decoders; {lm.model_id!r} is an encoder–decoder")
+    ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+    if ids.ndim != 2 or ids.shape[1] < 1:
+        raise ValueError(f"ids must be (B, T) token ids, got shape {tuple(ids.shape)}")
+    with torch.inference_mode():
+        out = lm.model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
+    return torch.stack(out.attentions, dim=1).float().numpy()  # (B, L, H, T, T)
