@@ -87,14 +87,28 @@ def _tiling(r: Rect) -> Tiling:
     return Tiling(r.q1 - r.q0, r.keys, None, 0 if r.causal else None)
 
 
+def _merge_into(out: Any, lse: Any, o: Any, l: Any) -> None:
+    """out, lse (views of the running result) ← merged with a block's o, l, in place (:func:`online.merge`'s formula)."""
+    import torch
+
+    l = l.to(lse)
+    new = torch.logaddexp(lse, l)
+    safe = torch.where(torch.isfinite(new), new, 0.0)  # rows that see nothing yet: both weights 0
+    out.mul_(torch.exp(lse - safe).to(out)[..., None]).addcmul_(o, torch.exp(l - safe).to(out)[..., None])
+    lse.copy_(new)
+
+
 def _forward(q: Any, k: Any, v: Any, ring: Ring, scale: float, block: Any) -> tuple[Any, Any]:
     """out (B, G, Tq, Dv), LSE (B, G, Tq) of this rank's queries over every rank's keys."""
     import torch
 
     b, g, tq, _ = q.shape
-    # The partial results merge in float64 (O(Tq·Dv) per step, against O(Tq·Tk·D) for a block): in
-    # float32 the p merges' roundings made the output measurably less exact than one process's.
-    out = q.new_zeros((b, g, tq, v.shape[-1]), dtype=torch.float64)
+    plan = ring.plans[0]
+    if ring.world == 1 and len(plan) == 1 and (plan[0].q0, plan[0].q1, plan[0].keys) == (0, tq, k.shape[1]):
+        return block(q, k, v, _tiling(plan[0]), scale=scale)  # one process, one call: plain attention
+    # The running LSE is kept in float64 (Tq numbers; the merge weights exp(lse_part − lse) come from
+    # it); the output accumulates in the work dtype: memory per rank is what ring attention is for.
+    out = q.new_zeros((b, g, tq, v.shape[-1]))
     lse = q.new_full((b, g, tq), -math.inf, dtype=torch.float64)
     kb, vb = k, v
     for t in range(ring.world):
@@ -102,7 +116,7 @@ def _forward(q: Any, k: Any, v: Any, ring: Ring, scale: float, block: Any) -> tu
         for r in ring.plans[t]:
             rows = slice(r.q0, r.q1)
             o, l = block(q[:, :, rows], kb[:, : r.keys], vb[:, : r.keys], _tiling(r), scale=scale)
-            out[:, :, rows], lse[:, :, rows] = online.merge(out[:, :, rows], lse[:, :, rows], o.to(out), l.to(lse))
+            _merge_into(out[:, :, rows], lse[:, :, rows], o, l)
         if ahead is not None:
             kb, vb = ahead.wait()
     return out.to(q.dtype), lse.to(q.dtype)
@@ -112,7 +126,7 @@ def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float) -> tuple[
     """dq of this rank's queries, dk and dv of its keys; the accumulators of dk/dv travel with the blocks."""
     import torch
 
-    dq = q.new_zeros(q.shape, dtype=torch.float64)  # p blocks' sums round no more than one process's
+    dq = q.new_zeros(q.shape)
     kb, vb = k, v
     back = None  # the accumulator for the block in hand, coming from the previous rank
     for t in range(ring.world):
