@@ -98,6 +98,11 @@ def test_scene_toggle_shows_the_seeds_weights(page, live_server, shots):
         rows = page.locator("#scene-table tbody tr").all()
         return {r.get_attribute("data-token"): r.locator(".weight").inner_text() for r in rows}
 
+    assert page.inner_text("#scene-step").startswith("Step 1 of 4")  # a learner starts at the start
+    assert page.locator("#scene-table .score").count() == 0 and page.is_disabled("#scene-back")
+    for _ in range(3):
+        page.click("#scene-next")
+    assert page.inner_text("#scene-step").startswith("Step 4 of 4")
     before = weights()
     assert [before[t] for t in ("river", "sat", "bank", "I")] == ["60 %", "20 %", "10 %", "2 %"]
     assert "(0.75, 0.05)" in page.inner_text("#scene-output")
@@ -181,3 +186,75 @@ def test_too_long_a_sentence_is_explained_on_the_page(page, live_server):
     page.wait_for_selector("#status.error")
     assert "602 tokens" in page.inner_text("#status") and "at most 512" in page.inner_text("#status")
     assert not page.is_disabled("#run")
+
+
+def test_compare_errors_show_on_the_compare_tab_and_clear_the_old_answer(page, live_server, shots):
+    page.goto(live_server + "/#compare")
+    page.wait_for_selector("#compare-summary")
+    page.fill("#compare-da", "lake")  # not in sentence 1
+    page.click("#compare-run")
+    page.wait_for_selector("#compare-status.error")
+    assert page.is_visible("#compare-status")
+    text = page.inner_text("#compare-status")
+    assert "lake" in text and "sentence 1" in text
+    assert page.locator("#compare-summary").count() == 0 and page.locator(".pair").count() == 0  # no stale answer
+    shoot(page, shots / "compare-error.png")
+    page.fill("#compare-da", "river")
+    page.fill("#compare-target", "")
+    page.click("#compare-run")
+    page.wait_for_function("document.querySelector('#compare-status').textContent.includes('target word')")
+    page.fill("#compare-target", "bank")
+    page.click("#compare-run")
+    page.wait_for_selector("#compare-summary")
+    assert page.inner_text("#compare-status") == "" and not page.locator("#compare-status.error").count()
+
+
+def test_empty_input_is_explained_in_words(page, live_server):
+    page.goto(live_server + "/#head")
+    page.wait_for_selector("#head-words .word")
+    page.fill("#sentence-a", "   ")
+    page.fill("#sentence-b", "")
+    page.click("#run")
+    page.wait_for_selector("#status.error")
+    assert "Type a sentence" in page.inner_text("#status")
+    assert "List should" not in page.inner_text("body")
+
+
+def test_the_sentence_selectors_show_sentences_whole(page, live_server):
+    a = "The old man walked slowly along the river bank at dawn with his dog."
+    b = "The old man walked slowly along the river bank at dusk with his cat."
+    assert a[:40] == b[:40]
+    page.goto(live_server + "/#head")
+    page.wait_for_selector("#head-words .word")
+    page.fill("#sentence-a", a)
+    page.fill("#sentence-b", b)
+    page.click("#run")
+    page.wait_for_selector("#head-sentence")
+    assert page.locator("#head-sentence option").all_inner_texts() == [f"1: {a}", f"2: {b}"]
+    page.click('#tabs button[data-view="model"]')
+    assert page.locator("#model-sentence option").all_inner_texts() == [f"1: {a}", f"2: {b}"]
+
+
+def test_heat_view_has_word_labels_and_a_colour_scale(page, live_server, shots):
+    show_sentence(page, live_server, SENTENCE)
+    page.select_option("#head-display", "heat")
+    page.wait_for_selector("#head-heat-axes")
+    words = page.locator("#head-words .word").all_inner_texts()
+    probe = page.evaluate("""() => {
+        const c = document.querySelector('#head-heat-axes'), img = document.querySelector('#head-heat');
+        const r = window.devicePixelRatio || 1, ctx = c.getContext('2d');
+        const left = img.offsetLeft, top = img.offsetTop, px = img.offsetWidth;
+        const ink = (x, y, w, h) => { const d = ctx.getImageData(x * r, y * r, w * r, h * r).data;
+            let k = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) k++; return k; };
+        const at = (x, y) => Array.from(ctx.getImageData(x * r, y * r, 1, 1).data.slice(0, 3));
+        return {left, top, px, rowLabels: ink(0, top, left, px), colLabels: ink(left, 0, px, top),
+                scaleTop: at(left + px + 18, top + 2), scaleMid: at(left + px + 18, top + px / 2),
+                scaleBottom: at(left + px + 18, top + px - 3)};
+    }""")
+    assert probe["left"] > 40 and probe["top"] > 40  # room for the labels
+    assert probe["rowLabels"] > 50 * len(words) and probe["colLabels"] > 50 * len(words)  # text drawn on both axes
+    dark = page.evaluate("window.attnlab.heatRGB(1)")
+    assert max(abs(a - b) for a, b in zip(probe["scaleTop"], dark)) <= 8  # 100 % at the top
+    assert sum(probe["scaleTop"]) < sum(probe["scaleMid"]) < sum(probe["scaleBottom"])
+    assert min(probe["scaleBottom"]) > 220  # near white: 0 % at the bottom
+    shoot(page, shots / "head-heat.png")

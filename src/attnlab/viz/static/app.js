@@ -58,6 +58,10 @@
   document.getElementById("input").addEventListener("submit", (e) => {
     e.preventDefault();
     const sentences = ["sentence-a", "sentence-b"].map((id) => document.getElementById(id).value.trim()).filter(Boolean);
+    if (!sentences.length) {
+      AL.status("Type a sentence in the box first, then press Show attention.", true);
+      return;
+    }
     showMaps(sentences, document.getElementById("level").value);
   });
 

@@ -23,7 +23,8 @@
         el("input", {type: "checkbox", id: "compare-exclude-self", checked: r.exclude_self}), " not the target itself"),
       el("label", {title: "leave the special tokens and punctuation out of the argmax"},
         el("input", {type: "checkbox", id: "compare-exclude-marks", checked: r.exclude_marks}), " not the marks"),
-      el("button", {id: "compare-run", type: "submit", text: "Find the heads"}));
+      el("button", {id: "compare-run", type: "submit", text: "Find the heads"}),
+      el("span", {id: "compare-status", class: "status", role: "status"}));
   }
 
   function rowChart(side) {
@@ -49,16 +50,37 @@
       best ? el("div", {class: "pair"}, best.sides.map(rowChart)) : null);
   }
 
+  // Errors go next to the button the user pressed (the page's status line is hidden on this tab),
+  // and the previous answer goes away, so it is never read as the answer to the new question.
+  function say(text, isError) {
+    const s = document.getElementById("compare-status");
+    s.textContent = text;
+    s.classList.toggle("error", !!isError);
+  }
+
   async function run() {
     const v = (id) => document.getElementById(id).value.trim();
     const on = (id) => document.getElementById(id).checked;
     st.request = {sentences: [v("compare-a"), v("compare-b")], target: v("compare-target"), deciders: [v("compare-da"), v("compare-db")],
       exclude_self: on("compare-exclude-self"), exclude_marks: on("compare-exclude-marks")};
-    AL.status("searching the heads…");
+    const result = document.getElementById("compare-result");
+    result.replaceChildren();
+    if (![...st.request.sentences, st.request.target, ...st.request.deciders].every(Boolean)) {
+      say("Fill in both sentences, the target word, and the word that decides its meaning in each sentence.", true);
+      return;
+    }
+    say("searching the heads…");
+    const button = document.getElementById("compare-run");
+    button.disabled = true;
     try {
       show(await st.source.findHead(st.request));
-      AL.status("");
-    } catch (e) { AL.status(e.message, true); }
+      say("");
+    } catch (e) {
+      result.replaceChildren();
+      say(e.message, true);
+    } finally {
+      button.disabled = false;
+    }
   }
 
   AL.compare = {

@@ -85,8 +85,9 @@ class ServerSource {
     const data = await res.json().catch(() => ({detail: res.statusText}));
     if (!res.ok) {
       const d = data.detail;
-      const msg = Array.isArray(d) ? d.map((e) => `${(e.loc || []).slice(1).join(".")}: ${e.msg}`).join("; ") : d;
-      throw new Error(msg || `HTTP ${res.status}`);
+      // The server words each problem as a sentence (a 422 lists them); a 503 says when to retry.
+      const msg = Array.isArray(d) ? d.map((e) => e.msg).join(" ") : d;
+      throw new Error(msg || `The server answered ${res.status} ${res.statusText}.`);
     }
     return data;
   }

@@ -26,9 +26,9 @@
     const m = st.maps;
     const pick = (key) => (e) => { st[key] = Number(e.target.value); load(); };
     return el("div", {class: "controls"},
-      m.sentences.length > 1 ? el("label", {}, "Sentence ", el("select", {id: "head-sentence", onchange: (e) => {
-        st.sentence = Number(e.target.value); st.pinned = null; load();
-      }}, m.sentences.map((s, i) => el("option", {value: i, selected: i === st.sentence, text: `${i + 1}: ${s.text.slice(0, 40)}`})))) : null,
+      m.sentences.length > 1 ? el("label", {}, "Sentence ", el("select", {id: "head-sentence", class: "sentence-pick",
+        title: m.sentences[st.sentence].text, onchange: (e) => { st.sentence = Number(e.target.value); st.pinned = null; load(); },
+      }, m.sentences.map((s, i) => el("option", {value: i, selected: i === st.sentence, text: `${i + 1}: ${s.text}`})))) : null,
       el("label", {}, "Layer ", el("select", {id: "head-layer", onchange: pick("layer")}, options(m.model.num_layers, st.layer))),
       el("label", {}, "Head ", el("select", {id: "head-head", onchange: pick("head")}, options(m.model.num_heads, st.head))),
       el("label", {}, "Show the row as ", el("select", {id: "head-display", onchange: (e) => { st.display = e.target.value; render(); }},
@@ -130,11 +130,47 @@
     return scroller;
   }
 
+  // Word labels along both axes (every k-th when rows are thinner than the text) and a colour
+  // scale beside the map, so that the heat reads without hovering.
+  const HEAT_LEFT = 96, HEAT_TOP = 84, SCALE_W = 64, HEAT_BOTTOM = 10;
+
+  function heatAxes(canvas, n, px) {
+    const ctx = AL.fitCanvas(canvas, HEAT_LEFT + px + SCALE_W, HEAT_TOP + px + HEAT_BOTTOM);
+    const cell = px / n, step = Math.max(1, Math.ceil(12 / cell));
+    const fit = (t) => (t.length > 12 ? `${t.slice(0, 11)}…` : t);
+    ctx.font = "11px sans-serif";
+    ctx.fillStyle = "#333";
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "right";
+    for (let i = 0; i < n; i += step) ctx.fillText(fit(labels()[i]), HEAT_LEFT - 4, HEAT_TOP + (i + 0.5) * cell);
+    ctx.textAlign = "left";
+    for (let j = 0; j < n; j += step) {
+      ctx.save();
+      ctx.translate(HEAT_LEFT + (j + 0.5) * cell, HEAT_TOP - 4);
+      ctx.rotate(-Math.PI / 3);
+      ctx.fillText(fit(labels()[j]), 0, 0);
+      ctx.restore();
+    }
+    // The colour scale: the same ramp as the map, 0 % at the bottom to 100 % at the top.
+    const x0 = HEAT_LEFT + px + 12, bar = 12;
+    for (let y = 0; y < px; y++) {
+      ctx.fillStyle = AL.heat(1 - y / (px - 1));
+      ctx.fillRect(x0, HEAT_TOP + y, bar, 1);
+    }
+    ctx.strokeStyle = "#999";
+    ctx.strokeRect(x0, HEAT_TOP, bar, px);
+    ctx.fillStyle = "#333";
+    for (const v of [0, 0.25, 0.5, 0.75, 1]) ctx.fillText(`${Math.round(100 * v)} %`, x0 + bar + 4, HEAT_TOP + (1 - v) * (px - 1));
+  }
+
   function heatPanel() {
-    const n = st.map.n, px = Math.min(MAX_VIEW_H, Math.max(240, n * 12));
-    const image = el("canvas", {id: "head-heat", class: "matrix"});
+    const n = st.map.n, px = Math.min(MAX_VIEW_H, Math.max(240, n * 16));
+    const at = `left:${HEAT_LEFT}px;top:${HEAT_TOP}px`;
+    const axes = el("canvas", {id: "head-heat-axes", class: "axes"});
+    heatAxes(axes, n, px);
+    const image = el("canvas", {id: "head-heat", class: "matrix", style: at});
     AL.drawMatrix(image, st.map.weights, n, px);
-    const mark = el("canvas", {class: "overlay"});
+    const mark = el("canvas", {class: "overlay", style: at});
     st.redraw = () => {
       if (!st.map || !mark.isConnected) return;
       const q = query();
@@ -144,7 +180,7 @@
       ctx.strokeRect(0, (q * px) / n, px, Math.max(2, px / n));
     };
     st.redraw();
-    const tip = el("p", {id: "head-tip", class: "muted", text: "rows: from, columns: to"});
+    const tip = el("p", {id: "head-tip", class: "muted", text: "rows: the word that looks (from), columns: the word it looks at (to)"});
     const cell = (e) => {
       const r = mark.getBoundingClientRect();
       return [Math.floor(((e.clientY - r.top) / px) * n), Math.floor(((e.clientX - r.left) / px) * n)];
@@ -154,7 +190,8 @@
       if (i >= 0 && i < n && j >= 0 && j < n) tip.textContent = `"${labels()[i]}" → "${labels()[j]}": ${AL.pct1(weight(i, j))}`;
     });
     mark.addEventListener("click", (e) => choose(cell(e)[0]));
-    return el("div", {}, el("div", {class: "stack", style: `width:${px}px;height:${px}px`}, image, mark), tip);
+    return el("div", {}, el("div", {class: "stack", style: `width:${HEAT_LEFT + px + SCALE_W}px;height:${HEAT_TOP + px + HEAT_BOTTOM}px`},
+      axes, image, mark), tip);
   }
 
   function render() {

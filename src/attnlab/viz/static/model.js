@@ -38,9 +38,9 @@
     const n = s.labels.length;
     root.replaceChildren(
       el("div", {class: "controls"},
-        m.sentences.length > 1 ? el("label", {}, "Sentence ", el("select", {id: "model-sentence",
-          onchange: (e) => { st.sentence = Number(e.target.value); render(); }},
-        m.sentences.map((x, i) => el("option", {value: i, selected: i === st.sentence, text: `${i + 1}: ${x.text.slice(0, 40)}`})))) : null,
+        m.sentences.length > 1 ? el("label", {}, "Sentence ", el("select", {id: "model-sentence", class: "sentence-pick",
+          title: s.text, onchange: (e) => { st.sentence = Number(e.target.value); render(); }},
+        m.sentences.map((x, i) => el("option", {value: i, selected: i === st.sentence, text: `${i + 1}: ${x.text}`})))) : null,
         el("span", {class: "muted", text: `${L} layers × ${H} heads · ${n} ${m.level}s` +
           (ov.size < n ? ` · maps shown at ${ov.size} × ${ov.size} (averaged blocks)` : "")})),
       el("p", {class: "legends"}, legend), grid);

@@ -12,7 +12,7 @@
     "The weights blend the values into a new vector",
   ];
   let scene = null;
-  const state = {step: STEPS.length, scaled: false};
+  const state = {step: 1, scaled: false}; // a learner starts at the first step
 
   function arrow(ctx, x0, y0, x1, y1, color, dashed) {
     ctx.strokeStyle = ctx.fillStyle = color;
