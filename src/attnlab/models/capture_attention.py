@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 ATTN_IMPLEMENTATION = "attnlab_capture"
 
 # Where the attention calls of one forward pass leave their queries and keys (capture(qk=True));
 # None outside :func:`recording`, so an ordinary forward keeps nothing.
 _RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("attnlab_capture_record", default=None)
+# Inside :func:`observing`: the callback each attention call hands its q, k and LSE to, instead of
+# keeping weights (long inputs: no mask and no weights of T × T are ever built).
+_OBSERVE: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("attnlab_capture_observe", default=None)
 
 
 @contextlib.contextmanager
@@ -39,6 +42,38 @@ def recording() -> Iterator[list]:
         yield calls
     finally:
         _RECORD.reset(token)
+
+
+@contextlib.contextmanager
+def observing(callback: Callable[..., None]) -> Iterator[None]:
+    """Run the model's attention without any T × T array: inside the block, transformers builds no
+    mask, each attention call goes through attnlab's compiled blockwise kernel (causal and sliding
+    windows as bands, the LSE kept) and then calls ``callback(query (B, H, T, D), key (B, H_kv, T, D),
+    lse (B, H, T), scale=, causal=, window=)``; no weights come out. One unpadded sequence per call."""
+    token = _OBSERVE.set(callback)
+    try:
+        yield
+    finally:
+        _OBSERVE.reset(token)
+
+
+def _observed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None,
+              softcap: float | None, sliding_window: int | None, position_bias: Any, callback: Callable) -> tuple:
+    from attnlab.backends.api import attention
+
+    if attention_mask is not None or position_bias is not None:
+        raise ValueError("long-input statistics take one unpadded sequence of a model without position biases "
+                         "(T5's relative bias is T × T); this call came with a mask or a bias")
+    if softcap is not None:
+        raise ValueError("long-input statistics go through attnlab's kernel backend, which does not support "
+                         "logit softcapping (Gemma-2); capture() serves such models up to their maps' size")
+    causal = bool(getattr(module, "is_causal", False))
+    window = None if sliding_window is None else (int(sliding_window) - 1, 0)
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    out, lse = attention(query, key, value, causal=causal, window=window, scale=scale, return_lse=True,
+                         backend="kernel")
+    callback(query, key, lse, scale=scale, causal=causal, window=window)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def capture_attention_forward(
@@ -68,6 +103,10 @@ def capture_attention_forward(
 
     if module.training and dropout > 0:
         raise RuntimeError("capture needs the model in eval mode (attention dropout would change the maps)")
+    observer = _OBSERVE.get()
+    if observer is not None:
+        return _observed(module, query, key, value, attention_mask, scaling, softcap, sliding_window, position_bias,
+                         observer)
     if sliding_window is not None and attention_mask is None:
         raise RuntimeError("a sliding-window layer was called without its mask; attnlab cannot apply the window")
     mask = None
@@ -95,5 +134,8 @@ def register() -> None:
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import eager_mask
 
+    def mask(*args: Any, **kwargs: Any) -> Any:  # no (T, T) mask while observing a long input
+        return None if _OBSERVE.get() is not None else eager_mask(*args, **kwargs)
+
     AttentionInterface.register(ATTN_IMPLEMENTATION, capture_attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, mask)

@@ -1,0 +1,228 @@
+"""Per-head statistics of the full attention of long inputs, without any T × T array.
+
+The model's forward runs with attnlab's attention observed (:func:`attnlab.models.capture_attention.observing`):
+each layer's attention goes through the compiled blockwise kernel, which keeps each row's
+log-sum-exp (LSE), and hands over the queries and keys it was given. A second tiled pass over the
+same q and k then recomputes the exact weights a block of rows at a time, α_ij = exp(s_ij − LSE_i),
+and accumulates:
+
+    prev, self, next, first   the weight on key i − 1, i, i + 1 and 0 (mean over the rows that have it)
+    distance                  Σ_j α_ij |i − j|, mean over rows
+    entropy                   −Σ_j α_ij log α_ij = LSE_i − Σ_j α_ij s_ij, nats, mean over rows
+    entropy_norm              entropy / log(keys row i sees), mean over rows that see more than one key
+    received                  Σ_i α_ij: the attention each token receives, [L, H, T] per text
+
+Memory grows as L · H · T (the statistics and one block of B rows × T keys per head), never T².
+The masks touch only the columns near the band's edges, and each block is read a handful of times.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+ROW_STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")
+BLOCK_BYTES = 32 * 2**20  # the scores of one block of rows, all heads together: bounds the pass's memory
+DEFAULT_TOP = 10
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    """Statistics per layer and head over every row of every text: ``means[name]`` is [L, H] for
+    each name of :data:`ROW_STATS`; ``received[i]`` is [L, H, T_i] (column sums of text i)."""
+
+    means: dict[str, np.ndarray]
+    received: list[np.ndarray] = field(repr=False)
+    tokens: list[list[str]] = field(repr=False)
+    model_id: str
+    revision: str | None
+    causal: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    def top_received(self, i: int = 0, k: int = DEFAULT_TOP) -> list[tuple[int, str, float]]:
+        """The ``k`` tokens of text ``i`` that receive the most attention, summed over layers and heads
+        and divided by L · H: (position, token, mean attention received)."""
+        r = self.received[i].mean(axis=(0, 1))  # (T,)
+        order = np.argsort(-r, kind="stable")[:k]
+        return [(int(j), self.tokens[i][j], float(r[j])) for j in order]
+
+    def to_dict(self, top: int = DEFAULT_TOP) -> dict:
+        """JSON-ready: the [L][H] means, and per text its length and top receiving tokens (layers,
+        heads and positions as arrays are 0-based; printed ones 1-based)."""
+        return {
+            "model_id": self.model_id, "revision": self.revision, "causal": self.causal,
+            "num_layers": int(self.received[0].shape[0]), "num_heads": int(self.received[0].shape[1]),
+            "means": {k: np.round(v, 6).tolist() for k, v in self.means.items()},
+            "texts": [{"tokens": len(t), "top_received": [
+                {"position": j, "token": tok, "received": round(r, 6)} for j, tok, r in self.top_received(i, top)]}
+                for i, t in enumerate(self.tokens)],
+        }
+
+
+class _Accumulator:
+    """Running sums of one text's row statistics, layer by layer (the observing callback)."""
+
+    def __init__(self, t: int, block_rows: int | None) -> None:
+        self.t, self.block_rows = t, block_rows
+        self.sums: list[dict[str, np.ndarray]] = []  # per layer: name → (H,) sums over rows
+        self.counts: list[dict[str, int]] = []
+        self.received: list[np.ndarray] = []  # per layer (H, T)
+
+    def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None) -> None:
+        sums, counts, received = layer_stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window,
+                                             block_rows=self.block_rows)
+        self.sums.append(sums)
+        self.counts.append(counts)
+        self.received.append(received)
+
+
+def _block_rows(h: int, t: int) -> int:
+    return max(8, min(t, BLOCK_BYTES // (4 * h * max(t, 1))))
+
+
+def _masked_columns(rows: Any, cols: Any, left: int | None, right: int | None) -> list:
+    """Where a block of rows has hidden keys: only near its band's edges, so the masks touch a
+    few columns, not the whole block. [(column slice, (b, width) bool, True = hidden)]."""
+    out = []
+    i0, i1, j0, j1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+    if right is not None and i0 + right + 1 < j1:  # keys after the first row's reach
+        c0 = i0 + right + 1 - j0
+        rel = cols[c0:][None, :] - rows[:, None]
+        out.append((slice(c0, None), rel > right))
+    if left is not None and i1 - 1 - left > j0:  # keys before the last row's reach
+        c1 = i1 - 1 - left - j0
+        rel = cols[:c1][None, :] - rows[:, None]
+        out.append((slice(0, c1), rel < -left))
+    return out
+
+
+def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
+                block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+    """One layer's row-statistic sums (name → (H,), float64), their row counts, and the attention
+    each key receives (H, T), from q (H, T, D), k (H_kv, T, D) and the rows' LSE (H, T) (torch tensors).
+
+    ``window`` (left, right) as attnlab.attention's band; with ``causal`` right is 0.
+    """
+    import torch
+
+    h, t, d = q.shape
+    hkv = k.shape[0]
+    g = h // hkv
+    q, k, lse = q.float(), k.float(), lse.float()
+    left = None if window is None else window[0]
+    right = 0 if causal else (None if window is None else window[1])
+    rows_per = block_rows or _block_rows(h, t)
+    sums = {name: torch.zeros(h, dtype=torch.float64) for name in ROW_STATS}
+    received = torch.zeros(h, t, dtype=torch.float64)
+    for i0 in range(0, t, rows_per):
+        i1 = min(t, i0 + rows_per)
+        b = i1 - i0
+        j0 = 0 if left is None else max(0, i0 - left)  # the keys any row of the block may see
+        j1 = t if right is None else min(t, i1 + right)
+        rows = torch.arange(i0, i1)
+        cols = torch.arange(j0, j1)
+        qb = q[:, i0:i1].reshape(hkv, g * b, d)  # (H_kv, G·b, D): query head h = kv head h // G
+        x = torch.matmul(qb, k[:, j0:j1].transpose(-1, -2)).mul_(scale).view(h, b, j1 - j0)  # (H, b, Tk) scores
+        x.sub_(lse[:, i0:i1, None])  # log α, before the masks
+        hidden = _masked_columns(rows, cols, left, right)  # [(column slice, (b, width) bool: hidden)]
+        for cut, off in hidden:
+            x[:, :, cut].masked_fill_(off, -math.inf)
+        a = torch.exp(x)  # (H, b, Tk): the exact weights
+        for cut, off in hidden:
+            x[:, :, cut].masked_fill_(off, 0.0)  # so that α log α is 0, not NaN, where α = 0
+        ent = -torch.einsum("hbk,hbk->hb", a, x)  # −Σ α log α, term by term (no cancellation)
+        received[:, j0:j1] += a.sum(dim=1, dtype=torch.float64)
+        # Σ α |i − j| with positions counted from the block's first row, so local heads sum small numbers
+        rel = (cols - i0).float()
+        if right == 0:  # every key at or before the row: |i − j| = i − j
+            dist = (rows - i0).float() - torch.matmul(a, rel)
+        else:
+            dist = (a * (cols[None, :] - rows[:, None]).abs().float()).sum(-1)
+        lo = torch.clamp(rows - left, min=0) if left is not None else torch.zeros_like(rows)
+        hi = torch.clamp(rows + right, max=t - 1) if right is not None else torch.full_like(rows, t - 1)
+        seen = (hi - lo + 1).float()  # (b,): keys each row sees
+        many = seen > 1
+        sums["entropy"] += ent.sum(-1, dtype=torch.float64)
+        sums["entropy_norm"] += (ent[:, many] / torch.log(seen[many])).sum(-1, dtype=torch.float64)
+        sums["distance"] += dist.sum(-1, dtype=torch.float64)
+        for name, offset in (("prev", -1), ("self", 0), ("next", 1)):
+            j = rows + offset
+            ok = (j >= j0) & (j < j1)
+            sums[name] += a[:, ok.nonzero()[:, 0], (j[ok] - j0)].sum(-1, dtype=torch.float64)
+        if j0 == 0:
+            sums["first"] += a[:, :, 0].sum(-1, dtype=torch.float64)
+    counts = {name: t for name in ROW_STATS}
+    counts["prev"] = counts["next"] = t - 1
+    lo_all = np.clip(np.arange(t) - left, 0, None) if left is not None else np.zeros(t, dtype=int)
+    hi_all = np.clip(np.arange(t) + right, None, t - 1) if right is not None else np.full(t, t - 1)
+    counts["entropy_norm"] = int(((hi_all - lo_all) > 0).sum())
+    return {n: v.numpy() for n, v in sums.items()}, counts, received.float().numpy()
+
+
+def head_stats(
+    texts: Any,
+    model: str | os.PathLike | Any = None,
+    revision: str | None = None,
+    *,
+    max_tokens: int | None = None,
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> HeadStats:
+    """Statistics of every layer's and head's full attention over each text, at any length.
+
+    ``texts``: a str or a list of them, each run alone (no padding), tokenized with the model's
+    special tokens and cut to ``max_tokens`` when given. ``model``: as :func:`attnlab.capture`;
+    encoders and decoders (causal, sliding windows); not encoder–decoders or softcapping.
+    ``progress(done, total)`` after each text.
+    """
+    import torch
+
+    from attnlab.models.capture_attention import observing
+    from attnlab.models.loading import LoadedModel, load_model
+
+    items = [texts] if isinstance(texts, str) else list(texts)
+    if not items or not all(isinstance(x, str) and x.strip() for x in items):
+        raise ValueError("texts must be a non-empty string or a non-empty list of non-empty strings")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
+        raise ValueError(f"max_tokens must be an int >= 2 or None, got {max_tokens!r}")
+    lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
+    if lm.config.get("is_encoder_decoder"):
+        raise ValueError(f"head_stats serves encoders and decoders; {lm.model_id!r} is an encoder–decoder")
+    limit = lm.config.get("max_position_embeddings") or 10**9
+    totals: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    received, tokens = [], []
+    for n, text in enumerate(items):
+        ids = lm.tokenizer(text, add_special_tokens=True)["input_ids"][:max_tokens]
+        if len(ids) > limit:
+            raise ValueError(f"texts[{n}] has {len(ids)} tokens; {lm.model_id!r} takes at most {limit} "
+                             f"(pass max_tokens to cut it)")
+        acc = _Accumulator(len(ids), block_rows)
+        x = torch.tensor([ids])
+        with torch.inference_mode(), observing(acc):
+            lm.model(input_ids=x, attention_mask=torch.ones_like(x))
+        if len(acc.sums) != lm.num_layers:
+            raise RuntimeError(f"model {lm.model_id!r} made {len(acc.sums)} attention calls for {lm.num_layers} layers")
+        for name in ROW_STATS:
+            layer = np.stack([s[name] for s in acc.sums])  # (L, H)
+            totals[name] = totals.get(name, 0) + layer
+            counts[name] = counts.get(name, 0) + acc.counts[0][name]
+        received.append(np.stack(acc.received))  # (L, H, T)
+        tokens.append(lm.tokenizer.convert_ids_to_tokens(ids))
+        if progress is not None:
+            progress(n + 1, len(items))
+    means = {name: totals[name] / max(counts[name], 1) for name in ROW_STATS}
+    return HeadStats(means=means, received=received, tokens=tokens, model_id=lm.model_id, revision=lm.revision,
+                     causal=_is_causal(lm))
+
+
+def _is_causal(lm: Any) -> bool:
+    """Whether the model's attention is causal (its attention modules say so)."""
+    return any(getattr(m, "is_causal", False) for m in lm.model.modules() if hasattr(m, "is_causal"))
