@@ -1,6 +1,7 @@
 """The viewer with a 512-token sentence (the default model's limit): is it still responsive?
 
     .venv/bin/python benchmarks/bench_viewer.py [--repeats 5] [--json F]
+    .venv/bin/python benchmarks/bench_viewer.py --load [--clients 20 --tokens 450 --seconds 30] [--json F]
 
 Measured in one run, medians over the repeats:
 - server: POST /api/maps for a new sentence (capture + word maps + roles + overview), the same
@@ -11,6 +12,12 @@ Measured in one run, medians over the repeats:
   own cost plus the transfer), switching to another head, hovering a word (redraw of the visible lines), opening the
   model view; and, side by side, drawing the model view's 72 maps from the 32 × 32 overview the
   server sends against drawing them from full 512 × 512 maps.
+
+``--load``: the server in its own process on 127.0.0.1 (as ``attnlab serve`` runs it), ``--clients``
+threads each posting new ``--tokens``-token sentences to /api/maps for ``--seconds`` (a 503 waits
+its Retry-After, at most 2 s), while one more thread asks for the light endpoints (``/``, a static
+file, /api/info, /api/scene) every 50 ms: their latency (median, p95, max), the heavy answers by
+status, and the server's resident memory before the load and at its peak (VmHWM).
 """
 
 from __future__ import annotations
@@ -107,11 +114,116 @@ def browser_side(base: str, text: str, repeats: int) -> dict:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+SERVER = """
+import sys, uvicorn
+from attnlab.lesson.scene import scene
+from attnlab.viz.server import create_app
+uvicorn.run(create_app(preload=True, scene=scene()), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+def memory_kb(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak) of a process, in kB, from /proc (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f) if k in ("VmRSS", "VmHWM")}
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def load_test(clients: int, tokens: int, seconds: float) -> dict:
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+    from transformers import AutoTokenizer
+
+    from attnlab.models.loading import load_model
+
+    tokenizer = AutoTokenizer.from_pretrained(load_model().path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)])
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(base + "/api/info", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the viewer did not start")
+            time.sleep(0.2)
+        httpx.post(base + "/api/maps", json={"sentences": [sentence_of(tokens, tokenizer, 10**6)]}, timeout=120)
+        before = memory_kb(proc.pid)
+        sentences = iter(sentence_of(tokens, tokenizer, seed) for seed in range(clients * 200))
+        lock = threading.Lock()
+        heavy: dict[str, int] = {}
+        light: list[float] = []
+        stop = time.monotonic() + seconds
+
+        def heavy_client() -> None:
+            with httpx.Client(base_url=base, timeout=300) as c:
+                while time.monotonic() < stop:
+                    with lock:
+                        text = next(sentences)
+                    r = c.post("/api/maps", json={"sentences": [text]})
+                    with lock:
+                        heavy[str(r.status_code)] = heavy.get(str(r.status_code), 0) + 1
+                    if r.status_code == 503:
+                        time.sleep(min(2.0, float(r.headers.get("Retry-After", 1))))
+
+        def light_client() -> None:
+            paths = ("/", "/viewer.css", "/api/info", "/api/scene")
+            with httpx.Client(base_url=base, timeout=60) as c:
+                k = 0
+                while time.monotonic() < stop:
+                    t = time.perf_counter()
+                    c.get(paths[k % len(paths)]).raise_for_status()
+                    light.append(time.perf_counter() - t)
+                    k += 1
+                    time.sleep(0.05)
+
+        threads = [threading.Thread(target=heavy_client) for _ in range(clients)] + [threading.Thread(target=light_client)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        after = memory_kb(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"clients": clients, "tokens": tokens, "seconds": seconds, "heavy_by_status": heavy,
+            "light_requests": len(light), "light_median_ms": 1000 * percentile(light, 50),
+            "light_p95_ms": 1000 * percentile(light, 95), "light_max_ms": 1000 * max(light, default=float("nan")),
+            "rss_before_mb": before["VmRSS"] / 1024, "rss_peak_mb": after["VmHWM"] / 1024}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--load", action="store_true", help="the load test instead (see above)")
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=450)
+    parser.add_argument("--seconds", type=float, default=30.0)
     args = parser.parse_args()
+    if args.load:
+        r = load_test(args.clients, args.tokens, args.seconds)
+        print(f"{r['clients']} clients posting {r['tokens']}-token sentences for {r['seconds']:g} s: "
+              f"heavy answers by status {r['heavy_by_status']}")
+        print(f"  light endpoints ({r['light_requests']} requests): median {r['light_median_ms']:.1f} ms, "
+              f"p95 {r['light_p95_ms']:.1f} ms, max {r['light_max_ms']:.1f} ms")
+        print(f"  server memory: {r['rss_before_mb']:.0f} MB before the load, peak {r['rss_peak_mb']:.0f} MB")
+        if args.json_path:
+            with open(args.json_path, "w") as f:
+                json.dump(r, f, indent=2)
+        return
 
     import torch
     import uvicorn
