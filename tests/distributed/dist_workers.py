@@ -60,3 +60,21 @@ def sleeps(rank: int, world: int, seconds: float) -> None:
 def reduce_ranks(rank: int, world: int) -> list:
     r, w = rank_and_world()
     return all_reduce_sum([torch.full((2, 3), float(r + 1)).numpy(), [float(w)]])
+
+
+def corpus_scores(rank: int, world: int, sentences: list, fail_on: int | None = None) -> dict:
+    """corpus_roles over the group (each rank loads the bundled model): scores, sentence count, roles left out.
+
+    With ``fail_on``, that rank names a model that does not exist, and each rank returns the error it raised.
+    """
+    from attnlab.analysis.corpus import corpus_roles
+    from attnlab.models.loading import load_model
+
+    if fail_on is not None:
+        try:
+            corpus_roles(sentences, "/nonexistent/model" if rank == fail_on else load_model(), distributed=True)
+        except Exception as e:  # noqa: BLE001 - the test looks at which
+            return {"error": (type(e).__name__, str(e))}
+        return {"error": None}
+    roles = corpus_roles(sentences, load_model(), batch_size=2, distributed=True)
+    return {"scores": roles.scores, "num_sentences": roles.num_sentences, "not_applicable": roles.not_applicable}

@@ -2,7 +2,10 @@
 
 Sentences are captured in batches and folded into running totals one batch at a time
 (:class:`~attnlab.analysis.roles.RoleAccumulator`), so memory stays that of one batch however long
-the corpus is.
+the corpus is. Under ``torchrun`` the sentences are shared out between the ranks (consecutive
+runs, :func:`~attnlab.distributed.env.shard_items`), each rank folds its share, and the totals are
+summed over the ranks with one all-reduce: every rank gets the result one process would (to the
+rounding of float64 sums in another order).
 """
 
 from __future__ import annotations
@@ -44,17 +47,75 @@ def corpus_roles(
     batch_size: int = 32,
     marks: Any = None,
     progress: Any = None,
+    distributed: bool | str = "auto",
+    group: Any = None,
 ) -> HeadRoles:
     """Role scores per layer and head over many sentences (or pairs), captured batch by batch.
 
-    ``progress(done, total)`` is called after each batch.
+    ``progress(done, total)`` is called after each batch (of this rank's share). ``distributed``:
+    True shares the sentences between the ranks of ``group`` (joining torchrun's job from its
+    environment if no group exists yet); "auto" does so when there is a job of more than one
+    process; False computes everything here. Every rank returns the same result.
     """
+    from attnlab.distributed import env
     from attnlab.models.words import to_words
     from attnlab.models.capture import iter_capture
     from attnlab.models.loading import LoadedModel, load_model
 
-    lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
-    acc = RoleAccumulator(lm.num_layers, lm.num_heads)
-    for _, part in iter_capture(sentences, lm, batch_size=batch_size, progress=progress):
-        acc.add(to_words(part, marks=marks))
+    if distributed not in (True, False, "auto"):
+        raise ValueError(f"distributed must be True, False or 'auto', got {distributed!r}")
+    if distributed is True or (distributed == "auto" and (env.launched() or env.initialized())):
+        env.init_from_env()
+    rank, world = env.rank_and_world(group) if distributed and env.initialized() else (0, 1)
+    if world == 1:
+        lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
+        acc = RoleAccumulator(lm.num_layers, lm.num_heads)
+        for _, part in iter_capture(sentences, lm, batch_size=batch_size, progress=progress):
+            acc.add(to_words(part, marks=marks))
+        return acc.result(lm.model_id, lm.revision)
+    failure = None
+    try:  # every rank must reach the all-reduce below whatever happens here, or the others would hang
+        lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
+        acc = RoleAccumulator(lm.num_layers, lm.num_heads)
+        share = env.shard_items(list(sentences), rank, world)
+        if share:  # more ranks than sentences: some have none
+            for _, part in iter_capture(share, lm, batch_size=batch_size, progress=progress):
+                acc.add(to_words(part, marks=marks))
+        _check_kinds(acc)
+    except Exception as e:
+        failure = e
+    (failed,) = env.all_reduce_sum([[failure is not None]], group)[0]  # first only whether all went well
+    if failure is not None:
+        raise failure
+    if failed:
+        raise RuntimeError(f"corpus_roles: {int(failed)} rank(s) failed on their share of the sentences (their own errors say why)")
+    _sum_over_ranks(acc, group)
     return acc.result(lm.model_id, lm.revision)
+
+
+def _check_kinds(acc: RoleAccumulator) -> None:
+    from attnlab.models.maps import WORD_KINDS
+
+    if not acc.kinds <= set(WORD_KINDS):
+        raise ValueError(f"corpus_roles: word kinds {sorted(acc.kinds - set(WORD_KINDS))} are not among {WORD_KINDS}; "
+                         "they cannot be summed over ranks")
+
+
+def _sum_over_ranks(acc: RoleAccumulator, group: Any) -> None:
+    """Make ``acc`` the accumulator of every rank's sentences (in place), with one all-reduce.
+
+    Totals, row and sentence counts add up; "every map was causal" holds if it held on every rank,
+    "a word repeats" if it did on one; the word kinds seen are the union (of the fixed list of
+    kinds, so that they travel as counts).
+    """
+    from attnlab.distributed import env
+    from attnlab.models.maps import WORD_KINDS
+
+    names = list(acc.totals)
+    flags = [acc.sentences, float(not acc.causal), float(acc.repeats)] + [float(k in acc.kinds) for k in WORD_KINDS]
+    *totals, rows, flags = env.all_reduce_sum([acc.totals[n] for n in names] + [[acc.rows[n] for n in names], flags], group)
+    acc.totals = dict(zip(names, totals))
+    acc.rows = {n: int(round(r)) for n, r in zip(names, rows)}
+    acc.sentences = int(round(flags[0]))
+    acc.causal, acc.repeats = flags[1] == 0, flags[2] > 0
+    acc.kinds = {k for k, c in zip(WORD_KINDS, flags[3:]) if c > 0}

@@ -1,0 +1,37 @@
+"""Corpus statistics over 2 local gloo processes equal one process's (the bundled model in every rank)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import dist_workers  # noqa: E402
+from attnlab.analysis.corpus import corpus_roles  # noqa: E402
+from attnlab.distributed import run_local  # noqa: E402
+
+SENTENCES = ["I sat on the bank of the river.", "Hi.", ("The cat sat.", "It slept."), "Attention mixes words, gently.",
+             "The bank raised its rates again.", "Words, words, words!", "She read the book that he wrote."]
+
+
+def test_two_processes_equal_one(default_model):
+    one = corpus_roles(SENTENCES, default_model, batch_size=2, distributed=False)
+    ranks = run_local(dist_workers.corpus_scores, 2, SENTENCES, timeout_s=240)
+    for r in ranks:
+        assert r["num_sentences"] == len(SENTENCES)
+        assert r["not_applicable"] == one.not_applicable
+        assert set(r["scores"]) == set(one.scores)
+        for name, s in one.scores.items():
+            np.testing.assert_array_equal(r["scores"][name], ranks[0]["scores"][name])  # every rank: the same result
+            np.testing.assert_allclose(r["scores"][name], s, atol=1e-5, err_msg=name)  # batches differ: float32 maps
+
+
+@pytest.mark.model  # each rank loads the bundled model
+def test_a_rank_that_fails_makes_every_rank_fail_without_waiting():
+    errors = [r["error"] for r in run_local(dist_workers.corpus_scores, 2, SENTENCES, 1, timeout_s=240)]
+    assert "/nonexistent/model" in errors[1][1]  # its own error
+    assert errors[0][0] == "RuntimeError" and "1 rank(s) failed" in errors[0][1]
