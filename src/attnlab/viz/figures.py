@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 UNSCALED, SCALED = "#c44e52", "#4c72b0"  # one colour per variant, the same in every figure
+PAGE_INCHES = 1150 / 110  # the report's page (1150 px) at its 110 dpi: a wider figure is shrunk, and its text with it
 
 
 def _bars(ax, labels, series: dict[str, list[float]], colors: list[str], percent: bool = True) -> None:
@@ -84,20 +85,23 @@ def scaling(data: dict) -> Figure:
 
 def head_costs(data: dict) -> Figure:
     """Section 4: multiply-adds of one layer, split by step, for each configuration."""
-    rows = [("1 × 512", data["one_head_512"]), ("8 × 64", data["eight_heads_512"]), ("BERT base\n12 × 64", data["bert_base"]),
-            (f"{data['model']['model_id']}\n{data['model']['num_heads']} × {data['model']['d_head']}", data["model"]["cost"])]
+    m = data["model"]
+    short = m["model_id"].rsplit("/", 1)[-1]  # "all-MiniLM-L6-v2", not its hub owner
+    rows = [("1 head\nof 512", data["one_head_512"]), ("8 heads\nof 64", data["eight_heads_512"]),
+            ("BERT base\n12 heads of 64", data["bert_base"]), (f"{short}\n{m['num_heads']} heads of {m['d_head']}", m["cost"])]
     parts = (("projections", "Q, K, V = XW"), ("scores", "QKᵀ"), ("weighted_sum", "αV"), ("output", "W^O"))
     colors = ("#4c72b0", "#dd8452", "#55a868", "#8172b2")
-    fig = Figure(figsize=(7, 3.3), layout="constrained")
+    fig = Figure(figsize=(8, 3.8), layout="constrained")
     ax = fig.add_subplot()
     bottom = np.zeros(len(rows))
     for (key, label), color in zip(parts, colors):
         vals = np.array([r[key] for _, r in rows]) / 1e6
-        ax.bar([name for name, _ in rows], vals, bottom=bottom, label=label, color=color)
+        ax.bar(range(len(rows)), vals, bottom=bottom, label=label, color=color, width=0.6)
         bottom += vals
+    ax.set_xticks(range(len(rows)), [name for name, _ in rows], fontsize=9)
     ax.set_ylabel(f"million multiply-adds per layer (n = {data['n']})")
     ax.set_title("Heads split d_model: the arithmetic stays the same")
-    ax.legend(frameon=False, fontsize=8)
+    ax.legend(frameon=False, fontsize=8, loc="upper left")
     ax.spines[["top", "right"]].set_visible(False)
     return fig
 
@@ -133,10 +137,13 @@ def cost_curves(data: dict) -> Figure:
     return fig
 
 
-def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None = None) -> Figure:
-    """Several attention maps side by side, each drawn by :func:`attnlab.viz.heatmap.plot_heatmap`.
+def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None = None,
+                 shared_scale: bool = False) -> Figure:
+    """Several attention maps side by side, each drawn by :func:`attnlab.viz.heatmap.plot_heatmap`,
+    no wider than the report's page, so the numbers in the cells are read at the size they are drawn.
 
-    ``panels``: dicts with ``weights`` [Tq, Tk], ``rows`` and ``cols`` (labels) and ``title``.
+    ``panels``: dicts with ``weights`` [Tq, Tk], ``rows`` and ``cols`` (labels), ``title`` and
+    optionally ``highlight`` (row indices to frame). ``shared_scale``: one colour scale, 0 to 1, for all.
     """
     from attnlab.viz.heatmap import plot_heatmap
 
@@ -144,13 +151,19 @@ def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None
         raise ValueError("panels is empty; give at least one map")
     ncols = ncols or len(panels)
     nrows = -(-len(panels) // ncols)
+    bar, shared_bar = (0, 0.9) if shared_scale else (0.9, 0)  # inches of colour scale per panel / for all
     side = max(3.2, 0.42 * max(max(np.shape(p["weights"])) for p in panels) + 1.6)
-    fig = Figure(figsize=(ncols * (side + 0.9), nrows * side + (0.4 if title else 0)), layout="constrained")
+    side = min(side, (PAGE_INCHES - shared_bar) / ncols - bar)
+    fig = Figure(figsize=(ncols * (side + bar) + shared_bar, nrows * side + (0.4 if title else 0)),
+                 layout="constrained")
     axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
     for ax, p in zip(axes, panels):
-        plot_heatmap(p["weights"], p["rows"], p["cols"], title=p["title"], ax=ax)
+        plot_heatmap(p["weights"], p["rows"], p["cols"], title=p["title"], ax=ax, highlight_rows=tuple(p.get("highlight", ())),
+                     vmax=1.0 if shared_scale else None, colorbar=not shared_scale)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
+    if shared_scale:
+        fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label="weight")
     if title:
         fig.suptitle(title)
     return fig
@@ -174,15 +187,18 @@ def qkv_maps(data: dict) -> Figure:
 
 def bank_head(data: dict) -> Figure:
     """Section 5: the "bank" head (best, or closest when none qualifies) on both sentences."""
-    maps = [m for m in data["heatmaps"] if m["title"].startswith(f'"{data["target"]}"')]
-    return heatmap_grid([dict(_words_panel(m), title=f"sentence {m['sentence'] + 1}") for m in maps],
-                        title=maps[0]["title"])
+    target = data["target"]
+    maps = [m for m in data["heatmaps"] if m["title"].startswith(f'"{target}"')]
+    return heatmap_grid([dict(_words_panel(m), title=f"sentence {m['sentence'] + 1}",
+                              highlight=[i for i, w in enumerate(m["words"]) if w.lower() == target.lower()])
+                         for m in maps], title=maps[0]["title"])
 
 
 def role_heads(data: dict) -> Figure:
     """Section 5: the heads with the largest average weight on the previous word, the next word, the marks."""
     maps = [m for m in data["heatmaps"] if not m["title"].startswith(f'"{data["target"]}"')]
-    return heatmap_grid([_words_panel(m) for m in maps])
+    # Two a row at the page's width: three a row drew the cell numbers at a third of their size.
+    return heatmap_grid([_words_panel(m) for m in maps], ncols=2, shared_scale=True)
 
 
 def next_maps(data: dict) -> Figure:
