@@ -1,1 +1,1 @@
-"""The lesson of ../shared/seeds: the scene, the experiments, the cost model, the report."""
+"""The lesson on attention, computed: the scene, the experiments, the cost model, the report."""

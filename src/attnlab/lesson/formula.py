@@ -3,7 +3,8 @@
 Section 1 runs the scene (:mod:`attnlab.lesson.scene`) unscaled and scaled by 1/√2. Section 2
 projects a small X into Q = XW^Q, K = XW^K, V = XW^V through :class:`MultiHeadAttention`, for
 self-attention and for cross-attention (different lengths), sets Bahdanau's additive score beside
-the dot product on the same inputs, and runs listing 2.8 of seed 001 (:mod:`attnlab.lesson.listing`).
+the dot product on the same inputs, and runs the book listing of a multi-head NumPy implementation
+(:mod:`attnlab.lesson.listing`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from attnlab.lesson.listing import run_listing
 from attnlab.lesson.scene import scene
 from attnlab.lesson.section import Section, table
 
-# What seed 000 states for the scene.
+# What the lesson states for the scene.
 SEED_SCENE = {
     "unscaled": {"weights_pct": [60, 20, 10, 2], "output": [0.75, 0.05]},
     "scaled": {"weights_pct": [46, 21, 13, 4], "output": [0.63, 0.06]},
@@ -34,7 +35,7 @@ D_HIDDEN = 16  # the additive scorer's hidden layer
 
 
 def _distinct_weights(weights: list[float]) -> list[float]:
-    """The distinct weights, largest first, the way the seed lists them (60 %, 20 %, 10 %, 2 %)."""
+    """The distinct weights, largest first, the way the lesson lists them (60 %, 20 %, 10 %, 2 %)."""
     return sorted({round(w, 12) for w in weights}, reverse=True)
 
 
@@ -62,7 +63,7 @@ def formula_section() -> Section:
         ),
         table(
             f"Blended vector ({axes})",
-            ["", "output", "seed"],
+            ["", "output", "the lesson states"],
             [
                 ["unscaled", vec(un["output"]), vec(SEED_SCENE["unscaled"]["output"])],
                 ["scaled by 1/√2", vec(sc["output"]), vec(SEED_SCENE["scaled"]["output"])],
@@ -115,8 +116,8 @@ def qkv_section(seed: int = 0) -> Section:
         f"Bahdanau's additive score vᵀtanh(Ws + Uh) beside the dot product s·h/√{D_MODEL} on the same inputs: "
         f"different scores, the same softmax and the same weighted sum; for x1 the largest weight falls on "
         f"{y_names[int(np.argmax(dot_w[0]))]} (dot) and {y_names[int(np.argmax(add_w[0]))]} (additive).",
-        "Listing 2.8 of seed 001, made to run (it lacks a bracket and an import and calls an undefined "
-        f"function): head 1's weights for token 1 are {', '.join(pct(w) for w in listing.weights[0])} and its "
+        "The book listing of a multi-head NumPy implementation, made to run (as printed it lacks a bracket and an "
+        f"import and calls an undefined function): head 1's weights for token 1 are {', '.join(pct(w) for w in listing.weights[0])} and its "
         f"output (attention_input1) {vec(listing.head1[0])}; the eight heads concatenate to "
         f"{listing.multihead.heads.shape[0]} × {listing.multihead.heads.shape[-1]} per token and W^O maps them back "
         f"to {listing.multihead.output.shape[-1]}.",
@@ -133,7 +134,7 @@ def qkv_section(seed: int = 0) -> Section:
             ],
         ),
         table(
-            "Listing 2.8 (seed 001), head 1, k_d = 1",
+            "The book's multi-head listing, head 1, k_d = 1",
             ["token", "Q = xW^Q", "K = xW^K", "V = xW^V", "QKᵀ row", "weights", "output"],
             [
                 [f"{i + 1}", vec(listing.q[i], 0), vec(listing.k[i], 0), vec(listing.v[i], 0), vec(listing.scores[i], 0),

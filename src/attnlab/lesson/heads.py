@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from attnlab.spec.multihead import MultiHeadAttention
-from attnlab.lesson.fmt import big
+from attnlab.lesson.fmt import big, compact
 from attnlab.lesson.section import Section, table
 
 N_TOKENS = 128  # the sequence length the counts are made for; every term scales with it as shown
@@ -67,11 +67,13 @@ def heads_section(model: dict, n: int = N_TOKENS) -> Section:
     bert = layer_cost(MultiHeadAttention(768, 12), n)
     own = layer_cost(MultiHeadAttention(model["hidden_size"], model["num_heads"]), n)
     layers, heads = model["num_layers"], model["num_heads"]
+    short = model["model_id"].rsplit("/", 1)[-1]  # the name without its hub owner: tables fit 80 columns
+    # Labels read at 80 columns: heads × d_head; the model's name is in the title.
     rows = [
-        ("1 head of 512", one, 1),
-        ("8 heads of 64", eight, 1),
-        ("BERT base: 12 heads of 64, × 12 layers", bert, 12),
-        (f"{model['model_id']}: {heads} heads of {own.d_head}, × {layers} layers", own, layers),
+        ("1×512", one, 1),
+        ("8×64", eight, 1),
+        ("BERT 12×64", bert, 12),
+        (f"model {heads}×{own.d_head}", own, layers),
     ]
     ratio = eight.total / one.total
     b = SEED_HEADS["bert_base"]
@@ -86,11 +88,12 @@ def heads_section(model: dict, n: int = N_TOKENS) -> Section:
     )
     tables = (
         table(
-            f"Multiply-adds of attention at n = {n} tokens",
-            ["layer", "Q, K, V projections", "QKᵀ", "αV", "W^O", "total per layer", "× layers", "softmax exps"],
+            f"Multiply-adds of one attention layer at n = {n} tokens, by heads × d_head (model: {short}, "
+            f"BERT: BERT base)",
+            ["heads×d", "Q, K, V", "QKᵀ", "αV", "W^O", "per layer", "all layers", "softmax exps"],
             [
-                [name, big(c.projections), big(c.scores), big(c.weighted_sum), big(c.output), big(c.total),
-                 big(c.total * mult), big(c.exponentials)]
+                [name, compact(c.projections), compact(c.scores), compact(c.weighted_sum), compact(c.output),
+                 compact(c.total), compact(c.total * mult), compact(c.exponentials)]
                 for name, c, mult in rows
             ],
         ),
@@ -98,8 +101,8 @@ def heads_section(model: dict, n: int = N_TOKENS) -> Section:
             "Layers × heads",
             ["model", "layers", "heads per layer", "heads", "d_model", "d_head"],
             [
-                ["BERT base (the seed's model)", b["layers"], b["heads"], b["total_heads"], b["hidden"], b["d_head"]],
-                [model["model_id"], layers, heads, layers * heads, model["hidden_size"], own.d_head],
+                ["BERT base (the lesson's)", b["layers"], b["heads"], b["total_heads"], b["hidden"], b["d_head"]],
+                [short, layers, heads, layers * heads, model["hidden_size"], own.d_head],
             ],
         ),
     )

@@ -1,4 +1,4 @@
-"""Listing 2.8 of seed 001 ("Multihead attention implementation"), made to run and made whole.
+"""The book listing of a multi-head attention implementation in NumPy, made to run and made whole.
 
 As printed, the listing does not run: ``w_query`` is missing an opening bracket, ``scipy`` is
 used but never imported, and ``masked_dot_product_self_attention`` calls an undefined

@@ -113,4 +113,4 @@ def next_section(seed: int = 0) -> Section:
             "max_row_sum_error": row_sums,
         },
     }
-    return Section("next", 7, "What comes next", findings, tables, data)
+    return Section("next", 7, "Order blindness, the causal mask, a hidden token", findings, tables, data)

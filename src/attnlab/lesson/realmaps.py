@@ -2,8 +2,8 @@
 
 The two "bank" sentences go through the model once (:func:`attnlab.capture`); word-level maps
 (pieces added up) feed the target-word head search (:func:`attnlab.find_heads`) and the head
-roles (:func:`attnlab.head_roles`). The seed's figures are for bert-base-uncased and are shown
-beside ours, labelled as the seed's model.
+roles (:func:`attnlab.head_roles`). The lesson's figures are for bert-base-uncased and are shown
+beside ours, labelled as the lesson's model.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def maps_section(maps: Any) -> Section:
         f"{res.mark_heads} of {total} heads.",
         "Heads with the largest average weight on the " + "; on the ".join(
             f"{what.split(' (')[0]}: {where} ({share})" for what, where, share in role_rows) + ".",
-        f"The seed's model, {seed['model']}: {seed['qualifying']} of {seed['total_heads']} heads qualify (layer "
+        f"The lesson's model, {seed['model']}: {seed['qualifying']} of {seed['total_heads']} heads qualify (layer "
         f"{seed['best']['layer']}, head {seed['best']['head']}: {seed['best']['weights_pct'][0]} % and "
         f"{seed['best']['weights_pct'][1]} %), and the largest weight of \"{TARGET}\" falls on a mark in "
         f"{seed['mark_heads']} of {seed['total_heads']}.",
@@ -109,13 +109,13 @@ def maps_section(maps: Any) -> Section:
     tables = (
         table(
             f'The "{TARGET}" head search (largest weight of "{TARGET}" on the decider in both sentences; '
-            "on a mark: heads where it falls on [CLS], [SEP] or the period in both): ours beside the seed's model's",
+            "on a mark: heads where it falls on [CLS], [SEP] or the period in both): ours beside the lesson's model's",
             ["model", "heads", "qualify", "best head", "river / money", "on a mark"],
             [
                 [info["model_id"].rsplit("/", 1)[-1], total, len(res.qualifying),
                  f"layer {res.best[0] + 1}, head {res.best[1] + 1}" if res.best else "none",
                  " / ".join(pct(w) for w in res.decider_weights[res.best]) if res.best else "—", res.mark_heads],
-                [f"{seed['model']} (seed)", seed["total_heads"], seed["qualifying"],
+                [f"{seed['model']} (the lesson)", seed["total_heads"], seed["qualifying"],
                  f"layer {seed['best']['layer']}, head {seed['best']['head']}",
                  " / ".join(f"{w} %" for w in seed["best"]["weights_pct"]), seed["mark_heads"]],
             ],

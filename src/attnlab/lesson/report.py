@@ -93,7 +93,7 @@ def render_html(lesson: Lesson, pngs: dict[str, bytes]) -> str:
     nav = " ".join(f'<a href="#{s.key}">{s.number}. {html.escape(s.title)}</a>' for s in lesson.sections)
     if lesson.maps is not None:
         nav += f' <a href="{VIEWER}">Explore every head in the viewer</a>'
-    meta = (f"model {html.escape(lesson.section('heads').data['model']['model_id'])} · seed {cfg.seed} · "
+    meta = (f"model {html.escape(lesson.section('heads').data['model']['model_id'])} · random seed {cfg.seed} · "
             f"deadline {cfg.deadline_ms:g} ms · memory {cfg.memory_mb:g} MB · computed in {lesson.elapsed_s:.1f} s · "
             "every number is also in lesson.json")
     body = "\n".join(_section_html(s, pngs) for s in lesson.sections)

@@ -99,7 +99,7 @@ def run_lesson(config: LessonConfig = LessonConfig(), progress: Progress | None 
         ("heads", "4. several heads", lambda: heads_section(model_info(state["maps"]))),
         ("maps", "5. the real maps", lambda: maps_section(state["maps"])),
         ("cost", "6. cost: measuring attention as n doubles", lambda: cost_section(config.cost())),
-        ("next", "7. what comes next", lambda: next_section(config.seed)),
+        ("next", "7. order blindness, the causal mask, a hidden token", lambda: next_section(config.seed)),
     ]
     sections, seconds = [], {}
     start = time.perf_counter()

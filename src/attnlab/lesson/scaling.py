@@ -1,6 +1,6 @@
 """Section 3 of the lesson: why scores are divided by √d_k.
 
-Three experiments: the seed's own check that the standard deviation of q·k grows as √d (its code,
+Three experiments: the lesson's own check that the standard deviation of q·k grows as √d (its code,
 run exactly: ``np.random.default_rng(0)``, 20,000 draws per d); the saturation of softmax without
 the division (eight random keys, d_k = 64, 100 draws); and the softmax Jacobian
 α_i(δ_ij − α_j), whose norm falls toward 0 as the scores grow.
@@ -17,7 +17,7 @@ from attnlab.lesson.section import Section, table
 
 STD_DIMS = (1, 2, 64, 512)
 STD_DRAWS = 20_000
-STD_SEED = 0  # the seed's code uses np.random.default_rng(0): kept, so its table comes out exactly
+STD_SEED = 0  # the lesson's code uses np.random.default_rng(0): kept, so its table comes out exactly
 SAT_KEYS, SAT_DK, SAT_DRAWS = 8, 64, 100
 # Multipliers c on unit-variance scores z: c = 1 is scaled attention, c = √64 = 8 the unscaled one.
 GRAD_FACTORS = np.geomspace(0.125, 32.0, 49)
@@ -31,7 +31,7 @@ SEED_SCALING = {
 
 
 def dot_product_std(dims=STD_DIMS, draws: int = STD_DRAWS, seed: int = STD_SEED) -> list[dict]:
-    """The seed's loop, verbatim in substance: one generator, q then k drawn for each d in turn."""
+    """The lesson's loop, verbatim in substance: one generator, q then k drawn for each d in turn."""
     rng = np.random.default_rng(seed)
     out = []
     for d in dims:
@@ -90,7 +90,7 @@ def scaling_section(seed: int = 0) -> Section:
     seed_sat = SEED_SCALING["saturation"]
     un, sc = round(sat["unscaled_mean"], 2), round(sat["scaled_mean"], 2)
     agree = un == seed_sat["unscaled"] and sc == seed_sat["scaled"]
-    # Is the seed's figure within two standard errors of ours? Said plainly either way.
+    # Is the lesson's figure within two standard errors of ours? Said plainly either way.
     within = all(
         abs(sat[f"{name}_mean"] - seed_sat[name]) <= 2 * sat[f"{name}_sem"] for name in ("unscaled", "scaled")
     )
@@ -101,25 +101,25 @@ def scaling_section(seed: int = 0) -> Section:
         + "; divided by √d it is " + ", ".join(num(r["std_scaled"], 2) for r in stds) + ".",
         f"Eight random keys, d_k = 64, {sat['draws']} draws (generator seed {seed}): the largest weight averages "
         f"{num(sat['unscaled_mean'])} unscaled and {num(sat['scaled_mean'])} scaled (± {num(sat['unscaled_sem'], 3)} "
-        f"and ± {num(sat['scaled_sem'], 3)}, standard errors); the seed states {seed_sat['unscaled']} and "
+        f"and ± {num(sat['scaled_sem'], 3)}, standard errors); the lesson states {seed_sat['unscaled']} and "
         f"{seed_sat['scaled']}"
         + (
             "; the same to two decimals."
             if agree
-            else "; our draw differs from the seed's, "
+            else "; our draw differs from the lesson's, "
             + ("within" if within else "by more than")
             + " two standard errors of 100 draws."
         )
         + f" One draw gives {num(sat['first_draw']['unscaled'])} and {num(sat['first_draw']['scaled'])} "
-        f"(the seed's one draw: {seed_sat['one_draw']['unscaled']} and {seed_sat['one_draw']['scaled']}).",
+        f"(the lesson's one draw: {seed_sat['one_draw']['unscaled']} and {seed_sat['one_draw']['scaled']}).",
         f"The softmax Jacobian ∂α_i/∂s_j = α_i(δ_ij − α_j) vanishes as the scores grow past unit variance: its norm averages "
         f"{num(at[1.0], 3)} for unit-variance scores (scaled, d_k = 64) and {num(at[8.0], 3)} for the same scores "
         f"× √64 (unscaled). In the scene: {num(scene_jac['unscaled'], 3)} unscaled, {num(scene_jac['scaled'], 3)} scaled.",
     )
     tables = (
         table(
-            "Standard deviation of q·k over 20,000 draws (np.random.default_rng(0), as in the seed)",
-            ["d", "std of q·k", "√d", "std of q·k / √d", "seed"],
+            "Standard deviation of q·k over 20,000 draws (np.random.default_rng(0), as in the lesson)",
+            ["d", "std of q·k", "√d", "std of q·k / √d", "the lesson states"],
             [
                 [r["d"], num(r["std"], 1), num(r["sqrt_d"], 1), num(r["std_scaled"], 2),
                  f"{SEED_SCALING['std'][str(r['d'])]} / {SEED_SCALING['std_scaled'][str(r['d'])]}"]
@@ -128,7 +128,7 @@ def scaling_section(seed: int = 0) -> Section:
         ),
         table(
             "Saturation: largest of 8 weights, d_k = 64",
-            ["", "unscaled", "scaled", "seed: unscaled", "seed: scaled"],
+            ["", "unscaled", "scaled", "lesson: unscaled", "lesson: scaled"],
             [
                 [f"mean of {sat['draws']} draws", num(sat["unscaled_mean"]), num(sat["scaled_mean"]),
                  num(seed_sat["unscaled"]), num(seed_sat["scaled"])],

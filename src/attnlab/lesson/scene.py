@@ -1,6 +1,6 @@
 """The lesson's scene: "I sat on the bank of the river", d = 2, the query of "bank".
 
-The numbers are the seed's, written by hand so the arithmetic can be followed in one's head:
+The numbers are the lesson's, written by hand so the arithmetic can be followed in one's head:
 the two value dimensions are (riverbank, money). Unscaled, "bank" gives 60 % of its weight to
 "river" and blends to (0.75, 0.05); divided by √2, 46 % and (0.63, 0.06).
 """
@@ -41,7 +41,7 @@ class SceneResult:
 
 
 def compute_scene(scaled: bool) -> SceneResult:
-    """The scene with the division by √d (``scaled=True``) or without it (the seed's arithmetic)."""
+    """The scene with the division by √d (``scaled=True``) or without it (the lesson's arithmetic)."""
     scale = 1 / math.sqrt(KEYS.shape[1]) if scaled else 1.0
     out, w = attention(QUERY, KEYS, VALUES, scale=scale, return_weights=True)
     scores = (QUERY @ KEYS.T)[0] * scale

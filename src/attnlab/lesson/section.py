@@ -1,4 +1,4 @@
-"""What every section of the lesson hands back: its numbers, its tables, what the seed states.
+"""What every section of the lesson hands back: its numbers, its tables, what the lesson states.
 
 A section is plain data. The CLI renders its tables with rich, the report renders the same tables
 as HTML and draws its figures from ``data``; ``lesson.json`` is ``Section.to_dict()`` of each.
@@ -33,7 +33,7 @@ class Section:
 
     key: stable id (``formula``, ``qkv``, ``scaling``, ``heads``, ``maps``, ``cost``, ``next``);
     findings: sentences stating the results, numbers included; data: every number, JSON-ready;
-    seed: the figures the seed states for the same things, for comparison.
+    seed: the figures the lesson states for the same things, for comparison.
     """
 
     key: str

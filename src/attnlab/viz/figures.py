@@ -181,7 +181,7 @@ def qkv_maps(data: dict) -> Figure:
         {"weights": data["self"]["weights"][0], "rows": xs, "cols": xs, "title": "self-attention, head 1"},
         {"weights": data["cross"]["weights"][0], "rows": xs, "cols": ys, "title": "cross-attention, head 1"},
         {"weights": data["listing"]["weights"], "rows": ["1", "2", "3"], "cols": ["1", "2", "3"],
-         "title": "listing 2.8, head 1 (k_d = 1)"},
+         "title": "the book's listing, head 1 (k_d = 1)"},
     ])
 
 
