@@ -6,8 +6,8 @@ The encoder (BERT, RoBERTa) puts the norm after each residual sum; the causal de
 Llama) before each sublayer, with a final norm. Rotary positions turn q and k; learned positions
 are added to the input. Weights come from :mod:`attnlab.transformer.weights`.
 
-Heads can be knocked out: ``keep`` [L, H] multiplies each head's output (0: out, 1: in; its
-gradient is the head importance of Michel et al. 2019) and ``fill`` [L, H, Dh] takes the place of
+Heads can be knocked out: ``keep`` [L, H] (or [B, L, H], one per sequence) multiplies each head's
+output (0: out, 1: in; its gradient is the head importance of Michel et al. 2019) and ``fill`` [L, H, Dh] takes the place of
 what is taken out (zeros, or each head's mean output for a mean ablation).
 
 torch is imported at module level: this file loads only when ``attnlab.transformer.Transformer``
@@ -93,7 +93,7 @@ class Attention(nn.Module):
         y, w = attend(q, k, v, p)
         # 4. knock heads out: keep·y + (1 − keep)·fill, per head
         if p.keep is not None:
-            keep = p.keep[layer].to(y.dtype)[None, :, None, None]  # (1, H, 1, 1)
+            keep = p.keep[..., layer, :].to(y.dtype).reshape(-1, c.n_heads, 1, 1)  # (1 or B, H, 1, 1)
             fill = 0.0 if p.fill is None else p.fill[layer].to(y.dtype)[None, :, None, :]  # (1, H, 1, Dh)
             y = keep * y + (1 - keep) * fill
         heads = y if p.heads else None
@@ -189,8 +189,10 @@ class Transformer(nn.Module):
         mask = None if attention_mask is None else torch.as_tensor(attention_mask, device=ids.device).bool()
         if mask is not None and mask.shape != ids.shape:
             raise ValueError(f"attention_mask must have input_ids' shape {(B, T)}, got {tuple(mask.shape)}")
-        if keep is not None and tuple(keep.shape) != (c.n_layers, c.n_heads):
-            raise ValueError(f"keep must be [L, H] = {[c.n_layers, c.n_heads]}, got {list(keep.shape)}")
+        if keep is not None and tuple(keep.shape) not in ((c.n_layers, c.n_heads), (B, c.n_layers, c.n_heads)):
+            raise ValueError(f"keep must be [L, H] = {[c.n_layers, c.n_heads]} or [B, L, H], got {list(keep.shape)}")
+        if fill is not None and tuple(fill.shape) != (c.n_layers, c.n_heads, c.head_dim):
+            raise ValueError(f"fill must be [L, H, Dh] = {[c.n_layers, c.n_heads, c.head_dim]}, got {list(fill.shape)}")
         # 1. which keys are padding: lengths when it is on the right (every backend serves it), else a mask
         arange = torch.arange(T, device=ids.device)  # (T,)
         lengths = key_mask = None
