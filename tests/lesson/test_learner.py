@@ -134,3 +134,19 @@ def test_the_readme_heads_tour_runs_as_printed(tmp_path, monkeypatch, default_mo
     assert main(args) == 0
     roles = json.loads((tmp_path / "roles.json").read_text())
     assert roles
+
+
+def test_the_report_page_says_what_the_lesson_is():
+    import html as html_module
+
+    from attnlab.lesson.report import FIGURES, render_html
+    from attnlab.lesson.run import Lesson, LessonConfig
+
+    sections = tuple(cheap_sections())
+    lesson = Lesson(LessonConfig(), sections, {}, 0.0)
+    pngs = {name: b"" for s in sections for name, _ in FIGURES[s.key]}
+    page = html_module.unescape(render_html(lesson, pngs))
+    intro = page[page.index("<h1>"):page.index("<nav>")]
+    assert "A lesson on attention" in intro and "book listing" in intro and "the lesson states" in intro
+    for ref in OUTSIDE:
+        assert ref not in page

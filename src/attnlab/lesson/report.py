@@ -87,6 +87,16 @@ img { max-width: 100%; } figcaption { color: #888; font-size: 12px; }
 
 VIEWER = "viewer.html"
 
+ABOUT = (
+    "A lesson on attention, computed rather than told. The lesson follows one scene, the word \"bank\" in "
+    "\"I sat on the bank of the river\" looking at the other words, through seven steps: the formula on that "
+    "scene, where Q, K and V come from (with a book listing of a multi-head attention implementation in NumPy, "
+    "made to run), why the scores are divided by √d_k, what several heads cost, the real maps of a pretrained "
+    "model, what attention costs as the context grows, and three properties of the mechanism. Every number the "
+    "lesson states is recomputed here by attnlab and shown beside the lesson's own figure (\"the lesson "
+    "states\"); where they differ, the page says so."
+)
+
 
 def render_html(lesson: Lesson, pngs: dict[str, bytes]) -> str:
     cfg = lesson.config
@@ -99,7 +109,7 @@ def render_html(lesson: Lesson, pngs: dict[str, bytes]) -> str:
     body = "\n".join(_section_html(s, pngs) for s in lesson.sections)
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>attnlab: the attention lesson</title>'
             f"<style>{CSS}</style></head><body><h1>Attention, the lesson, computed</h1>"
-            f'<p class="meta">{meta}</p><nav>{nav}</nav>\n{body}\n</body></html>\n')
+            f'<p class="meta">{meta}</p><p>{html.escape(ABOUT)}</p><nav>{nav}</nav>\n{body}\n</body></html>\n')
 
 
 def write_report(lesson: Lesson, out: str | Path | None = None) -> list[Path]:
