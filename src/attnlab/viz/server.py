@@ -195,9 +195,9 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         redoc_url=None,
         lifespan=lifespan,
     )
+    app.state.pool, app.state.cache = pool, cache  # for tests and benchmarks to look at
     # Level 1: a 512 x 512 map (2.0 MB of JSON) goes to 0.62 MB and the request takes 0.2 s;
     # level 9, the default, gives 0.46 MB but takes 1.4 s (benchmarks/bench_viewer.py).
-    app.state.pool, app.state.cache = pool, cache  # for tests and benchmarks to look at
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=1)
     app.add_middleware(LocalOnly, hosts=allowed_hosts() if hosts is None else hosts)
 
