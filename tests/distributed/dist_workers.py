@@ -78,3 +78,16 @@ def corpus_scores(rank: int, world: int, sentences: list, fail_on: int | None = 
         return {"error": None}
     roles = corpus_roles(sentences, load_model(), batch_size=2, distributed=True)
     return {"scores": roles.scores, "num_sentences": roles.num_sentences, "not_applicable": roles.not_applicable}
+
+
+def cli_heads(rank: int, world: int, corpus: str, json_path: str) -> dict:
+    """`attnlab heads --corpus FILE --json PATH` on this rank, as torchrun would start it: exit status and what it printed."""
+    import contextlib
+    import io
+
+    from attnlab.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["heads", "--corpus", corpus, "--json", json_path, "--batch-size", "2"])
+    return {"status": status, "stdout": out.getvalue(), "stderr": err.getvalue()}

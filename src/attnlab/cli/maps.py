@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import typer
 from rich.table import Table
 
@@ -92,7 +94,8 @@ def heads(
     sentences: list[str] = typer.Argument(None, help="Sentences to score (default: the lesson's two 'bank' sentences)."),
     model: str = typer.Option(None, "--model", help=MODEL_HELP),
     revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
-    corpus: str = typer.Option(None, "--corpus", help="A text file: one sentence, or a tab-separated pair, per line."),
+    corpus: str = typer.Option(None, "--corpus", help="A text file: one sentence, or a tab-separated pair, per line "
+                               "(under torchrun the ranks share it out; rank 0 prints and writes)."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sentences per forward pass."),
     induction: bool = typer.Option(False, "--induction", help="Run the induction probe (a seeded random token "
                                    "sequence repeated once) and print each head's induction score instead."),
@@ -103,6 +106,7 @@ def heads(
     """Heads by role: each head's average attention to [CLS], [SEP], punctuation, self, previous, next word, and entropy."""
     from attnlab.analysis.corpus import corpus_roles, read_corpus
     from attnlab.analysis.roles import ROLES
+    from attnlab.distributed import rank_and_world
 
     if induction:
         if corpus or sentences:
@@ -114,9 +118,12 @@ def heads(
     if corpus and sentences:
         raise ValueError("give sentences or --corpus FILE, not both")
     items = read_corpus(corpus) if corpus else _as_items(sentences or list(LESSON_SENTENCES))
-    bar, tick = progress("capturing")
+    main_rank = rank_and_world()[0] == 0  # under torchrun the ranks share the sentences; rank 0 alone speaks
+    bar, tick = progress("capturing") if main_rank else (contextlib.nullcontext(), None)
     with bar:
         roles = corpus_roles(items, model, revision, batch_size=batch_size, progress=tick)
+    if not main_rank:
+        return
     if write_json(json_path, roles.to_dict()):
         return
     table = Table(title=f"{roles.model_id}: head roles over {roles.num_sentences} sentences (layer, head 1-based)")
