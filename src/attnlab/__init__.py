@@ -24,6 +24,11 @@ _LAZY = {
     "find_heads": "attnlab.analysis.search",
     "HeadSearch": "attnlab.analysis.search",
     "corpus_roles": "attnlab.analysis.corpus",
+    "head_stats": "attnlab.analysis.stats",
+    "HeadStats": "attnlab.analysis.stats",
+    "rollout": "attnlab.analysis.rollout",
+    "flow": "attnlab.analysis.rollout",
+    "induction_scores": "attnlab.analysis.induction",
 }
 
 
@@ -43,7 +48,12 @@ __all__ = [
     "capture",
     "corpus_roles",
     "find_heads",
+    "flow",
     "head_roles",
+    "head_stats",
+    "HeadStats",
+    "induction_scores",
+    "rollout",
     "load_maps",
     "MultiHeadAttention",
     "MultiHeadResult",

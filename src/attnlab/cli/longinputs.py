@@ -1,0 +1,104 @@
+"""`attnlab stats FILE` (per-head statistics of long inputs, no T × T) and `attnlab rollout SENTENCE`
+(attention rollout and flow through the layers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, write_json
+
+STAT_TITLES = {
+    "prev": "previous", "self": "itself", "next": "next", "first": "first token", "distance": "mean distance",
+    "entropy": "entropy (nats)", "entropy_norm": "entropy / log n",
+}
+
+
+def stats(
+    file: Path = typer.Argument(..., help="A text file; its whole text is one input (or one per line with --lines)."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    lines: bool = typer.Option(False, "--lines", help="Each non-empty line is an input of its own."),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=2, help="Cut each input to this many tokens."),
+    top: int = typer.Option(10, "--top", min=1, help="How many most-attended tokens to name."),
+    json_path: str = json_option(),
+) -> None:
+    """Per-head statistics of the full attention of long inputs, without T × T memory: weight on the
+    previous token, itself, the next and the first token, mean distance, entropy, attention received."""
+    from attnlab.analysis.stats import ROW_STATS, head_stats
+    from attnlab.cli.common import progress
+
+    if not file.is_file():
+        raise FileNotFoundError(f"text file {str(file)!r} does not exist")
+    text = file.read_text(encoding="utf-8")
+    texts = [line for line in text.splitlines() if line.strip()] if lines else [text]
+    bar, tick = progress("attending")
+    with bar:
+        found = head_stats(texts, model, revision, max_tokens=max_tokens, progress=tick)
+    if write_json(json_path, found.to_dict(top=top)):
+        return
+    layers, heads = found.means["prev"].shape
+    console.print(f"{found.model_id}: {len(found.tokens)} input(s), {found.num_tokens} tokens, "
+                  f"{layers} layers × {heads} heads{' (causal)' if found.causal else ''}", highlight=False)
+    table = Table(title="mean over rows, per head (layer, head 1-based)")
+    table.add_column("head")
+    for name in ROW_STATS:
+        table.add_column(STAT_TITLES[name], justify="right")
+    for l in range(layers):
+        for h in range(heads):
+            table.add_row(f"{l + 1}.{h + 1}", *(
+                f"{found.means[n][l, h]:.3f}" if n.startswith("entropy") or n == "distance"
+                else f"{100 * found.means[n][l, h]:.0f} %" for n in ROW_STATS))
+    console.print(table)
+    for i in range(len(found.tokens)):
+        named = ", ".join(f"{tok!r} @{j} ({r:.1f})" for j, tok, r in found.top_received(i, top))
+        console.print(f"input {i + 1}: most attended (attention received, mean over heads): {named}", highlight=False)
+
+
+def rollout(
+    sentence: str = typer.Argument(..., help="One sentence (a tab makes a pair)."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    residual: float = typer.Option(0.5, "--residual", min=0.0, max=1.0, help="Weight of the residual (identity)."),
+    tokens: bool = typer.Option(False, "--tokens", help="Token level (default: words)."),
+    with_flow: bool = typer.Option(False, "--flow", help="Also attention flow (max-flow; short inputs only)."),
+    png: Path = typer.Option(None, "--png", help="Write the last layer's rollout (and flow) as a PNG here."),
+    json_path: str = json_option(),
+) -> None:
+    """Attention rollout (Abnar & Zuidema 2020) of a sentence through every layer, and attention flow
+    with --flow: how much of each input word reaches each position."""
+    from attnlab.analysis.rollout import flow, rollout as roll
+    from attnlab.cli.maps import _as_items
+    from attnlab.models.capture import capture
+
+    maps = capture(_as_items([sentence]), model, revision)
+    view = maps if tokens else maps.to_words()
+    labels = view.tokens[0] if tokens else view.words[0]
+    rolled = roll(view, residual)[0]  # (L, T, T)
+    flowed = flow(view, residual)[0] if with_flow else None
+    result = {"model_id": maps.model_id, "revision": maps.revision, "residual": residual,
+              "level": "token" if tokens else "word", "labels": labels, "rollout": rolled.round(6).tolist()}
+    if flowed is not None:
+        result["flow"] = flowed.round(6).tolist()
+    if png is not None:
+        from attnlab.viz.figures import heatmap_grid
+
+        panels = [{"weights": rolled[-1], "rows": labels, "cols": labels, "title": f"rollout, layers 1-{len(rolled)}"}]
+        if flowed is not None:
+            panels.append({"weights": flowed, "rows": labels, "cols": labels, "title": "attention flow"})
+        heatmap_grid(panels, title=f"{maps.model_id}, residual {residual:g}").savefig(png, dpi=110)
+        err.print(f"wrote {png}", highlight=False)
+    if write_json(json_path, result):
+        return
+    for name, m in (("rollout", rolled[-1]), ("flow", flowed)):
+        if m is None:
+            continue
+        table = Table(title=f"{name} through all {len(rolled)} layers: where each position's input comes from")
+        table.add_column("position")
+        table.add_column("top sources", justify="left")
+        for i, label in enumerate(labels):
+            order = m[i].argsort()[::-1][:3]
+            table.add_row(label, ", ".join(f"{labels[j]} {100 * m[i, j]:.0f} %" for j in order))
+        console.print(table)
