@@ -234,7 +234,7 @@ def main() -> None:
 
     lm = load_model()
     app = create_app(lm)
-    client = TestClient(app)
+    client = TestClient(app, base_url="http://127.0.0.1")  # the viewer answers only to its own names
     result = {"model": lm.model_id, "tokens": 512, "threads": torch.get_num_threads(), "repeats": args.repeats}
     result["server"] = server_side(client, lm.tokenizer, args.repeats)
 
