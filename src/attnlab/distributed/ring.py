@@ -53,14 +53,33 @@ class Ring:
         """The rank whose block this rank holds at step t."""
         return (self.rank - t) % self.world
 
-    def pass_on(self, tensors: list, rows: int, tag: int) -> _Transfer:
-        """Send ``tensors`` (B, T, ·) to the next rank; receive tensors of ``rows`` rows from the previous."""
+    def pass_on(self, tensors: list, recv: list, tag: int) -> _Transfer:
+        """Send ``tensors`` (B, T, ·) to the next rank; receive into ``recv`` from the previous."""
         import torch.distributed as dist
 
-        recv = [t.new_empty((t.shape[0], rows, t.shape[-1])) for t in tensors]
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.send_to, self.group, tag) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, self.recv_from, self.group, tag) for r in recv]
         return _Transfer(dist.batch_isend_irecv(ops), recv, self.timeout_s)
+
+
+class _Buffers:
+    """Two sets of receive buffers used in turn, each sized for the largest block and allocated on first use.
+
+    At step t a block arrives in set t mod 2 while the block in hand (set t − 1 mod 2) is computed
+    and sent on; the set written at step t was last read at step t − 1, whose transfers had finished.
+    Reusing them keeps a rank's memory at two blocks in flight, whatever the allocator does with freed ones.
+    """
+
+    def __init__(self, like: list, max_rows: int) -> None:
+        self.like, self.max_rows, self.sets = like, max_rows, [None, None]
+
+    def get(self, step: int, rows: int, zero: bool = False) -> list:
+        i = step % 2
+        if self.sets[i] is None:
+            self.sets[i] = [t.new_empty(t.shape[0] * self.max_rows * t.shape[-1]) for t in self.like]
+        views = [buf[: t.shape[0] * rows * t.shape[-1]].view(t.shape[0], rows, t.shape[-1])  # (B, rows, ·), contiguous
+                 for buf, t in zip(self.sets[i], self.like)]
+        return [v.zero_() for v in views] if zero else views
 
 
 class _Transfer:
@@ -111,8 +130,11 @@ def _forward(q: Any, k: Any, v: Any, ring: Ring, scale: float, block: Any) -> tu
     out = q.new_zeros((b, g, tq, v.shape[-1]))
     lse = q.new_full((b, g, tq), -math.inf, dtype=torch.float64)
     kb, vb = k, v
+    blocks = _Buffers([k, v], max(ring.key_rows))
     for t in range(ring.world):
-        ahead = ring.pass_on([kb, vb], ring.key_rows[ring.source(t + 1)], TAG_KV) if t < ring.world - 1 else None
+        ahead = None
+        if t < ring.world - 1:
+            ahead = ring.pass_on([kb, vb], blocks.get(t, ring.key_rows[ring.source(t + 1)]), TAG_KV)
         for r in ring.plans[t]:
             rows = slice(r.q0, r.q1)
             o, l = block(q[:, :, rows], kb[:, : r.keys], vb[:, : r.keys], _tiling(r), scale=scale)
@@ -128,18 +150,20 @@ def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float) -> tuple[
 
     dq = q.new_zeros(q.shape)
     kb, vb = k, v
+    rows = ring.key_rows
+    blocks, sums, arriving = (_Buffers([k, v], max(rows)) for _ in range(3))  # k/v; dk/dv made here; dk/dv received
     back = None  # the accumulator for the block in hand, coming from the previous rank
     for t in range(ring.world):
-        nxt = ring.key_rows[ring.source(t + 1)]
-        ahead = ring.pass_on([kb, vb], nxt, TAG_KV) if t < ring.world - 1 else None
-        dk, dv = kb.new_zeros(kb.shape), vb.new_zeros(vb.shape)  # these travel: the work dtype
+        nxt = rows[ring.source(t + 1)]
+        ahead = ring.pass_on([kb, vb], blocks.get(t, nxt), TAG_KV) if t < ring.world - 1 else None
+        dk, dv = sums.get(t, rows[ring.source(t)], zero=True)  # these travel: the work dtype
         for r in ring.plans[t]:
-            rows, n = slice(r.q0, r.q1), r.keys
+            qr, n = slice(r.q0, r.q1), r.keys
             gq, gk, gv = online.backward(
-                q[:, :, rows], kb[:, :n], vb[:, :n], out[:, :, rows], lse[:, :, rows], dout[:, :, rows],
-                None if dlse is None else dlse[:, :, rows], _tiling(r), scale=scale,
+                q[:, :, qr], kb[:, :n], vb[:, :n], out[:, :, qr], lse[:, :, qr], dout[:, :, qr],
+                None if dlse is None else dlse[:, :, qr], _tiling(r), scale=scale,
             )
-            dq[:, :, rows] += gq
+            dq[:, :, qr] += gq
             dk[:, :n] += gk
             dv[:, :n] += gv
         if back is not None:
@@ -147,7 +171,7 @@ def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float) -> tuple[
             dk += dk_in
             dv += dv_in
         if ring.world > 1:  # on to the next rank; at the last step that is the block's owner
-            back = ring.pass_on([dk, dv], nxt, TAG_DKV)
+            back = ring.pass_on([dk, dv], arriving.get(t, nxt), TAG_DKV)
         if ahead is not None:
             kb, vb = ahead.wait()
     if back is not None:
