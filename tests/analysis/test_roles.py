@@ -24,9 +24,9 @@ def test_planted_head_is_top_and_over_threshold(make_maps, plant, role, columns)
     for w in maps.weights:
         w[2, 1] = plant(w.shape[-1], columns(w.shape[-1]))
     roles = attnlab.head_roles(maps.to_words())
-    layer, head, score = roles.top(role)
-    assert (layer, head) == (2, 1)
-    assert score > 0.8
+    top = roles.top(role)
+    assert (top.layer, top.head, top.index) == (3, 2, (2, 1))  # 1-based as printed, 0-based to index
+    assert top.score > 0.8
     assert roles.heads(role)[0] == (2, 1)
 
 
@@ -36,7 +36,7 @@ def test_punct_and_marks(make_maps, plant):
     for w, p in zip(maps.weights, punct):
         w[1, 0] = plant(w.shape[-1], [p] * w.shape[-1])
     roles = attnlab.head_roles(maps.to_words())
-    assert roles.top("punct")[:2] == (1, 0)
+    assert roles.top("punct").index == (1, 0)
     assert roles.scores["punct"][1, 0] == pytest.approx(1.0)
     assert roles.scores["marks"][1, 0] == pytest.approx(1.0)
 
@@ -46,7 +46,7 @@ def test_broad_is_entropy_in_nats(make_maps):
     for w in maps.weights:
         w[0, 1] = 1.0 / w.shape[-1]  # uniform rows: entropy ln(6)
     roles = attnlab.head_roles(maps.to_words())
-    assert roles.top("broad")[:2] == (0, 1)
+    assert roles.top("broad").index == (0, 1)
     assert roles.scores["broad"][0, 1] == pytest.approx(np.log(6), abs=1e-5)
 
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from attnlab.analysis.roles import HeadRoles, RoleAccumulator
+from attnlab.analysis.roles import HeadRoles, RoleAccumulator, check_average
 
 
 def read_corpus(path: str | os.PathLike) -> list[str | tuple[str, str]]:
@@ -49,19 +49,23 @@ def corpus_roles(
     progress: Any = None,
     distributed: bool | str = "auto",
     group: Any = None,
+    average: str = "row",
 ) -> HeadRoles:
     """Role scores per layer and head over many sentences (or pairs), captured batch by batch.
 
     ``progress(done, total)`` is called after each batch (of this rank's share). ``distributed``:
     True shares the sentences between the ranks of ``group`` (joining torchrun's job from its
     environment if no group exists yet); "auto" does so when there is a job of more than one
-    process; False computes everything here. Every rank returns the same result.
+    process; False computes everything here. Every rank returns the same result. ``average``:
+    ``"row"`` (every row of every sentence weighs the same, Clark et al.'s average) or
+    ``"sentence"`` (every sentence weighs the same; see :mod:`attnlab.analysis.roles`).
     """
     from attnlab.distributed import env
     from attnlab.models.words import to_words
     from attnlab.models.capture import iter_capture
     from attnlab.models.loading import LoadedModel, load_model
 
+    check_average(average)
     if distributed not in (True, False, "auto"):
         raise ValueError(f"distributed must be True, False or 'auto', got {distributed!r}")
     if distributed is True or (distributed == "auto" and (env.launched() or env.initialized())):
@@ -69,14 +73,14 @@ def corpus_roles(
     rank, world = env.rank_and_world(group) if distributed and env.initialized() else (0, 1)
     if world == 1:
         lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
-        acc = RoleAccumulator(lm.num_layers, lm.num_heads)
+        acc = RoleAccumulator(lm.num_layers, lm.num_heads, average=average)
         for _, part in iter_capture(sentences, lm, batch_size=batch_size, progress=progress):
             acc.add(to_words(part, marks=marks))
         return acc.result(lm.model_id, lm.revision)
     failure = None
     try:  # every rank must reach the all-reduce below whatever happens here, or the others would hang
         lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
-        acc = RoleAccumulator(lm.num_layers, lm.num_heads)
+        acc = RoleAccumulator(lm.num_layers, lm.num_heads, average=average)
         share = env.shard_items(list(sentences), rank, world)
         if share:  # more ranks than sentences: some have none
             for _, part in iter_capture(share, lm, batch_size=batch_size, progress=progress):
@@ -104,7 +108,7 @@ def _check_kinds(acc: RoleAccumulator) -> None:
 def _sum_over_ranks(acc: RoleAccumulator, group: Any) -> None:
     """Make ``acc`` the accumulator of every rank's sentences (in place), with one all-reduce.
 
-    Totals, row and sentence counts add up; "every map was causal" holds if it held on every rank,
+    Totals, row and sentence counts, and the sums of per-sentence means add up; "every map was causal" holds if it held on every rank,
     "a word repeats" if it did on one; the word kinds seen are the union (of the fixed list of
     kinds, so that they travel as counts).
     """
@@ -113,9 +117,13 @@ def _sum_over_ranks(acc: RoleAccumulator, group: Any) -> None:
 
     names = list(acc.totals)
     flags = [acc.sentences, float(not acc.causal), float(acc.repeats)] + [float(k in acc.kinds) for k in WORD_KINDS]
-    *totals, rows, flags = env.all_reduce_sum([acc.totals[n] for n in names] + [[acc.rows[n] for n in names], flags], group)
-    acc.totals = dict(zip(names, totals))
+    k = len(names)
+    *arrays, rows, counts, flags = env.all_reduce_sum(
+        [acc.totals[n] for n in names] + [acc.sentence_means[n] for n in names]
+        + [[acc.rows[n] for n in names], [acc.sentence_counts[n] for n in names], flags], group)
+    acc.totals, acc.sentence_means = dict(zip(names, arrays[:k])), dict(zip(names, arrays[k:]))
     acc.rows = {n: int(round(r)) for n, r in zip(names, rows)}
+    acc.sentence_counts = {n: int(round(c)) for n, c in zip(names, counts)}
     acc.sentences = int(round(flags[0]))
     acc.causal, acc.repeats = flags[1] == 0, flags[2] > 0
     acc.kinds = {k for k, c in zip(WORD_KINDS, flags[3:]) if c > 0}

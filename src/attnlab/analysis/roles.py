@@ -10,6 +10,7 @@ constant: a head "has" the role when its score passes it.
     self    weight on the word itself              cls    weight on the opening special token
     sep     weight on the other special tokens     punct  weight on punctuation
     marks   weight on all marks                    broad  mean row entropy, nats
+    spread  row entropy / log(number of words the row may attend to): 0 on one word, 1 uniform
     sink    weight on the first position (the attention sink of StreamingLLM, Xiao et al. 2023)
     duplicate   weight on earlier copies of the word itself      } TransformerLens's detect_head
     induction   weight on the word after an earlier copy of it   } patterns, "mul" measure
@@ -21,12 +22,22 @@ rows), on words; on token maps of a repeated random sequence, :mod:`attnlab.anal
 the standard probe. A role that cannot apply to the maps at hand (a causal decoder cannot look at
 the next word; marks-based roles are for encoders, whose special tokens collect attention; no word
 repeats) is not scored: :attr:`HeadRoles.not_applicable` says why.
+
+Two averages (``average=``): ``"row"`` (the default) pools every query row of every sentence, as
+Clark et al. do, so the numbers match theirs and the lesson's; a long sentence then weighs as much
+as its row count. ``"sentence"`` first averages each sentence's rows, then the sentences, so each
+sentence weighs the same: use it for a corpus that mixes a few long texts with short sentences.
+``broad`` is in nats and grows with the row's length (a uniform row over n words has log n); its
+threshold means "as spread as a uniform row over 7.4 words" at any length. ``spread`` divides each
+row's entropy by log of the number of words it may attend to (all words in an encoder, those up
+to itself in a causal decoder; rows with one such word are left out), so its threshold means the
+same share of "uniform" at every length.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -39,6 +50,7 @@ SEP_THRESHOLD = 0.5
 PUNCT_THRESHOLD = 0.5
 MARKS_THRESHOLD = 0.5
 BROAD_THRESHOLD_NATS = 2.0  # as spread as a uniform row over e^2 ≈ 7.4 words
+SPREAD_THRESHOLD = 0.75  # entropy at least three quarters of a uniform row's over the same words
 SINK_THRESHOLD = 0.5
 DUPLICATE_THRESHOLD = 0.4
 INDUCTION_THRESHOLD = 0.4
@@ -54,7 +66,7 @@ class Role:
     description: str
     score: Scorer
     threshold: float
-    unit: str = "weight"  # "weight" (0..1) or "nats"
+    unit: str = "weight"  # "weight" (0..1), "nats", or "ratio" (0..1, not a weight)
     encoders_only: bool = False  # marks-based: not scored on causal decoders
 
 
@@ -100,6 +112,15 @@ def _broad(w, kinds, marks, texts):
     return entropy.sum(axis=-1), w.shape[-2]
 
 
+def _spread(w, kinds, marks, texts):
+    entropy = -(w * np.log(w + ENTROPY_EPS)).sum(axis=-1)  # (L, H, W)
+    n = w.shape[-1]
+    causal = not np.triu(w, k=1).any()
+    attendable = np.arange(1, n + 1) if causal else np.full(n, n)  # words row i may attend to
+    rows = attendable > 1  # log 1 = 0: a row with one choice has no spread to measure
+    return (entropy[..., rows] / np.log(attendable[rows])).sum(axis=-1), int(rows.sum())
+
+
 def _sink(w, kinds, marks, texts):
     return w[..., 0].sum(axis=-1), w.shape[-2]  # column 0, whatever token sits there
 
@@ -137,6 +158,7 @@ ROLES: dict[str, Role] = {
         Role("punct", "punctuation", _punct, PUNCT_THRESHOLD),
         Role("marks", "marks (special + punct.)", _marks, MARKS_THRESHOLD, encoders_only=True),
         Role("broad", "everything: row entropy", _broad, BROAD_THRESHOLD_NATS, unit="nats"),
+        Role("spread", "everything: entropy / log(words)", _spread, SPREAD_THRESHOLD, unit="ratio"),
         Role("sink", "first token (attention sink)", _sink, SINK_THRESHOLD),
         Role("duplicate", "earlier copies of the word", _duplicate, DUPLICATE_THRESHOLD),
         Role("induction", "word after an earlier copy", _induction, INDUCTION_THRESHOLD),
@@ -166,9 +188,23 @@ def not_applicable(names: list[str], causal: bool, kinds: set[str], repeats: boo
     return why
 
 
+AVERAGES = ("row", "sentence")
+
+
+class TopHead(NamedTuple):
+    """One head and its score: ``layer`` and ``head`` 1-based, as printed; ``index`` the 0-based
+    (layer, head) for indexing arrays such as ``scores[role][index]`` or ``maps.weights[i][index]``."""
+
+    layer: int
+    head: int
+    score: float
+    index: tuple[int, int]
+
+
 @dataclass(frozen=True)
 class HeadRoles:
-    """Role scores per head: ``scores[role]`` is [L, H], averaged over every row of every sentence.
+    """Role scores per head: ``scores[role]`` is [L, H], averaged over every row of every sentence
+    (``average="row"``) or over each sentence's rows, then the sentences (``average="sentence"``).
 
     ``not_applicable[role]`` says why a role asked for was not scored (it has no entry in ``scores``).
     """
@@ -178,6 +214,7 @@ class HeadRoles:
     model_id: str
     revision: str | None
     not_applicable: dict[str, str] = field(default_factory=dict)
+    average: str = "row"
 
     @property
     def num_layers(self) -> int:
@@ -194,12 +231,13 @@ class HeadRoles:
             raise LookupError(f"role {role!r} is unknown; roles: {', '.join(self.scores)}")
         return ROLES[role]
 
-    def top(self, role: str) -> tuple[int, int, float]:
-        """The head with the largest score for ``role``: (layer0, head0, score), 0-based."""
+    def top(self, role: str) -> TopHead:
+        """The head with the largest score for ``role``: layer and head 1-based, its score, and its
+        0-based ``index``."""
         self._role(role)
         s = self.scores[role]
-        layer, head = np.unravel_index(int(np.argmax(s)), s.shape)
-        return int(layer), int(head), float(s[layer, head])
+        layer, head = (int(i) for i in np.unravel_index(int(np.argmax(s)), s.shape))
+        return TopHead(layer + 1, head + 1, float(s[layer, head]), (layer, head))
 
     def heads(self, role: str) -> list[tuple[int, int]]:
         """Heads (layer0, head0) whose score reaches the role's threshold, best first (none for a role
@@ -215,31 +253,45 @@ class HeadRoles:
         """JSON-ready; layers and heads in ``top`` are 1-based, as printed."""
         roles = {}
         for name, s in self.scores.items():
-            layer, head, score = self.top(name)
+            top = self.top(name)
             r = ROLES[name]
             roles[name] = {
                 "description": r.description, "unit": r.unit, "threshold": r.threshold,
-                "top": {"layer": layer + 1, "head": head + 1, "score": score},
+                "top": {"layer": top.layer, "head": top.head, "score": top.score},
                 "heads_over_threshold": len(self.heads(name)),
                 "scores": np.round(s, 6).tolist(),
             }
         return {
             "model_id": self.model_id, "revision": self.revision, "num_sentences": self.num_sentences,
+            "average": self.average,
             "num_layers": self.num_layers, "num_heads": self.num_heads, "roles": roles,
             "not_applicable": dict(self.not_applicable),
         }
 
 
-class RoleAccumulator:
-    """Running totals of every role over sentences, for corpora streamed batch by batch."""
+def check_average(average: str) -> str:
+    if average not in AVERAGES:
+        raise ValueError(f"average must be 'row' or 'sentence', got {average!r}")
+    return average
 
-    def __init__(self, num_layers: int, num_heads: int, roles: list[str] | None = None) -> None:
+
+class RoleAccumulator:
+    """Running totals of every role over sentences, for corpora streamed batch by batch.
+
+    Both averages are accumulated (row totals and row counts; sums of per-sentence means and the
+    number of sentences that had rows); ``average`` picks the one :meth:`result` returns.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, roles: list[str] | None = None, average: str = "row") -> None:
         names = list(ROLES) if roles is None else roles
         for name in names:
             if name not in ROLES:
                 raise LookupError(f"role {name!r} is unknown; roles: {', '.join(ROLES)}")
+        self.average = check_average(average)
         self.totals = {n: np.zeros((num_layers, num_heads)) for n in names}
         self.rows = {n: 0 for n in names}
+        self.sentence_means = {n: np.zeros((num_layers, num_heads)) for n in names}  # Σ over sentences of their mean
+        self.sentence_counts = {n: 0 for n in names}  # sentences with at least one row for the role
         self.sentences = 0
         self.causal, self.kinds, self.repeats = True, set(), False  # what decides which roles apply
 
@@ -254,19 +306,29 @@ class RoleAccumulator:
                 total, rows = ROLES[name].score(w, kinds, marks, texts)
                 self.totals[name] += total
                 self.rows[name] += rows
+                if rows:
+                    self.sentence_means[name] += total / rows
+                    self.sentence_counts[name] += 1
             self.sentences += 1
 
     def result(self, model_id: str, revision: str | None) -> HeadRoles:
         skip = not_applicable(list(self.totals), self.causal, self.kinds, self.repeats)
-        scores = {n: self.totals[n] / max(self.rows[n], 1) for n in self.totals if n not in skip}
+        if self.average == "row":
+            scores = {n: self.totals[n] / max(self.rows[n], 1) for n in self.totals if n not in skip}
+        else:
+            scores = {n: self.sentence_means[n] / max(self.sentence_counts[n], 1) for n in self.totals if n not in skip}
         return HeadRoles(scores=scores, num_sentences=self.sentences, model_id=model_id, revision=revision,
-                         not_applicable=skip)
+                         not_applicable=skip, average=self.average)
 
 
-def head_roles(words, roles: list[str] | None = None) -> HeadRoles:
-    """Score every head of ``words`` (:class:`~attnlab.models.words.WordMaps`) for each role."""
+def head_roles(words, roles: list[str] | None = None, average: str = "row") -> HeadRoles:
+    """Score every head of ``words`` (:class:`~attnlab.models.words.WordMaps`) for each role.
+
+    ``average``: ``"row"`` (default: every row of every sentence weighs the same, as in Clark et
+    al.) or ``"sentence"`` (every sentence weighs the same, whatever its length).
+    """
     if not len(words):
         raise ValueError("words has no sentences; capture at least one")
-    acc = RoleAccumulator(words.num_layers, words.num_heads, roles)
+    acc = RoleAccumulator(words.num_layers, words.num_heads, roles, average)
     acc.add(words)
     return acc.result(words.model_id, words.revision)

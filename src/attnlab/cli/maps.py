@@ -97,6 +97,8 @@ def heads(
     corpus: str = typer.Option(None, "--corpus", help="A text file: one sentence, or a tab-separated pair, per line "
                                "(under torchrun the ranks share it out; rank 0 prints and writes)."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sentences per forward pass."),
+    average: str = typer.Option("row", "--average", help="row: every row of every sentence weighs the same (Clark "
+                                "et al.'s average, the default); sentence: every sentence weighs the same."),
     induction: bool = typer.Option(False, "--induction", help="Run the induction probe (a seeded random token "
                                    "sequence repeated once) and print each head's induction score instead."),
     length: int = typer.Option(50, "--length", min=2, help="With --induction: random tokens per copy."),
@@ -105,9 +107,10 @@ def heads(
 ) -> None:
     """Heads by role: each head's average attention to [CLS], [SEP], punctuation, self, previous, next word, and entropy."""
     from attnlab.analysis.corpus import corpus_roles, read_corpus
-    from attnlab.analysis.roles import ROLES
+    from attnlab.analysis.roles import ROLES, check_average
     from attnlab.distributed import rank_and_world
 
+    check_average(average)
     if induction:
         if corpus or sentences:
             raise ValueError("--induction makes its own token sequence; give no sentences or --corpus with it")
@@ -121,22 +124,24 @@ def heads(
     main_rank = rank_and_world()[0] == 0  # under torchrun the ranks share the sentences; rank 0 alone speaks
     bar, tick = progress("capturing") if main_rank else (contextlib.nullcontext(), None)
     with bar:
-        roles = corpus_roles(items, model, revision, batch_size=batch_size, progress=tick)
+        roles = corpus_roles(items, model, revision, batch_size=batch_size, progress=tick, average=average)
     if not main_rank:
         return
     if write_json(json_path, roles.to_dict()):
         return
-    table = Table(title=f"{roles.model_id}: head roles over {roles.num_sentences} sentences (layer, head 1-based)")
+    table = Table(title=f"{roles.model_id}: head roles over {roles.num_sentences} sentences, {average} average "
+                        f"(layer, head 1-based)")
     for col in ("role", "attention to", "top head", "score", "heads ≥ threshold"):
         table.add_column(col, justify="right" if col in ("score", "heads ≥ threshold") else "left")
     for name, role in ROLES.items():
         if name in roles.not_applicable:
             table.add_row(name, role.description, "—", "does not apply", roles.not_applicable[name])
             continue
-        layer, head, score = roles.top(name)
-        shown = f"{score:.2f} nats" if role.unit == "nats" else pct(score)
-        over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{' nats' if role.unit == 'nats' else ''})"
-        table.add_row(name, role.description, f"layer {layer + 1}, head {head + 1}", shown, over)
+        top = roles.top(name)
+        unit = {"nats": " nats", "ratio": ""}.get(role.unit)
+        shown = pct(top.score) if unit is None else f"{top.score:.2f}{unit}"
+        over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{unit or ''})"
+        table.add_row(name, role.description, f"layer {top.layer}, head {top.head}", shown, over)
     console.print(table)
 
 

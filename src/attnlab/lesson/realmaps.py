@@ -73,12 +73,12 @@ def maps_section(maps: Any) -> Section:
         label = "the closest head (none qualifies)"
     for s in range(len(SENTENCES)):
         heatmaps.append(_heatmap(words, s, layer, head, f'"{TARGET}" head, {label}: layer {layer + 1}, head {head + 1}'))
-    tops = {role: roles.top(role) for role, _ in ROLE_HEADS}  # (layer0, head0, score)
+    tops = {role: roles.top(role) for role, _ in ROLE_HEADS}
     role_rows = []
     for role, what in ROLE_HEADS:
-        rl, rh, score = tops[role]
-        role_rows.append([what, f"layer {rl + 1}, head {rh + 1}", pct(score)])
-        heatmaps.append(_heatmap(words, 0, rl, rh, f"{what}: layer {rl + 1}, head {rh + 1}, average {pct(score)}"))
+        top = tops[role]  # layer and head 1-based, index 0-based
+        role_rows.append([what, f"layer {top.layer}, head {top.head}", pct(top.score)])
+        heatmaps.append(_heatmap(words, 0, *top.index, f"{what}: layer {top.layer}, head {top.head}, average {pct(top.score)}"))
 
     if res.qualifying:
         verdict = f"{len(res.qualifying)} of {total} heads qualify; " + res.summary().split("; ", 1)[1] + "."
@@ -134,7 +134,7 @@ def maps_section(maps: Any) -> Section:
         "deciders": list(DECIDERS),
         "words": [list(w) for w in words.words],
         "search": res.to_dict(),
-        "roles": {role: {"layer": layer + 1, "head": head + 1, "score": score} for role, (layer, head, score) in tops.items()},
+        "roles": {role: {"layer": t.layer, "head": t.head, "score": t.score} for role, t in tops.items()},
         "heatmaps": heatmaps,
     }
     return Section("maps", 5, "The real maps", findings, tables, data, SEED_MAPS)
