@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 import pytest
 
-from attnlab.backends import kernel, online
+from attnlab.backends import agreement, kernel, online
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import NoBackendError
 from attnlab.backends.tiling import Tiling
@@ -269,12 +269,13 @@ def test_each_variant_is_compiled_with_vectors_of_its_width(variant, register, w
     if {"avx512": "AVX-512", "avx2": "AVX2"}[variant] not in compiled:
         pytest.skip(f"{variant} was not compiled in on this platform")
     functions = _disassembly()
-    item = functions.get(f"item_{variant}")
-    assert item is not None, f"no item_{variant} symbol in the extension (stripped?): {sorted(functions)[:20]}"
-    assert len(re.findall(rf"%{register}\d+", item)) > 20, f"item_{variant} uses no {register} registers"
-    if wider:
-        assert not re.search(rf"%{wider}\d+", item), f"item_{variant} uses {wider} registers"
-    assert not re.search(r"%[yz]mm\d+", functions["item_base"]), "the baseline variant uses AVX registers"
+    for name in ("item", "btile"):  # the forward's work item, the backward's tile
+        code = functions.get(f"{name}_{variant}")
+        assert code is not None, f"no {name}_{variant} symbol in the extension (stripped?): {sorted(functions)[:20]}"
+        assert len(re.findall(rf"%{register}\d+", code)) > 20, f"{name}_{variant} uses no {register} registers"
+        if wider:
+            assert not re.search(rf"%{wider}\d+", code), f"{name}_{variant} uses {wider} registers"
+        assert not re.search(r"%[yz]mm\d+", functions[f"{name}_base"]), f"{name}_base uses AVX registers"
 
 
 def test_torch_set_num_threads_reaches_the_kernel():
@@ -288,3 +289,174 @@ def test_torch_set_num_threads_reaches_the_kernel():
         assert kernel._tiles.default_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- the compiled backward pass
+
+BACKWARD_CASES = [c for c in agreement.CASES if not {"mask", "bias"} & set(c.kwargs)]  # what the kernel serves
+
+
+def _grads(backend, q, k, v, dout, dlse, kw, dtype):
+    """dq, dk, dv (float64 NumPy) of sum(out * dout) + sum(lse * dlse) through ``backend`` in ``dtype``."""
+    torch = pytest.importorskip("torch")
+    leaves = [torch.from_numpy(x).to(dtype).requires_grad_() for x in (q, k, v)]
+    kw = {n: torch.from_numpy(x) if isinstance(x, np.ndarray) and x.dtype == bool else x for n, x in kw.items()}
+    out, lse = attention(*leaves, backend=backend, return_lse=True, **kw)
+    assert out.dtype == dtype
+    hidden = torch.isneginf(lse)  # no gradient flows back through the -inf of an empty row
+    loss = (out * torch.from_numpy(dout).to(dtype)).sum() + torch.where(hidden, 0, lse * torch.from_numpy(dlse).to(dtype)).sum()
+    loss.backward()
+    return [x.grad.double().numpy() for x in leaves]
+
+
+def _rounded_case(case):
+    """The case's q, k, v rounded to float32 (so float64 runs see the very inputs of the float32 ones), dout, dlse."""
+    q, k, v = (x.astype(np.float32).astype(np.float64) for x in agreement.data(case))
+    rng = np.random.default_rng(zlib.crc32(b"dout" + case.name.encode()))
+    dout = rng.standard_normal(q.shape[:-1] + (v.shape[-1],)).astype(np.float32).astype(np.float64)
+    dlse = rng.standard_normal(q.shape[:-1]).astype(np.float32).astype(np.float64)
+    return q, k, v, dout, dlse
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=[c.name for c in BACKWARD_CASES])
+def test_compiled_gradients_within_twice_plain_torch_float32(case, isa):
+    """Against float64 autograd through the reference's math: at most 2x the error of plain torch float32 autograd.
+
+    The error of a gradient is the norm of its difference from float64's (over the whole tensor).
+    The largest single difference is noisier (one element): it is held to 5x plain torch's, a guard
+    against a wrong tile rather than a precision claim (measured: up to 3.3x, as the Python loop's;
+    both use a float32 LSE and D = rowsum(dO o), where plain autograd differentiates softmax itself).
+    """
+    torch = pytest.importorskip("torch")
+    q, k, v, dout, dlse = _rounded_case(case)
+    kw = case.kwargs
+    exact = _grads("torch", q, k, v, dout, dlse, kw, torch.float64)
+    plain = _grads("torch", q, k, v, dout, dlse, kw, torch.float32)
+    compiled = _grads("kernel", q, k, v, dout, dlse, kw, torch.float32)
+    for name, e, p, c in zip(("dq", "dk", "dv"), exact, plain, compiled):
+        err, yardstick = np.linalg.norm(c - e), np.linalg.norm(p - e)
+        assert err <= 2 * yardstick, f"{name}: |error| {err:.3g} vs plain torch float32's {yardstick:.3g}"
+        worst, plain_worst = np.abs(c - e).max(), np.abs(p - e).max()
+        assert worst <= 5 * plain_worst, f"{name}: largest error {worst:.3g} vs plain torch float32's {plain_worst:.3g}"
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=[c.name for c in BACKWARD_CASES])
+def test_compiled_and_python_backward_agree_and_empty_rows_get_zero_gradients(case, isa):
+    torch = pytest.importorskip("torch")
+    q, k, v, dout, dlse = _rounded_case(case)
+    kw = case.kwargs
+    compiled = _grads("kernel", q, k, v, dout, dlse, kw, torch.float32)
+    loop = _grads("blockwise", q, k, v, dout, dlse, kw, torch.float32)
+    for c, p in zip(compiled, loop):
+        np.testing.assert_allclose(c, p, atol=2e-5 * max(1.0, np.abs(p).max()))
+    g = q.shape[1] // k.shape[1]
+    allowed = np.broadcast_to(_allowed(q.shape[2], k.shape[2], kw.get("causal", False), kw.get("window"), kw.get("lengths")),
+                              q.shape[:2] + (q.shape[2], k.shape[2]))
+    seen = allowed.any(-1)  # (B, Hq, Tq): rows that attend to something
+    assert (compiled[0][~seen] == 0).all()  # rows with nothing to attend to: exactly zero dq
+    unseen_keys = ~allowed.reshape(q.shape[0], k.shape[1], g, q.shape[2], k.shape[2]).any((2, 3))  # (B, Hkv, Tk)
+    assert (compiled[1][unseen_keys] == 0).all() and (compiled[2][unseen_keys] == 0).all()
+
+
+def test_backward_passes_gradcheck_in_float64_through_the_python_path():
+    """The float64 twin of the compiled backward (the blockwise loop, which the kernel matches above) passes gradcheck."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(5)
+    for kw in ({"causal": True}, {"window": (2, 1), "lengths": np.array([7])}, {"causal": True, "window": 3}):
+        q = torch.randn(1, 4, 6, 3, generator=g, dtype=torch.float64, requires_grad=True)  # Tq = 6 < Tk = 8, GQA 4 / 2
+        k = torch.randn(1, 2, 8, 3, generator=g, dtype=torch.float64, requires_grad=True)
+        v = torch.randn(1, 2, 8, 2, generator=g, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(
+            lambda q, k, v: attention(q, k, v, backend="blockwise", block_size=(4, 3), return_lse=True, **kw), (q, k, v))
+
+
+def _backward_inputs(name, b, g, tq, tk, d, dv, tiling, scale=0.3):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    q = rng.standard_normal((b, g, tq, d)).astype(np.float32)
+    k = rng.standard_normal((b, tk, d)).astype(np.float32)
+    v = rng.standard_normal((b, tk, dv)).astype(np.float32)
+    out, lse = kernel.forward(q, k, v, tiling, scale=scale)
+    dout = rng.standard_normal(out.shape).astype(np.float32)
+    dlse = rng.standard_normal(lse.shape).astype(np.float32)
+    return q, k, v, out, lse, dout, dlse
+
+
+@pytest.mark.parametrize("block", [None, (16, 23), (7, 100), (1000, 5)], ids=["default", "16x23", "7x100", "1000x5"])
+@pytest.mark.parametrize("b, g", [(1, 1), (3, 2)], ids=["one-head", "three-heads-gqa2"])
+def test_backward_is_the_same_bits_for_any_thread_count(b, g, block, isa):
+    """threads=1 runs the heads schedule, more threads than heads the split one: the same sums in the same order."""
+    tiling = Tiling(150, 170, 60, 0, klen=np.array([[170, 100]] * b)[:, :g])
+    args = _backward_inputs("threads-bwd", b, g, 150, 170, 24, 20, tiling)
+    one = kernel.backward(*args, tiling, scale=0.3, block_size=block, threads=1)
+    loop = online.backward(*args, tiling, scale=0.3, block_size=block)
+    for x, y in zip(one, loop):
+        np.testing.assert_allclose(x, y, atol=5e-6)
+    for threads in (2, 5):
+        for x, y in zip(one, kernel.backward(*args, tiling, scale=0.3, block_size=block, threads=threads)):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_the_kernel_backend_differentiates_with_the_compiled_backward(monkeypatch):
+    torch = pytest.importorskip("torch")
+
+    def refuse(*a, **kw):
+        raise AssertionError("the Python backward ran")
+
+    monkeypatch.setattr(online, "backward", refuse)
+    q, k, v = (torch.randn(1, 2, 30, 8, requires_grad=True) for _ in range(3))
+    attention(q, k, v, backend="kernel", causal=True).sum().backward()
+    assert q.grad is not None and k.grad is not None and v.grad is not None
+    with pytest.raises(AssertionError, match="the Python backward ran"):  # the patch does reach the loop's path
+        attention(q, k, v, backend="blockwise", causal=True).sum().backward()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_gradients_are_computed_in_float32(dtype, isa):
+    torch = pytest.importorskip("torch")
+    case = agreement.case("grouped-query causal")
+    q, k, v, dout, dlse = _rounded_case(case)
+    low = getattr(torch, dtype)
+    q, k, v, dout, dlse = (torch.from_numpy(x).to(low).double().numpy() for x in (q, k, v, dout, dlse))  # exact in `low`
+    exact = _grads("torch", q, k, v, dout, dlse, case.kwargs, torch.float64)
+    plain = _grads("torch", q, k, v, dout, dlse, case.kwargs, low)
+    compiled = _grads("kernel", q, k, v, dout, dlse, case.kwargs, low)
+    for e, p, c in zip(exact, plain, compiled):
+        assert np.linalg.norm(c - e) <= 2 * np.linalg.norm(p - e)
+
+
+def _bargs(**change):
+    """backward's arguments for a small valid call, with some replaced."""
+    f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    args = {"q": f(1, 2, 4, 8), "k": f(1, 5, 8), "v": f(1, 5, 3), "out": f(1, 2, 4, 3), "lse": f(1, 2, 4),
+            "dout": f(1, 2, 4, 3), "dlse": None, "klen": None, "dq": f(1, 2, 4, 8), "dk": f(1, 5, 8), "dv": f(1, 5, 3),
+            "scale": 1.0, "left": -1, "right": -1, "block_q": 4, "block_k": 4, "threads": 1}
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"dout": np.zeros((1, 2, 4, 8), np.float32)}, "dout: expected shape (B=1, G=2, T=4, V=3), got (1, 2, 4, 8)"),
+    ({"dlse": np.zeros((1, 2, 5), np.float32)}, "dlse: expected shape (B=1, G=2, T=4), got (1, 2, 5)"),
+    ({"dk": np.zeros((1, 5, 8))}, "dk: expected float32 items"),
+    ({"klen": np.array([[6, 5]], np.int64)}, "klen: expected key-padding lengths in 0..Tk = 0..5, got 6"),
+    ({"block_k": 0}, "block_k: expected a block size >= 1, got 0"),
+    ({"threads": -2}, "threads: expected >= 0"),
+])
+def test_bad_backward_arguments_raise_naming_them(change, text):
+    with pytest.raises(ValueError) as e:
+        kernel._tiles.backward(**_bargs(**change))
+    assert text in str(e.value)
+
+
+def test_backward_outputs_may_not_overlap_its_inputs():
+    q = np.zeros((1, 2, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="dq: expected an array of its own, got one that overlaps q"):
+        kernel._tiles.backward(**_bargs(q=q, dq=q))
+
+
+def test_backward_with_no_queries_gives_zero_key_gradients(isa):
+    f = lambda *s: np.full(s, 7, np.float32)  # noqa: E731
+    args = _bargs(q=f(1, 2, 0, 8), out=f(1, 2, 0, 3), lse=f(1, 2, 0), dout=f(1, 2, 0, 3), dq=f(1, 2, 0, 8), dk=f(1, 5, 8),
+                  dv=f(1, 5, 3))
+    kernel._tiles.backward(**args)
+    assert (args["dk"] == 0).all() and (args["dv"] == 0).all()

@@ -88,27 +88,31 @@ def autograd_function() -> type:
         """out, LSE = forward(q, k, v) of canonical q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv)."""
 
         @staticmethod
-        def forward(ctx, q, k, v, tiling, scale, block_size, forward):  # noqa: ANN001, ANN205
+        def forward(ctx, q, k, v, tiling, scale, block_size, forward, backward):  # noqa: ANN001, ANN205
             out, lse = forward(q, k, v, tiling, scale=scale, block_size=block_size)
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.args = (tiling, scale, block_size)
+            ctx.args = (tiling, scale, block_size, backward or online.backward)
             return out, lse
 
         @staticmethod
         def backward(ctx, dout, dlse):  # noqa: ANN001, ANN205
             q, k, v, out, lse = ctx.saved_tensors
-            tiling, scale, block_size = ctx.args
-            dq, dk, dv = online.backward(q, k, v, out, lse, dout, dlse, tiling, scale=scale, block_size=block_size)
-            return dq, dk, dv, None, None, None, None
+            tiling, scale, block_size, backward = ctx.args
+            dq, dk, dv = backward(q, k, v, out, lse, dout, dlse, tiling, scale=scale, block_size=block_size)
+            return dq, dk, dv, None, None, None, None, None
 
     return BlockwiseFunction
 
 
-def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]]) -> tuple[Any, Any, Any]:
-    """Run ``forward`` (a blockwise forward pass) on the call: out, rows of weights, LSE in the call's terms."""
+def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
+                  backward: Callable[..., tuple[Any, Any, Any]] | None = None) -> tuple[Any, Any, Any]:
+    """Run ``forward`` (a blockwise forward pass) on the call: out, rows of weights, LSE in the call's terms.
+
+    ``backward``: its gradients (the signature of :func:`online.backward`, which is the default).
+    """
     c, p = canonical(call), call.problem
     if call.request.grad:
-        out, lse = autograd_function().apply(c.q, c.k, c.v, c.tiling, p.scale, call.block_size, forward)
+        out, lse = autograd_function().apply(c.q, c.k, c.v, c.tiling, p.scale, call.block_size, forward, backward)
     else:
         out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=call.block_size)
     weights = None

@@ -7,8 +7,9 @@ algorithm as a Python loop) serves them. Float16/bfloat16 inputs are computed in
 What it serves: q, k, v on the CPU (NumPy or torch) with a band (causal, sliding window,
 bottom-right aligned) and key-padding lengths; not a dense mask or a bias. Its tiles: ``BLOCK`` =
 96 query rows × 512 keys (a 192 kB score tile, inside a core's L2); a key block is rounded up to
-whole vectors of keys (16 with AVX-512). Gradients: FlashAttention-2's backward of
-:mod:`attnlab.backends.online` on this forward's LSE. Threads: OpenMP's default, which torch shares
+whole vectors of keys (16 with AVX-512). Gradients: FlashAttention-2's backward compiled beside
+the forward (:func:`backward`, the twin of :func:`attnlab.backends.online.backward`), tiles of
+``BACKWARD_BLOCK``, deterministic for any thread count. Threads: OpenMP's default, which torch shares
 (the process has one libgomp): ``torch.set_num_threads(n)`` or ``OMP_NUM_THREADS``, else every CPU.
 """
 
@@ -30,6 +31,7 @@ except ImportError:  # built without a C compiler: the backend refuses, blockwis
     _tiles = None
 
 BLOCK = (96, 512)
+BACKWARD_BLOCK = (96, 256)  # P and dS tiles of 96 x 256 (192 kB together), the key block's dK, dV beside them
 PRIOR_NS_PER_SCORE = 1.5  # a rough prior for auto where nothing was measured, per visited score
 PRIOR_OVERHEAD_S = 5e-5
 
@@ -64,21 +66,55 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
     b, g, tq, d = q.shape
     tk, dv = k.shape[1], v.shape[-1]
     torch_in = is_torch(q)
-    if torch_in:
-        q, k, v = (x.detach().contiguous().numpy() for x in (q, k, v))  # views of the same memory
-    q, k, v = (np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v))
+    q, k, v = _buffers(q, k, v)
     out, lse = np.empty((b, g, tq, dv), np.float32), np.empty((b, g, tq), np.float32)
-    klen = tiling.klen
-    if klen is not None:
-        klen = np.ascontiguousarray(klen.cpu().numpy() if is_torch(klen) else klen, dtype=np.int64)
-    left = -1 if tiling.left is None else tiling.left
-    right = -1 if tiling.right is None else tiling.right
+    klen, left, right = _band(tiling)
     _tiles.forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads or 0)
     if torch_in:
         import torch
 
         return torch.from_numpy(out), torch.from_numpy(lse)
     return out, lse
+
+
+def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, tiling: Tiling, *, scale: float,
+             block_size: Any = None, threads: int | None = None) -> tuple[Any, Any, Any]:
+    """dq, dk, dv of :func:`forward`, compiled (as :func:`attnlab.backends.online.backward`, the loop).
+
+    FlashAttention-2's backward recomputed tile by tile from q, k, v, ``out`` and ``lse`` (as
+    forward gave them) and the gradients ``dout`` (like out) and ``dlse`` (like lse, or None): no
+    (Tq, Tk) buffer. Key/value heads collect the gradients of their G query heads. Deterministic:
+    the same bits for any ``threads``. ``block_size``: as forward's; default :data:`BACKWARD_BLOCK`.
+    """
+    if tiling.mask is not None or tiling.bias is not None:
+        raise ValueError("the compiled kernel takes no dense mask or bias (the blockwise backend does)")
+    block_q, block_k = BACKWARD_BLOCK if block_size is None else block_sizes(1, q.shape[2], block_size)
+    torch_in = is_torch(q)
+    q, k, v, out, lse, dout = _buffers(q, k, v, out, lse, dout)
+    dlse = None if dlse is None else _buffers(dlse)[0]
+    dq, dk, dv = np.empty(q.shape, np.float32), np.empty(k.shape, np.float32), np.empty(v.shape, np.float32)
+    klen, left, right = _band(tiling)
+    _tiles.backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads or 0)
+    if torch_in:
+        import torch
+
+        return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)
+    return dq, dk, dv
+
+
+def _buffers(*xs: Any) -> list[np.ndarray]:
+    """C-contiguous float32 NumPy arrays (of torch tensors: views of the same memory where they can be)."""
+    return [np.ascontiguousarray(x.detach().contiguous().numpy() if is_torch(x) else x, dtype=np.float32) for x in xs]
+
+
+def _band(tiling: Tiling) -> tuple[np.ndarray | None, int, int]:
+    """klen as int64 (or None), and the band's left and right edges (-1: unbounded)."""
+    klen = tiling.klen
+    if klen is not None:
+        klen = np.ascontiguousarray(klen.cpu().numpy() if is_torch(klen) else klen, dtype=np.int64)
+    left = -1 if tiling.left is None else tiling.left
+    right = -1 if tiling.right is None else tiling.right
+    return klen, left, right
 
 
 class KernelBackend(Backend):
@@ -103,4 +139,4 @@ class KernelBackend(Backend):
         return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
-        return run_blockwise(call, forward)
+        return run_blockwise(call, forward, backward)

@@ -41,6 +41,26 @@ struct scratch {
     float *q, *s, *acc, *m, *l; /* a thread's query block, score tile, accumulator, row maxima and sums */
 };
 
+/* The backward pass: gradients of out (and of LSE) back to q, k, v. */
+struct bproblem {
+    const float *q, *k, *v, *out, *lse, *dout, *dlse; /* as the forward's; dout like out, dlse like lse (or NULL) */
+    float *gq, *gk, *gv;                              /* the gradients dq, dk, dv: like q, k, v */
+    const int64_t *klen;
+    float *kp, *vp, *kr;          /* key and value panels; key rows padded to dp (NULL: dp == d, k itself) */
+    float *delta;                 /* (B, G, Tq): D = rowsum(dout out) - dlse */
+    int64_t b, g, tq, tk, d, dv;
+    int64_t left, right, bq, bk;
+    int64_t bqp, tkp, dp, dvp;    /* bq, Tk, D, Dv rounded up to whole register tiles / vectors */
+    float scale;
+    int threads;
+};
+
+struct bscratch {
+    float *q, *dout, *lse2, *lse2lo, *delta; /* a query block's rows (padded), LSE (base 2, hi + lo) and D */
+    float *s, *ds;                  /* the tile's P and dS */
+    float *dq, *dk, *dv;            /* accumulators: dQ of the block; dK, dV of a key block or of the head */
+};
+
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc wants a multiple of the alignment */
 
 /* Each variant's functions carry __attribute__((target(...))), which GCC and clang both honour
@@ -82,12 +102,13 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 static const struct {
     const char *name, *target; /* target: the attribute's features, "" for the compiler's baseline */
     int (*run)(struct problem *);
+    int (*brun)(struct bproblem *);
 } isas[] = {
 #ifdef X86_VARIANTS
-    {"AVX-512", AVX512_TARGET, run_avx512},
-    {"AVX2", AVX2_TARGET, run_avx2},
+    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512},
+    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2},
 #endif
-    {"128-bit vectors", "", run_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
+    {"128-bit vectors", "", run_base, brun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
 };
 #define NISAS ((int)(sizeof isas / sizeof isas[0]))
 static int supported[NISAS];
@@ -236,7 +257,8 @@ static void release(Py_buffer *views, int n) {
 }
 
 /* The scalar arguments every call shares; a band edge beyond Tq + Tk is the same as none. */
-static int check_scalars(struct problem *pr, long long left, long long right, long long bq, long long bk, int threads) {
+static int check_scalars(int64_t tq, int64_t tk, long long left, long long right, long long bq, long long bk, int threads,
+                         int64_t *out_left, int64_t *out_right, int64_t *out_bq, int64_t *out_bk, int *out_threads) {
     if (left < -1 || right < -1) {
         PyErr_Format(PyExc_ValueError, "%s: expected -1 (unbounded) or a number of keys >= 0, got %lld",
                      left < -1 ? "left" : "right", left < -1 ? left : right);
@@ -251,26 +273,26 @@ static int check_scalars(struct problem *pr, long long left, long long right, lo
         PyErr_Format(PyExc_ValueError, "threads: expected >= 0 (0: OpenMP's default), got %d", threads);
         return 0;
     }
-    const int64_t far = pr->tq + pr->tk;
-    pr->left = left > far ? far : left;
-    pr->right = right > far ? far : right;
-    pr->bq = bq > pr->tq ? (pr->tq > 0 ? pr->tq : 1) : bq; /* a block past the end is the same as the whole */
-    pr->bk = bk > pr->tk ? (pr->tk > 0 ? pr->tk : 1) : bk;
+    const int64_t far = tq + tk;
+    *out_left = left > far ? far : left;
+    *out_right = right > far ? far : right;
+    *out_bq = bq > tq ? (tq > 0 ? tq : 1) : bq; /* a block past the end is the same as the whole */
+    *out_bk = bk > tk ? (tk > 0 ? tk : 1) : bk;
 #ifdef _OPENMP
-    pr->threads = threads == 0 ? omp_get_max_threads() : threads; /* OMP_NUM_THREADS, torch.set_num_threads, or every CPU */
-    if (pr->threads > omp_get_thread_limit()) pr->threads = omp_get_thread_limit();
+    *out_threads = threads == 0 ? omp_get_max_threads() : threads; /* OMP_NUM_THREADS, torch.set_num_threads, or every CPU */
+    if (*out_threads > omp_get_thread_limit()) *out_threads = omp_get_thread_limit();
 #else
-    pr->threads = 1;
+    *out_threads = 1;
 #endif
     return 1;
 }
 
 /* klen (B, G): every length in 0..Tk. */
-static int check_klen(const struct problem *pr) {
-    for (int64_t i = 0; pr->klen && i < pr->b * pr->g; i++)
-        if (pr->klen[i] < 0 || pr->klen[i] > pr->tk) {
+static int check_klen(const int64_t *klen, int64_t b, int64_t g, int64_t tk) {
+    for (int64_t i = 0; klen && i < b * g; i++)
+        if (klen[i] < 0 || klen[i] > tk) {
             PyErr_Format(PyExc_ValueError, "klen: expected key-padding lengths in 0..Tk = 0..%lld, got %lld at [%lld, %lld]",
-                         (long long)pr->tk, (long long)pr->klen[i], (long long)(i / pr->g), (long long)(i % pr->g));
+                         (long long)tk, (long long)klen[i], (long long)(i / g), (long long)(i % g));
             return 0;
         }
     return 1;
@@ -304,7 +326,9 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
     pr.klen = view[5].obj ? view[5].buf : NULL;
-    if (!check_scalars(&pr, left, right, bq, bk, threads) || !check_klen(&pr)) goto done;
+    if (!check_scalars(pr.tq, pr.tk, left, right, bq, bk, threads, &pr.left, &pr.right, &pr.bq, &pr.bk, &pr.threads) ||
+        !check_klen(pr.klen, pr.b, pr.g, pr.tk))
+        goto done;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.g * pr.tq == 0 ? 0 : isas[chosen].run(&pr);
@@ -319,6 +343,65 @@ done:
     return result;
 }
 
+static PyObject *backward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "klen", "dq", "dk", "dv", "scale", "left",
+                             "right", "block_q", "block_k", "threads", NULL};
+    PyObject *obj[11];
+    Py_buffer view[11] = {{0}};
+    struct bproblem pr = {0};
+    long long left, right, bq, bk;
+    int threads;
+    PyObject *result = NULL;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOfLLLLi:backward", kwlist, &obj[0], &obj[1], &obj[2],
+                                     &obj[3], &obj[4], &obj[5], &obj[6], &obj[7], &obj[8], &obj[9], &obj[10], &pr.scale,
+                                     &left, &right, &bq, &bk, &threads))
+        return NULL;
+    static const char *names[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "klen", "dq", "dk", "dv"};
+    static const char *dims[] = {"BGTD", "BKD", "BKV", "BGTV", "BGT", "BGTV", "BGT", "BG", "BGTD", "BKD", "BKV"};
+    for (int i = 0; i < 11; i++) {
+        if ((i == 6 || i == 7) && obj[i] == Py_None) continue;
+        if (!take(obj[i], &view[i], names[i], i >= 8, i == 7 ? 'i' : 'f', dims[i], dim)) goto done;
+    }
+    pr.b = dim[B_], pr.g = dim[G_], pr.tq = dim[T_], pr.tk = dim[K_], pr.d = dim[D_], pr.dv = dim[V_];
+    if (pr.d < 1 || pr.dv < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a head dim >= 1, got 0", pr.d < 1 ? "q" : "v");
+        goto done;
+    }
+    for (int i = 8; i < 11; i++)
+        for (int j = 0; j < 8; j++)
+            if (view[j].obj && view[i].len && view[j].len && (char *)view[i].buf < (char *)view[j].buf + view[j].len &&
+                (char *)view[j].buf < (char *)view[i].buf + view[i].len) {
+                PyErr_Format(PyExc_ValueError, "%s: expected an array of its own, got one that overlaps %s", names[i], names[j]);
+                goto done;
+            }
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
+    pr.dout = view[5].buf, pr.dlse = view[6].obj ? view[6].buf : NULL, pr.klen = view[7].obj ? view[7].buf : NULL;
+    pr.gq = view[8].buf, pr.gk = view[9].buf, pr.gv = view[10].buf;
+    if (!check_scalars(pr.tq, pr.tk, left, right, bq, bk, threads, &pr.left, &pr.right, &pr.bq, &pr.bk, &pr.threads) ||
+        !check_klen(pr.klen, pr.b, pr.g, pr.tk))
+        goto done;
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (pr.b * pr.g * pr.tq == 0 || pr.tk == 0) { /* nothing attends to anything: every gradient is 0 */
+        memset(pr.gq, 0, view[8].len);
+        memset(pr.gk, 0, view[9].len);
+        memset(pr.gv, 0, view[10].len);
+    } else {
+        status = isas[chosen].brun(&pr);
+    }
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    release(view, 11);
+    return result;
+}
+
 static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
 #ifdef _OPENMP
     return PyLong_FromLong(omp_get_max_threads());
@@ -329,6 +412,11 @@ static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(
 
 static PyMethodDef methods[] = {
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
+    {"backward", (PyCFunction)(void (*)(void))backward, METH_VARARGS | METH_KEYWORDS,
+     "backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads)\n\n"
+     "FlashAttention-2's backward of forward(): dq (B, G, Tq, D), dk (B, Tk, D), dv (B, Tk, Dv) written from\n"
+     "q, k, v, out and lse as forward took and gave them, dout like out and dlse like lse (or None). The same\n"
+     "checks as forward; the outputs may not overlap the inputs. Deterministic: the same bits for any threads."},
     {"build_info", build_info, METH_NOARGS,
      "build_info() -> {'variants': [{'name', 'target', 'runs_here'}, ...] (compiled in, best first), 'chosen',\n"
      "'compiler', 'openmp' (the _OPENMP date, None without OpenMP)}."},
