@@ -8,6 +8,13 @@ differ in where they park attention.
 
 ``mark_heads`` counts, with the rule written in :data:`MARK_RULE`, the heads where the target's
 largest weight (over all words, no exclusions) falls on a mark in every sentence.
+
+The target and the deciders are found as :meth:`~attnlab.models.words.WordMaps.spans` finds them:
+one word, or a run of words such as "sea-shells" (sea - shells) or "don't" (don ' t). A run is
+taken as one word for the search, as word pieces are: its row is the mean of its words' rows, its
+column the sum of their columns. Where the target occurs more than once in a sentence, its first
+occurrence is searched unless ``occurrence`` chooses another; :attr:`HeadSearch.target_counts` and
+:meth:`HeadSearch.occurrence_note` say so.
 """
 
 from __future__ import annotations
@@ -54,6 +61,15 @@ class HeadSearch:
     total_heads: int
     closest: list[HeadStanding]
     model_id: str = ""
+    target_spans: list[tuple[int, int]] = field(default_factory=list)  # per sentence: words [start, end) searched
+    target_counts: list[int] = field(default_factory=list)  # per sentence: how often the target occurs
+    target_occurrences: list[int] = field(default_factory=list)  # per sentence: which one was searched, 1-based
+
+    def occurrence_note(self) -> str | None:
+        """A sentence naming the occurrence searched where the target occurs more than once, else None."""
+        parts = [f"sentence {s + 1} has it {n} times; occurrence {o} (word {self.target_spans[s][0] + 1}) was used"
+                 for s, (n, o) in enumerate(zip(self.target_counts, self.target_occurrences)) if n > 1]
+        return f'"{self.target}" occurs more than once: ' + "; ".join(parts) + "." if parts else None
 
     def summary(self) -> str:
         """One line the way the lesson prints it, or a plain statement that no head qualifies."""
@@ -88,6 +104,9 @@ class HeadSearch:
             "mark_heads": self.mark_heads, "mark_rule": MARK_RULE,
             "mark_heads_per_sentence": self.mark_heads_per_sentence,
             "closest": [c.to_dict() for c in self.closest], "summary": self.summary(),
+            "target_occurrence": [{"occurrence": o, "of": n, "words": [a + 1, b]} for (a, b), n, o
+                                  in zip(self.target_spans, self.target_counts, self.target_occurrences)],
+            "occurrence_note": self.occurrence_note(),
         }
 
 
@@ -95,12 +114,42 @@ def _join(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def _merged(words, s: int, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[str], np.ndarray, list[int]]:
+    """Sentence s's word maps with each span of ``spans`` made one word (rows mean, columns sum):
+    (weights [L, H, W', W'], word texts, mark flags, the new position of each span)."""
+    from attnlab.models.words import aggregate
+
+    n = len(words.words[s])
+    group, texts, marks, w = [], [], [], 0
+    starts = {a: b for a, b in spans}
+    while w < n:
+        end = starts.get(w, w + 1)
+        group += [len(texts)] * (end - w)
+        texts.append("".join(words.words[s][w:end]))
+        marks.append(end - w == 1 and bool(words.is_mark[s][w]))  # a run of words is not a mark
+        w = end
+    pos = [group[a] for a, _ in spans]
+    return aggregate(words.weights[s], group, len(texts)), texts, np.asarray(marks, dtype=bool), pos
+
+
+def _occurrence(occurrence, count: int) -> list:
+    if occurrence is None or isinstance(occurrence, int):
+        return [occurrence] * count
+    occurrence = list(occurrence)
+    if len(occurrence) != count:
+        raise ValueError(f"occurrence has {len(occurrence)} entries for {count} sentences; give one per sentence or one int")
+    return occurrence
+
+
 def find_heads(words, target: str, deciders: list[str], exclude_self: bool = False,
-               exclude_marks: bool = False) -> HeadSearch:
+               exclude_marks: bool = False, occurrence: int | list[int | None] | None = None) -> HeadSearch:
     """Search every head of ``words`` (:class:`~attnlab.models.words.WordMaps`) for the target's decider.
 
-    ``deciders[i]`` is the deciding word of sentence i. Words match case-insensitively; the first
-    occurrence of the target in each sentence is the one searched.
+    ``deciders[i]`` is the deciding word of sentence i. Words match case-insensitively, and may be
+    runs of words ("sea-shells"; see the module's text). ``occurrence``: which occurrence of the
+    target to search where it occurs more than once, 1-based, one int for every sentence or one
+    per sentence; None: the first (the result says which, see :meth:`HeadSearch.occurrence_note`).
+    The decider's first occurrence is used.
     """
     if not isinstance(target, str) or not target.strip():
         raise ValueError(f"target must be a non-empty word, got {target!r}")
@@ -110,18 +159,23 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
     if len(deciders) != len(words):
         raise ValueError(f"deciders has {len(deciders)} words for {len(words)} sentences; give one per sentence")
     L, H, S = words.num_layers, words.num_heads, len(words)
+    occurrences = _occurrence(occurrence, S)
     dec_w = np.zeros((L, H, S))
     won = np.zeros((L, H, S), dtype=bool)
     on_mark = np.zeros((L, H, S), dtype=bool)
     winner = np.zeros((L, H, S), dtype=int)
     winner_w = np.zeros((L, H, S))
     margin = np.full((L, H), np.inf)
+    t_spans, t_counts, texts = [], [], []
     for s in range(S):
-        t, d = words.index(s, target), words.index(s, deciders[s])
-        if t == d:
+        t_span, d_span = words.span(s, target, occurrences[s]), words.span(s, deciders[s])
+        if t_span[0] < d_span[1] and d_span[0] < t_span[1]:
             raise ValueError(f"decider {deciders[s]!r} of sentence {s + 1} is the target itself")
-        row = words.weights[s][:, :, t, :].astype(np.float64)  # (L, H, W): the target attending
-        marks = np.asarray(words.is_mark[s], dtype=bool)
+        t_spans.append(t_span)
+        t_counts.append(len(words.spans(s, target)))
+        weights, text, marks, (t, d) = _merged(words, s, [t_span, d_span])
+        texts.append(text)
+        row = weights[:, :, t, :].astype(np.float64)  # (L, H, W): the target attending
         on_mark[:, :, s] = marks[row.argmax(axis=-1)]
         eligible = np.ones(row.shape[-1], dtype=bool)
         if exclude_self:
@@ -147,7 +201,7 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
     closest = [] if qualifying else [
         HeadStanding(
             layer=l, head=h, sentences_won=int(won[l, h].sum()), weights=tuple(float(x) for x in dec_w[l, h]),
-            winners=tuple(words.words[s][winner[l, h, s]] for s in range(S)),
+            winners=tuple(texts[s][winner[l, h, s]] for s in range(S)),
             winner_weights=tuple(float(x) for x in winner_w[l, h]), margin=float(margin[l, h]),
         )
         for l, h in standing[:CLOSEST_COUNT]
@@ -157,5 +211,6 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
         qualifying=qualifying, best=best, decider_weights=dec_w,
         mark_heads=int(on_mark.all(axis=-1).sum()),
         mark_heads_per_sentence=[int(x) for x in on_mark.sum(axis=(0, 1))], total_heads=L * H, closest=closest,
-        model_id=words.model_id,
+        model_id=words.model_id, target_spans=t_spans, target_counts=t_counts,
+        target_occurrences=[1 if o is None else o for o in occurrences],
     )

@@ -7,10 +7,23 @@ code takes the first piece's row instead of the mean; the paper says mean, and s
 
 Marks are what a head may "park" attention on: by default the special tokens ([CLS], [SEP], <s>,
 </s>, …) and words made only of punctuation; pass ``marks`` (a set of words) to choose others.
+
+What a *word* is: the tokenizer's pre-tokenizer decides (:mod:`attnlab.models.encoding`). BERT-style
+tokenizers cut at white space, around every punctuation character and around ASCII symbols, so
+"don't" is three words (don ' t), "state-of-the-art" seven, "sea-shells" three, "$5" two ($ 5), but
+"5€" one. A word is a mark (by default) when it is all punctuation, Unicode category P*: "'", "-",
+"@", "," and "." are; "$", "€", "+" and "=" are symbols (category S*): words, not marks.
+
+Finding a word (:meth:`WordMaps.spans`, used by :func:`attnlab.find_heads`): the text asked for
+matches a run of consecutive words whose texts, joined without spaces, equal it case-insensitively,
+so "sea-shells" and "don't" are found although each is several words. Where nothing matches
+exactly, accents are ignored too ("cafe" finds "café"), as uncased tokenizers such as BERT's and
+MiniLM's strip accents before they cut words.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -46,13 +59,59 @@ class WordMaps:
 
         return notebook_html(self)
 
+    def spans(self, i: int, text: str) -> list[tuple[int, int]]:
+        """Every place ``text`` occurs in sentence i, as word spans [start, end) in order: runs of
+        consecutive words whose texts joined without spaces equal ``text`` (case-insensitive; where
+        nothing matches, accent-insensitive too). Empty when it does not occur."""
+        for accents in (False, True):
+            want = _fold(text, accents)
+            found = _find_runs([_fold(t, accents) for t in self.words[i]], want) if want else []
+            if found:
+                return found
+        return []
+
+    def span(self, i: int, text: str, occurrence: int | None = None) -> tuple[int, int]:
+        """The word span [start, end) of ``text`` in sentence i: its ``occurrence``-th place (1-based;
+        None: the first), or LookupError saying what the sentence holds."""
+        found = self.spans(i, text)
+        if not found:
+            raise LookupError(f"word {text!r} is not in sentence {i + 1} (its words: {' '.join(self.words[i])})")
+        if occurrence is None:
+            return found[0]
+        if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 1:
+            raise ValueError(f"occurrence must be a positive int (1-based), got {occurrence!r}")
+        if occurrence > len(found):
+            raise LookupError(f"occurrence {occurrence} of {text!r} was asked for, but sentence {i + 1} has it "
+                              f"{len(found)} time{'s' if len(found) > 1 else ''}")
+        return found[occurrence - 1]
+
     def index(self, i: int, word: str) -> int:
-        """Position of the first word of sentence i equal to ``word`` (case-insensitive), or LookupError."""
-        want = word.strip().casefold()
-        for w, text in enumerate(self.words[i]):
-            if text.casefold() == want:
-                return w
-        raise LookupError(f"word {word!r} is not in sentence {i + 1} (its words: {' '.join(self.words[i])})")
+        """Position of the first word where ``word`` first occurs in sentence i (see :meth:`spans`), or LookupError."""
+        return self.span(i, word)[0]
+
+
+def _fold(text: str, accents: bool) -> str:
+    """``text`` as words are compared: case folded, without white space, without accents if ``accents``."""
+    folded = "".join(text.split()).casefold()
+    if accents:
+        folded = "".join(c for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c))
+    return folded
+
+
+def _find_runs(words: list[str], want: str) -> list[tuple[int, int]]:
+    """Spans [start, end) of consecutive ``words`` whose concatenation is ``want``, left to right, not overlapping."""
+    found, start = [], 0
+    while start < len(words):
+        joined, end = "", start
+        while end < len(words) and len(joined) < len(want) and want.startswith(joined + words[end]):
+            joined += words[end]
+            end += 1
+        if joined == want and end > start:
+            found.append((start, end))
+            start = end
+        else:
+            start += 1
+    return found
 
 
 def aggregate(weights: np.ndarray, word_of: list[int], num_words: int) -> np.ndarray:
