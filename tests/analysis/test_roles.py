@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab.analysis.roles import PREV_THRESHOLD, ROLES, RoleAccumulator
+from attnlab.analysis.roles import ROLES, RoleAccumulator
 
 SENTENCES = [["[CLS]", "the", "cat", "sat", ".", "[SEP]"], ["[CLS]", "a", "dog", ",", "ran", "[SEP]"]]
 
@@ -54,7 +54,6 @@ def test_previous_word_average_uses_rows_that_have_one(make_maps, plant):
     maps = make_maps([SENTENCES[0]], num_layers=1, num_heads=1)
     maps.weights[0][0, 0] = plant(6, [0, 0, 1, 2, 3, 4])
     assert attnlab.head_roles(maps.to_words()).scores["prev"][0, 0] == pytest.approx(1.0)
-    assert PREV_THRESHOLD < 1.0
 
 
 def test_to_dict_is_one_based_and_complete(make_maps):
@@ -62,8 +61,10 @@ def test_to_dict_is_one_based_and_complete(make_maps):
     assert set(d["roles"]) | set(d["not_applicable"]) == set(ROLES)
     assert set(d["not_applicable"]) == {"duplicate", "induction"}  # no word repeats within a sentence
     for r in d["roles"].values():
-        assert 1 <= r["top"]["layer"] <= 2 and 1 <= r["top"]["head"] <= 3
-        assert np.asarray(r["scores"]).shape == (2, 3)
+        scores = np.asarray(r["scores"])
+        assert scores.shape == (2, 3)
+        layer, head = np.unravel_index(scores.argmax(), scores.shape)  # the top head, 1-based
+        assert (r["top"]["layer"], r["top"]["head"]) == (layer + 1, head + 1)
 
 
 def test_accumulating_in_parts_equals_all_at_once(make_maps):

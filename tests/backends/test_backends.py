@@ -1,167 +1,186 @@
-"""Every backend against the float64 reference, on the same cases (DESIGN.md: the reference is the spec)."""
+"""Every backend against the float64 reference, on the agreement cases (DESIGN.md: the reference is the spec).
+
+The cases are :data:`attnlab.backends.agreement.CASES`, the ones ``attnlab check`` runs: one table.
+A backend that refuses a case is skipped with its reasons, after checking that the call is refused
+for them; every case must still be served by the reference and by at least one fast backend.
+"""
 
 from __future__ import annotations
 
-import zlib
+import functools
 
 import numpy as np
 import pytest
 
-from attnlab.spec import reference
+from attnlab.backends import agreement
+from attnlab.backends.agreement import CASES, allowed_of, reference_of
 from attnlab.backends.api import attention
-from attnlab.backends.dispatch import BACKENDS, NoBackendError, choose
-from attnlab.spec.masks import causal_mask, window_mask
+from attnlab.backends.dispatch import BACKENDS, NoBackendError, choose, refusals
+from attnlab.spec import reference
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # the tests that need it are marked needs("torch") and skip (or fail on CI)
+    torch = None
 
-
-def _case(name, hq=2, hkv=None, tq=97, tk=None, d=59, dv=None, b=2, **kw):
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
-    tk, dv, hkv = tk or tq, dv or d, hkv or hq
-    q = rng.standard_normal((b, hq, tq, d))
-    k = rng.standard_normal((b, hkv, tk, d))
-    v = rng.standard_normal((b, hkv, tk, dv))
-    return pytest.param(q, k, v, kw, id=name)
+REFERENCE = "numpy"
+YARDSTICKS = ("numpy", "torch")  # the spec, and the same math in torch: what the others are measured against
+FAST = tuple(n for n in BACKENDS if n not in YARDSTICKS)  # here for speed or memory: sdpa, blockwise, kernel
 
 
-def _expected(q, k, v, kw):
-    """The reference on repeated heads and a dense mask built from the foundation's mask functions."""
-    g = q.shape[-3] // k.shape[-3]
-    k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
-    tq, tk = q.shape[-2], k.shape[-2]
-    allowed = np.ones((tq, tk), bool)
-    if kw.get("causal"):
-        allowed &= causal_mask(tq, tk)
-    if "window" in kw:
-        left, right = kw["window"] if isinstance(kw["window"], tuple) else (kw["window"],) * 2
-        allowed = allowed & window_mask(tq, tk, left=left, right=right)
-    if "lengths" in kw:
-        allowed = allowed & (np.arange(tk) < np.asarray(kw["lengths"])[:, None, None, None])
-    if kw.get("mask") is not None:
-        allowed = allowed & kw["mask"]
-    return reference.attention(q, k, v, mask=allowed, bias=kw.get("bias"), scale=kw.get("scale")), allowed
+def _kinds() -> list:
+    kinds = [pytest.param("numpy"), pytest.param("torch:cpu", marks=pytest.mark.needs("torch"))]
+    if torch is not None and torch.cuda.is_available():
+        kinds.append(pytest.param("torch:cuda"))
+    return kinds
 
 
-RNG = np.random.default_rng(7)
-CASES = [
-    _case("odd-97-d59"),
-    _case("n1025-causal", hq=1, b=1, tq=1025, d=64, causal=True),
-    _case("tq<tk-dv-causal-bottom-right", tq=33, tk=97, d=16, dv=24, causal=True),
-    _case("tq>tk-causal-empty-rows", tq=40, tk=25, d=8, causal=True),
-    _case("mask-and-bias", tq=31, tk=45, d=12, mask=RNG.random((31, 45)) > 0.3, bias=RNG.standard_normal((2, 31, 45))),
-    _case("fully-masked-row", tq=20, d=8, mask=np.tile(np.arange(20)[:, None] != 5, (1, 20))),
-    _case("padding-lengths", tq=50, d=16, lengths=[0, 37]),
-    _case("gqa-causal", hq=6, hkv=2, tq=41, d=16, causal=True),
-    _case("window", tq=70, d=16, window=(5, 2)),
-    _case("causal-window", tq=70, d=16, window=8, causal=True),
-    _case("scale", tq=20, d=8, scale=1.0),
-]
+KIND_DTYPES = [pytest.param(k.values[0], d, marks=k.marks, id=f"{k.values[0]}-{d}")
+               for k in _kinds() for d in agreement.dtypes(k.values[0])]
+FULL_PRECISION = [p for p in KIND_DTYPES if p.values[1] in agreement.TOLERANCE]
+case_ids = pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 
 
-def _run(backend, kind, q, k, v, kw, **extra):
-    kw = dict(kw)
-    if kind == "torch":
-        q, k, v = (torch.from_numpy(x) for x in (q, k, v))
-        kw = {n: torch.from_numpy(x) if isinstance(x, np.ndarray) and n in ("mask", "bias") else x for n, x in kw.items()}
-    res = attention(q, k, v, backend=backend, **kw, **extra)
-    return res
+@functools.cache
+def target(case: agreement.Case, kind: str, dtype: str) -> agreement.Target:
+    """A case's inputs and expected answer, made once per session (the n = 1025 one costs most)."""
+    return agreement.target(case, kind, dtype)
 
 
-def _np(x):
-    return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
+@functools.cache
+def full_reference(case: agreement.Case, kind: str, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The expected output, every weight and the LSE of a target, made once per session."""
+    return target(case, kind, dtype).reference(return_weights=True, return_lse=True)
 
 
-@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def skip_if_refused(t: agreement.Target, backend: str, **extra) -> None:
+    """Skip with the backend's reasons where it declares it refuses, once the call is seen to be refused."""
+    why = t.refusals(backend, **extra)
+    if not why:
+        return
+    with pytest.raises(NoBackendError) as e:
+        t.run(backend, **extra)
+    assert all(w in str(e.value) for w in why), (why, str(e.value))
+    pytest.skip(f"{backend} refuses: {'; '.join(why)}")
+
+
+@pytest.mark.parametrize("kind, dtype", KIND_DTYPES)
 @pytest.mark.parametrize("backend", list(BACKENDS))
-@pytest.mark.parametrize("q, k, v, kw", CASES)
-def test_every_backend_matches_the_reference(backend, kind, q, k, v, kw):
-    if backend == "numpy" and kind == "torch":
-        pytest.skip("the numpy backend takes NumPy arrays (refusal tested below)")
-    # tiles that divide neither length; n = 1025 keeps the default tiles (512 does not divide it either)
-    extra = {"block_size": (16, 23)} if backend == "blockwise" and q.shape[-2] < 500 else {}
-    out = _run(backend, kind, q, k, v, kw, **extra)
-    assert type(out).__module__.startswith(kind)
-    expected, _ = _expected(q, k, v, kw)
-    np.testing.assert_allclose(_np(out), expected, atol=1e-10)
+@case_ids
+def test_every_backend_agrees_with_the_float64_reference(case, backend, kind, dtype):
+    t = target(case, kind, dtype)
+    skip_if_refused(t, backend)
+    out = t.run(backend)
+    assert not t.mismatch(out), t.mismatch(out)
+    err = t.error(out)
+    assert err <= t.tolerance, f"max error {err:.2e} > {t.tolerance:.2e} {t.note}"
 
 
-@pytest.mark.parametrize("kind", ["numpy", "torch"])
-@pytest.mark.parametrize("q, k, v, kw", [CASES[3], CASES[4], CASES[6], CASES[7], CASES[9]])
-def test_weights_rows_and_lse_equal_the_reference(kind, q, k, v, kw):
-    expected, allowed = _expected(q, k, v, kw)
-    g = q.shape[-3] // k.shape[-3]
-    _, weights = reference.attention(q, np.repeat(k, g, -3), np.repeat(v, g, -3), mask=allowed, bias=kw.get("bias"), return_weights=True)
-    s = reference.scores(q, np.repeat(k, g, -3), scale=kw.get("scale")) + (kw["bias"] if "bias" in kw else 0)
-    lse = reference.logsumexp(np.where(allowed, s, -np.inf))
-    rows = [0, 3, q.shape[-2] - 1]
-    for backend in ("blockwise", "torch"):
-        out, w, l = _run(backend, kind, q, k, v, kw, weights_rows=rows, return_lse=True)
-        np.testing.assert_allclose(_np(out), expected, atol=1e-10)
-        np.testing.assert_allclose(_np(w), weights[..., rows, :], atol=1e-12)
-        np.testing.assert_array_equal(np.isneginf(_np(l)), np.isneginf(lse))
-        np.testing.assert_allclose(np.nan_to_num(_np(l), neginf=0), np.nan_to_num(lse, neginf=0), atol=1e-10)
+@case_ids
+def test_every_case_is_served_by_the_reference_and_a_fast_backend(case):
+    assert not target(case, "numpy", "float64").refusals(REFERENCE)
+    for kind in agreement.kinds():
+        for dtype in agreement.dtypes(kind):
+            t = target(case, kind, dtype)
+            assert any(not t.refusals(n) for n in FAST), (kind, dtype, {n: t.refusals(n) for n in FAST})
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_result_keeps_kind_and_dtype(backend):
-    q = np.random.default_rng(0).standard_normal((2, 9, 8)).astype(np.float32)
-    if backend != "numpy":
-        t = torch.from_numpy(q)
-        out = attention(t, t, t, backend=backend)
-        assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.device == t.device
-    out = attention(q, q, q, backend=backend)  # NumPy in, NumPy out, whatever computes it
-    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+LSE_BACKENDS = [n for n, b in BACKENDS.items() if {"lse", "weights_rows"} <= b.supports.features]
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("backend", ["sdpa", "blockwise"])
-def test_low_precision_error_is_at_most_twice_plain_torch(backend, dtype):
-    rng = np.random.default_rng(3)
-    q, k, v = (torch.from_numpy(rng.standard_normal((2, 4, 200, 64))).to(getattr(torch, dtype)) for _ in range(3))
-    exact = reference.attention(*(x.double().numpy() for x in (q, k, v)), causal=True)
-
-    def err(name):
-        out = attention(q, k, v, causal=True, backend=name)
-        assert out.dtype == getattr(torch, dtype)
-        return np.abs(out.double().numpy() - exact).max()
-
-    assert err(backend) <= 2 * err("torch")
-
-
-def test_auto_picks_a_backend_that_serves_the_call_and_matches():
-    q, k, v, kw = CASES[7].values
-    out, w = attention(q, k, v, weights_rows=[2], **kw)
-    expected, _ = _expected(q, k, v, kw)
-    np.testing.assert_allclose(out, expected, atol=1e-10)
-    from attnlab.backends.request import prepare
-
-    call = prepare(q, k, v, mask=None, bias=None, causal=False, scale=None, window=None, lengths=None,
-                   return_weights=True, weights_rows=None, return_lse=False, block_size=None)
-    assert choose(call.request).name in ("numpy", "torch")  # only materialising backends give every weight
+@pytest.mark.parametrize("kind, dtype", FULL_PRECISION)
+@pytest.mark.parametrize("backend", LSE_BACKENDS)
+@case_ids
+def test_rows_of_weights_and_the_lse_agree_with_the_reference(case, backend, kind, dtype):
+    t = target(case, kind, dtype)
+    tq = case.q_shape[2]
+    rows = sorted({0, 3, 5, tq // 2, tq - 1} & set(range(tq)))  # 5: the row that "fully masked row" hides
+    extra = dict(weights_rows=rows, return_lse=True)
+    skip_if_refused(t, backend, **extra)
+    out, w, lse = (agreement.to_float64(x) for x in t.run(backend, **extra))
+    exp_out, exp_w, exp_lse = full_reference(case, kind, dtype)
+    tol = t.tolerance
+    np.testing.assert_allclose(out, exp_out, rtol=0, atol=tol)
+    np.testing.assert_allclose(w, exp_w[..., rows, :], rtol=0, atol=tol)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(exp_lse))  # −inf: nothing to attend to
+    finite = np.isfinite(exp_lse)
+    np.testing.assert_allclose(lse[finite], exp_lse[finite], rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("kind, dtype", KIND_DTYPES)
+@case_ids
+def test_auto_serves_every_case_and_agrees(case, kind, dtype):
+    t = target(case, kind, dtype)
+    out = attention(*t.args, **t.kwargs)
+    assert not t.mismatch(out), t.mismatch(out)
+    # 16-bit inputs: auto computes in float32, and is held to the bound every backend is (twice plain torch)
+    assert t.error(out) <= t.tolerance
+
+
+def test_auto_gives_every_weight_only_through_a_backend_that_materialises_them():
+    t = target(agreement.case("grouped-query causal"), "numpy", "float64")
+    out, w = attention(*t.args, return_weights=True, **t.kwargs)
+    exp_out, exp_w = t.reference(return_weights=True)
+    np.testing.assert_allclose(out, exp_out, atol=1e-10)
+    np.testing.assert_allclose(w, exp_w, atol=1e-12)
+    assert choose(t.request("numpy", return_weights=True)).name in YARDSTICKS  # the fast ones never hold (Tq, Tk)
+
+
+def test_check_rows_give_the_error_or_the_reasons():
+    t = target(agreement.case("mask and bias"), "numpy", "float64")
+    served, refused = agreement.check("blockwise", t), agreement.check("kernel", t)
+    assert served.passed and served.max_error <= served.tolerance == 1e-10
+    assert refused.passed is None and refused.max_error is None
+    assert "float64" in refused.note and "mask" in refused.note and "bias" in refused.note
+    assert set(served.to_dict()) == {"backend", "case", "kind", "dtype", "max_error", "tolerance", "passed", "note"}
+
+
+# ------------------------------------------------------------------ the expected answer itself
+
+
+def test_reference_of_spells_out_each_option_as_a_mask_written_by_hand():
+    """q (1, 2, 3, 2) over one key/value head (Tk = 4): both query heads see it. Causal with Tq < Tk is
+    bottom-right (query i sits at key i + 1), the window keeps keys pos − 1 .. pos, length 3 drops key 3."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 2, 3, 2)), rng.standard_normal((1, 1, 4, 2)), rng.standard_normal((1, 1, 4, 5))
+    by_hand = np.array([[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 0]], bool)
+    np.testing.assert_array_equal(allowed_of(3, 4, causal=True, window=1, lengths=[3], batch_dims=2), by_hand[None, None])
+    got = reference_of(q, k, v, causal=True, window=1, lengths=np.array([3]))
+    for h in range(2):
+        np.testing.assert_allclose(got[0, h], reference.attention(q[0, h], k[0, 0], v[0, 0], mask=by_hand), atol=1e-15)
+    out, lse = reference_of(q, k, v, mask=np.ones((3, 4), bool), bias=np.zeros((3, 4)), return_lse=True)
+    s = np.einsum("hqd,kd->hqk", q[0], k[0, 0]) / np.sqrt(2)
+    np.testing.assert_allclose(lse[0], np.log(np.exp(s).sum(-1)), atol=1e-12)
+    np.testing.assert_allclose(out[0], reference.attention(q[0], k[0], v[0]), atol=1e-15)
+
+
+# ------------------------------------------------------------------ refusals and errors
+
+
+@pytest.mark.needs("torch")
 def test_named_backend_never_falls_back_and_lists_every_reason():
     t = torch.zeros(1, 4, 8)
     with pytest.raises(NoBackendError) as e:
         attention(t, t, t, backend="sdpa", return_weights=True)
     msg = str(e.value)
-    assert "backend 'sdpa' cannot serve this call: fused kernels return no attention weights" in msg
-    for name in BACKENDS:
-        assert f"\n  {name}: " in msg
-    assert "numpy: takes NumPy arrays, got torch tensors" in msg
+    assert msg.startswith("backend 'sdpa' cannot serve this call: ") and "weights" in msg.splitlines()[0]
+    why = refusals(agreement.request_of(t, t, t, return_weights=True))
+    for name in BACKENDS:  # every backend, with its reasons or that it could serve it
+        assert f"\n  {name}: {'; '.join(why[name]) or 'can serve it'}" in msg
+    assert "torch" in "; ".join(why["numpy"])  # the reference takes NumPy arrays only
 
 
 @pytest.mark.parametrize(
     "kwargs, error, text",
     [
-        ({"backend": "flash"}, ValueError, "backend must be 'auto' or one of numpy, torch, sdpa, blockwise, got 'flash'"),
+        ({"backend": "flash"}, ValueError, "backend must be 'auto' or one of numpy, torch, sdpa, blockwise, kernel, got 'flash'"),
         ({"window": -1}, ValueError, "window must be an int >= 0"),
         ({"lengths": [[3]]}, ValueError, "lengths must have the shape of the leading batch dims (2, 4)"),
         ({"lengths": [3, 99]}, ValueError, "lengths must lie in 0..Tk=6"),
         ({"weights_rows": [5]}, ValueError, "weights_rows must be query indices in 0..Tq-1=4, got [5]"),
         ({"weights_rows": [1], "return_weights": True}, ValueError, "not both"),
         ({"block_size": 0, "backend": "blockwise"}, ValueError, "block_size must be an int >= 1"),
-        ({"block_size": 8, "backend": "sdpa"}, NoBackendError, "has no block size"),
+        ({"block_size": 8, "backend": "sdpa"}, NoBackendError, "block size"),
         ({"causal": "yes"}, TypeError, "causal must be True or False, got 'yes'"),
     ],
 )
@@ -179,12 +198,14 @@ def test_grouped_query_heads_must_divide():
         attention(q, k, k)
 
 
+@pytest.mark.needs("torch")
 def test_mask_of_another_kind_is_refused():
     t = torch.zeros(1, 4, 8)
     with pytest.raises(TypeError, match="mask must be of the same kind as q"):
         attention(t, t, t, mask=np.ones((4, 4), bool))
 
 
+@pytest.mark.needs("torch")
 @pytest.mark.parametrize("shape", [(9, 8), (3, 9, 8), (2, 3, 4, 9, 8)], ids=["2-D", "3-D", "5-D"])
 @pytest.mark.parametrize("backend", ["torch", "sdpa", "blockwise"])
 def test_any_number_of_leading_dims(backend, shape):

@@ -1,75 +1,271 @@
-"""``attnlab check``: every backend against the float64 reference, on this machine.
+"""The agreement cases: every backend against the float64 reference, for ``attnlab check`` and the tests.
 
-The test suite's cases, run where the user is (their torch build, their BLAS, their GPU if any):
-each available backend, on NumPy arrays and torch tensors on every device, in float64 and float32,
-and in float16/bfloat16 where the tolerance is relative (DESIGN.md): at most twice the error of
-plain torch in that dtype. A backend that refuses a case says why; that is not a failure.
+One table (:data:`CASES`) serves both: :func:`run_check` runs it where the user is (their torch
+build, their BLAS, their GPU if any) and ``tests/backends/test_backends.py`` parametrizes over it.
+Each case runs on NumPy arrays and on torch tensors on every device, in float64 and float32, and
+in float16/bfloat16 on tensors. The expected answer is :func:`reference_of`: the float64 spec on
+the very inputs the backend got (rounded to its dtype), so an error is the backend's own and not
+the rounding of its inputs. Tolerances (DESIGN.md): absolute in float64 and float32 (outputs are
+of unit scale); in float16/bfloat16 at most twice the error of plain torch in that dtype. A
+backend that refuses a case says why; that is not a failure.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from attnlab.spec import reference
 from attnlab.backends.api import attention
-from attnlab.backends.dispatch import BACKENDS, NoBackendError
+from attnlab.backends.dispatch import BACKENDS, refusals
+from attnlab.backends.request import Request, prepare
+from attnlab.spec import reference
 from attnlab.spec.masks import causal_mask, window_mask
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}  # absolute, outputs of unit scale
 LOW_PRECISION_FACTOR = 2.0  # float16/bfloat16: at most this times plain torch's error
+LOW_PRECISION = ("float16", "bfloat16")
+PLAIN = "torch"  # the yardstick in float16/bfloat16: the reference's math in the inputs' dtype
+# Tiles that divide none of the cases' lengths, for the backends that take a block size, so the
+# partial tiles at every edge run. Only on the small cases: the n = 1025 case keeps the default
+# tiles (which do not divide 1025 either) so the blockwise loop stays short there.
+SMALL_TILES = (16, 23)
+SMALL_TILES_UP_TO = 1 << 16  # scores per head
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: the cases are constants
 class Case:
+    """q (B, Hq, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv), and attention()'s options."""
+
     name: str
-    q_shape: tuple  # (B, Hq, Tq, D)
+    q_shape: tuple[int, int, int, int]  # (B, Hq, Tq, D)
     kv_heads: int
     tk: int
     dv: int
-    kwargs: tuple = ()  # (name, value) pairs for attention(); NumPy values
+    options: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs for attention(); NumPy values
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    @property
+    def small(self) -> bool:
+        return self.q_shape[2] * self.tk <= SMALL_TILES_UP_TO
 
 
-def _cases() -> list[Case]:
+def _cases() -> tuple[Case, ...]:
     rng = np.random.default_rng(0)
-    return [
+    row_5_hidden = np.ones((20, 20), bool)
+    row_5_hidden[5] = False
+    return (
         Case("n=97, D=59", (2, 2, 97, 59), 2, 97, 59),
         Case("n=1025 causal", (1, 1, 1025, 64), 1, 1025, 64, (("causal", True),)),
-        Case("Tq<Tk causal, Dv≠D", (2, 2, 33, 16), 2, 97, 24, (("causal", True),)),
-        Case("Tq>Tk causal (empty rows)", (1, 2, 40, 8), 2, 25, 8, (("causal", True),)),
+        Case("Tq<Tk causal (bottom-right), Dv!=D", (2, 2, 33, 16), 2, 97, 24, (("causal", True),)),
+        Case("Tq>Tk causal (empty rows)", (2, 2, 40, 8), 2, 25, 8, (("causal", True),)),
         Case("mask and bias", (2, 2, 31, 12), 2, 45, 12,
              (("mask", rng.random((31, 45)) > 0.3), ("bias", rng.standard_normal((2, 31, 45))))),
-        Case("padding lengths", (2, 2, 50, 16), 2, 50, 16, (("lengths", np.array([0, 37])),)),
+        Case("fully masked row", (2, 2, 20, 8), 2, 20, 8, (("mask", row_5_hidden),)),
+        Case("padding lengths 0 and 37", (2, 2, 50, 16), 2, 50, 16, (("lengths", np.array([0, 37])),)),
         Case("grouped-query causal", (2, 6, 41, 16), 2, 41, 16, (("causal", True),)),
-        Case("sliding window", (1, 2, 70, 16), 2, 70, 16, (("window", (8, 0)), ("causal", True))),
-    ]
+        Case("sliding window (5, 2)", (2, 2, 70, 16), 2, 70, 16, (("window", (5, 2)),)),
+        Case("causal sliding window 8", (1, 2, 70, 16), 2, 70, 16, (("window", 8), ("causal", True))),
+        # every key restriction at once: in the second sequence (23 keys) the last 17 query rows see none
+        Case("grouped-query, Tq<Tk, causal window, padding", (2, 4, 30, 16), 2, 50, 8,
+             (("causal", True), ("window", 10), ("lengths", np.array([50, 23])))),
+        Case("scale=1", (2, 2, 20, 8), 2, 20, 8, (("scale", 1.0),)),
+    )
 
 
-def _data(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+CASES: tuple[Case, ...] = _cases()
+
+
+def case(name: str) -> Case:
+    """The case of that name."""
+    for c in CASES:
+        if c.name == name:
+            return c
+    raise LookupError(f"no agreement case {name!r}; the cases: {', '.join(c.name for c in CASES)}")
+
+
+def data(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v of ``case`` in float64, the same on every machine (seeded by the case's name)."""
     rng = np.random.default_rng(zlib.crc32(case.name.encode()))
     b, h, tq, d = case.q_shape
     return (rng.standard_normal((b, h, tq, d)), rng.standard_normal((b, case.kv_heads, case.tk, d)),
             rng.standard_normal((b, case.kv_heads, case.tk, case.dv)))
 
 
-def _exact(case: Case, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The reference, fed repeated heads and one dense mask built from the foundation's masks."""
-    kw = dict(case.kwargs)
-    g = q.shape[-3] // k.shape[-3]
-    k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
-    tq, tk = q.shape[-2], k.shape[-2]
-    allowed = causal_mask(tq, tk) if kw.get("causal") else np.ones((tq, tk), bool)
-    if "window" in kw:
-        allowed = allowed & window_mask(tq, tk, left=kw["window"][0], right=kw["window"][1])
-    if "lengths" in kw:
-        allowed = allowed & (np.arange(tk) < kw["lengths"][:, None, None, None])
-    if "mask" in kw:
-        allowed = allowed & kw["mask"]
-    return reference.attention(q, k, v, mask=allowed, bias=kw.get("bias"))
+def allowed_of(
+    tq: int, tk: int, *, causal: bool = False, window: Any = None, lengths: Any = None, mask: Any = None,
+    batch_dims: int | None = None,
+) -> np.ndarray:
+    """attention()'s causal, window, lengths and mask as one boolean mask (True = may attend), from
+    :mod:`attnlab.spec.masks`: (Tq, Tk), or (*batch, Tq, Tk) broadcastable with ``lengths`` (ints over
+    the first of ``batch_dims`` leading dims; by default as many as ``lengths`` has)."""
+    allowed = causal_mask(tq, tk) if causal else np.ones((tq, tk), bool)
+    if window is not None:
+        left, right = window if isinstance(window, (tuple, list)) else (window, window)
+        allowed = allowed & window_mask(tq, tk, left=left, right=right)
+    if lengths is not None:
+        n = np.asarray(lengths)
+        n = n.reshape(n.shape + (1,) * ((n.ndim if batch_dims is None else batch_dims) - n.ndim))
+        allowed = allowed & (np.arange(tk) < n[..., None, None])
+    if mask is not None:
+        allowed = allowed & np.asarray(mask)
+    return allowed
+
+
+def reference_of(
+    q: Any, k: Any, v: Any, *, causal: bool = False, window: Any = None, lengths: Any = None, mask: Any = None,
+    bias: Any = None, scale: float | None = None, return_weights: bool = False, return_lse: bool = False,
+) -> Any:
+    """What attention() must return, by the float64 spec alone: ``attention()``'s options (NumPy values)
+    written out as repeated key/value heads and one dense mask (:func:`allowed_of`).
+
+    Grouped-query heads are repeated (query head h uses key/value head h // G). Returns ``out``, or
+    a tuple ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)`` as asked, in float64.
+    """
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    if q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] not in (1, q.shape[-3]):
+        g = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
+    allowed = allowed_of(q.shape[-2], k.shape[-2], causal=causal, window=window, lengths=lengths, mask=mask,
+                         batch_dims=q.ndim - 2)
+    bias = None if bias is None else np.asarray(bias, np.float64)
+    res = reference.attention(q, k, v, mask=allowed, bias=bias, scale=scale, return_weights=return_weights)
+    if not return_lse:
+        return res
+    s = reference.scores(q, k, scale=scale) + (0.0 if bias is None else bias)
+    lse = reference.logsumexp(np.where(allowed, s, -np.inf))
+    return (*res, lse) if return_weights else (res, lse)
+
+
+# ------------------------------------------------------------------ running a case
+
+
+def kinds() -> list[str]:
+    """The kinds of input this machine runs: "numpy", and "torch:<device>" for every device torch has."""
+    try:
+        import torch
+    except ImportError:
+        return ["numpy"]
+    return ["numpy", "torch:cpu"] + (["torch:cuda"] if torch.cuda.is_available() else [])
+
+
+def dtypes(kind: str) -> list[str]:
+    """The dtypes a kind is checked in: float16/bfloat16 on tensors only (NumPy has no bfloat16)."""
+    return ["float64", "float32"] + (list(LOW_PRECISION) if kind != "numpy" else [])
+
+
+def _torch(x: np.ndarray, kind: str, dtype: str | None) -> Any:
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(kind.split(":", 1)[1])
+    return t if dtype is None else t.to(getattr(torch, dtype))
+
+
+def _convert(x: Any, kind: str, dtype: str) -> Any:
+    """A case's array in the kind and dtype of a run: floats rounded to ``dtype``, masks as booleans, lengths as given."""
+    if not isinstance(x, np.ndarray) or np.issubdtype(x.dtype, np.integer):
+        return x
+    if kind == "numpy":
+        return x if x.dtype == bool else x.astype(dtype)
+    return _torch(x, kind, None if x.dtype == bool else dtype)
+
+
+def to_float64(x: Any) -> Any:
+    """The exact float64 NumPy value of an array or tensor (a backend's input or result); other values as they are."""
+    if hasattr(x, "detach"):
+        return x.detach().cpu().double().numpy() if x.is_floating_point() else x.detach().cpu().numpy()
+    return x.astype(np.float64) if isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating) else x
+
+
+def _exact(args: tuple, kwargs: dict[str, Any], **flags: Any) -> Any:
+    """:func:`reference_of` on the exact values of inputs in any kind and dtype."""
+    return reference_of(*(to_float64(x) for x in args), **{n: to_float64(x) for n, x in kwargs.items()}, **flags)
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    """attention()'s keywords and their defaults, which prepare() takes all of (but the backend's name)."""
+    params = inspect.signature(attention).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "backend"}
+
+
+def request_of(q: Any, k: Any, v: Any, **kwargs: Any) -> Request:
+    """The request that ``attention(q, k, v, **kwargs)`` shows the backends (without the backend's name)."""
+    return prepare(q, k, v, **{**_defaults(), **kwargs}).request
+
+
+@dataclass(frozen=True, eq=False)
+class Target:
+    """One case in one kind and dtype: the inputs as the backends get them, and what they must return."""
+
+    case: Case
+    kind: str  # "numpy" or "torch:<device>"
+    dtype: str
+    args: tuple  # q, k, v
+    kwargs: dict[str, Any]  # the case's options, converted
+    expected: np.ndarray  # float64: reference_of on exactly these inputs
+    tolerance: float
+    note: str = ""  # how the tolerance was set, where it was measured
+
+    def call_kwargs(self, backend: str) -> dict[str, Any]:
+        """attention()'s keywords for ``backend``: the case's, with small tiles where it takes a block size."""
+        kw = dict(self.kwargs)
+        if self.case.small and "block_size" in BACKENDS[backend].supports.features:
+            kw["block_size"] = SMALL_TILES
+        return kw
+
+    def request(self, backend: str, **extra: Any) -> Request:
+        """The request that ``backend`` accepts or refuses: this target's call, with ``extra`` keywords."""
+        return request_of(*self.args, **self.call_kwargs(backend), **extra)
+
+    def refusals(self, backend: str, **extra: Any) -> list[str]:
+        """Why ``backend`` refuses this target (empty: it serves it)."""
+        return refusals(self.request(backend, **extra))[backend]
+
+    def run(self, backend: str, **extra: Any) -> Any:
+        """attention() by ``backend`` on these inputs, as it returns it (NoBackendError if it refuses)."""
+        return attention(*self.args, backend=backend, **self.call_kwargs(backend), **extra)
+
+    def mismatch(self, out: Any) -> str:
+        """What differs between ``out`` and a result of this target's kind, device, dtype and shape ("" if nothing)."""
+        if isinstance(out, np.ndarray):
+            got = ("numpy", "cpu", str(out.dtype), out.shape)
+        elif hasattr(out, "device"):
+            got = ("torch", out.device.type, str(out.dtype).removeprefix("torch."), tuple(out.shape))
+        else:
+            got = (type(out).__name__,)
+        want = (self.kind.split(":")[0], self.kind.split(":")[-1].replace("numpy", "cpu"), self.dtype, self.expected.shape)
+        return "" if got == want else f"returned {got}, expected {want} (kind, device, dtype, shape)"
+
+    def reference(self, **flags: Any) -> Any:
+        """:func:`reference_of` on exactly these inputs (``flags``: return_weights, return_lse)."""
+        return _exact(self.args, self.kwargs, **flags)
+
+    def error(self, out: Any) -> float:
+        """The largest absolute difference between ``out`` and the expected answer."""
+        return float(np.abs(to_float64(out) - self.expected).max())
+
+
+def target(case: Case, kind: str, dtype: str) -> Target:
+    """``case`` in ``kind`` and ``dtype``, with its expected answer and tolerance."""
+    args = tuple(_convert(x, kind, dtype) for x in data(case))
+    kwargs = {n: _convert(x, kind, dtype) for n, x in case.options}
+    t = Target(case, kind, dtype, args, kwargs, _exact(args, kwargs), TOLERANCE.get(dtype, np.inf))
+    if dtype not in LOW_PRECISION:
+        return t
+    plain = t.error(t.run(PLAIN))
+    return replace(t, tolerance=LOW_PRECISION_FACTOR * plain, note=f"plain torch's error {plain:.2e}")
+
+
+# ------------------------------------------------------------------ attnlab check
 
 
 @dataclass(frozen=True)
@@ -87,63 +283,27 @@ class CheckRow:
         return asdict(self)
 
 
-def _devices() -> list[str]:
-    try:
-        import torch
-    except ImportError:
-        return []
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def _convert(x: Any, kind: str, dtype: str) -> Any:
-    if not isinstance(x, np.ndarray):
-        return x
-    if x.dtype == bool or np.issubdtype(x.dtype, np.integer):
-        return x if kind == "numpy" or x.dtype != bool else _torch(x, kind, None)
-    return x.astype(dtype) if kind == "numpy" else _torch(x, kind, dtype)
-
-
-def _torch(x: np.ndarray, kind: str, dtype: str | None) -> Any:
-    import torch
-
-    t = torch.from_numpy(np.ascontiguousarray(x)).to(kind.split(":", 1)[1])
-    return t if dtype is None else t.to(getattr(torch, dtype))
-
-
-def _run(backend: str, case: Case, qkv: tuple, kind: str, dtype: str) -> np.ndarray:
-    args = [_convert(x, kind, dtype) for x in qkv]
-    kw = {n: _convert(x, kind, dtype) for n, x in case.kwargs}
-    out = attention(*args, backend=backend, **kw)
-    if kind == "numpy":
-        return np.asarray(out, dtype=np.float64)
-    return out.detach().double().cpu().numpy()
+def check(backend: str, t: Target) -> CheckRow:
+    """One backend on one target: its max error and whether it passes, or its reasons to refuse."""
+    why = t.refusals(backend)
+    if why:
+        return CheckRow(backend, t.case.name, t.kind, t.dtype, None, None, None, "; ".join(why))
+    out = t.run(backend)
+    err, wrong = t.error(out), t.mismatch(out)
+    note = "; ".join(x for x in (wrong, t.note) if x)
+    return CheckRow(backend, t.case.name, t.kind, t.dtype, err, t.tolerance, err <= t.tolerance and not wrong, note)
 
 
 def run_check(tick: Callable[[str], None] | None = None) -> list[CheckRow]:
     """Every (backend, case, kind, dtype): its max error against float64 and whether it passes."""
-    kinds = ["numpy"] + [f"torch:{d}" for d in _devices()]
     rows: list[CheckRow] = []
-    for case in _cases():
-        qkv = _data(case)
-        exact = _exact(case, *qkv)
-        for kind in kinds:
-            dtypes = ["float64", "float32"] + (["float16", "bfloat16"] if kind != "numpy" else [])
-            for dtype in dtypes:
-                low = dtype in ("float16", "bfloat16")
-                if low:  # the exact answer for the rounded inputs, and plain torch's error on them
-                    rounded = tuple(_torch(x, kind, dtype).double().cpu().numpy() for x in qkv)
-                    exact_low = _exact(case, *rounded)
-                    base = float(np.abs(_run("torch", case, rounded, kind, dtype) - exact_low).max())
+    for c in CASES:
+        for kind in kinds():
+            for dtype in dtypes(kind):
+                t = target(c, kind, dtype)
                 for name in BACKENDS:
                     if tick:
                         tick(name)
-                    try:
-                        got = _run(name, case, rounded if low else qkv, kind, dtype)
-                    except NoBackendError as e:
-                        rows.append(CheckRow(name, case.name, kind, dtype, None, None, None, str(e).split(": ", 1)[1].split("\n")[0]))
-                        continue
-                    err = float(np.abs(got - (exact_low if low else exact)).max())
-                    tol = LOW_PRECISION_FACTOR * base if low else TOLERANCE[dtype]
-                    note = f"plain torch's error {base:.2e}" if low else ""
-                    rows.append(CheckRow(name, case.name, kind, dtype, err, tol, err <= tol, note))
+                    rows.append(check(name, t))
     return rows
+
