@@ -41,13 +41,16 @@ def maps(
     png: str = typer.Option(None, "--png", help="Write a heatmap of the chosen head to this PNG file."),
     json_path: str = json_option(),
     save: str = typer.Option(None, "--save", help="Write every captured map to this .npz file (attnlab.load_maps)."),
-    html: str = typer.Option(None, "--html", help="Write the viewer (head, model and scene views) as one self-contained HTML file."),
+    html: str = typer.Option(None, "--html", help="Write the viewer (head, model, scene and neuron views) as one self-contained HTML file."),
 ) -> None:
     """Capture every head's attention map; show one head's map, or where each head looks most."""
     from attnlab.analysis.overview import maps_record, where_heads_look
     from attnlab.models.capture import capture
+    from attnlab.models.loading import load_model
 
-    found = capture(_as_items(sentences), model, revision)
+    lm = load_model(model, revision)
+    neuron = bool(html) and not lm.config.get("is_encoder_decoder")  # the page's Neuron view needs q and k
+    found = capture(_as_items(sentences), lm, qk=neuron)
     pick = _head(layer, head, found.num_layers, found.num_heads)
     if png and pick is None:
         raise ValueError("--png draws one head; give --layer and --head (1-based)")
@@ -59,7 +62,7 @@ def maps(
         from attnlab.lesson.scene import scene
         from attnlab.viz.page import write_maps_html
 
-        err.print(f"wrote {write_maps_html(view, html, scene=scene())}", highlight=False)
+        err.print(f"wrote {write_maps_html(view, html, scene=scene(), neuron=found if neuron else None)}", highlight=False)
     if png:
         from attnlab.viz.heatmap import plot_maps
 

@@ -24,15 +24,20 @@ NOTEBOOK_HEIGHT = 760  # px of the notebook frame
 
 
 def page_data(maps: Any = None, *, scene: dict | None = None, target: str | None = None,
-              deciders: list[str] | None = None, overview: int = payload.DEFAULT_OVERVIEW) -> dict:
+              deciders: list[str] | None = None, overview: int = payload.DEFAULT_OVERVIEW, neuron: Any = None) -> dict:
     """The data a page embeds: the scene, the maps (with every head packed) and the head search.
 
     ``maps``: token-level AttentionMaps or word-level WordMaps (or None for the scene alone).
     ``scene``: the lesson's scene (``attnlab.lesson.scene.scene()``), handed in by the caller (the
     viewer sits below the lesson); None leaves the Scene view out.
     ``target`` and ``deciders`` (one per sentence) add the Compare view's head search.
+    ``neuron``: token-level AttentionMaps captured with ``qk=True`` (default: ``maps`` when it has
+    queries) add the Neuron view.
     """
     data: dict[str, Any] = {"scene": scene, "maps": None, "search": None}
+    qk = payload.neuron_payload(neuron if neuron is not None else maps)
+    if qk is not None:
+        data["neuron"] = qk
     if maps is not None:
         data["maps"] = payload.maps_payload(maps, overview=overview)
         data["maps"]["packed"] = [payload.pack_weights(w) for w in maps.weights]
@@ -72,20 +77,21 @@ def _title(maps: Any) -> str:
 
 
 def maps_html(maps: Any, *, scene: dict | None = None, target: str | None = None,
-              deciders: list[str] | None = None) -> str:
-    """The self-contained page of captured maps (head view first, then model view, scene, compare)."""
-    return render_page(page_data(maps, scene=scene, target=target, deciders=deciders), title=_title(maps))
+              deciders: list[str] | None = None, neuron: Any = None) -> str:
+    """The self-contained page of captured maps (head view first, then model view, scene, compare,
+    and the neuron view when the maps, or ``neuron``, hold queries and keys)."""
+    return render_page(page_data(maps, scene=scene, target=target, deciders=deciders, neuron=neuron), title=_title(maps))
 
 
 def write_maps_html(maps: Any, path: str | os.PathLike, *, scene: dict | None = None, target: str | None = None,
-                    deciders: list[str] | None = None) -> Path:
+                    deciders: list[str] | None = None, neuron: Any = None) -> Path:
     """Write :func:`maps_html` to ``path`` (``.html`` appended when it has no suffix); returns the path."""
     path = Path(path)
     if not path.suffix:
         path = path.with_suffix(".html")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist")
-    path.write_text(maps_html(maps, scene=scene, target=target, deciders=deciders), encoding="utf-8")
+    path.write_text(maps_html(maps, scene=scene, target=target, deciders=deciders, neuron=neuron), encoding="utf-8")
     return path
 
 

@@ -9,6 +9,7 @@
   const available = {
     scene: !data || !!data.scene, head: !data || !!data.maps, model: !data || !!data.maps,
     compare: !data || !!data.search,
+    neuron: !!(data && data.neuron), // queries and keys come with capture(..., qk=True) pages only
   };
   const started = new Set();
 
@@ -23,6 +24,7 @@
     started.add(name);
     if (name === "scene") AL.scene.show(source).catch((e) => AL.status(e.message, true));
     if (name === "compare") AL.compare.init(source, !data);
+    if (name === "neuron") AL.neuron.show(data.neuron);
   };
 
   async function showMaps(sentences, level) {
