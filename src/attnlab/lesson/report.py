@@ -33,6 +33,7 @@ FIGURES: dict[str, list[tuple[str, str]]] = {
     "maps": [("5_bank_head.png", "bank_head"), ("5_role_heads.png", "role_heads")],
     "cost": [("6_cost.png", "cost_curves")],
     "next": [("7_next.png", "next_maps")],
+    "transformer": [("8_induction.png", "induction:induction_training")],  # "module:function" in attnlab.viz
 }
 
 
@@ -43,13 +44,15 @@ def lesson_json(lesson: Lesson) -> dict:
 
 def render_figures(lesson: Lesson) -> dict[str, bytes]:
     """PNG bytes of every figure, by file name."""
-    from attnlab.viz import figures  # matplotlib loads here, not at import
+    import importlib  # matplotlib loads with the figure modules, here, not at import
 
     out = {}
     for section in lesson.sections:
         for name, draw in FIGURES[section.key]:
+            module, _, function = draw.rpartition(":")
+            figures = importlib.import_module(f"attnlab.viz.{module or 'figures'}")
             buf = io.BytesIO()
-            getattr(figures, draw)(section.data).savefig(buf, format="png", dpi=DPI)
+            getattr(figures, function)(section.data).savefig(buf, format="png", dpi=DPI)
             out[name] = buf.getvalue()
     return out
 
@@ -89,10 +92,11 @@ VIEWER = "viewer.html"
 
 ABOUT = (
     "A lesson on attention, computed rather than told. The lesson follows one scene, the word \"bank\" in "
-    "\"I sat on the bank of the river\" looking at the other words, through seven steps: the formula on that "
+    "\"I sat on the bank of the river\" looking at the other words, through eight steps: the formula on that "
     "scene, where Q, K and V come from (with a book listing of a multi-head attention implementation in NumPy, "
     "made to run), why the scores are divided by √d_k, what several heads cost, the real maps of a pretrained "
-    "model, what attention costs as the context grows, and three properties of the mechanism. Every number the "
+    "model, what attention costs as the context grows, three properties of the mechanism, and the transformer "
+    "around it, a small one trained on the CPU until an induction head appears. Every number the "
     "lesson states is recomputed here by attnlab and shown beside the lesson's own figure (\"the lesson "
     "states\"); where they differ, the page says so."
 )

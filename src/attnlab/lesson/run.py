@@ -1,4 +1,4 @@
-"""Run the whole lesson: seven sections, in one pass, with a callback for progress.
+"""Run the whole lesson: eight sections, in one pass, with a callback for progress.
 
 ``LessonConfig`` holds what the user can set (the CLI flags map onto it); ``run_lesson`` returns
 a :class:`Lesson`, plain data that the CLI prints, :mod:`attnlab.lesson.report` writes, and
@@ -20,6 +20,7 @@ from attnlab.lesson.nextsteps import next_section
 from attnlab.lesson.realmaps import capture_bank, maps_section, model_info
 from attnlab.lesson.scaling import scaling_section
 from attnlab.lesson.section import Section
+from attnlab.lesson.transformer import transformer_section
 
 SCHEMA_VERSION = 1
 DEFAULT_OUT = Path("attnlab-report")
@@ -55,7 +56,7 @@ class LessonConfig:
 @dataclass(frozen=True)
 class Lesson:
     config: LessonConfig
-    sections: tuple[Section, ...]  # in the lesson's order, 1 to 7
+    sections: tuple[Section, ...]  # in the lesson's order, 1 to 8
     seconds: dict[str, float]  # wall time of each step
     elapsed_s: float
     # The captured "bank" maps (AttentionMaps), kept so the report can write the explorable
@@ -100,6 +101,7 @@ def run_lesson(config: LessonConfig = LessonConfig(), progress: Progress | None 
         ("maps", "5. the real maps", lambda: maps_section(state["maps"])),
         ("cost", "6. cost: measuring attention as n doubles", lambda: cost_section(config.cost())),
         ("next", "7. order blindness, the causal mask, a hidden token", lambda: next_section(config.seed)),
+        ("transformer", "8. the transformer: an induction head being learned", lambda: transformer_section(config.seed)),
     ]
     sections, seconds = [], {}
     start = time.perf_counter()
