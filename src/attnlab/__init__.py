@@ -29,6 +29,10 @@ _LAZY = {
     "rollout": "attnlab.analysis.rollout",
     "flow": "attnlab.analysis.rollout",
     "induction_scores": "attnlab.analysis.induction",
+    "ablate": "attnlab.analysis.ablation",
+    "head_importance": "attnlab.analysis.ablation",
+    "Ablation": "attnlab.analysis.ablation",
+    "Importance": "attnlab.analysis.ablation",
 }
 
 
@@ -40,15 +44,19 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
 
 __all__ = [
+    "Ablation",
     "AdditiveAttention",
     "AttentionMaps",
     "HeadRoles",
     "HeadSearch",
+    "Importance",
     "WordMaps",
+    "ablate",
     "capture",
     "corpus_roles",
     "find_heads",
     "flow",
+    "head_importance",
     "head_roles",
     "head_stats",
     "HeadStats",

@@ -90,7 +90,9 @@ def _load(model: Any, backend: str) -> tuple[Any, str]:
 
     if isinstance(model, Transformer):
         return model, model.config.family
-    name = "all-MiniLM-L6-v2" if model is None else str(model)
+    from pathlib import Path
+
+    name = "all-MiniLM-L6-v2" if model is None else Path(model).name if Path(model).is_dir() else str(model)
     return _pretrained(None if model is None else str(model), backend), name
 
 

@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from attnlab.cli import lesson, longinputs, maps, measure, serve
+from attnlab.cli import ablate, lesson, longinputs, maps, measure, serve
 from attnlab.cli.common import err
 
 app = typer.Typer(
@@ -33,7 +33,7 @@ def _root() -> None:
 
 COMMANDS = {  # in the order --help lists them
     "scene": lesson.scene, "maps": maps.maps, "heads": maps.heads, "find-head": maps.find_head,
-    "stats": longinputs.stats, "rollout": longinputs.rollout,
+    "stats": longinputs.stats, "rollout": longinputs.rollout, "ablate": ablate.ablate,
     "serve": serve.serve, "lesson": lesson.lesson, "cost": lesson.cost, "check": measure.check, "bench": measure.bench,
 }
 for _name, _handler in COMMANDS.items():

@@ -60,7 +60,7 @@ def lesson(
     memory_mb: float = typer.Option(CostConfig.memory_mb, "--memory-mb", help=MEMORY_HELP),
     seed: int = typer.Option(0, "--seed", help="Seed of the lesson's random draws (the √d table always uses the seed's rng(0))."),
 ) -> None:
-    """The lesson of the seeds, computed: seven sections, a table each, and a report folder."""
+    """The lesson of the seeds, computed: eight sections, a table each, and a report folder."""
     import time
     from pathlib import Path
 
