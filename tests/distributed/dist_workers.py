@@ -36,6 +36,8 @@ def ring_errors(rank: int, world: int) -> dict:
     attempt("zigzag_odd", lambda: ring_attention(odd, odd, odd, layout="zigzag"))
     wide = torch.randn(1, 2, 4, 8 + 8 * (rank == world - 1))  # the last rank has D = 16
     attempt("d_differs", lambda: ring_attention(wide, wide, wide))
+    typed = x.double() if rank == 1 else x
+    attempt("dtype_differs", lambda: ring_attention(typed, typed, typed))
     bad = x.clone()
     if rank == 1:
         bad[0, 0, 0, 0] = float("nan")

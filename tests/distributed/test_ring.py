@@ -104,6 +104,8 @@ def test_errors_are_clear_and_raised_on_every_rank():
         assert f["zigzag_odd"][0] == "ValueError" and "rank 0: 3 rows" in f["zigzag_odd"][1]
         assert f["d_differs"][0] == "ValueError" and "same D" in f["d_differs"][1]
         assert f["layout"][0] == "ValueError" and "'spiral'" in f["layout"][1]
+        assert f["dtype_differs"] == ("ValueError", "ring_attention: every rank must have the same dtype, "
+                                      "got rank 0: float32, rank 1: float64")
         assert f["still_works"] is None
     assert found[1]["nan_on_rank_1"] == ("ValueError", "q contains NaN or Inf; attention needs finite inputs")
     assert found[0]["nan_on_rank_1"][0] == "RuntimeError" and "rank(s) [1]" in found[0]["nan_on_rank_1"][1]
@@ -138,3 +140,10 @@ def test_bad_arguments_name_what_they_got():
         ring_attention(torch.randn(3, 2, 5, 8), x, x)
     with pytest.raises(ValueError, match="divide the query heads"):
         ring_attention(torch.randn(3, 5, 8), x, x)
+
+
+def test_under_torchrun_without_a_group_says_what_to_call(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(RuntimeError, match=r"init_from_env\(\) first"):
+        ring_attention(x, x, x)

@@ -12,12 +12,13 @@ The backward pass (FlashAttention-2's, :func:`attnlab.backends.online.backward`)
 *global* output and LSE, which the forward leaves on every rank for its own rows. The key/value
 blocks go around the ring again, and with each block its dK/dV accumulator: every rank adds the
 gradient its queries give that block and passes it on, so after p steps the sums reach their owner.
-Memory per rank is O((Tq + Tk)/p · D): its shard, the block in use and the block in flight.
+Memory per rank is O((Tq + Tk)/p · D): its shards, the block in hand and the block in flight.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -179,7 +180,9 @@ def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float) -> tuple[
     return dq.to(q.dtype), dk, dv
 
 
+@functools.cache
 def _function() -> type:
+    """``RingAttention``, defined on first use so that importing attnlab does not import torch."""
     import torch
 
     class RingAttention(torch.autograd.Function):
@@ -200,6 +203,15 @@ def _function() -> type:
             return dq, dk, dv, None, None, None
 
     return RingAttention
+
+
+def _shown(field: str, value: float) -> str:
+    """A field of the ranks' exchanged description as the user wrote it."""
+    if field == "dtype":
+        return validate.FLOAT_DTYPES[int(value)]
+    if field == "layout":
+        return repr(LAYOUTS[int(value)])
+    return str(bool(value)) if field == "causal" else f"{value:g}"
 
 
 def _describe(q: Any, k: Any, v: Any, scale: Any) -> tuple[validate.Problem, tuple, int, int]:
@@ -249,7 +261,13 @@ def ring_attention(
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    rank, world = env.rank_and_world(group)
+    if env.initialized():
+        rank, world = env.rank_and_world(group)
+    elif group is not None or env.launched():
+        raise RuntimeError("ring_attention: this process is one of a torchrun job (or was given a group) but "
+                           "torch.distributed is not initialized; call attnlab.distributed.init_from_env() first")
+    else:
+        rank, world = 0, 1
     failure, row = None, np.zeros(3 + len(_FIELDS))
     try:
         check_layout(layout)
@@ -270,7 +288,7 @@ def ring_attention(
     for i, name in enumerate(_FIELDS):
         if len(set(rows[:, 3 + i].tolist())) > 1:
             raise ValueError(f"ring_attention: every rank must have the same {name}, got " +
-                             ", ".join(f"rank {r}: {rows[r, 3 + i]:g}" for r in range(world)))
+                             ", ".join(f"rank {r}: {_shown(name, rows[r, 3 + i])}" for r in range(world)))
     qrows, krows = rows[:, 1].astype(int).tolist(), rows[:, 2].astype(int).tolist()
     qpos, kpos = positions(qrows, layout), positions(krows, layout)
     shift = sum(krows) - sum(qrows)  # bottom-right alignment of the whole sequence
