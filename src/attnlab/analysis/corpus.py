@@ -17,23 +17,32 @@ from typing import Any
 from attnlab.analysis.roles import HeadRoles, RoleAccumulator, check_average
 
 
+def read_text(path: str | os.PathLike, what: str = "text file") -> str:
+    """The text of a UTF-8 file, or an error that names the path and says what was expected."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {str(path)!r} is a folder; expected a UTF-8 text file")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = e.object[: e.start].count(b"\n") + 1
+        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} on line {line}); "
+                         f"expected a UTF-8 text file") from None
+
+
 def read_corpus(path: str | os.PathLike) -> list[str | tuple[str, str]]:
     """One sentence per line, or a sentence pair separated by one tab; blank lines are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"corpus file {str(path)!r} does not exist")
     items: list[str | tuple[str, str]] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n\r")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) > 2 or not all(p.strip() for p in parts):
-                raise ValueError(
-                    f"{path}:{n}: expected a sentence or two sentences separated by one tab, got {line!r}"
-                )
-            items.append(parts[0] if len(parts) == 1 else (parts[0], parts[1]))
+    for n, line in enumerate(read_text(path, "corpus file").split("\n"), 1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) > 2 or not all(p.strip() for p in parts):
+            raise ValueError(f"{path}:{n}: expected a sentence or two sentences separated by one tab, got {line!r}")
+        items.append(parts[0] if len(parts) == 1 else (parts[0], parts[1]))
     if not items:
         raise ValueError(f"corpus file {str(path)!r} has no sentences")
     return items

@@ -31,9 +31,34 @@ from attnlab.bench import methods as M
 from attnlab.bench.timing import MEMORY, interleaved, probe, probe_traced, torch_threads
 
 
+MAX_SIZE = 65536  # the largest n attnlab bench takes: beyond it the naive methods' n × n alone is > 16 GB
+
+
+def memory_available() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable, else physical memory; None if unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def input_bytes(n: int, d: int, heads: int) -> int:
+    """What one configuration holds before any method runs: float32 q, k, v and one output, (heads, n, d) each."""
+    return 4 * heads * n * d * 4
+
+
 @dataclass(frozen=True)
 class BenchConfig:
-    """One sweep. The defaults finish in a few minutes on 2 cores; flags extend it to n = 65 536."""
+    """One sweep. The defaults finish in a few minutes on 2 cores; flags extend it to n = 65 536
+    (:data:`MAX_SIZE`). A configuration whose inputs alone would not fit in the memory available
+    is refused here, before anything is allocated."""
 
     sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
     heads: tuple[int, ...] = (1, 12)
@@ -62,6 +87,13 @@ class BenchConfig:
             raise ValueError(f"threads must be None or an int >= 1, got {self.threads!r}")
         if self.memory_mb <= 0 or self.max_seconds <= 0:
             raise ValueError(f"memory_mb and max_seconds must be > 0, got {self.memory_mb}, {self.max_seconds}")
+        if max(self.sizes) > MAX_SIZE:
+            raise ValueError(f"sizes go up to {MAX_SIZE} (n × n at n = {MAX_SIZE} is already 16 GB in float32), "
+                             f"got {max(self.sizes)}")
+        need, free = input_bytes(max(self.sizes), self.d, max(self.heads)), memory_available()
+        if free is not None and need > free:
+            raise ValueError(f"n = {max(self.sizes)}, {max(self.heads)} heads, d = {self.d}: q, k, v and the output "
+                             f"alone need {need / 2**30:,.1f} GiB, and {free / 2**30:,.1f} GiB of memory is available")
 
 
 @dataclass(frozen=True)

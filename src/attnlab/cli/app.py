@@ -13,6 +13,7 @@ import os
 import sys
 
 import typer
+from rich.markup import escape
 
 from attnlab.cli import ablate, lesson, longinputs, maps, measure, serve
 from attnlab.cli.common import err
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError, LookupError, RuntimeError) as e:
         if os.environ.get("ATTNLAB_DEBUG"):
             raise
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        # one line whatever the width; the message escaped, or rich would take "[sep]" in it for markup
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     return 0
 

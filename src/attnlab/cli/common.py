@@ -6,8 +6,13 @@ stdout, and then nothing else goes to stdout (no tables), so that ``attnlab … 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -21,9 +26,49 @@ MODEL_HELP = "A model folder or a hub id (BERT/RoBERTa/GPT-2-style); default: th
 REVISION_HELP = "The hub revision (commit) to pin, for a hub id."
 
 
+def out_file(flag: str, stdout: bool = False) -> Callable[[Any], Any]:
+    """A typer callback that checks an output file flag while the arguments are parsed, before any
+    work: not a folder, in a folder that exists and may be written. ``stdout``: '-' is allowed."""
+
+    def check(value: Any) -> Any:
+        if value is None or (stdout and str(value) == "-"):
+            return value
+        path = Path(value).expanduser()
+        if path.is_dir():
+            raise IsADirectoryError(f"{flag} {str(value)!r} is a folder; {flag} takes a file to write")
+        folder = path.parent
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{flag} {str(value)!r}: the folder {str(folder)!r} does not exist")
+        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise PermissionError(f"{flag} {str(value)!r}: no permission to write there")
+        return value
+
+    return check
+
+
+def out_folder(flag: str) -> Callable[[Any], Any]:
+    """A typer callback that checks an output folder flag before any work: not a file, and the
+    folder, or the nearest folder above it that exists, may be written."""
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return value
+        path = Path(value).expanduser()
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(f"{flag} {str(value)!r} is a file; {flag} takes a folder")
+        up = path
+        while not up.exists():
+            up = up.parent
+        if not up.is_dir() or not os.access(up, os.W_OK | os.X_OK):
+            raise PermissionError(f"{flag} {str(value)!r}: no permission to write in {str(up)!r}")
+        return value
+
+    return check
+
+
 def json_option(help: str = JSON_HELP) -> Any:
-    """The ``--json PATH`` option, the same in every command."""
-    return typer.Option(None, "--json", metavar="PATH", help=help)
+    """The ``--json PATH`` option, the same in every command (checked before the command runs)."""
+    return typer.Option(None, "--json", metavar="PATH", help=help, callback=out_file("--json", stdout=True))
 
 
 def write_json(path: str | None, data: Any) -> bool:
@@ -40,10 +85,63 @@ def write_json(path: str | None, data: Any) -> bool:
     return False
 
 
+class PlainProgress:
+    """Progress as plain lines on stderr, for when stderr is not a terminal (a log, a pipe, CI):
+    a line when the step changes or its total becomes known, and at most one every :attr:`every_s`
+    seconds within a step, and the last state at the end.
+    It has the part of rich's ``Progress`` the commands use."""
+
+    every_s = 5.0
+
+    def __init__(self, description: str) -> None:
+        self.tasks = [type("Task", (), {"id": 0})()]
+        self.description, self.completed, self.total = description, 0, None
+        self._said, self._at, self._t0 = None, 0.0, time.monotonic()
+
+    def __enter__(self) -> "PlainProgress":
+        self._say()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None and self._said != self._line():
+            self._say()
+
+    def _line(self) -> str:
+        of = "" if self.total is None else f" {self.completed}/{self.total}"
+        return f"{self.description}{of}"
+
+    def _say(self) -> None:
+        self._said, self._at = self._line(), time.monotonic()
+        err.print(f"{self._said} ({self._at - self._t0:.0f} s)", highlight=False, markup=False, soft_wrap=True)
+
+    def update(self, task: Any = 0, *, description: str | None = None, completed: Any = None, total: Any = None) -> None:
+        step = (description is not None and description != self.description) or (total is not None and self.total is None)
+        if description is not None:
+            self.description = description
+        if completed is not None:
+            self.completed = completed
+        if total is not None:
+            self.total = total
+        if step or time.monotonic() - self._at >= self.every_s or self._said is None:
+            self._say()
+
+
+def status(text: str) -> Any:
+    """A spinner with ``text`` on a terminal; elsewhere the text once, as a plain line on stderr."""
+    if err.is_terminal:
+        return err.status(text)
+    err.print(text, highlight=False, markup=False, soft_wrap=True)
+    return contextlib.nullcontext()
+
+
 def progress(description: str):
-    """A rich progress bar on stderr and the (done, total) callback that drives it."""
+    """A progress bar on stderr and the (done, total) callback that drives it: rich's bar on a
+    terminal, plain lines (:class:`PlainProgress`) otherwise, so a long job is never silent."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    if not err.is_terminal:
+        plain = PlainProgress(description)
+        return plain, lambda done, total: plain.update(completed=done, total=total)
     bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=err, transient=True)
     task = bar.add_task(description, total=None)

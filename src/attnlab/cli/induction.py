@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from attnlab.cli.common import console, err, write_json
+from attnlab.cli.common import console, status, write_json
 
 
 def show_induction(model: str | None, revision: str | None, length: int, seed: int, json_path: str | None) -> None:
     """Run the probe and print every head's induction score (layers as columns, heads as rows)."""
     from attnlab.analysis.induction import INDUCTION_PROBE_THRESHOLD, induction_scores
 
-    with err.status("running the induction probe"):
+    with status("running the induction probe"):
         found = induction_scores(model, revision, length=length, seed=seed)
     if write_json(json_path, found.to_dict()):
         return

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import console, err, json_option, progress, write_json
+from attnlab.cli.common import console, json_option, out_folder, progress, status, write_json
 from attnlab.lesson.cost import CostConfig  # its defaults are the flags' defaults
 from attnlab.lesson.fmt import pct, vec  # one rounding for the lesson, its page and the CLI
 
@@ -53,7 +53,8 @@ def print_section(section: Any) -> None:
 
 
 def lesson(
-    out: str = typer.Option("attnlab-report", "--out", help="Folder for index.html, the PNGs and lesson.json."),
+    out: str = typer.Option("attnlab-report", "--out", help="Folder for index.html, the PNGs and lesson.json.",
+                            callback=out_folder("--out")),
     model: str | None = typer.Option(None, "--model", help="Model folder or hub id (default: the bundled all-MiniLM-L6-v2)."),
     json_path: str = json_option("Also write lesson.json to PATH; '-' for stdout (then no tables are printed)."),
     deadline_ms: float = typer.Option(CostConfig.deadline_ms, "--deadline-ms", help=DEADLINE_HELP),
@@ -99,7 +100,7 @@ def cost(
     from attnlab.lesson.cost import cost_section
 
     cfg = CostConfig(deadline_ms=deadline_ms, memory_mb=memory_mb)
-    with err.status("measuring attention as n doubles…"):
+    with status("measuring attention as n doubles…"):
         section = cost_section(cfg)
     if write_json(json_path, section.to_dict()):
         return

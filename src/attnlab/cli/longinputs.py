@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, write_json
+from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, out_file, write_json
 
 STAT_TITLES = {
     "prev": "previous", "self": "itself", "next": "next", "first": "first token", "distance": "mean distance",
@@ -30,9 +30,9 @@ def stats(
     from attnlab.analysis.stats import ROW_STATS, head_stats
     from attnlab.cli.common import progress
 
-    if not file.is_file():
-        raise FileNotFoundError(f"text file {str(file)!r} does not exist")
-    text = file.read_text(encoding="utf-8")
+    from attnlab.analysis.corpus import read_text
+
+    text = read_text(file)
     texts = [line for line in text.splitlines() if line.strip()] if lines else [text]
     bar, tick = progress("attending")
     with bar:
@@ -64,7 +64,8 @@ def rollout(
     residual: float = typer.Option(0.5, "--residual", min=0.0, max=1.0, help="Weight of the residual (identity)."),
     tokens: bool = typer.Option(False, "--tokens", help="Token level (default: words)."),
     with_flow: bool = typer.Option(False, "--flow", help="Also attention flow (max-flow; short inputs only)."),
-    png: Path = typer.Option(None, "--png", help="Write the last layer's rollout (and flow) as a PNG here."),
+    png: Path = typer.Option(None, "--png", help="Write the last layer's rollout (and flow) as a PNG here.",
+                             callback=out_file("--png")),
     json_path: str = json_option(),
 ) -> None:
     """Attention rollout (Abnar & Zuidema 2020) of a sentence through every layer, and attention flow

@@ -7,15 +7,18 @@ import contextlib
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, progress, write_json
+from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, out_file, progress, write_json
 from attnlab.lesson.fmt import pct
 
 LESSON_SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
 
 
 def _as_items(sentences: list[str]) -> list[str | tuple[str, str]]:
-    """CLI sentences: a tab inside one makes it a pair (segments A and B), as in a corpus file."""
-    return [tuple(s.split("\t", 1)) if "\t" in s else s for s in sentences]  # type: ignore[misc]
+    """CLI sentences: a tab inside one makes it a pair (segments A and B), as in a corpus file and in
+    attnlab.capture (the library's rule, :func:`attnlab.models.encoding.check_sentences`)."""
+    from attnlab.models.encoding import check_sentences
+
+    return check_sentences(sentences)
 
 
 def _head(layer: int | None, head: int | None, num_layers: int, num_heads: int) -> tuple[int, int] | None:
@@ -38,16 +41,29 @@ def maps(
     layer: int = typer.Option(None, "--layer", help="Layer to show, 1-based (with --head)."),
     head: int = typer.Option(None, "--head", help="Head to show, 1-based (with --layer)."),
     words: bool = typer.Option(False, "--words", help="Add word pieces up into words (to: sum, from: mean)."),
-    png: str = typer.Option(None, "--png", help="Write a heatmap of the chosen head to this PNG file."),
+    png: str = typer.Option(None, "--png", help="Write a heatmap of the chosen head to this PNG file.",
+                            callback=out_file("--png")),
     json_path: str = json_option(),
-    save: str = typer.Option(None, "--save", help="Write every captured map to this .npz file (attnlab.load_maps)."),
-    html: str = typer.Option(None, "--html", help="Write the viewer (head, model, scene and neuron views) as one self-contained HTML file."),
+    save: str = typer.Option(None, "--save", help="Write every captured map to this .npz file (attnlab.load_maps).",
+                             callback=out_file("--save")),
+    html: str = typer.Option(None, "--html", help="Write the viewer (head, model, scene and neuron views) as one self-contained HTML file.",
+                             callback=out_file("--html")),
+    target: str = typer.Option(None, "--target", help="With --html: the ambiguous word for the page's Compare tab "
+                               "(with one --decider per sentence)."),
+    decider: list[str] = typer.Option(None, "--decider", help="With --html and --target: the deciding word of each "
+                                      "sentence, in order."),
 ) -> None:
     """Capture every head's attention map; show one head's map, or where each head looks most."""
     from attnlab.analysis.overview import maps_record, where_heads_look
     from attnlab.models.capture import capture
     from attnlab.models.loading import load_model
 
+    if (target or decider) and not html:
+        raise ValueError("--target and --decider set up the page's Compare tab; give them with --html FILE")
+    if bool(target) != bool(decider):
+        raise ValueError("--target and --decider go together: the ambiguous word and one deciding word per sentence")
+    if decider and len(decider) != len(sentences):
+        raise ValueError(f"--decider was given {len(decider)} times for {len(sentences)} sentences; give one per sentence")
     lm = load_model(model, revision)
     neuron = bool(html) and not lm.config.get("is_encoder_decoder")  # the page's Neuron view needs q and k
     found = capture(_as_items(sentences), lm, qk=neuron)
@@ -62,7 +78,9 @@ def maps(
         from attnlab.lesson.scene import scene
         from attnlab.viz.page import write_maps_html
 
-        err.print(f"wrote {write_maps_html(view, html, scene=scene(), neuron=found if neuron else None)}", highlight=False)
+        page = write_maps_html(view, html, scene=scene(), neuron=found if neuron else None, target=target,
+                               deciders=decider or None)
+        err.print(f"wrote {page}", highlight=False)
     if png:
         from attnlab.viz.heatmap import plot_maps
 
@@ -154,6 +172,8 @@ def find_head(
     decider: list[str] = typer.Option(..., "--decider", help="The deciding word of each sentence, in order."),
     exclude_self: bool = typer.Option(False, "--exclude-self", help="Leave the target itself out of the argmax."),
     exclude_marks: bool = typer.Option(False, "--exclude-marks", help="Leave the marks out of the argmax."),
+    occurrence: int = typer.Option(None, "--occurrence", min=1, help="Where the target occurs more than once in a "
+                                   "sentence: which occurrence to search, 1-based (default: the first)."),
     model: str = typer.Option(None, "--model", help=MODEL_HELP),
     revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
     json_path: str = json_option(),
@@ -163,7 +183,10 @@ def find_head(
     from attnlab.models.capture import capture
 
     found = find_heads(capture(_as_items(sentences), model, revision).to_words(), target, decider,
-                       exclude_self=exclude_self, exclude_marks=exclude_marks)
+                       exclude_self=exclude_self, exclude_marks=exclude_marks, occurrence=occurrence)
+    note = found.occurrence_note()
+    if note and occurrence is None:
+        err.print(f"note: {note} Choose another with --occurrence N.", highlight=False, markup=False, soft_wrap=True)
     if write_json(json_path, found.to_dict()):
         return
     console.print(found.summary(), highlight=False)

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from attnlab.bench.methods import METHODS
 from attnlab.bench.sweep import BenchConfig
-from attnlab.cli.common import console, counter, err, ints, json_option, names, progress, write_json
+from attnlab.cli.common import console, counter, err, ints, json_option, names, out_file, progress, status, write_json
 
 CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
 CALIBRATE_HELP = ("Forget auto's cached timings and measure them again (float32 torch tensors (1, 1, 4096, 64) and "
@@ -40,7 +40,7 @@ def check(
         rows = run_check(counter(update))
     calibration = None
     if calibrate:
-        with err.status("measuring the backends for auto on this machine…"):
+        with status("measuring the backends for auto on this machine…"):
             calibration = recalibrate()
     told = summary(rows)
     data = {"passed": told["failed"] == 0, "kernel": kernel, "summary": told,
@@ -86,7 +86,8 @@ def bench(
                                       help="Skip a method whose estimated time per call exceeds this."),
     threads: int | None = typer.Option(None, "--threads", help="torch threads while measuring (default: torch's)."),
     json_path: str | None = json_option(),
-    png_path: str | None = typer.Option(None, "--png", metavar="PATH", help="Write the time and memory plot to this PNG."),
+    png_path: str | None = typer.Option(None, "--png", metavar="PATH", help="Write the time and memory plot to this PNG.",
+                                        callback=out_file("--png")),
 ) -> None:
     """Time, GFLOP/s, % of GEMM, peak extra memory and error of each way to compute attention; auto's choice and why."""
     from attnlab.bench.sweep import run

@@ -20,7 +20,11 @@ def is_punctuation(text: str) -> bool:
 
 
 def check_sentences(sentences: Any) -> list[Sentence]:
-    """A list of non-empty sentences or (A, B) pairs, or a ValueError/TypeError that says what is wrong."""
+    """A list of non-empty sentences or (A, B) pairs, or a ValueError/TypeError that says what is wrong.
+
+    A pair is an (A, B) tuple; a string with one tab is the same pair ("A\tB" → ("A", "B")), the
+    rule the CLI's arguments and corpus files follow, so one text means one thing everywhere.
+    """
     if isinstance(sentences, (str, tuple)):
         sentences = [sentences]
     try:
@@ -31,7 +35,10 @@ def check_sentences(sentences: Any) -> list[Sentence]:
         raise ValueError("sentences is empty; give at least one sentence")
     out: list[Sentence] = []
     for i, s in enumerate(items):
-        parts = (s,) if isinstance(s, str) else tuple(s) if isinstance(s, (tuple, list)) else None
+        parts = tuple(s.split("\t")) if isinstance(s, str) else tuple(s) if isinstance(s, (tuple, list)) else None
+        if isinstance(s, str) and len(parts) > 2:
+            raise ValueError(f"sentences[{i}] has {len(parts) - 1} tabs; a tab separates the two sentences of a pair, "
+                             f"so give at most one (or an (A, B) tuple): {s!r}")
         if parts is None or len(parts) not in (1, 2) or not all(isinstance(p, str) for p in parts):
             raise TypeError(f"sentences[{i}] must be a str or a (str, str) pair, got {s!r}")
         for p in parts:
@@ -99,7 +106,9 @@ def words_of(enc: Any, texts: tuple[str, ...]) -> tuple[list[int], list[str], li
 def encode(tokenizer: Any, texts: tuple[str, ...], limit: int, what: str, model: str, target: bool = False) -> Encoded:
     """Tokenize one sentence or pair (``target``: as a decoder's target text), refusing more than ``limit`` tokens."""
     kw = {"text_target": texts[0]} if target else {}
-    enc = tokenizer(*(() if target else texts), add_special_tokens=True, return_offsets_mapping=True, **kw)
+    # verbose=False: the length is checked just below, with attnlab's error; transformers would first log
+    # its own "indexing errors" warning for the same thing
+    enc = tokenizer(*(() if target else texts), add_special_tokens=True, return_offsets_mapping=True, verbose=False, **kw)
     n = len(enc["input_ids"])
     if n > limit:
         raise ValueError(f"{what} has {n} tokens; model {model!r} takes at most {limit}")

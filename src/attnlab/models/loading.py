@@ -128,6 +128,9 @@ def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tup
             raise FileNotFoundError(f"model folder {str(path)!r} has no config.json; is it a transformers model folder?")
         return path.resolve(), path.name, revision
     text = str(model)
+    if path.exists():  # a file (or a device): neither a model folder nor a hub id
+        raise NotADirectoryError(f"model {text!r} is a file; expected a model folder (config.json and *.safetensors "
+                                 f"inside) or a hub id like 'org/name'")
     if not HUB_ID.fullmatch(text):
         raise FileNotFoundError(f"model folder {text!r} does not exist (and it is not a hub id like 'org/name')")
     folder, rev = _hub_folder(text, revision)
