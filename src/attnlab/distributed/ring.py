@@ -8,8 +8,9 @@ result merges into the running one by its log-sum-exp (:func:`attnlab.backends.o
 exactly. Under a causal mask each block is cut into the rectangles its queries see
 (:func:`~attnlab.distributed.layout.plan_block`); blocks that the mask empties cost no compute.
 
-The backward pass (FlashAttention-2's, :func:`attnlab.backends.online.backward`) needs the
-*global* output and LSE, which the forward leaves on every rank for its own rows. The key/value
+The backward pass (FlashAttention-2's: the compiled kernel's, or the loop of
+:func:`attnlab.backends.online.backward`) needs the *global* output and LSE, which the forward
+leaves on every rank for its own rows. The key/value
 blocks go around the ring again, and with each block its dK/dV accumulator: every rank adds the
 gradient its queries give that block and passes it on, so after p steps the sums reach their owner.
 Memory per rank is O((Tq + Tk)/p · D): its shards, the block in hand and the block in flight.
@@ -93,14 +94,16 @@ class _Transfer:
         return self.recv
 
 
-def _block_forward(backend: str, q: Any) -> Any:
-    """The forward of one rectangle, (out, LSE) of canonical q, k, v: compiled when it can be."""
+def _block_passes(backend: str, q: Any) -> tuple[Any, Any]:
+    """The forward and backward of one rectangle (canonical shapes, as online's): compiled when they can be."""
     from attnlab.backends import kernel
 
     fits = q.device.type == "cpu" and str(q.dtype) == "torch.float32" and kernel.isa() is not None
     if backend == "kernel" and not fits:
         raise ValueError(f"backend 'kernel' computes float32 on the CPU (and must be built); got {q.dtype} on {q.device}")
-    return kernel.forward if backend == "kernel" or (backend == "auto" and fits) else online.forward
+    if backend == "kernel" or (backend == "auto" and fits):
+        return kernel.forward, kernel.backward
+    return online.forward, online.backward
 
 
 def _tiling(r: Rect) -> Tiling:
@@ -145,7 +148,7 @@ def _forward(q: Any, k: Any, v: Any, ring: Ring, scale: float, block: Any) -> tu
     return out.to(q.dtype), lse.to(q.dtype)
 
 
-def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float) -> tuple[Any, Any, Any]:  # noqa: ANN001
+def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float, block: Any) -> tuple[Any, Any, Any]:  # noqa: ANN001
     """dq of this rank's queries, dk and dv of its keys; the accumulators of dk/dv travel with the blocks."""
     import torch
 
@@ -160,7 +163,7 @@ def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float) -> tuple[
         dk, dv = sums.get(t, rows[ring.source(t)], zero=True)  # these travel: the work dtype
         for r in ring.plans[t]:
             qr, n = slice(r.q0, r.q1), r.keys
-            gq, gk, gv = online.backward(
+            gq, gk, gv = block(
                 q[:, :, qr], kb[:, :n], vb[:, :n], out[:, :, qr], lse[:, :, qr], dout[:, :, qr],
                 None if dlse is None else dlse[:, :, qr], _tiling(r), scale=scale,
             )
@@ -189,17 +192,17 @@ def _function() -> type:
         """out, LSE of canonical q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) over the whole ring."""
 
         @staticmethod
-        def forward(ctx, q, k, v, ring, scale, block):  # noqa: ANN001, ANN205
-            out, lse = _forward(q, k, v, ring, scale, block)
+        def forward(ctx, q, k, v, ring, scale, passes):  # noqa: ANN001, ANN205
+            out, lse = _forward(q, k, v, ring, scale, passes[0])
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.args = (ring, scale)
+            ctx.args = (ring, scale, passes[1])
             return out, lse
 
         @staticmethod
         def backward(ctx, dout, dlse):  # noqa: ANN001, ANN205
             q, k, v, out, lse = ctx.saved_tensors
-            ring, scale = ctx.args
-            dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, ring, scale)
+            ring, scale, block = ctx.args
+            dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, ring, scale, block)
             return dq, dk, dv, None, None, None
 
     return RingAttention
@@ -302,7 +305,7 @@ def ring_attention(
     q4 = q.to(work).reshape(b, groups, tq, p.d)  # (B, G, Tq, D): query heads h = kv·G + g
     k3 = k.to(work).reshape(b, tk, p.d)  # (B, Tk, D), B = leading dims × Hkv
     v3 = v.to(work).reshape(b, tk, p.dv)  # (B, Tk, Dv)
-    out, lse = _function().apply(q4, k3, v3, ring, p.scale, _block_forward(backend, q4))
+    out, lse = _function().apply(q4, k3, v3, ring, p.scale, _block_passes(backend, q4))
     hq = hkv * groups
     heads = (*lead, hq) if q.ndim > 2 else ()
     out = out.reshape(*heads, tq, p.dv).to(q.dtype)  # (..., Hq, Tq, Dv)
