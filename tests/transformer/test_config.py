@@ -57,3 +57,15 @@ def test_model_errors_name_the_argument():
         m.logits(torch.zeros(1, 3, 16))
     with pytest.raises(ValueError, match="embed needs a tokenizer"):
         m.embed(["a"])
+
+
+def test_numpy_backend_refuses_gradients_rather_than_dropping_them():
+    torch = pytest.importorskip("torch")
+    from attnlab.transformer import Transformer
+
+    m = Transformer(TransformerConfig(vocab_size=10, d_model=16, n_layers=1, n_heads=4), backend="numpy")
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="without gradients"):
+        m(ids)
+    with torch.no_grad():
+        assert m(ids).shape == (1, 3, 16)

@@ -103,14 +103,17 @@ class Attention(nn.Module):
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass) -> tuple:
-    """attnlab.attention on torch tensors; the float64 NumPy reference gets NumPy copies."""
+    """attnlab.attention on torch tensors; the float64 NumPy reference gets NumPy copies (no gradients)."""
     kw = dict(causal=p.causal, mask=p.key_mask, lengths=p.lengths, return_weights=p.weights, backend=p.backend)
     if p.backend == "numpy":
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise ValueError("backend 'numpy' computes on float64 NumPy copies, without gradients; run under "
+                             "torch.no_grad() or choose a backend with gradients (torch, blockwise, kernel)")
         arrays = [t.detach().cpu().double().numpy() for t in (q, k, v)]
         mask = None if p.key_mask is None else p.key_mask.cpu().numpy()
         out = attention(*arrays, **dict(kw, mask=mask))
         out = out if isinstance(out, tuple) else (out,)
-        back = [torch.from_numpy(o).to(q.dtype) for o in out]
+        back = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in out]
         return back[0], (back[1] if p.weights else None)
     out = attention(q, k, v, **kw)
     return (out[0], out[1]) if p.weights else (out, None)
