@@ -46,11 +46,10 @@ struct bproblem {
     const float *q, *k, *v, *out, *lse, *dout, *dlse; /* as the forward's; dout like out, dlse like lse (or NULL) */
     float *gq, *gk, *gv;                              /* the gradients dq, dk, dv: like q, k, v */
     const int64_t *klen;
-    float *kp, *vp, *kr;          /* key and value panels; key rows padded to dp (NULL: dp == d, k itself) */
     float *delta;                 /* (B, G, Tq): D = rowsum(dout out) - dlse */
     int64_t b, g, tq, tk, d, dv;
     int64_t left, right, bq, bk;
-    int64_t bqp, tkp, dp, dvp;    /* bq, Tk, D, Dv rounded up to whole register tiles / vectors */
+    int64_t bqp, dp, dvp;         /* bq, D, Dv rounded up to whole register tiles / vectors */
     float scale;
     int threads;
 };
@@ -58,7 +57,9 @@ struct bproblem {
 struct bscratch {
     float *q, *dout, *lse2, *lse2lo, *delta; /* a query block's rows (padded), LSE (base 2, hi + lo) and D */
     float *s, *ds;                  /* the tile's P and dS */
-    float *dq, *dk, *dv;            /* accumulators: dQ of the block; dK, dV of a key block or of the head */
+    float *dq, *dk, *dv;            /* accumulators: dQ of the block (or of the head), dK and dV of a key block */
+    float *kp, *vp, *kr;            /* the key block packed: key and value panels, key rows padded to dp */
+    int64_t packed_b, packed_j0;    /* which key block is packed (packed_b -1: none) */
 };
 
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc wants a multiple of the alignment */

@@ -292,7 +292,8 @@ static TARGET int F(run)(struct problem *pr) {
  * dP = dO v^T, dS = P (dP - D) with D = rowsum(dO o) - dLSE (once per row, before the tiles); then
  * dV_j += P^T dO, dK_j += dS^T (q scale log2 e), dQ_i += dS k (times ln 2 and scale at the end).
  * Causal and window tiles that the band empties are skipped, the last key block cut where the band
- * ends, as in the forward. Extra memory: packed k and v, D, and per thread a few tiles: O(Tk d).
+ * ends, as in the forward. Extra memory: D (one float a query row) and per thread a few tiles
+ * (the heads schedule adds a copy of one head's dQ): O(n) beyond the inputs and gradients.
  * Two schedules, bit for bit the same (the same tile function, each accumulator summed in the same
  * order: dQ_i over key blocks ascending, dK_j and dV_j over (query head, query block) ascending):
  *   heads  (B >= threads) a work item is one key/value head with its G query heads: key blocks in
@@ -357,20 +358,22 @@ static inline TARGET void F(pvt)(const float *restrict p, int64_t ldp, const flo
     }
 }
 
-/* Keys and values of the call into panels, kp[B][Tkp / VW][d][VW] and vp[B][Tkp / VW][dv][VW] (zero
- * past Tk), and when d is not a whole number of vectors, k's rows into kr[B][Tk][dp] (zero padded).
- * One panel of one batch per index: the threads share the packing even with one head. */
-static TARGET void F(bpack)(const struct bproblem *pr, int64_t index) {
-    const int64_t d = pr->d, dv = pr->dv, tk = pr->tk, np = pr->tkp / VW, b = index / np, j0 = index % np * VW;
+/* Keys j0..j0+bk-1 of batch b and their values into the thread's panels, kp[bk / VW][d][VW] and
+ * vp[bk / VW][dv][VW] (zero past Tk), and, when d is not a whole number of vectors, the keys' rows
+ * into kr[bk][dp] (zero padded). A key block at a time, where it is used: no copy of all of k and v. */
+static TARGET void F(bpack)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t j0) {
+    if (sc->packed_b == b && sc->packed_j0 == j0) return;
+    const int64_t d = pr->d, dv = pr->dv, tk = pr->tk;
     const float *k = pr->k + b * tk * d, *v = pr->v + b * tk * dv;
-    float *kp = pr->kp + (b * pr->tkp + j0) * d, *vp = pr->vp + (b * pr->tkp + j0) * dv;
-    for (int64_t j = 0; j < VW; j++) {
+    for (int64_t j = 0; j < pr->bk; j++) {
         const int live = j0 + j < tk;
-        for (int64_t t = 0; t < d; t++) kp[t * VW + j] = live ? k[(j0 + j) * d + t] : 0.0f;
-        for (int64_t t = 0; t < dv; t++) vp[t * VW + j] = live ? v[(j0 + j) * dv + t] : 0.0f;
-        if (pr->kr && live)
-            for (int64_t t = 0; t < pr->dp; t++) pr->kr[(b * tk + j0 + j) * pr->dp + t] = t < d ? k[(j0 + j) * d + t] : 0.0f;
+        float *kp = sc->kp + (j / VW) * d * VW + j % VW, *vp = sc->vp + (j / VW) * dv * VW + j % VW;
+        for (int64_t t = 0; t < d; t++) kp[t * VW] = live ? k[(j0 + j) * d + t] : 0.0f;
+        for (int64_t t = 0; t < dv; t++) vp[t * VW] = live ? v[(j0 + j) * dv + t] : 0.0f;
+        if (pr->dp != d)
+            for (int64_t t = 0; t < pr->dp; t++) sc->kr[j * pr->dp + t] = live && t < d ? k[(j0 + j) * d + t] : 0.0f;
     }
+    sc->packed_b = b, sc->packed_j0 = j0;
 }
 
 /* The keys [lo, hi) that some row of query rows i0..i1-1 of head (b, g) may see (the band and the padding). */
@@ -418,14 +421,15 @@ static TARGET __attribute__((noinline)) void F(brows)(const struct bproblem *pr,
 /* One tile: the query block in the scratch (rows i0.. of head (b, g), nr of them) against keys
  * j0..j0+nc-1. dk, dv: nc rows to add dK_j / (scale log2 e), dV_j to, or NULL; dq: the block's dQ_i
  * (bqp x dp, unscaled), or NULL. */
-static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr, const struct bscratch *sc, int64_t b,
+static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr, struct bscratch *sc, int64_t b,
                                                       int64_t g, int64_t i0, int64_t nr, int64_t j0, int64_t nc,
                                                       float *dk, float *dv, float *dq) {
     const int64_t d = pr->d, dp = pr->dp, dvp = pr->dvp, bk = pr->bk, off = pr->tk - pr->tq;
     const int64_t ncp = (nc + VW - 1) / VW * VW, nrq = (nr + ROWS - 1) / ROWS * ROWS;
     const int64_t klen = pr->klen ? pr->klen[b * pr->g + g] : pr->tk;
     float *restrict s = sc->s, *restrict ds = sc->ds;
-    const float *kp = pr->kp + (b * pr->tkp + j0) * d, *vp = pr->vp + (b * pr->tkp + j0) * pr->dv;
+    F(bpack)(pr, sc, b, j0);
+    const float *kp = sc->kp, *vp = sc->vp;
     for (int64_t r = 0; r < nrq; r += RQ) { /* S = q k^T, dP = dO v^T */
         int64_t c = 0;
         for (; c + 2 * VW <= ncp; c += 2 * VW) {
@@ -461,7 +465,7 @@ static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr,
     if (dv) F(pvt)(s, bk, sc->dout, dvp, nr, nc, dv, dvp); /* dV_j += P^T dO */
     if (dk) F(pvt)(ds, bk, sc->q, dp, nr, nc, dk, dp);     /* dK_j += dS^T q */
     if (dq) { /* dQ_i += dS k */
-        const float *kr = pr->kr ? pr->kr + (b * pr->tk + j0) * dp : pr->k + (b * pr->tk + j0) * d;
+        const float *kr = dp != d ? sc->kr : pr->k + (b * pr->tk + j0) * d;
         for (int64_t r = 0; r < nrq; r += RP) F(pvf)(ds + r * bk, bk, kr, dp, nc, dq + r * dp, dp);
     }
 }
@@ -474,7 +478,7 @@ static inline void F(bstore)(float *restrict dst, int64_t w0, const float *restr
 
 /* dQ_i of query rows i0..i0+nr-1 of head (b, g) (the block already in the scratch), against every
  * key block it sees in ascending order: the split schedule's second pass. */
-static TARGET void F(bqblock)(const struct bproblem *pr, const struct bscratch *sc, int64_t b, int64_t g, int64_t i0,
+static TARGET void F(bqblock)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t g, int64_t i0,
                               int64_t nr) {
     int64_t lo, hi;
     F(bkeys)(pr, b, g, i0, i0 + nr, &lo, &hi);
@@ -487,7 +491,7 @@ static TARGET void F(bqblock)(const struct bproblem *pr, const struct bscratch *
 /* dK_j, dV_j of keys j0.. of head b, over every (query head, query block) that sees them, in
  * ascending order. dq: NULL (the split schedule's first pass), or the head's dQ accumulators
  * (G x query blocks x bqp x dp), which the tiles add to on the way (the heads schedule). */
-static TARGET void F(bkblock)(const struct bproblem *pr, const struct bscratch *sc, int64_t b, int64_t j0, float *dq) {
+static TARGET void F(bkblock)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t j0, float *dq) {
     const int64_t nk = (j0 + pr->bk < pr->tk ? j0 + pr->bk : pr->tk) - j0;
     memset(sc->dk, 0, sizeof(float) * pr->bk * pr->dp);
     memset(sc->dv, 0, sizeof(float) * pr->bk * pr->dvp);
@@ -509,28 +513,21 @@ static TARGET void F(bkblock)(const struct bproblem *pr, const struct bscratch *
 static TARGET int F(brun)(struct bproblem *pr) {
     pr->bqp = (pr->bq + ROWS - 1) / ROWS * ROWS;
     pr->bk = (pr->bk + VW - 1) / VW * VW;
-    pr->tkp = (pr->tk + VW - 1) / VW * VW;
     pr->dp = (pr->d + VW - 1) / VW * VW;
     pr->dvp = (pr->dv + VW - 1) / VW * VW;
     const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, kblocks = (pr->tk + pr->bk - 1) / pr->bk;
     const int heads = pr->b >= pr->threads; /* the schedule: heads, else split */
     const int64_t items = heads ? pr->b : pr->b * kblocks, qitems = pr->b * pr->g * qblocks;
     const int threads = (int)(pr->threads < (items > qitems ? items : qitems) ? pr->threads : (items > qitems ? items : qitems));
-    float *kp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->d));
-    float *vp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->dv));
-    float *kr = pr->dp != pr->d ? aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tk * pr->dp)) : NULL;
     const int64_t nrows = pr->b * pr->g * pr->tq;
     float *delta = aligned_alloc(64, round64(sizeof(float) * nrows));
-    if (!kp || !vp || (pr->dp != pr->d && !kr) || !delta) {
-        free(kp), free(vp), free(kr), free(delta);
-        return -1;
-    }
-    pr->kp = kp, pr->vp = vp, pr->kr = kr, pr->delta = delta;
-    /* per thread: q, dO of a query block; LSE, D; the P and dS tiles; dQ_i (split) or the head's dQ
-     * (heads); dK_j, dV_j */
+    if (!delta) return -1;
+    pr->delta = delta;
+    /* per thread: q, dO of a query block; LSE (hi, lo), D; the P and dS tiles; dQ_i (split) or the
+     * head's dQ (heads); dK_j, dV_j; the key block's panels of k and v, and k's rows padded */
     const int64_t sizes[] = {pr->bqp * pr->dp, pr->bqp * pr->dvp, pr->bqp, pr->bqp, pr->bqp, pr->bqp * pr->bk,
                              pr->bqp * pr->bk, (heads ? pr->g * qblocks : 1) * pr->bqp * pr->dp, pr->bk * pr->dp,
-                             pr->bk * pr->dvp};
+                             pr->bk * pr->dvp, pr->bk * pr->d, pr->bk * pr->dv, pr->dp != pr->d ? pr->bk * pr->dp : 0};
     enum { NPARTS = sizeof sizes / sizeof sizes[0] };
     int64_t per_thread = 0;
     for (int i = 0; i < NPARTS; i++) per_thread += (sizes[i] + 15) / 16 * 16; /* each buffer on a 64-byte line */
@@ -539,12 +536,11 @@ static TARGET int F(brun)(struct bproblem *pr) {
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < pr->b * (pr->tkp / VW); i++) F(bpack)(pr, i);
-#pragma omp for schedule(static)
         for (int64_t r0 = 0; r0 < nrows; r0 += 256) F(bdelta)(pr, r0, r0 + 256 < nrows ? r0 + 256 : nrows);
         float *mem = aligned_alloc(64, round64(sizeof(float) * per_thread));
-        struct bscratch sc;
-        float **parts[NPARTS] = {&sc.q, &sc.dout, &sc.lse2, &sc.lse2lo, &sc.delta, &sc.s, &sc.ds, &sc.dq, &sc.dk, &sc.dv};
+        struct bscratch sc = {.packed_b = -1};
+        float **parts[NPARTS] = {&sc.q,  &sc.dout, &sc.lse2, &sc.lse2lo, &sc.delta, &sc.s, &sc.ds,
+                                 &sc.dq, &sc.dk,   &sc.dv,   &sc.kp,     &sc.vp,    &sc.kr};
         for (int64_t i = 0, at = 0; mem && i < NPARTS; at += (sizes[i] + 15) / 16 * 16, i++) *parts[i] = mem + at;
         if (!mem) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         if (mem && heads) {
@@ -579,7 +575,7 @@ static TARGET int F(brun)(struct bproblem *pr) {
         }
         free(mem);
     }
-    free(kp), free(vp), free(kr), free(delta);
+    free(delta);
     return failed ? -1 : 0;
 }
 
