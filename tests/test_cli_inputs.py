@@ -17,6 +17,7 @@ def no_model(monkeypatch):
         raise AssertionError("the command did its work before checking its input")
 
     monkeypatch.setattr("attnlab.models.loading.load_model", refuse)
+    monkeypatch.setattr("attnlab.models.capture.load_model", refuse)
     monkeypatch.setattr("attnlab.lesson.run.run_lesson", refuse)
     monkeypatch.setattr("attnlab.analysis.corpus.corpus_roles", refuse)
 
@@ -70,7 +71,7 @@ def test_corpus_that_is_a_folder_or_not_text(tmp_path, capsys, no_model):
     (["maps", RIVER, "--save", "{dir}"], "--save '{dir}' is a folder"),
     (["heads", RIVER, "--json", "{dir}/no/r.json"], "--json '{dir}/no/r.json': the folder '{dir}/no' does not exist"),
     (["find-head", RIVER, "--target", "bank", "--decider", "river", "--json", "{dir}"], "--json '{dir}' is a folder"),
-    (["lesson", "--out", "{dir}/file"], "--out '{dir}/file' is a file; --out takes a folder"),
+    (["lesson", "--out", "{dir}/file"], "--out must be a folder, got the file '{dir}/file'"),
     (["bench", "--png", "{dir}", "--sizes", "64"], "--png '{dir}' is a folder"),
     (["rollout", RIVER, "--png", "{dir}"], "--png '{dir}' is a folder"),
 ])

@@ -55,7 +55,7 @@ def out_folder(flag: str) -> Callable[[Any], Any]:
             return value
         path = Path(value).expanduser()
         if path.exists() and not path.is_dir():
-            raise NotADirectoryError(f"{flag} {str(value)!r} is a file; {flag} takes a folder")
+            raise NotADirectoryError(f"{flag} must be a folder, got the file {str(value)!r}")
         up = path
         while not up.exists():
             up = up.parent
