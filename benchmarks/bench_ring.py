@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/bench_ring.py --seq-len 131072 --json benchmarks/results/ring_p1.json   # one process
     .venv/bin/python benchmarks/bench_ring.py --table benchmarks/results/ring_p*.json
 
-Each case (full, or causal in a layout) is one forward call of
+Each case (full, or causal in a layout) is one forward call (with ``--backward``: forward and
+backward) of
 :func:`attnlab.distributed.ring_attention` (float32, batch 1, one head, d = 64; the compiled
 kernel computes each block) on every rank at once, after a barrier; the job's time is the slowest
 rank's. Without torchrun the same call runs as one process (world size 1: plain attention through
@@ -107,15 +108,30 @@ def run_case(name: str, causal: bool, layout: str, args, rank: int, world: int) 
     from attnlab.distributed.layout import plan_block, positions, shard_lengths
 
     q, k, v = shards(args.n, args.d, args.heads, rank, world, layout)
+    if args.backward:
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
     if world > 1:
         dist.barrier()
-    out, seconds, extra, cpu = probe(lambda: ring_attention(q, k, v, causal=causal, layout=layout, backend="kernel"))
+
+    def call():  # noqa: ANN202
+        out = ring_attention(q, k, v, causal=causal, layout=layout, backend="kernel")
+        if args.backward:
+            out.backward(torch.ones_like(out))  # the gradients of out.sum()
+        return out.detach()
+
+    for _ in range(args.rounds):  # the last round counts: the first pays for the allocator's growth
+        out, seconds, extra, cpu = probe(call)
+        if args.backward:
+            for x in (q, k, v):
+                x.grad = None
+        if world > 1:
+            dist.barrier()
     rows = shard_lengths(args.n, world, layout)
     pos = positions(rows, layout)
     scores = [sum(r.scores for r in plan_block(pos[rank], pos[(rank - t) % world], causal)) for t in range(world)]
     row = {
         "case": name, "rank": rank, "world": world, "n": args.n, "d": args.d, "heads": args.heads,
-        "causal": causal, "layout": layout, "time_s": seconds, "cpu_s": cpu, "extra_bytes": extra,
+        "causal": causal, "layout": layout, "backward": args.backward, "time_s": seconds, "cpu_s": cpu, "extra_bytes": extra,
         "input_bytes": sum(x.numel() * x.element_size() for x in (q, k, v)), "output_bytes": out.numel() * out.element_size(),
         "peak_rss_bytes": status_kb("VmHWM") * 1024, "scores_per_step": scores,
         "bytes_sent_per_step": (k.numel() + v.numel()) * k.element_size(),
@@ -128,7 +144,16 @@ def run_case(name: str, causal: bool, layout: str, args, rank: int, world: int) 
     if args.single and world == 1:
         import attnlab
 
-        _, s_seconds, s_extra, s_cpu = probe(lambda: attnlab.attention(q, k, v, causal=causal, backend="kernel"))
+        def single():  # noqa: ANN202
+            out = attnlab.attention(q, k, v, causal=causal, backend="kernel")
+            if args.backward:
+                out.backward(torch.ones_like(out))
+            return out.detach()
+
+        for _ in range(args.rounds):
+            _, s_seconds, s_extra, s_cpu = probe(single)
+            for x in (q, k, v):
+                x.grad = None
         row.update(single_time_s=s_seconds, single_extra_bytes=s_extra, single_cpu_s=s_cpu)
     return row
 
@@ -143,21 +168,22 @@ def table(paths: list[str]) -> str:
         rows += json.loads(Path(p).read_text())["ranks"]
     lines = ["| case | p | time (s), slowest rank | CPU (s), all ranks | per rank: inputs + extra during the call (MB), largest | "
              "k/v sent per step (MB) | exchanges alone (s) | one step's compute alone (s) |", "|---|---|---|---|---|---|---|---|"]
-    for case in CASES:
+    for case, grad in [(c, g) for g in (False, True) for c in CASES]:
         for world in sorted({r["world"] for r in rows}):
-            rs = [r for r in rows if r["case"] == case and r["world"] == world]
+            rs = [r for r in rows if r["case"] == case and r["world"] == world and r.get("backward", False) == grad]
             if not rs:
                 continue
+            label = case + (" (fwd + bwd)" if grad else "")
             mem = max(r["input_bytes"] + r["extra_bytes"] for r in rs) / 1e6
             comm = max((r["comm_alone_s"] for r in rs if "comm_alone_s" in r), default=None)
             step = max((r["step_compute_s"] for r in rs if "step_compute_s" in r), default=None)
             sent = max(r["bytes_sent_per_step"] for r in rs) / 1e6 if world > 1 else 0.0
             cpu = sum(r["cpu_s"] for r in rs)
-            lines.append(f"| {case} | {world} | {max(r['time_s'] for r in rs):.1f} | {cpu:.1f} | {mem:.0f} | {sent:.1f} | "
+            lines.append(f"| {label} | {world} | {max(r['time_s'] for r in rs):.1f} | {cpu:.1f} | {mem:.0f} | {sent:.1f} | "
                          f"{'–' if comm is None else f'{comm:.3f}'} | {'–' if step is None else f'{step:.2f}'} |")
             for r in rs:
                 if "single_time_s" in r:
-                    lines.append(f"| {case}: attnlab.attention | 1 | {r['single_time_s']:.1f} | {r['single_cpu_s']:.1f} | "
+                    lines.append(f"| {label}: attnlab.attention | 1 | {r['single_time_s']:.1f} | {r['single_cpu_s']:.1f} | "
                                  f"{(r['input_bytes'] + r['single_extra_bytes']) / 1e6:.0f} | – | – | – |")
     return "\n".join(lines)
 
@@ -168,6 +194,8 @@ def main() -> None:
     ap.add_argument("--head-dim", dest="d", type=int, default=64)
     ap.add_argument("--heads", type=int, default=1)
     ap.add_argument("--cases", default="full,causal-contiguous,causal-zigzag", help=f"comma-separated: {', '.join(CASES)}")
+    ap.add_argument("--rounds", type=int, default=1, help="calls per case; the last one is reported")
+    ap.add_argument("--backward", action="store_true", help="time forward and backward (of out.sum()) together")
     ap.add_argument("--single", action="store_true", help="one process: also time attnlab.attention(backend='kernel')")
     ap.add_argument("--no-comm", dest="comm", action="store_false", help="skip timing the exchanges and one step alone")
     ap.add_argument("--json", help="write every rank's measurements here (rank 0)")
@@ -187,8 +215,8 @@ def main() -> None:
         torch.set_num_threads(os.cpu_count() or 1)
     from attnlab.distributed import ring_attention
 
-    warm = torch.randn(1, args.heads, 64, args.d)  # connections, thread pools and the allocator's first blocks
-    ring_attention(warm, warm, warm, causal=True, backend="kernel")
+    warm = torch.randn(1, args.heads, 64, args.d, requires_grad=True)  # connections, thread pools, lazy imports
+    ring_attention(warm, warm, warm, causal=True, backend="kernel").sum().backward()
     ranks = []
     for name in args.cases.split(","):
         causal, layout = CASES[name]

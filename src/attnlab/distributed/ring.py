@@ -152,10 +152,15 @@ def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float, block: An
     """dq of this rank's queries, dk and dv of its keys; the accumulators of dk/dv travel with the blocks."""
     import torch
 
+    plan = ring.plans[0]
+    if ring.world == 1 and len(plan) == 1 and (plan[0].q0, plan[0].q1, plan[0].keys) == (0, q.shape[2], k.shape[1]):
+        return block(q, k, v, out, lse, dout, dlse, _tiling(plan[0]), scale=scale)  # plain attention's backward
     dq = q.new_zeros(q.shape)
     kb, vb = k, v
     rows = ring.key_rows
-    blocks, sums, arriving = (_Buffers([k, v], max(rows)) for _ in range(3))  # k/v; dk/dv made here; dk/dv received
+    # k/v in turn; the dk/dv sums made here in turn (one is in flight while the next is made); the
+    # sums received: one set, read before the next transfer starts
+    blocks, sums, arriving = (_Buffers([k, v], max(rows)) for _ in range(3))
     back = None  # the accumulator for the block in hand, coming from the previous rank
     for t in range(ring.world):
         nxt = rows[ring.source(t + 1)]
@@ -175,7 +180,7 @@ def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float, block: An
             dk += dk_in
             dv += dv_in
         if ring.world > 1:  # on to the next rank; at the last step that is the block's owner
-            back = ring.pass_on([dk, dv], arriving.get(t, nxt), TAG_DKV)
+            back = ring.pass_on([dk, dv], arriving.get(0, nxt), TAG_DKV)
         if ahead is not None:
             kb, vb = ahead.wait()
     if back is not None:
