@@ -80,7 +80,8 @@ def run_local(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.
     """``fn(rank, world_size, *args)`` on ``world_size`` local processes in one gloo group; each rank's result.
 
     A rank that raises makes the call raise :class:`RankError` with the traceback of the rank that
-    failed first (the others' failures are usually its echo). ``fn`` must be a module-level function (the processes import it by name) and its results
+    failed first (the others' failures are usually its echo). In a script, call it under
+    ``if __name__ == "__main__":`` (the processes import the main module). ``fn`` must be a module-level function (the processes import it by name) and its results
     picklable. Each collective in the group times out after ``timeout_s`` too. ``threads``: torch's
     threads per process, default the CPUs shared out (at least 1).
     """
