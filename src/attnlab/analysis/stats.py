@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 ROW_STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")
-BLOCK_BYTES = 32 * 2**20  # the scores of one block of rows, all heads together: bounds the pass's memory
+BLOCK_BYTES = 16 * 2**20  # the scores of one block of rows, all heads together: bounds the pass's memory
 DEFAULT_TOP = 10
 
 
@@ -121,6 +121,10 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
     rows_per = block_rows or _block_rows(h, t)
     sums = {name: torch.zeros(h, dtype=torch.float64) for name in ROW_STATS}
     received = torch.zeros(h, t, dtype=torch.float64)
+    # Two buffers for the block's scores and weights, reused: a fresh block-sized allocation each time
+    # would be mapped and faulted in page by page.
+    size = h * min(rows_per, t) * t
+    buf_x, buf_a = torch.empty(size), torch.empty(size)
     for i0 in range(0, t, rows_per):
         i1 = min(t, i0 + rows_per)
         b = i1 - i0
@@ -129,16 +133,17 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
         rows = torch.arange(i0, i1)
         cols = torch.arange(j0, j1)
         qb = q[:, i0:i1].reshape(hkv, g * b, d)  # (H_kv, G·b, D): query head h = kv head h // G
-        x = torch.matmul(qb, k[:, j0:j1].transpose(-1, -2)).mul_(scale).view(h, b, j1 - j0)  # (H, b, Tk) scores
-        x.sub_(lse[:, i0:i1, None])  # log α, before the masks
+        n = h * b * (j1 - j0)
+        # log α = scale · q·k − LSE, rounded as attention rounds its scores: the product, then the scale
+        # (baddbmm's fused alpha and the LSE folded into the product both lose 1e-5 of sharp rows' weights)
+        x = torch.matmul(qb, k[:, j0:j1].transpose(-1, -2), out=buf_x[:n].view(hkv, g * b, j1 - j0))
+        x = x.mul_(scale).view(h, b, j1 - j0).sub_(lse[:, i0:i1, None])  # (H, b, Tk)
         hidden = _masked_columns(rows, cols, left, right)  # [(column slice, (b, width) bool: hidden)]
         for cut, off in hidden:
             x[:, :, cut].masked_fill_(off, -math.inf)
-        a = torch.exp(x)  # (H, b, Tk): the exact weights
+        a = torch.exp(x, out=buf_a[:n].view(h, b, j1 - j0))  # (H, b, Tk): the exact weights
         for cut, off in hidden:
             x[:, :, cut].masked_fill_(off, 0.0)  # so that α log α is 0, not NaN, where α = 0
-        # −Σ α log α term by term (lse − Σ α s would cancel badly for sharp rows), as (H·b) dot products
-        ent = -torch.matmul(a.view(h * b, 1, -1), x.view(h * b, -1, 1)).view(h, b)
         received[:, j0:j1] += torch.matmul(torch.ones(h, 1, b), a)[:, 0]  # column sums as a product: one pass
         # Σ α |i − j| with positions counted from the block's first row, so local heads sum small numbers
         rel = (cols - i0).float()
@@ -146,6 +151,8 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
             dist = (rows - i0).float() - torch.matmul(a, rel)
         else:
             dist = (a * (cols[None, :] - rows[:, None]).abs().float()).sum(-1)
+        # −Σ α log α term by term (LSE − Σ α s would cancel badly for sharp rows); x is not needed after
+        ent = -x.mul_(a).sum(-1)
         lo = torch.clamp(rows - left, min=0) if left is not None else torch.zeros_like(rows)
         hi = torch.clamp(rows + right, max=t - 1) if right is not None else torch.full_like(rows, t - 1)
         seen = (hi - lo + 1).float()  # (b,): keys each row sees
