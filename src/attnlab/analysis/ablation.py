@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 HOWS = ("zero", "mean")
+PASS_TOKENS = 8192  # positions per forward pass when copies of the batch are run together (ablations, probes)
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def head_importance(sentences: Any, model: Any = None, how: str = "zero", backen
     """Every head's effect alone [L, H] (one ablation per head) and Michel et al.'s gradient importance [L, H].
 
     probes, seed: for an encoder, how many random directions (seeded) estimate ‖∂e/∂ξ_h‖ (None: all
-    d, exact; the cost is one backward pass each); a language model's gradient needs one pass in all.
+    d, exact; the cost grows with them); a language model's gradient needs one backward pass in all.
     """
     import torch
 
@@ -199,14 +200,20 @@ def head_importance(sentences: Any, model: Any = None, how: str = "zero", backen
     c = net.config
     sentences, ids, mask = _encode(net, sentences)
     fill = head_means(net, ids, mask, backend) if how == "mean" else None
-    clean = _run(net, ids, mask, None, None, backend)
-    effect = np.zeros((c.n_layers, c.n_heads))
-    for layer in range(c.n_layers):
-        for head in range(c.n_heads):
-            keep = torch.ones(c.n_layers, c.n_heads)
-            keep[layer, head] = 0.0
-            hit = _run(net, ids, mask, keep, fill, backend)
-            effect[layer, head] = float((hit - clean).mean() if c.causal else 1.0 - (clean * hit).sum(-1).mean())
+    clean = _run(net, ids, mask, None, None, backend)  # (B,) losses or (B, d) embeddings
+    L, H, B = c.n_layers, c.n_heads, ids.shape[0]
+    effect = np.zeros(L * H)
+    per_pass = _copies(ids)
+    for start in range(0, L * H, per_pass):  # several heads per pass: each copy of the batch loses one head
+        group = range(start, min(L * H, start + per_pass))
+        keep = torch.ones(len(group), B, L, H)
+        for j, g in enumerate(group):
+            keep[j, :, g // H, g % H] = 0.0
+        hit = _run(net, ids.repeat(len(group), 1), mask.repeat(len(group), 1), keep.reshape(-1, L, H), fill, backend)
+        hit = hit.reshape(len(group), B, *clean.shape[1:])  # (G, B) or (G, B, d)
+        change = (hit - clean).mean(1) if c.causal else 1.0 - (hit * clean).sum(-1).mean(1)  # (G,)
+        effect[start:start + len(group)] = change.numpy()
+    effect = effect.reshape(L, H)
     grad = _gradient(net, ids, mask, backend, probes, seed)
     return Importance(name, "loss" if c.causal else "cosine", how, sentences, effect, grad, _spearman(effect, grad))
 
@@ -215,7 +222,8 @@ def _gradient(net: Any, ids: Any, mask: Any, backend: str | None, probes: int | 
     """Michel et al.'s E_x |∂L(x)/∂ξ_h| (language model), or E_x ‖∂e(x)/∂ξ_h‖ (encoder), [L, H].
 
     Each sequence has its own gates [B, L, H], so one backward pass gives every sequence's gradient.
-    The encoder's norm needs the Jacobian ∂e/∂ξ, one backward pass per row: all d rows when ``probes``
+    The encoder's norm needs the Jacobian ∂e/∂ξ row by row (several rows a pass, each on its own copy
+    of the batch): all d rows when ``probes``
     is None, else its projections on ``probes`` random orthonormal directions (seeded), scaled by
     d / probes, an unbiased estimate of the squared norm (with probes = d, exact in any basis).
     """
@@ -227,8 +235,7 @@ def _gradient(net: Any, ids: Any, mask: Any, backend: str | None, probes: int | 
         if c.causal:
             (g,) = torch.autograd.grad(lm_loss(net, ids, mask, keep=gates, backend=backend).sum(), gates)
             return g.abs().mean(0).numpy().astype(np.float64)
-        e = _embed(net, ids, mask, keep=gates, backend=backend)  # (B, d)
-        d = e.shape[1]
+        d = c.d_model
         if probes is None:
             basis, weight = torch.eye(d, dtype=dtype), 1.0  # (d, d): every row of the Jacobian
         else:
@@ -236,12 +243,22 @@ def _gradient(net: Any, ids: Any, mask: Any, backend: str | None, probes: int | 
                 raise ValueError(f"probes must be None or an int in 1..{d}, got {probes!r}")
             rng = np.random.default_rng(seed)
             q, _ = np.linalg.qr(rng.standard_normal((d, probes)))  # (d, probes), orthonormal columns
-            basis, weight = torch.from_numpy(q.T.copy()).to(e.dtype), d / probes  # (probes, d)
+            basis, weight = torch.from_numpy(q.T.copy()).to(dtype), d / probes  # (probes, d)
         sq = torch.zeros(B, c.n_layers, c.n_heads, dtype=dtype)
-        for j, u in enumerate(basis):
-            (g,) = torch.autograd.grad(e @ u, gates, grad_outputs=torch.ones(B, dtype=dtype), retain_graph=j + 1 < len(basis))
-            sq += g.detach() ** 2
+        per_pass = _copies(ids)
+        for start in range(0, len(basis), per_pass):  # R copies of the batch, each projected on its own direction
+            u = basis[start:start + per_pass]  # (R, d)
+            r = len(u)
+            copies = torch.ones(r * B, c.n_layers, c.n_heads, dtype=dtype, requires_grad=True)
+            e = _embed(net, ids.repeat(r, 1), mask.repeat(r, 1), keep=copies, backend=backend)  # (R·B, d)
+            (g,) = torch.autograd.grad((e.reshape(r, B, -1) * u[:, None, :]).sum(), copies)  # (R·B, L, H)
+            sq += (g.detach() ** 2).reshape(r, B, c.n_layers, c.n_heads).sum(0)
     return (sq * weight).sqrt().mean(0).numpy().astype(np.float64)
+
+
+def _copies(ids: Any) -> int:
+    """How many copies of the batch one pass takes: about PASS_TOKENS positions, at least one copy."""
+    return max(1, PASS_TOKENS // ids.numel())
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
