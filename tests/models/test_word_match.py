@@ -71,3 +71,15 @@ def test_the_default_tokenizer_cuts_words_as_documented(default_model):
     wm = maps.to_words()
     assert wm.spans(0, "sea-shells") == [(13, 16)] and wm.spans(0, "don't") == [(2, 5)]
     assert wm.spans(1, "cafe") == [(2, 3)]  # MiniLM strips accents: "cafe" is the word it sees
+
+
+def test_the_decider_is_its_first_occurrence_outside_the_target(make_maps, plant):
+    maps = make_maps([SEA], num_layers=1, num_heads=1)
+    maps.weights[0][0, 0] = plant(10, [8] * 10)  # every word looks at the last "sea"
+    words = maps.to_words()
+    res = attnlab.find_heads(words, "sea-shells", ["sea"])  # the first "sea" is inside the target
+    assert res.qualifying == [(0, 0)] and res.decider_weights[0, 0, 0] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="decider 'sea-shells' of sentence 1 is the target itself"):
+        attnlab.find_heads(words, "sea-shells", ["sea-shells"])
+    with pytest.raises(LookupError, match="word 'whale' is not in sentence 1"):
+        attnlab.find_heads(words, "sea-shells", ["whale"])

@@ -149,7 +149,7 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
     runs of words ("sea-shells"; see the module's text). ``occurrence``: which occurrence of the
     target to search where it occurs more than once, 1-based, one int for every sentence or one
     per sentence; None: the first (the result says which, see :meth:`HeadSearch.occurrence_note`).
-    The decider's first occurrence is used.
+    The decider's first occurrence outside the target is used ("sea" in "sea-shells by the sea" is the last word).
     """
     if not isinstance(target, str) or not target.strip():
         raise ValueError(f"target must be a non-empty word, got {target!r}")
@@ -168,9 +168,12 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
     margin = np.full((L, H), np.inf)
     t_spans, t_counts, texts = [], [], []
     for s in range(S):
-        t_span, d_span = words.span(s, target, occurrences[s]), words.span(s, deciders[s])
-        if t_span[0] < d_span[1] and d_span[0] < t_span[1]:
+        t_span = words.span(s, target, occurrences[s])
+        apart = [d for d in words.spans(s, deciders[s]) if d[1] <= t_span[0] or t_span[1] <= d[0]]
+        if not apart:
+            words.span(s, deciders[s])  # a decider that is not there says so
             raise ValueError(f"decider {deciders[s]!r} of sentence {s + 1} is the target itself")
+        d_span = apart[0]
         t_spans.append(t_span)
         t_counts.append(len(words.spans(s, target)))
         weights, text, marks, (t, d) = _merged(words, s, [t_span, d_span])

@@ -135,8 +135,9 @@ def find_head_payload(words: Any, target: str, deciders: list[str], exclude_self
         return out
     sides = []
     for i in range(len(words)):
-        t, d = words.index(i, target), words.index(i, deciders[i])
-        row = words.weights[i][layer0, head0, t]  # (W,): the target attending
+        t, end = res.target_spans[i]  # the occurrence the search used
+        d = next(a for a, b in words.spans(i, deciders[i]) if b <= t or end <= a)
+        row = words.weights[i][layer0, head0, t:end].mean(axis=0)  # (W,): the target attending (a run: its rows' mean)
         sides.append({
             "sentence": sentence_text(words.sentences[i]), "words": list(words.words[i]),
             "row": round_weights(row), "target_index": t, "decider_index": d,
