@@ -245,7 +245,8 @@ class Transformer(nn.Module):
             enc = self.tokenizer(sentences[i:i + batch_size], padding=True, truncation=True, return_tensors="pt",
                                  max_length=self.config.max_positions - self.config.position_offset)
             mask = enc["attention_mask"]  # (b, T)
-            h = self(enc["input_ids"], mask)  # (b, T, d)
+            with torch.no_grad():
+                h = self(enc["input_ids"], mask)  # (b, T, d)
             m = mask[..., None].to(h.dtype)  # (b, T, 1)
             out.append(F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1), dim=-1))  # (b, d)
         return torch.cat(out)
