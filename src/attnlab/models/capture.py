@@ -159,7 +159,8 @@ def capture(
     qk: bool = False,
 ) -> AttentionMaps:
     """Every layer's and head's post-softmax weights for each sentence, (A, B) pair, or (for an
-    encoder–decoder) (source, target) pair.
+    encoder–decoder) (source, target) pair. A string with one tab is a pair too ("A\tB" is
+    ("A", "B")), as in the CLI and corpus files; the tuple is the clearer form.
 
     ``model``: None (the bundled all-MiniLM-L6-v2), a model folder, or a hub id with ``revision``.
     Returns :class:`AttentionMaps` in the order given; ``weights[i]`` is float32 [L, H, T, T].
