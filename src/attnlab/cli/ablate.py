@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import MODEL_HELP, console, err, json_option, write_json
+from attnlab.cli.common import MODEL_HELP, console, err, json_option, out_file, status, write_json
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:
@@ -30,7 +30,8 @@ def ablate(
     top: int = typer.Option(10, "--top", min=1, help="How many heads the importance table lists."),
     probes: int = typer.Option(64, "--probes", min=0, help="Random directions estimating an encoder's gradient "
                                "score (0: all, exact and slower)."),
-    png: str = typer.Option(None, "--png", metavar="PATH", help="Write the importance of every head as a heat map."),
+    png: str = typer.Option(None, "--png", metavar="PATH", help="Write the importance of every head as a heat map.",
+                            callback=out_file("--png")),
     json_path: str = json_option(),
 ) -> None:
     """Heads as causes: run the model without some heads (the embedding's cosine for the default model, the
@@ -39,7 +40,7 @@ def ablate(
     from attnlab.analysis.ablation import head_importance
 
     if heads:
-        with err.status("ablating"):
+        with status("ablating"):
             found = run_ablation(sentences, _pairs(heads), model=model, how=how, backend=backend)
         if write_json(json_path, found.to_dict()):
             return
@@ -57,7 +58,7 @@ def ablate(
                 table.add_row(s, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
         console.print(table)
         return
-    with err.status("ablating every head, then the gradients"):
+    with status("ablating every head, then the gradients"):
         imp = head_importance(sentences, model=model, how=how, backend=backend, probes=probes or None)
     if png:
         from attnlab.viz.importance import importance_figure
