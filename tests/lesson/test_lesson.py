@@ -92,7 +92,7 @@ def test_html_is_self_contained(report):
     assert len(images) == sum(len(v) for v in FIGURES.values())
     assert all(v.startswith("data:image/png;base64,") for v in images)
     assert "http://" not in page and "https://" not in page
-    assert [t for t in parser.tags if t in ("h2",)] and parser.tags.count("section") == 7
+    assert [t for t in parser.tags if t in ("h2",)] and parser.tags.count("section") == 8
     assert ("a", "href", "viewer.html") in parser.refs
 
 
@@ -104,8 +104,8 @@ def test_viewer_page_beside_the_report_is_self_contained_and_holds_the_bank_maps
 
 
 def test_every_section_is_there_with_a_table_and_findings(sections):
-    assert list(sections) == ["formula", "qkv", "scaling", "heads", "maps", "cost", "next"]
-    assert [s["number"] for s in sections.values()] == [1, 2, 3, 4, 5, 6, 7]
+    assert list(sections) == ["formula", "qkv", "scaling", "heads", "maps", "cost", "next", "transformer"]
+    assert [s["number"] for s in sections.values()] == [1, 2, 3, 4, 5, 6, 7, 8]
     for s in sections.values():
         assert s["tables"] and s["findings"]
     text = sections["formula"]["findings"]
