@@ -4,10 +4,17 @@ and attnlab's transformer on the bundled default model."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+
+def pytest_collection_modifyitems(items):
+    """Every test of this folder builds models with torch and transformers: it says so (tests/conftest.py's rule)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.needs("torch", "transformers"))
 
 TEXTS = ["I sat on the bank of the river.", "I put the money in the bank.", "The river runs past the bank, slowly!",
          "A bank.", "Money, money, money: the bank keeps it all, and the river keeps the rest."] * 4

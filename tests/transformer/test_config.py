@@ -15,8 +15,9 @@ def test_from_bert_dict_reads_the_default_models_shape():
     assert c.post_norm and c.embed_norm and not c.causal and c.norm_eps == 1e-12
 
 
+@pytest.mark.needs("transformers")
 def test_from_llama_config_object_has_gqa_and_rotary():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     c = TransformerConfig.from_hf(transformers.LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
                                                            intermediate_size=96, num_hidden_layers=1, vocab_size=50))
     assert (c.positions, c.norm, c.ffn, c.heads_kv, c.head_dim) == ("rotary", "rmsnorm", "gated", 2, 8)
@@ -44,8 +45,9 @@ def test_bad_values_name_the_field(kw, match):
         TransformerConfig(**{"vocab_size": 10, "d_model": 16, "n_layers": 1, "n_heads": 4, **kw})
 
 
+@pytest.mark.needs("torch")
 def test_model_errors_name_the_argument():
-    torch = pytest.importorskip("torch")
+    import torch
     from attnlab.transformer import Transformer
 
     m = Transformer(TransformerConfig(vocab_size=10, d_model=16, n_layers=1, n_heads=4, causal=False))
@@ -59,8 +61,9 @@ def test_model_errors_name_the_argument():
         m.embed(["a"])
 
 
+@pytest.mark.needs("torch")
 def test_numpy_backend_refuses_gradients_rather_than_dropping_them():
-    torch = pytest.importorskip("torch")
+    import torch
     from attnlab.transformer import Transformer
 
     m = Transformer(TransformerConfig(vocab_size=10, d_model=16, n_layers=1, n_heads=4), backend="numpy")

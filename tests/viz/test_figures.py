@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("matplotlib")
+import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from attnlab.lesson.heads import heads_section  # noqa: E402

@@ -18,8 +18,8 @@ def test_busy_port_is_one_clear_error(capsys):
     assert "loading" not in err  # the port is checked before the model is loaded
 
 
+@pytest.mark.needs("transformers")
 def test_missing_model_fails_at_start_not_on_the_first_request(capsys, tmp_path):
-    pytest.importorskip("transformers")
     with socket.create_server(("127.0.0.1", 0)) as probe:
         port = probe.getsockname()[1]  # free once the probe closes
     assert main(["serve", "--model", str(tmp_path / "nope"), "--port", str(port)]) == 2
@@ -55,8 +55,8 @@ def test_a_host_other_machines_can_reach_is_warned_about(host, warned):
         assert host in text and "reachable from the network" in text
 
 
+@pytest.mark.needs("transformers")
 def test_serve_on_every_address_prints_the_warning_before_loading(capsys, tmp_path):
-    pytest.importorskip("transformers")
     with socket.create_server(("0.0.0.0", 0)) as probe:
         port = probe.getsockname()[1]
     assert main(["serve", "--host", "0.0.0.0", "--port", str(port), "--model", str(tmp_path / "nope")]) == 2
