@@ -93,3 +93,25 @@ def cli_heads(rank: int, world: int, corpus: str, json_path: str) -> dict:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main(["heads", "--corpus", corpus, "--json", json_path, "--batch-size", "2"])
     return {"status": status, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+def head_stats_result(rank: int, world: int, texts: list) -> dict:
+    """head_stats over the group (each rank loads the bundled model): means, received, tokens."""
+    from attnlab.analysis.stats import head_stats
+    from attnlab.models.loading import load_model
+
+    found = head_stats(texts, load_model(), distributed=True)
+    return {"means": found.means, "received": found.received, "tokens": found.tokens}
+
+
+def cli_stats(rank: int, world: int, path: str, json_path: str) -> dict:
+    """`attnlab stats FILE --lines --json PATH` on this rank: exit status and what it printed."""
+    import contextlib
+    import io
+
+    from attnlab.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["stats", path, "--lines", "--json", json_path])
+    return {"status": status, "stdout": out.getvalue(), "stderr": err.getvalue()}

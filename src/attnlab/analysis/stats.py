@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -182,13 +182,19 @@ def head_stats(
     max_tokens: int | None = None,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    distributed: bool | str = "auto",
+    group: Any = None,
 ) -> HeadStats:
     """Statistics of every layer's and head's full attention over each text, at any length.
 
     ``texts``: a str or a list of them, each run alone (no padding), tokenized with the model's
     special tokens and cut to ``max_tokens`` when given. ``model``: as :func:`attnlab.capture`;
     encoders and decoders (causal, sliding windows); not encoder–decoders or softcapping.
-    ``progress(done, total)`` after each text.
+    ``progress(done, total)`` after each text (of this rank's share). ``distributed``: True shares
+    the texts between the ranks of ``group`` (joining torchrun's job from its environment if no group
+    exists yet), sums the statistics with one all-reduce and gathers each text's attention received;
+    "auto" does so under a job of more than one process; False computes everything here. Every rank
+    returns the same result, equal to one process's.
     """
     import torch
 
@@ -200,6 +206,51 @@ def head_stats(
         raise ValueError("texts must be a non-empty string or a non-empty list of non-empty strings")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
         raise ValueError(f"max_tokens must be an int >= 2 or None, got {max_tokens!r}")
+    from attnlab.distributed import env
+
+    if distributed not in (True, False, "auto"):
+        raise ValueError(f"distributed must be True, False or 'auto', got {distributed!r}")
+    if distributed is True or (distributed == "auto" and (env.launched() or env.initialized())):
+        env.init_from_env()
+    rank, world = env.rank_and_world(group) if distributed and env.initialized() else (0, 1)
+    if world == 1:
+        return _head_stats(items, 0, model, revision, max_tokens, block_rows, progress).stats
+    failure, part = None, None
+    try:  # every rank must reach the all-reduce below whatever happens here, or the others would hang
+        first = sum(len(env.shard_items(items, r, world)) for r in range(rank))
+        part = _head_stats(env.shard_items(items, rank, world), first, model, revision, max_tokens, block_rows, progress)
+    except Exception as e:
+        failure = e
+    (failed,) = env.all_reduce_sum([[failure is not None]], group)[0]
+    if failure is not None:
+        raise failure
+    if failed:
+        raise RuntimeError(f"head_stats: {int(failed)} rank(s) failed on their share of the texts (their own errors say why)")
+    totals = env.all_reduce_sum([part.totals[n] for n in ROW_STATS] + [[part.counts[n] for n in ROW_STATS]], group)
+    counts = dict(zip(ROW_STATS, totals.pop()))
+    shares = env.all_gather_objects((part.stats.received, part.stats.tokens), group)
+    return replace(part.stats, means={n: s / max(counts[n], 1) for n, s in zip(ROW_STATS, totals)},
+                   received=[r for rec, _ in shares for r in rec], tokens=[t for _, tok in shares for t in tok])
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One process's share: its statistics, and the sums and counts behind its means."""
+
+    stats: HeadStats
+    totals: dict[str, np.ndarray]
+    counts: dict[str, int]
+
+
+def _head_stats(items: list[str], first: int, model: Any, revision: str | None, max_tokens: int | None,
+                block_rows: int | None, progress: Callable[[int, int], None] | None) -> _Part:
+    """head_stats of ``items`` in this process (texts numbered from ``first`` in errors), with the sums
+    and counts behind its means, which add up over the ranks."""
+    import torch
+
+    from attnlab.models.capture_attention import observing
+    from attnlab.models.loading import LoadedModel, load_model
+
     lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
     if lm.config.get("is_encoder_decoder"):
         raise ValueError(f"head_stats serves encoders and decoders; {lm.model_id!r} is an encoder–decoder")
@@ -210,7 +261,7 @@ def head_stats(
     for n, text in enumerate(items):
         ids = lm.tokenizer(text, add_special_tokens=True)["input_ids"][:max_tokens]
         if len(ids) > limit:
-            raise ValueError(f"texts[{n}] has {len(ids)} tokens; {lm.model_id!r} takes at most {limit} "
+            raise ValueError(f"texts[{first + n}] has {len(ids)} tokens; {lm.model_id!r} takes at most {limit} "
                              f"(pass max_tokens to cut it)")
         acc = _Accumulator(len(ids), block_rows)
         x = torch.tensor([ids])
@@ -226,9 +277,11 @@ def head_stats(
         tokens.append(lm.tokenizer.convert_ids_to_tokens(ids))
         if progress is not None:
             progress(n + 1, len(items))
-    means = {name: totals[name] / max(counts[name], 1) for name in ROW_STATS}
-    return HeadStats(means=means, received=received, tokens=tokens, model_id=lm.model_id, revision=lm.revision,
-                     causal=_is_causal(lm))
+    means = {name: totals.get(name, 0) / max(counts.get(name, 0), 1) for name in ROW_STATS}
+    found = HeadStats(means=means, received=received, tokens=tokens, model_id=lm.model_id, revision=lm.revision,
+                      causal=_is_causal(lm))
+    return _Part(found, {n: np.asarray(totals.get(n, np.zeros((lm.num_layers, lm.num_heads)))) for n in ROW_STATS},
+                 {n: counts.get(n, 0) for n in ROW_STATS})
 
 
 def _is_causal(lm: Any) -> bool:

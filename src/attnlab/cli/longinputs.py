@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 import typer
@@ -28,15 +30,19 @@ def stats(
     """Per-head statistics of the full attention of long inputs, without T × T memory: weight on the
     previous token, itself, the next and the first token, mean distance, entropy, attention received."""
     from attnlab.analysis.stats import ROW_STATS, head_stats
+    from attnlab.distributed import rank_and_world
     from attnlab.cli.common import progress
 
     from attnlab.analysis.corpus import read_text
 
     text = read_text(file)
     texts = [line for line in text.splitlines() if line.strip()] if lines else [text]
-    bar, tick = progress("attending")
+    main_rank = rank_and_world()[0] == 0  # under torchrun the ranks share the texts; rank 0 alone speaks
+    bar, tick = progress("attending") if main_rank else (contextlib.nullcontext(), None)
     with bar:
         found = head_stats(texts, model, revision, max_tokens=max_tokens, progress=tick)
+    if not main_rank:
+        return
     if write_json(json_path, found.to_dict(top=top)):
         return
     layers, heads = found.means["prev"].shape

@@ -119,3 +119,16 @@ def all_gather_rows(row: np.ndarray, group: Any = None, timeout_s: float = DEFAU
     out = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(out, t, group=group, async_op=True).wait(timeout=datetime.timedelta(seconds=timeout_s))
     return np.stack([o.cpu().numpy() for o in out])
+
+
+def all_gather_objects(obj: Any, group: Any = None) -> list:
+    """Every rank's ``obj`` (anything picklable: ragged arrays, token lists), in rank order.
+
+    Outside a distributed job: ``[obj]``. The wait is bounded by the process group's own timeout
+    (:func:`init_from_env` sets it), as torch's object collectives take no timeout of their own.
+    """
+    if not initialized() or _dist().get_world_size(group) == 1:
+        return [obj]
+    out: list = [None] * _dist().get_world_size(group)
+    _dist().all_gather_object(out, obj, group=group)
+    return out
