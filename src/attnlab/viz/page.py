@@ -41,6 +41,9 @@ def page_data(maps: Any = None, *, scene: dict | None = None, target: str | None
     if maps is not None:
         data["maps"] = payload.maps_payload(maps, overview=overview)
         data["maps"]["packed"] = [payload.pack_weights(w) for w in maps.weights]
+        seq2seq = payload.seq2seq_payload(maps)  # an encoder–decoder's decoder and cross-attention
+        if seq2seq is not None:
+            data["maps"]["seq2seq"] = seq2seq
     if target is not None:
         if maps is None or deciders is None:
             raise ValueError("target needs maps and deciders (one decider per sentence) for the head search")

@@ -169,3 +169,26 @@ def neuron_payload(maps: Any) -> dict | None:
         "model": {"id": maps.model_id, "num_layers": int(maps.num_layers), "num_heads": int(maps.num_heads)},
         "meta": maps.qk_meta, "max_tokens": NEURON_MAX_TOKENS, "sentences": sentences,
     }
+
+
+def seq2seq_payload(maps: Any) -> dict | None:
+    """An encoder–decoder's other two maps, for the head view's "decoder" and "cross" choices.
+
+    Per sentence: ``source`` (the encoder's tokens, the keys of cross-attention), ``target`` (the
+    decoder's input tokens: its start token, then the target; the queries), ``target_is_mark``, and
+    packed as :func:`pack_weights` packs them the decoder's self-attention [L_dec, H, T_tgt, T_tgt]
+    (``decoder``) and the cross-attention [L_dec, H, T_tgt, T_src] (``cross``), row-major.
+    None for maps without a decoder (an encoder's or a decoder's, and word-level maps, which keep none).
+    """
+    dec = getattr(maps, "decoder", None)
+    if dec is None or getattr(maps, "cross_weights", None) is None:
+        return None
+    words = dec.to_words()
+    return {
+        "model": {"num_layers": int(dec.num_layers), "num_heads": int(dec.num_heads)},
+        "sentences": [{
+            "source": list(maps.tokens[i]), "target": list(dec.tokens[i]),
+            "target_is_mark": [bool(words.is_mark[i][w]) for w in dec.word_of[i]],
+            "decoder": pack_weights(dec.weights[i]), "cross": pack_weights(maps.cross_weights[i]),
+        } for i in range(len(maps.sentences))],
+    }

@@ -30,13 +30,15 @@ AL.heatRGB = function (w) {
 AL.heat = (w) => `rgb(${AL.heatRGB(w).join(",")})`;
 
 // Draw an n x n map (Float32Array or array, row-major) into a canvas of `px` pixels a side.
-AL.drawMatrix = function (canvas, data, n, px) {
-  canvas.width = n;
+// An n x m map (rows x columns, m = n when left out) is drawn with square cells, its longer side px.
+AL.drawMatrix = function (canvas, data, n, px, m = n) {
+  canvas.width = m;
   canvas.height = n;
-  canvas.style.width = canvas.style.height = `${px}px`;
+  canvas.style.width = `${(px * m) / Math.max(n, m)}px`;
+  canvas.style.height = `${(px * n) / Math.max(n, m)}px`;
   const ctx = canvas.getContext("2d");
-  const img = ctx.createImageData(n, n);
-  for (let i = 0; i < n * n; i++) {
+  const img = ctx.createImageData(m, n);
+  for (let i = 0; i < n * m; i++) {
     const [r, g, b] = AL.heatRGB(data[i]);
     img.data[4 * i] = r;
     img.data[4 * i + 1] = g;
@@ -68,7 +70,9 @@ AL.status = function (text, isError) {
 // ---------------------------------------------------------------- data sources
 // Both sources answer the same questions with the same shapes:
 //   maps()              -> the /api/maps answer (labels, marks, downsampled maps, role scores)
-//   head(s, layer, hd)  -> {n, weights: Float32Array n*n} for sentence s, 1-based layer and head
+//   head(s, layer, hd)  -> {n, rows, cols, weights: Float32Array rows*cols} for sentence s, 1-based
+//                          layer and head (rows = cols = n; the embedded source also serves an
+//                          encoder–decoder's "decoder" and "cross" maps, a fourth argument)
 //   scene()             -> the /api/scene answer (the lesson's scene, as `attnlab scene --json`)
 //   findHead(req)       -> the /api/find-head answer
 
@@ -103,7 +107,7 @@ class ServerSource {
     const key = `${sentence}/${layer}/${head}`;
     if (!this.cache.has(key)) {
       const p = this.call("/api/head", {...this.request, sentence, layer, head}).then((d) => ({
-        n: d.labels.length, weights: Float32Array.from(d.weights.flat()),
+        n: d.labels.length, rows: d.labels.length, cols: d.labels.length, weights: Float32Array.from(d.weights.flat()),
       }));
       this.cache.set(key, p);
       p.catch(() => this.cache.delete(key));
@@ -123,21 +127,27 @@ class EmbeddedSource {
   info() { return Promise.resolve(this.data.maps ? this.data.maps.model : null); }
   scene() { return Promise.resolve(this.data.scene); }
   maps() { return Promise.resolve(this.data.maps); }
-  head(sentence, layer, head) {
+  // kind: "encoder" (the maps' own), or on an encoder–decoder's page "decoder" (its self-attention
+  // over the target) or "cross" (target rows, source columns).
+  head(sentence, layer, head, kind = "encoder") {
     const m = this.data.maps;
     const s = m.sentences[sentence];
-    if (!this.decoded[sentence]) {
-      const bin = atob(m.packed[sentence]);
+    const seq = kind === "encoder" ? null : m.seq2seq.sentences[sentence];
+    const key = `${kind}/${sentence}`;
+    if (!this.decoded[key]) {
+      const bin = atob(seq ? seq[kind] : m.packed[sentence]);
       const bytes = new Uint8Array(bin.length);
       for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-      this.decoded[sentence] = new Uint16Array(bytes.buffer);
+      this.decoded[key] = new Uint16Array(bytes.buffer);
     }
-    const n = s.labels.length;
-    const start = ((layer - 1) * m.model.num_heads + (head - 1)) * n * n;
-    const raw = this.decoded[sentence].subarray(start, start + n * n);
-    const weights = new Float32Array(n * n);
+    const rows = seq ? seq.target.length : s.labels.length;
+    const cols = kind === "cross" ? seq.source.length : rows;
+    const heads = seq ? m.seq2seq.model.num_heads : m.model.num_heads;
+    const start = ((layer - 1) * heads + (head - 1)) * rows * cols;
+    const raw = this.decoded[key].subarray(start, start + rows * cols);
+    const weights = new Float32Array(rows * cols);
     for (let i = 0; i < raw.length; i++) weights[i] = raw[i] / 65535;
-    return Promise.resolve({n, weights});
+    return Promise.resolve({n: rows, rows, cols, weights});
   }
   findHead() { return Promise.resolve(this.data.search); }
 }
