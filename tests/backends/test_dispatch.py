@@ -91,6 +91,13 @@ def test_estimate_interpolates_in_log_log_space():
     assert calibrate.estimate([[1e4, 2e-3]], 4e4) == pytest.approx(8e-3)  # one point: linear in scores
 
 
+def test_beyond_the_measured_sizes_time_grows_at_least_with_the_scores():
+    """A backend pruned after two overhead-bound sizes (a flat line) is not predicted to stay flat."""
+    flat = [[2**16, 5.66e-3], [2**20, 13.76e-3]]
+    assert calibrate.estimate(flat, 2**24) == pytest.approx(13.76e-3 * 16)
+    assert calibrate.estimate(flat, 2**12) >= 5.66e-3 / 16
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv(calibrate.ENV_CACHE, str(tmp_path))

@@ -144,14 +144,23 @@ def table() -> Table:
 
 
 def estimate(points: list[list[float]], scores: float) -> float:
-    """Seconds at ``scores`` from measured (scores, seconds) points: linear in log-log, the ends extended."""
+    """Seconds at ``scores`` from measured (scores, seconds) points: linear in log-log between them.
+
+    Beyond the largest point the time grows at least in proportion to the scores (attention does
+    work for each one: a slope below 1 there is per-call overhead, which larger calls outgrow);
+    below the smallest it falls no faster than in proportion.
+    """
     pts = sorted(points)
+    x = math.log(scores)
     if len(pts) == 1:
         return pts[0][1] * scores / pts[0][0]
     xs, ys = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-    x = math.log(scores)
     i = int(np.clip(np.searchsorted(xs, x) - 1, 0, len(xs) - 2))
     slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    if x > xs[-1]:
+        slope = max(slope, 1.0)
+    elif x < xs[0]:
+        slope = min(max(slope, 0.0), 1.0)
     return float(math.exp(ys[i] + slope * (x - xs[i])))
 
 
