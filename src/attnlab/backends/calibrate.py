@@ -158,8 +158,8 @@ def estimate(points: list[list[float]], scores: float) -> float:
     i = int(np.clip(np.searchsorted(xs, x) - 1, 0, len(xs) - 2))
     slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
     if x > xs[-1]:
-        slope = max(slope, 1.0)
-    elif x < xs[0]:
+        return float(math.exp(ys[-1] + max(slope, 1.0) * (x - xs[-1])))
+    if x < xs[0]:
         slope = min(max(slope, 0.0), 1.0)
     return float(math.exp(ys[i] + slope * (x - xs[i])))
 
