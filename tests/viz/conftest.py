@@ -76,9 +76,11 @@ def live_server(viewer_app):
     thread.join(timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Headless Debian Chromium through Playwright (Playwright's own browser download is offline here)."""
+    """Headless Debian Chromium through Playwright (Playwright's own browser download is offline here).
+    Per module: a sync Playwright left open blocks another one in the same thread (the Neuron view's
+    test in tests/models starts its own)."""
     if not shutil.which(CHROMIUM):
         message = f"{CHROMIUM} is missing; scripts/setup.sh --test installs Debian's chromium"
         if os.environ.get("CI"):  # CI installs it: a missing browser there is a broken set-up, not a skip

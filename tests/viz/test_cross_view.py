@@ -50,6 +50,22 @@ def test_payload_packs_decoder_and_cross_attention(t5_maps):
     assert payload.seq2seq_payload(dec) is None
 
 
+def test_cli_maps_html_of_a_pair_has_the_cross_attention(t5_maps, tmp_path):
+    import json
+    import re
+
+    from attnlab.cli.app import main
+
+    maps, folder = t5_maps
+    page = tmp_path / "pair.html"
+    assert main(["maps", "\t".join(PAIR), "--model", str(folder), "--html", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'<script type="application/json" id="attnlab-data">(.*?)</script>', text, re.S).group(1))
+    s = data["maps"]["seq2seq"]["sentences"][0]
+    assert (s["source"], s["target"]) == (maps.tokens[0], maps.decoder.tokens[0])
+    np.testing.assert_allclose(_unpack(s["cross"], maps.cross_weights[0].shape), maps.cross_weights[0], atol=QUANTUM)
+
+
 @pytest.mark.browser
 def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     maps, _ = t5_maps
