@@ -1,0 +1,123 @@
+/* The compiled kernel's argument checks, included once by _tiles.c: everything the kernel reads or
+ * writes is checked (dtype, contiguity, shapes, lengths, sizes) before it runs. */
+
+static int little_endian(void) {
+    const uint16_t one = 1;
+    unsigned char first;
+    memcpy(&first, &one, 1);
+    return first == 1;
+}
+
+/* The buffer's element type: 'f' float32, 'i' int64, 0 anything else. */
+static char kind_of(const Py_buffer *view) {
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || (*f == '<' && little_endian()) || (*f == '>' && !little_endian())) f++;
+    if (f[0] && !f[1]) {
+        if (f[0] == 'f' && view->itemsize == 4) return 'f';
+        if ((f[0] == 'q' || f[0] == 'l') && view->itemsize == 8) return 'i';
+    }
+    return 0;
+}
+
+static void format_shape(char *buf, size_t size, int ndim, const Py_ssize_t *shape) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int i = 0; i < ndim && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%zd%s", i ? " " : "", shape[i], i + 1 < ndim || ndim == 1 ? "," : "");
+    if (used < size) snprintf(buf + used, size - used, ")");
+}
+
+/* Take `obj`'s buffer as argument `name`: a C-contiguous array of `kind` ('f' float32, 'i' int64),
+ * `ndim` dims named by the letters of `dims` (e.g. "BGTD"). dim[letter] holds each size seen so far
+ * (-1 unset): the first array to show a letter sets it, every later one must match. */
+static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, char kind, const char *dims,
+                Py_ssize_t dim[128]) {
+    const int ndim = (int)strlen(dims);
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        view->obj = NULL;
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_ValueError, "%s: expected a %s%s array, got %s (%S)", name, writable ? "writable " : "",
+                     kind == 'f' ? "float32" : "int64", Py_TYPE(obj)->tp_name, value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return 0;
+    }
+    const char got = kind_of(view);
+    if (got != kind) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %s items (buffer format %s), got format '%s' of %zd bytes", name,
+                     kind == 'f' ? "float32" : "int64", kind == 'f' ? "'f'" : "'q' or 'l'",
+                     view->format ? view->format : "B", view->itemsize);
+        return 0;
+    }
+    char expected[160], seen[160];
+    int ok = view->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = dim[(int)dims[i]] < 0 || dim[(int)dims[i]] == view->shape[i];
+    if (!ok) {
+        size_t used = (size_t)snprintf(expected, sizeof expected, "(");
+        for (int i = 0; i < ndim && used < sizeof expected; i++) {
+            const Py_ssize_t n = dim[(int)dims[i]];
+            used += n < 0 ? (size_t)snprintf(expected + used, sizeof expected - used, "%s%c", i ? ", " : "", dims[i])
+                          : (size_t)snprintf(expected + used, sizeof expected - used, "%s%c=%zd", i ? ", " : "", dims[i], n);
+        }
+        if (used < sizeof expected) snprintf(expected + used, sizeof expected - used, ")");
+        format_shape(seen, sizeof seen, view->ndim, view->shape);
+        PyErr_Format(PyExc_ValueError, "%s: expected shape %s, got %s", name, expected, seen);
+        return 0;
+    }
+    if (!PyBuffer_IsContiguous(view, 'C')) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous array, got strides that are not", name);
+        return 0;
+    }
+    for (int i = 0; i < ndim; i++) dim[(int)dims[i]] = view->shape[i];
+    return 1;
+}
+
+static void release(Py_buffer *views, int n) {
+    for (int i = 0; i < n; i++)
+        if (views[i].obj) PyBuffer_Release(&views[i]);
+}
+
+/* The scalar arguments every call shares; a band edge beyond Tq + Tk is the same as none. */
+static int check_scalars(int64_t tq, int64_t tk, long long left, long long right, long long bq, long long bk, int threads,
+                         int64_t *out_left, int64_t *out_right, int64_t *out_bq, int64_t *out_bk, int *out_threads) {
+    if (left < -1 || right < -1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected -1 (unbounded) or a number of keys >= 0, got %lld",
+                     left < -1 ? "left" : "right", left < -1 ? left : right);
+        return 0;
+    }
+    if (bq < 1 || bk < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a block size >= 1, got %lld", bq < 1 ? "block_q" : "block_k",
+                     bq < 1 ? bq : bk);
+        return 0;
+    }
+    if (threads < 0) {
+        PyErr_Format(PyExc_ValueError, "threads: expected >= 0 (0: OpenMP's default), got %d", threads);
+        return 0;
+    }
+    const int64_t far = tq + tk;
+    *out_left = left > far ? far : left;
+    *out_right = right > far ? far : right;
+    *out_bq = bq > tq ? (tq > 0 ? tq : 1) : bq; /* a block past the end is the same as the whole */
+    *out_bk = bk > tk ? (tk > 0 ? tk : 1) : bk;
+#ifdef _OPENMP
+    *out_threads = threads == 0 ? omp_get_max_threads() : threads; /* OMP_NUM_THREADS, torch.set_num_threads, or every CPU */
+    if (*out_threads > omp_get_thread_limit()) *out_threads = omp_get_thread_limit();
+#else
+    *out_threads = 1;
+#endif
+    return 1;
+}
+
+/* klen (B, G): every length in 0..Tk. */
+static int check_klen(const int64_t *klen, int64_t b, int64_t g, int64_t tk) {
+    for (int64_t i = 0; klen && i < b * g; i++)
+        if (klen[i] < 0 || klen[i] > tk) {
+            PyErr_Format(PyExc_ValueError, "klen: expected key-padding lengths in 0..Tk = 0..%lld, got %lld at [%lld, %lld]",
+                         (long long)tk, (long long)klen[i], (long long)(i / g), (long long)(i % g));
+            return 0;
+        }
+    return 1;
+}
+
+enum { B_ = 'B', G_ = 'G', T_ = 'T', K_ = 'K', D_ = 'D', V_ = 'V' };

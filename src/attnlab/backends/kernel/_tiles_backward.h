@@ -1,0 +1,296 @@
+/* The compiled kernel's backward pass, included by _tiles_body.h (inside each instruction set's
+ * inclusion, with its parameters VW, RQ, RP, NVMAX, ROWS, SFX and TARGET defined). */
+
+/* ---- The backward pass (FlashAttention-2's), on the same register tiles. ----
+ *
+ * Per tile (a block of query rows of one head x a block of keys), recomputed from q, k, v and the
+ * forward's LSE: S = (q scale log2 e) k^T in base 2 (the forward's very scores), P = exp2(S - LSE log2 e),
+ * dP = dO v^T, dS = P (dP - D) with D = rowsum(dO o) - dLSE (once per row, before the tiles); then
+ * dV_j += P^T dO, dK_j += dS^T (q scale log2 e), dQ_i += dS k (times ln 2 and scale at the end).
+ * Causal and window tiles that the band empties are skipped, the last key block cut where the band
+ * ends, as in the forward. Extra memory: D (one float a query row) and per thread a few tiles
+ * (the heads schedule adds a copy of one head's dQ): O(n) beyond the inputs and gradients.
+ * Two schedules, bit for bit the same (the same tile function, each accumulator summed in the same
+ * order: dQ_i over key blocks ascending, dK_j and dV_j over (query head, query block) ascending):
+ *   heads  (B >= threads) a work item is one key/value head with its G query heads: key blocks in
+ *          ascending order, each against the query blocks that see it, dK_j and dV_j in the thread's
+ *          tile and dQ in the thread's copy of the head's (5 GEMMs a tile);
+ *   split  (fewer heads than threads) items (head, key block) accumulate dK_j, dV_j (4 GEMMs a tile),
+ *          then items (query head, query block) dQ_i (3 GEMMs: S, dP again and dS k).
+ * Either way no thread writes what another reads or writes: deterministic, whatever the thread count. */
+
+/* acc[R][NV VW] += x^T-weighted rows: acc[c][:] += sum_i p[i][c] x[i][:], for R consecutive columns c of p.
+ * The tile's sum is formed from zero and then added: a gradient summed over thousands of rows is a
+ * sum of per-tile sums, whose rounding grows with rows / tile + tile rather than with the rows. */
+#define PVT(NAME, R, NV)                                                                                            \
+    static inline TARGET void F(NAME)(const float *restrict p, int64_t ldp, const float *restrict x, int64_t ldx,    \
+                                      int64_t nr, float *restrict acc, int64_t lda) {                               \
+        VF c[R][NV];                                                                                                \
+        for (int r = 0; r < R; r++)                                                                                 \
+            for (int u = 0; u < NV; u++) c[r][u] = (VF){};                                                          \
+        for (int64_t i = 0; i < nr; i++) {                                                                          \
+            VF b[NV];                                                                                               \
+            for (int u = 0; u < NV; u++) b[u] = *(const VF *)(x + i * ldx + u * VW);                                \
+            for (int r = 0; r < R; r++) {                                                                           \
+                const float a = p[i * ldp + r];                                                                     \
+                for (int u = 0; u < NV; u++) c[r][u] += a * b[u];                                                   \
+            }                                                                                                       \
+        }                                                                                                           \
+        for (int r = 0; r < R; r++)                                                                                 \
+            for (int u = 0; u < NV; u++) *(VFU *)(acc + r * lda + u * VW) += c[r][u];                               \
+    }
+PVT(pvt_r1, RP, 1)
+PVT(pvt_r2, RP, 2)
+PVT(pvt_11, 1, 1)
+PVT(pvt_12, 1, 2)
+#if NVMAX >= 3
+PVT(pvt_r3, RP, 3)
+PVT(pvt_r4, RP, 4)
+PVT(pvt_13, 1, 3)
+PVT(pvt_14, 1, 4)
+#endif
+
+/* acc[c][0..w) += sum_{i < nr} p[i][c] x[i][0..w) for the columns c < nc of p; w a multiple of VW */
+static inline TARGET void F(pvt)(const float *restrict p, int64_t ldp, const float *restrict x, int64_t ldx, int64_t nr,
+                                 int64_t nc, float *restrict acc, int64_t w) {
+    int64_t c = 0;
+    for (; c + RP <= nc; c += RP) {
+        int64_t t = 0;
+#if NVMAX >= 3
+        for (; t + 4 * VW <= w; t += 4 * VW) F(pvt_r4)(p + c, ldp, x + t, ldx, nr, acc + c * w + t, w);
+        if (w - t == 3 * VW) F(pvt_r3)(p + c, ldp, x + t, ldx, nr, acc + c * w + t, w), t = w;
+#endif
+        for (; t + 2 * VW <= w; t += 2 * VW) F(pvt_r2)(p + c, ldp, x + t, ldx, nr, acc + c * w + t, w);
+        if (t < w) F(pvt_r1)(p + c, ldp, x + t, ldx, nr, acc + c * w + t, w);
+    }
+    for (; c < nc; c++) {
+        int64_t t = 0;
+#if NVMAX >= 3
+        for (; t + 4 * VW <= w; t += 4 * VW) F(pvt_14)(p + c, ldp, x + t, ldx, nr, acc + c * w + t, w);
+        if (w - t == 3 * VW) F(pvt_13)(p + c, ldp, x + t, ldx, nr, acc + c * w + t, w), t = w;
+#endif
+        for (; t + 2 * VW <= w; t += 2 * VW) F(pvt_12)(p + c, ldp, x + t, ldx, nr, acc + c * w + t, w);
+        if (t < w) F(pvt_11)(p + c, ldp, x + t, ldx, nr, acc + c * w + t, w);
+    }
+}
+
+/* Keys j0..j0+bk-1 of batch b and their values into the thread's panels, kp[bk / VW][d][VW] and
+ * vp[bk / VW][dv][VW] (zero past Tk), and, when d is not a whole number of vectors, the keys' rows
+ * into kr[bk][dp] (zero padded). A key block at a time, where it is used: no copy of all of k and v. */
+static TARGET void F(bpack)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t j0) {
+    if (sc->packed_b == b && sc->packed_j0 == j0) return;
+    const int64_t d = pr->d, dv = pr->dv, tk = pr->tk;
+    const float *k = pr->k + b * tk * d, *v = pr->v + b * tk * dv;
+    for (int64_t j = 0; j < pr->bk; j++) {
+        const int live = j0 + j < tk;
+        float *kp = sc->kp + (j / VW) * d * VW + j % VW, *vp = sc->vp + (j / VW) * dv * VW + j % VW;
+        for (int64_t t = 0; t < d; t++) kp[t * VW] = live ? k[(j0 + j) * d + t] : 0.0f;
+        for (int64_t t = 0; t < dv; t++) vp[t * VW] = live ? v[(j0 + j) * dv + t] : 0.0f;
+        if (pr->dp != d)
+            for (int64_t t = 0; t < pr->dp; t++) sc->kr[j * pr->dp + t] = live && t < d ? k[(j0 + j) * d + t] : 0.0f;
+    }
+    sc->packed_b = b, sc->packed_j0 = j0;
+}
+
+/* The keys [lo, hi) that some row of query rows i0..i1-1 of head (b, g) may see (the band and the padding). */
+static inline TARGET void F(bkeys)(const struct bproblem *pr, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t *lo,
+                                   int64_t *hi) {
+    const int64_t off = pr->tk - pr->tq;
+    *lo = 0, *hi = pr->klen ? pr->klen[b * pr->g + g] : pr->tk;
+    if (pr->left >= 0 && i0 + off - pr->left > *lo) *lo = i0 + off - pr->left;
+    if (pr->right >= 0 && i1 - 1 + off + pr->right + 1 < *hi) *hi = i1 - 1 + off + pr->right + 1;
+}
+
+/* D = rowsum(dO o) - dLSE of rows r0..r1-1 (of every head), in double, rounded to float once. */
+static void F(bdelta)(const struct bproblem *pr, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *dout = pr->dout + r * pr->dv, *out = pr->out + r * pr->dv;
+        double delta = 0;
+        for (int64_t t = 0; t < pr->dv; t++) delta += (double)dout[t] * out[t];
+        pr->delta[r] = (float)(pr->dlse ? delta - pr->dlse[r] : delta);
+    }
+}
+
+/* A query block's rows into the thread's scratch: q (times scale log2 e, as the forward has it, so
+ * that S - LSE comes out of the very scores the LSE was summed from) and dO, zero padded to whole
+ * vectors and rows, LSE in base 2 as hi + lo (hi -inf: the row saw nothing, its gradients are 0) and D. */
+static TARGET __attribute__((noinline)) void F(brows)(const struct bproblem *pr, const struct bscratch *sc, int64_t b,
+                                                      int64_t g, int64_t i0, int64_t nr) {
+    const int64_t d = pr->d, dv = pr->dv, dp = pr->dp, dvp = pr->dvp, row0 = (b * pr->g + g) * pr->tq + i0;
+    const float mul = pr->scale * 1.4426950408889634f; /* the forward's factor, rounded the same way */
+    if (d != dp || nr < pr->bqp) memset(sc->q, 0, sizeof(float) * pr->bqp * dp);
+    if (dv != dvp || nr < pr->bqp) memset(sc->dout, 0, sizeof(float) * pr->bqp * dvp);
+    for (int64_t r = 0; r < pr->bqp; r++) sc->lse2[r] = -INFINITY, sc->lse2lo[r] = sc->delta[r] = 0.0f;
+    for (int64_t r = 0; r < nr; r++) {
+        for (int64_t t = 0; t < d; t++) sc->q[r * dp + t] = pr->q[(row0 + r) * d + t] * mul; /* as the forward */
+        memcpy(sc->dout + r * dvp, pr->dout + (row0 + r) * dv, sizeof(float) * dv);
+        const float lse = pr->lse[row0 + r];
+        if (isfinite(lse)) { /* LSE log2 e as hi + lo: its rounding would be a row's relative error in P */
+            const double lse2 = (double)lse * 1.4426950408889634;
+            sc->lse2[r] = (float)lse2;
+            sc->lse2lo[r] = (float)(lse2 - (float)lse2);
+        }
+        sc->delta[r] = pr->delta[row0 + r];
+    }
+}
+
+/* One tile: the query block in the scratch (rows i0.. of head (b, g), nr of them) against keys
+ * j0..j0+nc-1. dk, dv: nc rows to add dK_j / (scale log2 e), dV_j to, or NULL; dq: the block's dQ_i
+ * (bqp x dp, unscaled), or NULL. */
+static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr, struct bscratch *sc, int64_t b,
+                                                      int64_t g, int64_t i0, int64_t nr, int64_t j0, int64_t nc,
+                                                      float *dk, float *dv, float *dq) {
+    const int64_t d = pr->d, dp = pr->dp, dvp = pr->dvp, bk = pr->bk, off = pr->tk - pr->tq;
+    const int64_t ncp = (nc + VW - 1) / VW * VW, nrq = (nr + ROWS - 1) / ROWS * ROWS;
+    const int64_t klen = pr->klen ? pr->klen[b * pr->g + g] : pr->tk;
+    float *restrict s = sc->s, *restrict ds = sc->ds;
+    F(bpack)(pr, sc, b, j0);
+    const float *kp = sc->kp, *vp = sc->vp;
+    for (int64_t r = 0; r < nrq; r += RQ) { /* S = q k^T, dP = dO v^T */
+        int64_t c = 0;
+        for (; c + 2 * VW <= ncp; c += 2 * VW) {
+            F(qk2)(sc->q + r * dp, dp, d, kp + c * d, kp + (c + VW) * d, s + r * bk + c, bk);
+            F(qk2)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, vp + (c + VW) * pr->dv, ds + r * bk + c, bk);
+        }
+        if (c < ncp) {
+            F(qk1)(sc->q + r * dp, dp, d, kp + c * d, s + r * bk + c, bk);
+            F(qk1)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, ds + r * bk + c, bk);
+        }
+    }
+    for (int64_t r = 0; r < nrq; r++) { /* P = exp2(S - LSE log2 e) (S in base 2), dS = P (dP - D); 0 where hidden */
+        float *restrict prow = s + r * bk, *restrict dsrow = ds + r * bk;
+        const int64_t pos = i0 + r + off;
+        int64_t a = 0, z = nc; /* the row sees columns a..z-1 of this tile */
+        if (pr->left >= 0 && pos - pr->left - j0 > a) a = pos - pr->left - j0;
+        if (pr->right >= 0 && pos + pr->right + 1 - j0 < z) z = pos + pr->right + 1 - j0;
+        if (klen - j0 < z) z = klen - j0;
+        if (r >= nr || z <= a || sc->lse2[r] == -INFINITY) {
+            memset(prow, 0, sizeof(float) * ncp);
+            memset(dsrow, 0, sizeof(float) * ncp);
+            continue;
+        }
+        const VF lse2 = (VF){} + sc->lse2[r], lse2lo = (VF){} + sc->lse2lo[r], delta = (VF){} + sc->delta[r];
+        for (int64_t c = 0; c < ncp; c += VW) {
+            const VF p = F(exp2v)((*(const VF *)(prow + c) - lse2) - lse2lo);
+            *(VF *)(prow + c) = p;
+            *(VF *)(dsrow + c) = p * (*(const VF *)(dsrow + c) - delta);
+        }
+        for (int64_t c = 0; c < a; c++) prow[c] = dsrow[c] = 0.0f;
+        for (int64_t c = z; c < ncp; c++) prow[c] = dsrow[c] = 0.0f;
+    }
+    if (dv) F(pvt)(s, bk, sc->dout, dvp, nr, nc, dv, dvp); /* dV_j += P^T dO */
+    if (dk) F(pvt)(ds, bk, sc->q, dp, nr, nc, dk, dp);     /* dK_j += dS^T q */
+    if (dq) { /* dQ_i += dS k */
+        const float *kr = dp != d ? sc->kr : pr->k + (b * pr->tk + j0) * d;
+        for (int64_t r = 0; r < nrq; r += RP) F(pvf)(ds + r * bk, bk, kr, dp, nc, dq + r * dp, dp);
+    }
+}
+
+/* dst[n][w0] = scale src[n][w] (the first w0 columns) */
+static inline void F(bstore)(float *restrict dst, int64_t w0, const float *restrict src, int64_t w, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < w0; t++) dst[i * w0 + t] = src[i * w + t] * scale;
+}
+
+/* dQ_i of query rows i0..i0+nr-1 of head (b, g) (the block already in the scratch), against every
+ * key block it sees in ascending order: the split schedule's second pass. */
+static TARGET void F(bqblock)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t g, int64_t i0,
+                              int64_t nr) {
+    int64_t lo, hi;
+    F(bkeys)(pr, b, g, i0, i0 + nr, &lo, &hi);
+    memset(sc->dq, 0, sizeof(float) * pr->bqp * pr->dp);
+    for (int64_t j0 = lo / pr->bk * pr->bk; lo < hi && j0 < hi; j0 += pr->bk)
+        F(btile)(pr, sc, b, g, i0, nr, j0, (j0 + pr->bk < hi ? j0 + pr->bk : hi) - j0, NULL, NULL, sc->dq);
+    F(bstore)(pr->gq + ((b * pr->g + g) * pr->tq + i0) * pr->d, pr->d, sc->dq, pr->dp, nr, pr->scale);
+}
+
+/* dK_j, dV_j of keys j0.. of head b, over every (query head, query block) that sees them, in
+ * ascending order. dq: NULL (the split schedule's first pass), or the head's dQ accumulators
+ * (G x query blocks x bqp x dp), which the tiles add to on the way (the heads schedule). */
+static TARGET void F(bkblock)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t j0, float *dq) {
+    const int64_t nk = (j0 + pr->bk < pr->tk ? j0 + pr->bk : pr->tk) - j0;
+    memset(sc->dk, 0, sizeof(float) * pr->bk * pr->dp);
+    memset(sc->dv, 0, sizeof(float) * pr->bk * pr->dvp);
+    for (int64_t g = 0, at = 0; g < pr->g; g++)
+        for (int64_t i0 = 0; i0 < pr->tq; i0 += pr->bq, at += pr->bqp * pr->dp) {
+            const int64_t nr = (i0 + pr->bq < pr->tq ? i0 + pr->bq : pr->tq) - i0;
+            int64_t lo, hi;
+            F(bkeys)(pr, b, g, i0, i0 + nr, &lo, &hi);
+            if (lo >= hi || j0 >= hi || j0 + pr->bk <= lo) continue; /* the same tiles as bqblock visits */
+            F(brows)(pr, sc, b, g, i0, nr);
+            F(btile)(pr, sc, b, g, i0, nr, j0, (j0 + pr->bk < hi ? j0 + pr->bk : hi) - j0, sc->dk, sc->dv,
+                     dq ? dq + at : NULL);
+        }
+    F(bstore)(pr->gk + (b * pr->tk + j0) * pr->d, pr->d, sc->dk, pr->dp, nk, 0.69314718f); /* dS^T (q scale log2 e) ln 2 */
+    F(bstore)(pr->gv + (b * pr->tk + j0) * pr->dv, pr->dv, sc->dv, pr->dvp, nk, 1.0f);
+}
+
+/* The whole backward call. Returns -1 where memory ran out. */
+static TARGET int F(brun)(struct bproblem *pr) {
+    pr->bqp = (pr->bq + ROWS - 1) / ROWS * ROWS;
+    pr->bk = (pr->bk + VW - 1) / VW * VW;
+    pr->dp = (pr->d + VW - 1) / VW * VW;
+    pr->dvp = (pr->dv + VW - 1) / VW * VW;
+    const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, kblocks = (pr->tk + pr->bk - 1) / pr->bk;
+    const int heads = pr->b >= pr->threads; /* the schedule: heads, else split */
+    const int64_t items = heads ? pr->b : pr->b * kblocks, qitems = pr->b * pr->g * qblocks;
+    const int threads = (int)(pr->threads < (items > qitems ? items : qitems) ? pr->threads : (items > qitems ? items : qitems));
+    const int64_t nrows = pr->b * pr->g * pr->tq;
+    float *delta = aligned_alloc(64, round64(sizeof(float) * nrows));
+    if (!delta) return -1;
+    pr->delta = delta;
+    /* per thread: q, dO of a query block; LSE (hi, lo), D; the P and dS tiles; dQ_i (split) or the
+     * head's dQ (heads); dK_j, dV_j; the key block's panels of k and v, and k's rows padded */
+    const int64_t sizes[] = {pr->bqp * pr->dp, pr->bqp * pr->dvp, pr->bqp, pr->bqp, pr->bqp, pr->bqp * pr->bk,
+                             pr->bqp * pr->bk, (heads ? pr->g * qblocks : 1) * pr->bqp * pr->dp, pr->bk * pr->dp,
+                             pr->bk * pr->dvp, pr->bk * pr->d, pr->bk * pr->dv, pr->dp != pr->d ? pr->bk * pr->dp : 0};
+    enum { NPARTS = sizeof sizes / sizeof sizes[0] };
+    int64_t per_thread = 0;
+    for (int i = 0; i < NPARTS; i++) per_thread += (sizes[i] + 15) / 16 * 16; /* each buffer on a 64-byte line */
+    int64_t next = 0, next2 = 0;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r0 = 0; r0 < nrows; r0 += 256) F(bdelta)(pr, r0, r0 + 256 < nrows ? r0 + 256 : nrows);
+        float *mem = aligned_alloc(64, round64(sizeof(float) * per_thread));
+        struct bscratch sc = {.packed_b = -1};
+        float **parts[NPARTS] = {&sc.q,  &sc.dout, &sc.lse2, &sc.lse2lo, &sc.delta, &sc.s, &sc.ds,
+                                 &sc.dq, &sc.dk,   &sc.dv,   &sc.kp,     &sc.vp,    &sc.kr};
+        for (int64_t i = 0, at = 0; mem && i < NPARTS; at += (sizes[i] + 15) / 16 * 16, i++) *parts[i] = mem + at;
+        if (!mem) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        if (mem && heads) {
+            for (;;) { /* a key/value head and its G query heads: key blocks in ascending order */
+                const int64_t b = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+                if (b >= pr->b) break;
+                memset(sc.dq, 0, sizeof(float) * sizes[7]);
+                for (int64_t j0 = 0; j0 < pr->tk; j0 += pr->bk) F(bkblock)(pr, &sc, b, j0, sc.dq);
+                for (int64_t g = 0, at = 0; g < pr->g; g++)
+                    for (int64_t i0 = 0; i0 < pr->tq; i0 += pr->bq, at += pr->bqp * pr->dp) {
+                        const int64_t nr = (i0 + pr->bq < pr->tq ? i0 + pr->bq : pr->tq) - i0;
+                        F(bstore)(pr->gq + ((b * pr->g + g) * pr->tq + i0) * pr->d, pr->d, sc.dq + at, pr->dp, nr, pr->scale);
+                    }
+            }
+        } else if (mem) {
+            for (;;) { /* key blocks first: under a causal band the first ones are seen by the most queries */
+                const int64_t it = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+                if (it >= items) break;
+                F(bkblock)(pr, &sc, it % pr->b, it / pr->b * pr->bk, NULL);
+            }
+        }
+#pragma omp barrier
+        if (mem && !heads) {
+            for (;;) { /* query blocks, last first: under a causal band they see the most keys */
+                const int64_t it = __atomic_fetch_add(&next2, 1, __ATOMIC_RELAXED);
+                if (it >= qitems) break;
+                const int64_t bg = it % (pr->b * pr->g), i0 = (qblocks - 1 - it / (pr->b * pr->g)) * pr->bq;
+                const int64_t nr = (i0 + pr->bq < pr->tq ? i0 + pr->bq : pr->tq) - i0;
+                F(brows)(pr, &sc, bg / pr->g, bg % pr->g, i0, nr);
+                F(bqblock)(pr, &sc, bg / pr->g, bg % pr->g, i0, nr);
+            }
+        }
+        free(mem);
+    }
+    free(delta);
+    return failed ? -1 : 0;
+}
