@@ -17,6 +17,7 @@ versions and the compiled kernel's instruction set: another machine or an upgrad
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -83,8 +84,12 @@ def cache_path() -> Path:
     return Path(root) / f"calibration-{machine_key()[:16]}.json"
 
 
+@functools.cache
 def machine_facts() -> dict[str, Any]:
-    """What the timings depend on: the CPU, threads, library versions, the kernel's instruction set."""
+    """What the timings depend on: the CPU, threads, library versions, the kernel's instruction set.
+
+    Read once per process (package metadata and /proc/cpuinfo are slow to read at every call).
+    """
     from importlib import metadata
 
     from attnlab.backends import kernel
@@ -105,6 +110,7 @@ def machine_facts() -> dict[str, Any]:
             "omp_threads": os.environ.get("OMP_NUM_THREADS"), "kernel_isa": kernel.isa(), **versions}
 
 
+@functools.cache
 def machine_key() -> str:
     return hashlib.sha256(json.dumps(machine_facts(), sort_keys=True).encode()).hexdigest()
 
