@@ -140,6 +140,11 @@ class Table:
 
 
 _TABLE: Table | None = None
+_GENERATION = 0  # counts changes of the measurements: whoever caches a choice made from them keys it by this
+
+
+def generation() -> int:
+    return _GENERATION
 
 
 def table() -> Table:
@@ -229,6 +234,7 @@ def measure(prof: Profile, names: list[str], run: Callable[[str, tuple, bool], A
 
 def timings(r: Request, names: list[str], run: Callable[[str, tuple, bool], Any]) -> dict[str, float] | None:
     """Each backend's measured seconds for ``r`` on this machine (measuring its profile first if needed), or None."""
+    global _GENERATION
     prof = profile(r) if enabled() else None
     if prof is None:
         return None
@@ -240,13 +246,16 @@ def timings(r: Request, names: list[str], run: Callable[[str, tuple, bool], Any]
         measured = {**measured, **measure(prof, missing, run)}
         tab.profiles[prof.key()] = measured
         tab.save()
+        _GENERATION += 1
     return {n: estimate(measured[n], r.scores) for n in names}
 
 
 def forget() -> Path:
     """Drop the cached table (``attnlab check --calibrate`` measures again); returns its path."""
     global _TABLE
+    global _GENERATION
     path = cache_path()
     path.unlink(missing_ok=True)
     _TABLE = None
+    _GENERATION += 1
     return path

@@ -21,7 +21,7 @@ kernel      the same online softmax compiled (C, OpenMP, SIMD): float32 on the C
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnlab.backends.base import Backend
@@ -103,12 +103,35 @@ def explain(request: Request) -> Choice:
     return Choice(best, precision, seconds, measured, excluded)
 
 
+# auto's choices by the facts of a call (its score bound aside, which only an overflow check reads)
+# and the state of the measurements: explain() costs a fraction of a millisecond, as much as a whole
+# attention call of a few hundred tokens, so each kind of call is explained once. Bounded.
+_CHOICES: dict[tuple, str] = {}
+_CHOICES_MAX = 512
+
+
+def _auto(request: Request) -> Backend:
+    import os
+
+    from attnlab.backends import calibrate
+
+    key = (replace(request, score_bound=0.0), calibrate.enabled(), calibrate.generation(),
+           os.environ.get(calibrate.ENV_CACHE), os.environ.get("XDG_CACHE_HOME"))
+    name = _CHOICES.get(key)
+    if name is None or BACKENDS[name].refusals(request):  # a refusal here: this call's scores overflow
+        name = explain(request).backend
+        if len(_CHOICES) >= _CHOICES_MAX:
+            _CHOICES.clear()
+        _CHOICES[key] = name
+    return BACKENDS[name]
+
+
 def choose(request: Request, backend: str = "auto") -> Backend:
     """The backend that serves ``request``: the named one, or auto's choice."""
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
-        return BACKENDS[explain(request).backend]
+        return _auto(request)
     why = BACKENDS[backend].refusals(request)
     if why:
         raise NoBackendError(f"backend {backend!r} cannot serve this call: {'; '.join(why)}" + _listing(refusals(request)))
