@@ -75,11 +75,7 @@ def corpus_roles(
     from attnlab.models.loading import LoadedModel, load_model
 
     check_average(average)
-    if distributed not in (True, False, "auto"):
-        raise ValueError(f"distributed must be True, False or 'auto', got {distributed!r}")
-    if distributed is True or (distributed == "auto" and (env.launched() or env.initialized())):
-        env.init_from_env()
-    rank, world = env.rank_and_world(group) if distributed and env.initialized() else (0, 1)
+    rank, world = env.join(distributed, group)
     if world == 1:
         lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
         acc = RoleAccumulator(lm.num_layers, lm.num_heads, average=average)

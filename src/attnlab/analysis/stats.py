@@ -208,11 +208,7 @@ def head_stats(
         raise ValueError(f"max_tokens must be an int >= 2 or None, got {max_tokens!r}")
     from attnlab.distributed import env
 
-    if distributed not in (True, False, "auto"):
-        raise ValueError(f"distributed must be True, False or 'auto', got {distributed!r}")
-    if distributed is True or (distributed == "auto" and (env.launched() or env.initialized())):
-        env.init_from_env()
-    rank, world = env.rank_and_world(group) if distributed and env.initialized() else (0, 1)
+    rank, world = env.join(distributed, group)
     if world == 1:
         return _head_stats(items, 0, model, revision, max_tokens, block_rows, progress).stats
     failure, part = None, None

@@ -67,6 +67,17 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = No
     return True
 
 
+def join(distributed: bool | str, group: Any = None) -> tuple[int, int]:
+    """(rank, world) for a job that may share its work: ``distributed`` True joins torchrun's job (from
+    its environment, if no group exists yet), "auto" does so under torchrun or an existing group,
+    False works alone, (0, 1)."""
+    if distributed not in (True, False, "auto"):
+        raise ValueError(f"distributed must be True, False or 'auto', got {distributed!r}")
+    if distributed is True or (distributed == "auto" and (launched() or initialized())):
+        init_from_env()
+    return rank_and_world(group) if distributed and initialized() else (0, 1)
+
+
 def shard_items(items: list, rank: int, world: int) -> list:
     """Rank ``rank``'s share of ``items``: consecutive, in order, the first ``len mod world`` ranks one more."""
     if world < 1 or not 0 <= rank < world:
