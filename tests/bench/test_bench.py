@@ -39,7 +39,7 @@ def test_rss_probe_sees_a_buffer_of_known_size():
     _, _, extra = timing.probe(lambda: np.ones(8 * 2**20 // 8).sum())  # 8 MiB, touched
     if extra is None:
         pytest.skip("no /proc/self/clear_refs here")
-    assert 7.5 * 2**20 <= extra <= 12 * 2**20
+    assert 7.5 * 2**20 <= extra <= 14 * 2**20  # the buffer, and at most a few MiB of the allocator's own
 
 
 def test_traced_probe_sees_a_buffer_to_the_byte():
@@ -68,12 +68,14 @@ def test_short_calls_are_timed_several_in_a_row():
 
 
 def test_the_n_by_n_path_holds_an_n_by_n_matrix_and_sdpa_does_not():
-    ms = {m.method: m for m in bench.run(bench.BenchConfig(sizes=(1024,), heads=(1,), causal=(False,),
+    # n = 2048: the n x n matrix (32 MiB) stands well clear of what the RSS probe sees of a fused call
+    # (a few MiB of the allocator's and the thread pool's own, which vary from run to run).
+    ms = {m.method: m for m in bench.run(bench.BenchConfig(sizes=(2048,), heads=(1,), causal=(False,),
                                                            methods=("numpy", "sdpa"), repeats=1)).measurements}
     if ms["numpy"].peak_bytes is None:
         pytest.skip("no /proc/self/clear_refs here")
-    scores = 1024 * 1024 * 8  # one 1024² float64 matrix: 8 MiB
-    assert ms["numpy"].peak_bytes >= scores > 4 * ms["sdpa"].peak_bytes
+    scores = 2048 * 2048 * 8  # one 2048² float64 matrix: 32 MiB
+    assert ms["numpy"].peak_bytes >= scores > 2 * ms["sdpa"].peak_bytes
 
 
 def test_sweep_skips_over_budget_and_the_seed_code_under_causal():
