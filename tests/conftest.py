@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -25,6 +26,10 @@ from attnlab.models.maps import AttentionMaps
 # tests that check something else, on a shared machine): it ranks them by their priors. auto's
 # measuring has its own tests, with a temporary cache folder. (attnlab reads it at every call.)
 os.environ.setdefault("ATTNLAB_CALIBRATE", "0")
+
+# Helpers that several folders of tests share (tiny_tokenizers) import by name.
+if os.path.dirname(__file__) not in sys.path:
+    sys.path.insert(0, os.path.dirname(__file__))
 
 # The lesson's two "bank" sentences (seed 000): "river" decides the meaning in one, "money" in the other.
 BANK_SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")

@@ -10,6 +10,7 @@ sentence and attnlab has to find the words itself).
 from __future__ import annotations
 
 import pytest
+import tiny_tokenizers
 
 TEXTS = ["I sat on the bank of the river.", "I put the money in the bank.", "The river runs past the bank, slowly!"] * 4
 ARCHS = ("llama", "qwen2", "mistral", "gemma2", "t5", "bart")
@@ -17,15 +18,8 @@ WINDOW = 4  # Mistral's and Gemma-2's sliding window, shorter than the sentences
 SOFTCAP = 0.5  # Gemma-2's logit softcap, small enough to change random-init maps
 
 
-def byte_level(special: list[str], post=None):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=special,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return tok
+def byte_level(special: list[str]):
+    return tiny_tokenizers.byte_level(TEXTS, special)
 
 
 def sentencepiece(special: list[str], template: str):

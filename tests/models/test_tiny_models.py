@@ -3,23 +3,17 @@ byte-level BPE tokenizer trained offline on a few sentences (no such weights exi
 
 import numpy as np
 import pytest
+import tiny_tokenizers
 
-pytest.importorskip("transformers")
+from attnlab.models.capture import capture
 
-from attnlab.models.capture import capture  # noqa: E402
+pytestmark = pytest.mark.needs("torch", "transformers")
 
 TEXTS = ["I sat on the bank of the river.", "I put the money in the bank.", "The river runs past the bank, slowly!"] * 4
 
 
 def _bpe(special: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=special,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return tok
+    return tiny_tokenizers.byte_level(TEXTS, special)
 
 
 @pytest.fixture(scope="module")

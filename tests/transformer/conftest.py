@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tiny_tokenizers
 
 
 def pytest_collection_modifyitems(items):
@@ -22,14 +23,7 @@ BACKENDS = ("torch", "sdpa", "blockwise", "kernel", "numpy", "auto")
 
 
 def bpe(special: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=special,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return tok
+    return tiny_tokenizers.byte_level(TEXTS, special)
 
 
 def _gpt2_tokenizer():
