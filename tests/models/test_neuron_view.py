@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from attnlab.models.capture import capture  # noqa: E402
-from attnlab.viz import payload  # noqa: E402
+from attnlab.viz.neuron import neuron_payload  # noqa: E402
 from attnlab.viz.page import maps_html  # noqa: E402
 
 SENTENCE = "The river runs past the bank, slowly!"
@@ -18,10 +18,10 @@ CHROMIUM = "/usr/bin/chromium"
 
 def test_payload_holds_queries_keys_and_how_to_combine_them(tiny_folder):
     maps = capture([SENTENCE], tiny_folder("gemma2"), qk=True)
-    data = payload.neuron_payload(maps)
+    data = neuron_payload(maps)
     s = data["sentences"][0]
     assert np.asarray(s["q"]).shape == maps.queries[0].shape and data["meta"]["softcap"] == [0.5, 0.5]
-    assert payload.neuron_payload(capture([SENTENCE], tiny_folder("gemma2"))) is None  # no qk: no view
+    assert neuron_payload(capture([SENTENCE], tiny_folder("gemma2"))) is None  # no qk: no view
 
 
 def test_page_has_the_neuron_view_only_with_queries(tiny_folder):
@@ -51,7 +51,9 @@ def test_browser_neuron_weights_equal_capture(tiny_folder, tmp_path, arch):
         shown = page.locator("#view-neuron td.weight").all_inner_texts()
         exact = page.evaluate(
             "([l, h, i]) => { const s = window.attnlab; const d = JSON.parse(document.getElementById('attnlab-data').textContent).neuron;"
-            " const x = d.sentences[0]; return s.neuronRow(x.q[l][h][i], x.k[l][h], i, d.meta, l).weights; }",
+            " const x = d.sentences[0], meta = {scale: d.meta.scale[l], softcap: d.meta.softcap[l],"
+            " causal: d.meta.causal[l], window: d.meta.window[l]};"
+            " return s.neuronRow(x.q[l][h][i], x.k[l][h], i, meta, null).weights; }",
             [layer, head, query])
         browser.close()
     want = maps.weights[0][layer, head, query]

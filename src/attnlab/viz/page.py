@@ -18,6 +18,7 @@ from typing import Any
 
 from attnlab.viz import payload
 from attnlab.viz.assets import read_static
+from attnlab.viz.neuron import neuron_payload
 
 DATA_ID = "attnlab-data"
 NOTEBOOK_HEIGHT = 760  # px of the notebook frame
@@ -35,7 +36,7 @@ def page_data(maps: Any = None, *, scene: dict | None = None, target: str | None
     queries) add the Neuron view.
     """
     data: dict[str, Any] = {"scene": scene, "maps": None, "search": None}
-    qk = payload.neuron_payload(neuron if neuron is not None else maps)
+    qk = neuron_payload(neuron if neuron is not None else maps)
     if qk is not None:
         data["neuron"] = qk
     if maps is not None:

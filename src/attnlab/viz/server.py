@@ -7,6 +7,12 @@ at once while it runs, and a request that finds the queue full gets 503 with ``R
 Captures and answers are kept in a cache bounded in MB, so another head of the same sentences costs
 no model call.
 
+Full maps travel one head at a time (/api/head), and so do the Neuron view's queries and keys
+(/api/neuron, from a capture with ``qk=True`` cached beside the others). One head's q and k are
+2·T·D numbers, a quarter of its map at 512 tokens and D = 64, so the server serves them up to the
+model's maximum length, where a self-contained page, which embeds every head, keeps them only for
+sentences of up to :data:`attnlab.viz.neuron.NEURON_MAX_TOKENS` tokens.
+
 Safety: input sizes are bounded (characters per sentence, number of sentences, tokens up to the
 model's maximum) and text must be valid Unicode; a malformed request gets a 422 whose message says
 what is wrong in words, a well-formed one the model cannot take (too many tokens, a word not in the
@@ -16,17 +22,19 @@ host names and refuses cross-origin POSTs (:mod:`attnlab.viz.guard`), and binds 
 told otherwise.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the request models, which are local to
-# create_app, from the live annotations.
+# No `from __future__ import annotations`: FastAPI reads the endpoints' request models, made in
+# create_app by api_models, from the live annotations.
 import json
 import logging
 from collections.abc import Iterable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Callable, Literal
+from typing import Any, Callable
 
 from attnlab.viz import payload
+from attnlab.viz.api_models import api_models
 from attnlab.viz.assets import STATIC_FILES, read_static
 from attnlab.viz.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
+from attnlab.viz.neuron import head_qk
 from attnlab.viz.work import CACHE_MB, QUEUE, WORKERS, Busy, MapsCache, WorkerPool
 
 __all__ = ["MapsCache", "check_port", "create_app", "serve"]
@@ -35,7 +43,6 @@ log = logging.getLogger(__name__)
 
 MAX_SENTENCES = 2  # the viewer compares at most two sentences
 MAX_CHARS = 4000  # per sentence: room for 512 tokens of ordinary text, no more
-MAX_WORD_CHARS = 100
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 
@@ -57,7 +64,6 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     from fastapi.exceptions import RequestValidationError
     from fastapi.middleware.gzip import GZipMiddleware
     from fastapi.responses import JSONResponse, Response
-    from pydantic import BaseModel, ConfigDict, Field
 
     from attnlab.viz.messages import encodable, validation_detail
 
@@ -67,120 +73,9 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         cache.loaded()
     pages = {path: (read_static(name), media) for path, (name, media) in STATIC_FILES.items()}
 
-    Sentence = Annotated[str, Field(min_length=1, max_length=MAX_CHARS, pattern=r"\S")]
-    Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS, pattern=r"\S")]
-    Level = Literal["word", "token"]
-
-    class Strict(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=True)
-
-    class MapsIn(Strict):
-        sentences: list[Sentence] = Field(min_length=1, max_length=MAX_SENTENCES)
-        level: Level = "word"
-        overview: int = Field(payload.DEFAULT_OVERVIEW, ge=4, le=64, description="side of the model view's downsampled maps")
-
-    class HeadIn(Strict):
-        sentences: list[Sentence] = Field(min_length=1, max_length=MAX_SENTENCES)
-        level: Level = "word"
-        sentence: int = Field(0, ge=0, lt=MAX_SENTENCES, description="which sentence, 0-based")
-        layer: int = Field(ge=1, le=1000, description="1-based")
-        head: int = Field(ge=1, le=1000, description="1-based")
-
-    class FindHeadIn(Strict):
-        sentences: list[Sentence] = Field(min_length=1, max_length=MAX_SENTENCES)
-        target: Word
-        deciders: list[Word] = Field(min_length=1, max_length=MAX_SENTENCES, description="one per sentence")
-        exclude_self: bool = False
-        exclude_marks: bool = False
-
-    class ErrorOut(BaseModel):
-        detail: str
-
-    bad_request = {400: {"model": ErrorOut, "description": "Well-formed, but the model cannot take it (too many tokens, a word not in the sentence, a layer out of range)"}}
-
-    class ModelOut(BaseModel):
-        id: str
-        revision: str | None
-        num_layers: int
-        num_heads: int
-
-    class InfoOut(BaseModel):
-        model_id: str
-        revision: str | None
-        num_layers: int
-        num_heads: int
-        max_tokens: int
-        max_sentences: int
-        max_chars: int
-
-    class OverviewOut(BaseModel):
-        size: int
-        maps: list[list[list[float]]] = Field(description="[layer][head] → size·size cells, row-major")
-
-    class SentenceOut(BaseModel):
-        text: str
-        labels: list[str]
-        is_mark: list[bool]
-        overview: OverviewOut
-
-    class BadgeOut(BaseModel):
-        role: str
-        layer: int
-        head: int
-        score: float
-
-    class RolesOut(BaseModel):
-        scores: dict[str, list[list[float]]]
-        badges: list[BadgeOut]
-        legend: dict[str, str]
-
-    class MapsOut(BaseModel):
-        model: ModelOut
-        level: Level
-        sentences: list[SentenceOut]
-        roles: RolesOut
-
-    class HeadOut(BaseModel):
-        sentence: int
-        layer: int
-        head: int
-        labels: list[str]
-        weights: list[list[float]] = Field(description="[from][to], each row sums to 1")
-
-    class SideOut(BaseModel):
-        sentence: str
-        words: list[str]
-        row: list[float]
-        target_index: int
-        decider_index: int
-
-    class ShownOut(BaseModel):
-        layer: int
-        head: int
-        qualifies: bool
-        sides: list[SideOut]
-
-    class FindHeadOut(BaseModel):
-        summary: str
-        result: dict[str, Any]
-        shown: ShownOut | None
-
-    class SceneRun(BaseModel):
-        scaled: bool
-        scale: float
-        scores: list[float]
-        weights: list[float]
-        output: list[float]
-
-    class SceneOut(BaseModel):
-        tokens: list[str]
-        query_token: str
-        query: list[float]
-        keys: list[list[float]]
-        values: list[list[float]]
-        value_axes: list[str]
-        unscaled: SceneRun
-        scaled: SceneRun
+    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW)
+    bad_request = {400: {"model": M.ErrorOut, "description": "Well-formed, but the model cannot take it (too many "
+                         "tokens, a word not in the sentence, a layer out of range)"}}
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -216,9 +111,10 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         return HTTPException(status_code=400, detail=encodable(str(e)))
 
     def maps_for(sentences: list[str], level: str) -> Any:
-        """The captured maps; what the model refuses (too many tokens, an empty sentence) is a 400."""
+        """The captured maps (``level`` "qk": token level with queries and keys); what the model
+        refuses (too many tokens, an empty sentence) is a 400."""
         try:
-            return cache.get(sentences, level)
+            return cache.get_qk(sentences) if level == "qk" else cache.get(sentences, level)
         except (ValueError, LookupError) as e:  # the client's to fix
             raise client_error(e) from None
 
@@ -228,7 +124,7 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         # tests check that the bodies conform to it. They are serialized on the worker too.
         return Response(await pool.run(fn), media_type="application/json")
 
-    busy_doc = {503: {"model": ErrorOut, "description": "Every worker is busy and the queue is full; see Retry-After"}}
+    busy_doc = {503: {"model": M.ErrorOut, "description": "Every worker is busy and the queue is full; see Retry-After"}}
     heavy_doc = {**bad_request, **busy_doc}
 
     def page_route(text: str, media: str):
@@ -248,20 +144,20 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
                 "num_heads": lm.num_heads, "max_tokens": int(limit), "max_sentences": MAX_SENTENCES,
                 "max_chars": MAX_CHARS}
 
-    @app.get("/api/info", response_model=InfoOut, responses=busy_doc)
+    @app.get("/api/info", response_model=M.InfoOut, responses=busy_doc)
     async def info() -> dict:
         if not info_cache:  # only a first call before the model is loaded waits, for the loading
             info_cache.update(info_now() if cache.is_loaded else await pool.run(info_now))
         return info_cache
 
-    @app.get("/api/scene", response_model=SceneOut, responses={404: {"description": "this viewer was made without the scene"}})
+    @app.get("/api/scene", response_model=M.SceneOut, responses={404: {"description": "this viewer was made without the scene"}})
     async def scene_out() -> dict:
         if scene is None:
             raise HTTPException(404, "this viewer was made without the lesson's scene")
         return scene
 
-    @app.post("/api/maps", response_model=MapsOut, responses=heavy_doc)
-    async def maps(req: MapsIn) -> Response:
+    @app.post("/api/maps", response_model=M.MapsOut, responses=heavy_doc)
+    async def maps(req: M.MapsIn) -> Response:
         """Labels, marks, downsampled maps of every head and the role badges; full maps: /api/head."""
         def work() -> bytes:
             m = maps_for(req.sentences, req.level)
@@ -269,8 +165,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
                                   lambda: to_json(payload.maps_payload(m, overview=req.overview)))
         return await heavy(work)
 
-    @app.post("/api/head", response_model=HeadOut, responses=heavy_doc)
-    async def head(req: HeadIn) -> Response:
+    @app.post("/api/head", response_model=M.HeadOut, responses=heavy_doc)
+    async def head(req: M.HeadIn) -> Response:
         """One head's full map (1-based layer and head) of one sentence."""
         def work() -> bytes:
             m = maps_for(req.sentences, req.level)
@@ -282,13 +178,26 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
                             "labels": payload.labels(m, req.sentence), "weights": payload.round_weights(w)})
         return await heavy(work)
 
-    @app.post("/api/roles", response_model=RolesOut, responses=heavy_doc)
-    async def roles(req: MapsIn) -> Response:
+    @app.post("/api/neuron", response_model=M.NeuronOut, responses=heavy_doc)
+    async def neuron(req: M.NeuronIn) -> Response:
+        """One head's queries and keys (1-based layer and head) of one sentence, its tokens and that
+        layer's scale, softcap, causal and window: what the Neuron view turns into weights."""
+        def work() -> bytes:
+            m = maps_for(req.sentences, "qk")
+            try:
+                data = head_qk(m, req.sentence, req.layer, req.head, req.kind)
+            except ValueError as e:
+                raise client_error(e) from None
+            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "kind": req.kind, **data})
+        return await heavy(work)
+
+    @app.post("/api/roles", response_model=M.RolesOut, responses=heavy_doc)
+    async def roles(req: M.MapsIn) -> Response:
         """Role scores ([layer][head] per role) over the sentences' word-level maps, and the badges."""
         return await heavy(lambda: to_json(payload.roles_payload(maps_for(req.sentences, "word"))))
 
-    @app.post("/api/find-head", response_model=FindHeadOut, responses=heavy_doc)
-    async def find_head(req: FindHeadIn) -> Response:
+    @app.post("/api/find-head", response_model=M.FindHeadOut, responses=heavy_doc)
+    async def find_head(req: M.FindHeadIn) -> Response:
         """The lesson's search: heads where the target's largest weight falls on each sentence's decider."""
         def work() -> bytes:
             words = maps_for(req.sentences, "word")

@@ -22,15 +22,24 @@ WORKERS = 1  # torch already spreads one capture over every core; two at once on
 QUEUE = 4  # heavy requests that may wait for a worker; more get 503 at once
 
 
+# The arrays AttentionMaps and WordMaps may hold, one list per name (an encoder–decoder's decoder
+# holds its own, counted through ``decoder``).
+ARRAYS = ("weights", "queries", "keys", "position_bias", "cross_weights", "cross_queries", "cross_keys",
+          "cross_position_bias")
+
+
 def nbytes(value: Any) -> int:
-    """Memory held by a cached value: the weights of AttentionMaps/WordMaps, or a bytes payload."""
+    """Memory held by a cached value: every array of AttentionMaps/WordMaps (queries and keys, a
+    decoder's maps included), or a bytes payload."""
     if isinstance(value, (bytes, bytearray)):
         return len(value)
-    return sum(int(w.nbytes) for w in getattr(value, "weights", ()))
+    total = sum(int(a.nbytes) for name in ARRAYS for a in (getattr(value, name, None) or ()))
+    decoder = getattr(value, "decoder", None)
+    return total + (nbytes(decoder) if decoder is not None else 0)
 
 
 class MapsCache:
-    """Captured maps (both levels) and serialized payloads by request, least recently used out first,
+    """Captured maps (both levels, and with queries and keys) and serialized payloads by request, least recently used out first,
     at most ``max_mb`` in all (the newest entry is kept even when it alone is larger). One lock
     around every model call."""
 
@@ -89,6 +98,19 @@ class MapsCache:
             self.put(("maps", tuple(sentences), "token"), maps)
             self.put(("maps", tuple(sentences), "word"), words)
             return maps if level == "token" else words
+
+    def get_qk(self, sentences: list[str]) -> Any:
+        """Token-level AttentionMaps with queries and keys (``capture(..., qk=True)``), for the Neuron
+        view; kept apart from :meth:`get`'s, as they hold L·H·T·D more per attention."""
+        from attnlab.models.capture import capture
+
+        key = ("qk", tuple(sentences))
+        with self.lock:
+            found = self._lookup(key)
+            if found is None:
+                found = capture(sentences, self.loaded(), qk=True)
+                self.put(key, found)
+            return found
 
     def computed(self, key: tuple, make: Callable[[], bytes]) -> bytes:
         """A serialized answer kept under ``key`` (roles and downsampling of 512 tokens take a second)."""

@@ -9,7 +9,7 @@
   const available = {
     scene: !data || !!data.scene, head: !data || !!data.maps, model: !data || !!data.maps,
     compare: !data || !!data.search,
-    neuron: !!(data && data.neuron), // queries and keys come with capture(..., qk=True) pages only
+    neuron: !data || !!data.neuron, // the server's /api/neuron, or a page of capture(..., qk=True) maps
   };
   const started = new Set();
 
@@ -19,12 +19,12 @@
       b.classList.toggle("active", b.dataset.view === name);
     }
     for (const v of document.querySelectorAll(".view")) v.hidden = v.id !== `view-${name}`;
-    document.getElementById("input").hidden = !!data || !(name === "head" || name === "model");
+    document.getElementById("input").hidden = !!data || !["head", "model", "neuron"].includes(name);
     if (started.has(name)) return;
     started.add(name);
     if (name === "scene") AL.scene.show(source).catch((e) => AL.status(e.message, true));
     if (name === "compare") AL.compare.init(source, !data);
-    if (name === "neuron") AL.neuron.show(data.neuron);
+    if (name === "neuron") AL.neuron.show(source);
   };
 
   async function showMaps(sentences, level) {

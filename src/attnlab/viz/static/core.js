@@ -75,6 +75,13 @@ AL.status = function (text, isError) {
 //                          encoder–decoder's "decoder" and "cross" maps, a fourth argument)
 //   scene()             -> the /api/scene answer (the lesson's scene, as `attnlab scene --json`)
 //   findHead(req)       -> the /api/find-head answer
+//   neuronInfo()        -> what the Neuron view can show, at once: {sentences: [{text}], kinds: {encoder:
+//                          {num_layers, num_heads}, and for an encoder–decoder decoder and cross}}, or
+//                          null (no sentences on show, or a page without queries and keys)
+//   neuron(s, layer, hd, kind) -> one head's queries and keys, the /api/neuron answer: {labels,
+//                          key_labels, q: [Tq][D], k: [Tk][D], bias: [Tq][Tk] or null, meta: {scale,
+//                          softcap, causal, window}}; or {too_long, length, max_tokens} where a page
+//                          left a long sentence's out
 
 class ServerSource {
   constructor() {
@@ -100,8 +107,23 @@ class ServerSource {
   async maps(sentences, level) {
     const data = await this.call("/api/maps", {sentences, level});
     this.request = {sentences, level};
+    this.shown = data;
     this.cache.clear();
     return data;
+  }
+  neuronInfo() {
+    const m = this.shown;
+    if (!m) return null;
+    return {sentences: m.sentences.map((s) => ({text: s.text})), kinds: {encoder: m.model}};
+  }
+  neuron(sentence, layer, head, kind = "encoder") {
+    const key = `neuron/${kind}/${sentence}/${layer}/${head}`;
+    if (!this.cache.has(key)) {
+      const p = this.call("/api/neuron", {sentences: this.request.sentences, sentence, layer, head, kind});
+      this.cache.set(key, p);
+      p.catch(() => this.cache.delete(key));
+    }
+    return this.cache.get(key);
   }
   async head(sentence, layer, head) {
     const key = `${sentence}/${layer}/${head}`;
@@ -150,6 +172,24 @@ class EmbeddedSource {
     return Promise.resolve({n: rows, rows, cols, weights});
   }
   findHead() { return Promise.resolve(this.data.search); }
+  // The Neuron data: the maps' own attention at the top level, an encoder–decoder's "decoder" and
+  // "cross" beside it, each {model, meta (per layer), sentences: [{labels, key_labels, q, k, bias}]}.
+  neuronInfo() {
+    const n = this.data.neuron;
+    if (!n) return null;
+    const kinds = {encoder: n.model};
+    for (const k of ["decoder", "cross"]) if (n[k]) kinds[k] = n[k].model;
+    return {sentences: n.sentences.map((s) => ({text: s.text})), kinds};
+  }
+  neuron(sentence, layer, head, kind = "encoder") {
+    const n = this.data.neuron, part = kind === "encoder" ? n : n[kind];
+    const s = part.sentences[sentence], L = layer - 1, H = head - 1;
+    if (!s.q) return Promise.resolve({too_long: true, length: s.labels.length, max_tokens: n.max_tokens});
+    const meta = {};
+    for (const name of ["scale", "softcap", "causal", "window"]) meta[name] = part.meta[name][L];
+    return Promise.resolve({labels: s.labels, key_labels: s.key_labels || s.labels, q: s.q[L][H], k: s.k[L][H],
+      bias: s.bias ? s.bias[L][H] : null, meta});
+  }
 }
 
 AL.ServerSource = ServerSource;

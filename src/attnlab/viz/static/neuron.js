@@ -1,21 +1,28 @@
 // The Neuron view: what one weight is made of, for a real model (bertviz's neuron view). Pick a
 // layer, a head and a query word: its query q, each key k, their elementwise product q∘k as colour
-// bars, the score q·k, the scaled score (and softcapped, for Gemma-2), and the weight, in the four
-// steps of the Scene, so that the lesson's toy and the real model read the same way. The data are
-// the queries and keys capture(..., qk=True) keeps; the weights are recomputed here from them.
+// bars, the score q·k, the scaled score (and softcapped, for Gemma-2), the position bias where the
+// model adds one (T5), and the weight, in the steps of the Scene, so that the lesson's toy and the
+// real model read the same way. The data are the queries and keys capture(..., qk=True) keeps, one
+// head at a time from the page's source (the embedded data, or the server's /api/neuron: the same
+// shapes); the weights are recomputed here from them. An encoder–decoder offers its three
+// attentions: encoder, decoder (causal self-attention over the target) and cross (target → source).
 "use strict";
 (function () {
   const AL = window.attnlab;
   const el = AL.el;
-  const STEPS = [
-    "The query of the word and the key of every word",
-    "Dot product of the query with each key: the scores",
-    "Softmax: the scores become weights that add up to 1",
-    "The weights blend the values into a new vector",
-  ];
+  const STEPS = {
+    qk: "The query of the word and the key of every word",
+    dot: "Dot product of the query with each key: the scores",
+    bias: "The model adds its position bias to each score (T5: a learned number per head and distance)",
+    softmax: "Softmax: the scores become weights that add up to 1",
+    blend: "The weights blend the values into a new vector",
+  };
+  const KINDS = {encoder: "encoder self-attention", decoder: "decoder self-attention",
+    cross: "cross-attention (target → source)"};
   const CELL = 4; // px per vector component in the colour bars
-  let data = null;
-  const state = {sentence: 0, layer: 1, head: 1, query: -1, step: 1}; // query −1: the sentence's last token
+  // query −1: the sentence's last token; step: 1-based index into the steps on show
+  const st = {source: null, started: false, sentence: 0, layer: 1, head: 1, kind: "encoder", query: -1, step: 1,
+    data: null, ticket: 0, error: null};
 
   // A vector as a strip of coloured cells: blue for positive components, orange for negative.
   function bars(vec, max) {
@@ -31,84 +38,139 @@
 
   const maxAbs = (rows) => rows.reduce((m, r) => r.reduce((a, x) => Math.max(a, Math.abs(x)), m), 0);
 
-  // The row of weights of query i, recomputed as the model does: q·k · scale, softcap, mask, softmax.
-  AL.neuronRow = function (q, keys, i, meta, layer) {
-    const scale = meta.scale[layer], cap = meta.softcap[layer], win = meta.window[layer];
+  // The row of weights of query i, recomputed as the model does: q·k · scale, softcap, + bias, mask,
+  // softmax. meta: one layer's {scale, softcap, causal, window}; bias: the query's row of the
+  // position bias (one number per key) or null.
+  AL.neuronRow = function (q, keys, i, meta, bias) {
+    const cap = meta.softcap, win = meta.window;
     const dots = keys.map((k) => k.reduce((s, x, d) => s + x * q[d], 0));
-    const scaled = dots.map((s) => s * scale);
+    const scaled = dots.map((s) => s * meta.scale);
     const capped = cap ? scaled.map((s) => cap * Math.tanh(s / cap)) : scaled;
-    const seen = keys.map((_, j) => (!meta.causal[layer] || j <= i) && (!win || (j >= i - win[0] && j <= i + win[1])));
-    const top = Math.max(...capped.filter((_, j) => seen[j]));
-    const e = capped.map((s, j) => (seen[j] ? Math.exp(s - top) : 0));
+    const scores = bias ? capped.map((s, j) => s + bias[j]) : capped;
+    const seen = keys.map((_, j) => (!meta.causal || j <= i) && (!win || (j >= i - win[0] && j <= i + win[1])));
+    const top = Math.max(...scores.filter((_, j) => seen[j]));
+    const e = scores.map((s, j) => (seen[j] ? Math.exp(s - top) : 0));
     const total = e.reduce((a, b) => a + b, 0);
-    return {dots, scaled, capped, seen, weights: e.map((x) => x / total)};
-  }
+    return {dots, scaled, capped, scores, seen, weights: e.map((x) => x / total)};
+  };
 
   function select(label, n, value, onchange, names) {
-    const s = el("select", {"aria-label": label, onchange: (ev) => onchange(Number(ev.target.value))},
-      ...Array.from({length: n}, (_, k) => el("option", {value: k + (names ? 0 : 1), text: names ? names[k] : `${label} ${k + 1}`})));
+    const s = el("select", {"aria-label": label, onchange: (ev) => onchange(ev.target.value)},
+      ...Array.from({length: n}, (_, k) => el("option", {value: names ? k : k + 1, text: names ? names[k] : `${label} ${k + 1}`})));
     s.value = String(value);
     return s;
   }
 
+  const steps = () => ["qk", "dot", ...(st.data && st.data.bias ? ["bias"] : []), "softmax", "blend"];
+  const shape = (info) => info.kinds[st.kind];
+
+  function controls(info) {
+    const kinds = Object.keys(KINDS).filter((k) => info.kinds[k]);
+    const reload = (key, num = true) => (v) => { st[key] = num ? Number(v) : v; if (key !== "layer" && key !== "head") st.query = -1; load(); };
+    return el("div", {class: "controls"},
+      kinds.length > 1 ? select("attention", kinds.length, kinds.indexOf(st.kind), (v) => reload("kind", false)(kinds[v]), kinds) : null,
+      info.sentences.length > 1 ? select("sentence", info.sentences.length, st.sentence, reload("sentence"),
+        info.sentences.map((x) => x.text)) : null,
+      select("layer", shape(info).num_layers, st.layer, reload("layer")),
+      select("head", shape(info).num_heads, st.head, reload("head")),
+      ...steps().map((_, k) => el("button", {class: st.step === k + 1 ? "active" : "", text: `step ${k + 1}`,
+        onclick: () => { st.step = k + 1; render(); }})));
+  }
+
   function render() {
     const root = document.getElementById("view-neuron");
-    const s = data.sentences[state.sentence];
-    const m = data.model;
-    const controls = el("div", {class: "controls"},
-      data.sentences.length > 1 ? select("sentence", data.sentences.length, state.sentence,
-        (v) => { state.sentence = v; state.query = -1; render(); }, data.sentences.map((x) => x.text)) : null,
-      select("layer", m.num_layers, state.layer, (v) => { state.layer = v; render(); }),
-      select("head", m.num_heads, state.head, (v) => { state.head = v; render(); }),
-      ...STEPS.map((_, k) => el("button", {class: state.step === k + 1 ? "active" : "", text: `step ${k + 1}`,
-        onclick: () => { state.step = k + 1; render(); }})));
-    if (!s.q) {
-      root.replaceChildren(controls, el("p", {class: "muted",
-        text: `This sentence has ${s.labels.length} tokens; the neuron view keeps queries and keys of sentences up to ${data.max_tokens}.`}));
+    const info = st.source && st.source.neuronInfo();
+    if (!info) { root.replaceChildren(el("p", {class: "muted", text: "No sentence yet: type one above and press Show attention."})); return; }
+    const d = st.data;
+    const head = [controls(info)];
+    if (st.error) { root.replaceChildren(...head, el("p", {class: "status error", text: st.error})); return; }
+    if (!d) { root.replaceChildren(...head, el("p", {class: "muted", text: "loading…"})); return; }
+    if (d.too_long) {
+      root.replaceChildren(...head, el("p", {class: "muted",
+        text: `This sentence has ${d.length} tokens; the neuron view keeps queries and keys of sentences up to ${d.max_tokens}.`}));
       return;
     }
-    if (state.query < 0 || state.query >= s.labels.length) state.query = s.labels.length - 1;
-    const L = state.layer - 1, H = state.head - 1, i = state.query;
-    const qs = s.q[L][H], ks = s.k[L][H], q = qs[i];
-    const row = AL.neuronRow(q, ks, i, data.meta, L);
-    const prods = ks.map((k) => k.map((x, d) => x * q[d]));
-    const vmax = Math.max(maxAbs(qs), maxAbs(ks)), pmax = maxAbs(prods);
-    const show = (k) => state.step >= k;
-    const meta = data.meta, cap = meta.softcap[L], win = meta.window[L];
-    const strip = el("div", {class: "strip"}, ...s.labels.map((t, j) =>
-      el("span", {class: `word${j === i ? " chosen" : ""}`, text: t, onclick: () => { state.query = j; render(); }})));
-    const scaledHead = `× ${meta.scale[L].toPrecision(3)}` + (cap ? `, ${cap}·tanh(·/${cap})` : "");
+    const names = steps();
+    st.step = Math.min(st.step, names.length);
+    const show = (name) => st.step >= names.indexOf(name) + 1;
+    if (st.query < 0 || st.query >= d.labels.length) st.query = d.labels.length - 1;
+    const i = st.query, q = d.q[i], meta = d.meta, cap = meta.softcap, win = meta.window;
+    const bias = d.bias ? d.bias[i] : null;
+    const row = AL.neuronRow(q, d.k, i, meta, bias);
+    const prods = d.k.map((k) => k.map((x, c) => x * q[c]));
+    const vmax = Math.max(maxAbs(d.q), maxAbs(d.k)), pmax = maxAbs(prods);
+    const cross = st.kind === "cross";
+    const strip = el("div", {class: "strip"}, ...d.labels.map((t, j) =>
+      el("span", {class: `word${j === i ? " chosen" : ""}`, "data-index": j, text: t, onclick: () => { st.query = j; render(); }})));
+    const scaledHead = `× ${meta.scale.toPrecision(3)}` + (cap ? `, ${cap}·tanh(·/${cap})` : "");
+    const th = (text, cls) => el("th", {text, class: cls});
     const table = el("table", {class: "scene neuron"},
       el("thead", {}, el("tr", {},
-        el("th", {text: "key"}), el("th", {text: "k"}),
-        show(2) ? el("th", {text: "q∘k"}) : null, show(2) ? el("th", {text: "q·k"}) : null,
-        show(2) ? el("th", {text: scaledHead}) : null,
-        show(3) ? el("th", {text: "weight"}) : null, show(3) ? el("th", {}) : null)),
-      el("tbody", {}, ...ks.map((k, j) => el("tr", {class: j === i ? "query" : "", "data-token": s.labels[j]},
-        el("td", {text: s.labels[j]}), el("td", {}, bars(k, vmax)),
-        show(2) ? el("td", {}, bars(prods[j], pmax)) : null,
-        show(2) ? el("td", {class: "num", text: row.dots[j].toFixed(2)}) : null,
-        show(2) ? el("td", {class: "num", text: row.seen[j] ? row.capped[j].toFixed(2) : "masked"}) : null,
-        show(3) ? el("td", {class: "bar"}, el("span", {class: "fill", style: `width:${(100 * row.weights[j]).toFixed(1)}%`})) : null,
-        show(3) ? el("td", {class: "num weight", text: AL.pct1(row.weights[j])}) : null))));
+        th(cross ? "key (source)" : "key"), th("k"),
+        show("dot") ? [th("q∘k"), th("q·k", "dot"), th(scaledHead, "scaled")] : null,
+        bias && show("bias") ? [th("+ bias", "bias"), th("score", "score")] : null,
+        show("softmax") ? [th("weight"), th("")] : null)),
+      el("tbody", {}, ...d.k.map((k, j) => el("tr", {class: !cross && j === i ? "query" : "", "data-token": d.key_labels[j]},
+        el("td", {text: d.key_labels[j]}), el("td", {}, bars(k, vmax)),
+        show("dot") ? [el("td", {}, bars(prods[j], pmax)), el("td", {class: "num dot", text: row.dots[j].toFixed(2)}),
+          el("td", {class: "num scaled", text: row.seen[j] || bias ? row.capped[j].toFixed(2) : "masked"})] : null,
+        bias && show("bias") ? [el("td", {class: "num bias", text: bias[j].toFixed(2)}),
+          el("td", {class: "num score", text: row.seen[j] ? row.scores[j].toFixed(2) : "masked"})] : null,
+        show("softmax") ? [el("td", {class: "bar"}, el("span", {class: "fill", style: `width:${(100 * row.weights[j]).toFixed(1)}%`})),
+          el("td", {class: "num weight", text: AL.pct1(row.weights[j])})] : null))));
     const best = row.weights.map((w, j) => [w, j]).sort((a, b) => b[0] - a[0]).slice(0, 3);
+    const about = `${cross ? "Cross-attention, " : st.kind === "decoder" ? "Decoder, " : ""}layer ${st.layer}, head ${st.head}; ` +
+      `scale ${meta.scale.toPrecision(3)}` + (meta.causal ? ", causal" : "") + (win ? `, sliding window ${win[0] + 1}` : "") +
+      (cap ? `, softcap ${cap}` : "") + (d.bias ? ", position bias" : "") + " · token level";
     root.replaceChildren(...[
-      controls,
-      el("p", {class: "lead"}, `Step ${state.step}: ${STEPS[state.step - 1]}. `,
-        el("span", {class: "muted", text: `Layer ${state.layer}, head ${state.head}; scale ${meta.scale[L].toPrecision(3)}` +
-          (meta.causal[L] ? ", causal" : "") + (win ? `, sliding window ${win[0] + 1}` : "") + (cap ? `, softcap ${cap}` : "")})),
-      el("p", {class: "muted", text: "Click a word to make it the query."}), strip,
-      el("p", {}, el("b", {text: `q(${s.labels[i]}) `}), bars(q, vmax)),
+      ...head,
+      el("p", {class: "lead", id: "neuron-step"}, `Step ${st.step}: ${STEPS[names[st.step - 1]]}. `, el("span", {class: "muted", text: about})),
+      el("p", {class: "muted", text: cross ? "Click a target token to make it the query; the keys are the source's tokens."
+        : "Click a word to make it the query."}),
+      cross ? el("span", {class: "muted", text: "target (looks):"}) : null, strip,
+      el("p", {}, el("b", {id: "neuron-query", text: `q(${d.labels[i]}) `}), bars(q, vmax)),
       table,
-      show(4) ? el("p", {class: "lead", text: `The weights blend the values: ${best.map(([w, j]) =>
-        `${AL.pct(w)} of ${s.labels[j]}`).join(", ")}… (values are not kept; the head view shows every row).`}) : null,
+      show("blend") ? el("p", {class: "lead", text: `The weights blend the values: ${best.map(([w, j]) =>
+        `${AL.pct(w)} of ${d.key_labels[j]}`).join(", ")}… (values are not kept; the head view shows every row).`}) : null,
     ].filter(Boolean));
   }
 
+  async function load() {
+    const info = st.source && st.source.neuronInfo();
+    st.data = null;
+    st.error = null;
+    if (info) {
+      if (!info.kinds[st.kind]) st.kind = "encoder";
+      st.sentence = Math.min(st.sentence, info.sentences.length - 1);
+      st.layer = Math.min(st.layer, shape(info).num_layers);
+      st.head = Math.min(st.head, shape(info).num_heads);
+    }
+    render();
+    if (!info) return;
+    const ticket = ++st.ticket;
+    try {
+      const data = await st.source.neuron(st.sentence, st.layer, st.head, st.kind);
+      if (ticket !== st.ticket) return; // a later choice won
+      st.data = data;
+    } catch (e) {
+      if (ticket !== st.ticket) return;
+      st.error = e.message;
+    }
+    render();
+  }
+
+  AL.on("maps", ({source}) => {
+    st.source = source;
+    Object.assign(st, {sentence: 0, query: -1});
+    if (st.started) load();
+  });
+
   AL.neuron = {
-    show(payload) {
-      data = payload;
-      render();
+    show(source) {
+      st.source = source;
+      st.started = true;
+      load();
     },
+    current: () => st.data && !st.data.too_long ? {...st.data, query: st.query, kind: st.kind} : null,
   };
 })();
