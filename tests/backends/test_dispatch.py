@@ -127,7 +127,7 @@ def test_a_table_from_another_machine_is_not_used(cache):
 
 
 def test_measuring_fills_the_cache_once(cache, monkeypatch):
-    monkeypatch.setattr(calibrate, "SIZES", {1: (64, 128), calibrate.MANY_HEADS: (32, 64)})
+    monkeypatch.setattr(calibrate, "SCORES", (2**12, 2**14))  # n = 64 and 128 for one head
     monkeypatch.setattr(calibrate, "MIN_SCORES", 1)
     monkeypatch.setattr(calibrate, "REPEATS", 1)
     calls = []
@@ -157,3 +157,16 @@ def test_masked_and_windowed_calls_use_the_priors():
     assert calibrate.profile(request(x, x, x, window=8)) is None
     assert calibrate.profile(request(x, x, x, mask=torch.ones(4096, 4096, dtype=torch.bool))) is None
     assert calibrate.profile(request(x, x, x, causal=True)) is not None
+
+
+@pytest.mark.parametrize("heads", [1, 3, 12, 64])
+def test_each_head_count_is_measured_at_its_own_sizes(heads):
+    """A call's own head count is measured, at lengths whose scores span calibrate.SCORES."""
+    ns = calibrate.sizes(heads)
+    assert len(ns) == len(calibrate.SCORES) and all(n % 16 == 0 for n in ns)
+    for n, target in zip(ns, calibrate.SCORES):
+        assert target / 1.5 <= heads * n * n <= target * 1.5
+    x8, x12 = torch.ones(8, 1024, 64), torch.ones(12, 1024, 64)
+    assert calibrate.profile(request(x8, x8, x8)).key() != calibrate.profile(request(x12, x12, x12)).key()
+    many = torch.ones(4096, 16, 64)
+    assert calibrate.profile(request(many, many, many)).heads == calibrate.MAX_HEADS

@@ -3,9 +3,11 @@
 ``auto`` ranks the backends that fit a call by what they cost here, not by constants fitted on
 another machine. For a call of a common kind (no dense mask, bias or padding; full attention or
 square causal; on the CPU) it looks up the *profile* of the call (input kind, dtype, head dim,
-one head or many, causal, gradients) in a small table of timings measured at four sizes, the
-first time such a call is large enough for the choice to matter, and interpolates the time at the
-call's number of scores (log-log). Calls of other kinds, and small ones, are ranked by each
+the number of (batch, head) pairs, causal, gradients) in a small table of timings measured at four
+sizes, the first time such a call is large enough for the choice to matter, and interpolates the
+time at the call's number of scores (log-log). The head count is the call's own: how the backends
+rank depends on how much of q, k and v stays in the caches, which one head of 8 192 tokens and
+twelve heads of 2 048 do not share, so a table measured at one count misranks calls at another. Calls of other kinds, and small ones, are ranked by each
 backend's rough prior (:meth:`attnlab.backends.base.Backend.estimate`).
 
 The table is cached as JSON in ``$ATTNLAB_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnlab``, else
@@ -41,8 +43,9 @@ ENV_SWITCH = "ATTNLAB_CALIBRATE"
 ENV_CACHE = "ATTNLAB_CACHE_DIR"
 MIN_SCORES = 1 << 16  # smaller calls take microseconds: the priors rank them
 HEAD_DIMS = (32, 64, 128, 256)  # a call's head dim is measured as the nearest of these
-MANY_HEADS = 8  # "many heads" is measured with this many
-SIZES = {1: (256, 1024, 4096, 8192), MANY_HEADS: (128, 512, 1024, 2048)}  # n per head count: 2^16 .. 2^26 scores
+SCORES = (1 << 16, 1 << 20, 1 << 24, 1 << 26)  # the sizes measured, in scores (heads · n²): one head's n = 256 … 8 192
+MIN_N = 16  # many heads: the smallest n measured
+MAX_HEADS = 256  # calls of more (batch, head) pairs are measured with this many (their caches overflow alike)
 PRUNE = 4.0  # a backend this many times slower than the best at a size (past the first) is not measured at larger ones
 REPEATS = 3  # timings per point; the fastest is kept (a busy machine only ever adds time)
 MIN_TIMING_S = 0.005  # calls shorter than this are timed over several in a row
@@ -55,7 +58,7 @@ class Profile:
     kind: str
     dtype: str
     d: int
-    heads: int  # 1 or MANY_HEADS
+    heads: int  # (batch, head) pairs of the call
     causal: bool
     grad: bool
 
@@ -75,8 +78,15 @@ def profile(r: Request) -> Profile | None:
     if r.window or (r.causal and p.tq != p.tk):
         return None  # a window's cost depends on its width, which no table holds
     d = min(HEAD_DIMS, key=lambda h: abs(math.log(h / p.d)))
-    heads = 1 if int(np.prod(p.batch, dtype=np.int64)) == 1 else MANY_HEADS
+    heads = min(int(np.prod(p.batch, dtype=np.int64)), MAX_HEADS)
     return Profile(r.kind, r.dtype, d, heads, r.causal, r.grad)
+
+
+def sizes(heads: int) -> tuple[int, ...]:
+    """The sequence lengths measured for ``heads`` (batch, head) pairs: n with heads · n² near each of
+    :data:`SCORES`, a multiple of 16 (the kernel's tiles), at least :data:`MIN_N`."""
+    ns = (max(MIN_N, 16 * round(math.sqrt(s / heads) / 16)) for s in SCORES)
+    return tuple(sorted(set(ns)))
 
 
 def cache_path() -> Path:
@@ -207,7 +217,8 @@ def measure(prof: Profile, names: list[str], run: Callable[[str, tuple, bool], A
     """
     points: dict[str, list[list[float]]] = {name: [] for name in names}
     alive = list(names)
-    for n in SIZES[prof.heads]:
+    ns = sizes(prof.heads)
+    for n in ns:
         q, k, v = _inputs(prof, n)
         scores = prof.heads * n * n
 
@@ -227,7 +238,7 @@ def measure(prof: Profile, names: list[str], run: Callable[[str, tuple, bool], A
         best = min(min(t) for t in times.values())
         for name, t in times.items():
             points[name].append([scores, min(t)])
-        if n != SIZES[prof.heads][0]:  # the smallest size measures per-call overheads, not the rate
+        if n != ns[0]:  # the smallest size measures per-call overheads, not the rate
             alive = [name for name in alive if min(times[name]) <= PRUNE * best]
     return points
 
