@@ -269,7 +269,7 @@ def test_each_variant_is_compiled_with_vectors_of_its_width(variant, register, w
     if {"avx512": "AVX-512", "avx2": "AVX2"}[variant] not in compiled:
         pytest.skip(f"{variant} was not compiled in on this platform")
     functions = _disassembly()
-    for name in ("item", "btile"):  # the forward's work item, the backward's tile
+    for name in ("item", "btile", "shead"):  # the forward's work item, the backward's tile, the statistics' head
         code = functions.get(f"{name}_{variant}")
         assert code is not None, f"no {name}_{variant} symbol in the extension (stripped?): {sorted(functions)[:20]}"
         assert len(re.findall(rf"%{register}\d+", code)) > 20, f"{name}_{variant} uses no {register} registers"
@@ -460,3 +460,94 @@ def test_backward_with_no_queries_gives_zero_key_gradients(isa):
                   dv=f(1, 5, 3))
     kernel._tiles.backward(**args)
     assert (args["dk"] == 0).all() and (args["dv"] == 0).all()
+
+
+# The statistics pass (head_stats): kernel.stats against the same statistics in float64 NumPy, from
+# dense weights exp(scale q·k − LSE) with the very LSE it is given.
+
+def _dense_stats(q, k, lse, scale, left, right):
+    """(sums (B, G, 7), received (B, G, T)) by definition, in float64, from dense [T, T] weights."""
+    b, g, t, _ = q.shape
+    s = np.einsum("bgid,bjd->bgij", q.astype(np.float64), k.astype(np.float64)) * scale
+    seen = _allowed(t, t, window=(t if left is None else left, t if right is None else right))
+    w = np.where(seen, np.exp(s - lse.astype(np.float64)[..., None]), 0.0)
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    ent = -(w * np.where(seen, s - lse[..., None], 0.0)).sum(-1)  # (B, G, T)
+    n = seen.sum(-1)
+    rows = {
+        "prev": np.diagonal(w, -1, -2, -1).sum(-1), "self": np.diagonal(w, 0, -2, -1).sum(-1),
+        "next": np.diagonal(w, 1, -2, -1).sum(-1), "first": w[..., 0].sum(-1),
+        "distance": (w * np.abs(i - j)).sum((-1, -2)), "entropy": ent.sum(-1),
+        "entropy_norm": (ent[..., n > 1] / np.log(n[n > 1])).sum(-1),
+    }
+    return np.stack([rows[name] for name in kernel.STATS], -1), w.sum(-2)
+
+
+STATS_CASES = {
+    "full-odd": dict(b=1, g=3, t=97, d=59, left=None, right=None),
+    "causal-gqa": dict(b=2, g=3, t=300, d=32, left=None, right=0),
+    "window": dict(b=1, g=2, t=257, d=16, left=37, right=5),
+    "causal-window": dict(b=1, g=1, t=200, d=64, left=20, right=0),
+    "one-token": dict(b=1, g=2, t=1, d=8, left=None, right=0),
+}
+
+
+@pytest.mark.parametrize("block", [None, (16, 23), (1000, 5)], ids=["default", "16x23", "1000x5"])
+@pytest.mark.parametrize("case", STATS_CASES.values(), ids=STATS_CASES.keys())
+def test_compiled_statistics_match_float64_dense_weights(case, block, isa):
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    b, g, t, d, left, right = (case[x] for x in ("b", "g", "t", "d", "left", "right"))
+    q = (rng.standard_normal((b, g, t, d)) * 2).astype(np.float32)
+    k = rng.standard_normal((b, t, d)).astype(np.float32)
+    scale = d**-0.5
+    allowed = _allowed(t, t, window=(t if left is None else left, t if right is None else right))
+    s = np.einsum("bgid,bjd->bgij", q.astype(np.float64), k.astype(np.float64)) * scale
+    lse = reference.logsumexp(np.where(allowed, s, -np.inf)).astype(np.float32)
+    sums, received = kernel.stats(q, k, lse, scale=scale, left=left, right=right, block_size=block)
+    want, want_received = _dense_stats(q, k, lse, scale, left, right)
+    assert sums.dtype == received.dtype == np.float64
+    np.testing.assert_allclose(sums, want, rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(received, want_received, rtol=2e-6, atol=1e-6)
+
+
+def test_compiled_statistics_are_the_same_bits_for_any_thread_count(isa):
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 3, 333, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 333, 32)).astype(np.float32)
+    lse = np.full((2, 3, 333), 6.0, np.float32)
+    one = kernel.stats(q, k, lse, scale=0.2, left=None, right=0, threads=1)
+    three = kernel.stats(q, k, lse, scale=0.2, left=None, right=0, threads=3)
+    for a, b in zip(one, three):
+        np.testing.assert_array_equal(a, b)  # a head is always one thread's, its rows in order
+
+
+def _stats_args(**change):
+    """stats' arguments for a small valid call, with some replaced."""
+    args = {"q": np.zeros((1, 2, 4, 8), np.float32), "k": np.zeros((1, 4, 8), np.float32),
+            "lse": np.zeros((1, 2, 4), np.float32), "sums": np.empty((1, 2, 7)), "received": np.empty((1, 2, 4)),
+            "scale": 1.0, "left": -1, "right": -1, "block_q": 4, "block_k": 4, "threads": 1}
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"k": np.zeros((1, 5, 8), np.float32)}, "k: expected shape (B=1, T=4, D=8), got (1, 5, 8)"),
+    ({"lse": np.zeros((1, 2, 5), np.float32)}, "lse: expected shape (B=1, G=2, T=4), got (1, 2, 5)"),
+    ({"sums": np.empty((1, 2, 6))}, "sums: expected shape (B=1, G=2, S=7), got (1, 2, 6)"),
+    ({"sums": np.empty((1, 2, 7), np.float32)}, "sums: expected float64 items (buffer format 'd')"),
+    ({"received": np.empty((1, 2, 4))[..., ::-1]}, "received: expected a C-contiguous array"),
+    ({"q": np.zeros((1, 2, 4, 8))}, "q: expected float32 items"),
+    ({"block_k": 0}, "block_k: expected a block size >= 1, got 0"),
+    ({"right": -5}, "right: expected -1 (unbounded) or a number of keys >= 0, got -5"),
+])
+def test_bad_statistics_arguments_raise_naming_them(change, text):
+    with pytest.raises(ValueError) as e:
+        kernel._tiles.stats(**_stats_args(**change))
+    assert text in str(e.value)
+
+
+def test_a_read_only_statistics_output_is_refused():
+    sums = np.empty((1, 2, 7))
+    sums.flags.writeable = False
+    with pytest.raises(ValueError, match="sums: expected a writable float64 array"):
+        kernel._tiles.stats(**_stats_args(sums=sums))

@@ -3,8 +3,7 @@
 The model's forward runs with attnlab's attention observed (:func:`attnlab.models.capture_attention.observing`):
 each layer's attention goes through the compiled blockwise kernel, which keeps each row's
 log-sum-exp (LSE), and hands over the queries and keys it was given. A second tiled pass over the
-same q and k then recomputes the exact weights a block of rows at a time, α_ij = exp(s_ij − LSE_i),
-and accumulates:
+same q and k then recomputes the exact weights, α_ij = exp(s_ij − LSE_i), and accumulates:
 
     prev, self, next, first   the weight on key i − 1, i, i + 1 and 0 (mean over the rows that have it)
     distance                  Σ_j α_ij |i − j|, mean over rows
@@ -12,8 +11,10 @@ and accumulates:
     entropy_norm              entropy / log(keys row i sees), mean over rows that see more than one key
     received                  Σ_i α_ij: the attention each token receives, [L, H, T] per text
 
-Memory grows as L · H · T (the statistics and one block of B rows × T keys per head), never T².
-The masks touch only the columns near the band's edges, and each block is read a handful of times.
+Memory grows as L · H · T, never T². The pass is compiled beside the kernel
+(:func:`attnlab.backends.kernel.stats`: one cache-sized tile at a time, every statistic from it in
+one sweep); where the kernel was not built, :func:`layer_stats` does the same in PyTorch, a block
+of rows × every key at a time (the masks touch only the columns near the band's edges).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
+
+from attnlab.backends import kernel
 
 ROW_STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")
 BLOCK_BYTES = 16 * 2**20  # the scores of one block of rows, all heads together: bounds the pass's memory
@@ -76,8 +79,9 @@ class _Accumulator:
         self.received: list[np.ndarray] = []  # per layer (H, T)
 
     def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None) -> None:
-        sums, counts, received = layer_stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window,
-                                             block_rows=self.block_rows)
+        stats = compiled_layer_stats if kernel.isa() is not None else layer_stats
+        sums, counts, received = stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window,
+                                       block_rows=self.block_rows)
         self.sums.append(sums)
         self.counts.append(counts)
         self.received.append(received)
@@ -103,6 +107,37 @@ def _masked_columns(rows: Any, cols: Any, left: int | None, right: int | None) -
     return out
 
 
+def _band(causal: bool, window: tuple | None) -> tuple[int | None, int | None]:
+    """The keys a row sees, as (left, right) reaches (None: unbounded)."""
+    left = None if window is None else window[0]
+    right = 0 if causal else (None if window is None else window[1])
+    return left, right
+
+
+def _counts(t: int, left: int | None, right: int | None) -> dict[str, int]:
+    """The rows each statistic is a mean over: all, but prev and next (t − 1), entropy_norm (rows seeing > 1 key)."""
+    counts = {name: t for name in ROW_STATS}
+    counts["prev"] = counts["next"] = t - 1
+    lo_all = np.clip(np.arange(t) - left, 0, None) if left is not None else np.zeros(t, dtype=int)
+    hi_all = np.clip(np.arange(t) + right, None, t - 1) if right is not None else np.full(t, t - 1)
+    counts["entropy_norm"] = int(((hi_all - lo_all) > 0).sum())
+    return counts
+
+
+def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
+                         block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+    """:func:`layer_stats` by the compiled pass (:func:`attnlab.backends.kernel.stats`); ``block_rows``
+    the query rows per tile (None: the kernel's)."""
+    h, t, d = q.shape
+    hkv = k.shape[0]
+    left, right = _band(causal, window)
+    sums, received = kernel.stats(q.reshape(hkv, h // hkv, t, d), k, lse.reshape(hkv, h // hkv, t), scale=scale,
+                                  left=left, right=right, block_size=None if block_rows is None else (block_rows, 512))
+    sums = sums.reshape(h, len(kernel.STATS))
+    return ({name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}, _counts(t, left, right),
+            received.reshape(h, t).astype(np.float32))
+
+
 def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
                 block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
     """One layer's row-statistic sums (name → (H,), float64), their row counts, and the attention
@@ -116,8 +151,7 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
     hkv = k.shape[0]
     g = h // hkv
     q, k, lse = q.float(), k.float(), lse.float()
-    left = None if window is None else window[0]
-    right = 0 if causal else (None if window is None else window[1])
+    left, right = _band(causal, window)
     rows_per = block_rows or _block_rows(h, t)
     sums = {name: torch.zeros(h, dtype=torch.float64) for name in ROW_STATS}
     received = torch.zeros(h, t, dtype=torch.float64)
@@ -166,12 +200,7 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
             sums[name] += a[:, ok.nonzero()[:, 0], (j[ok] - j0)].sum(-1, dtype=torch.float64)
         if j0 == 0:
             sums["first"] += a[:, :, 0].sum(-1, dtype=torch.float64)
-    counts = {name: t for name in ROW_STATS}
-    counts["prev"] = counts["next"] = t - 1
-    lo_all = np.clip(np.arange(t) - left, 0, None) if left is not None else np.zeros(t, dtype=int)
-    hi_all = np.clip(np.arange(t) + right, None, t - 1) if right is not None else np.full(t, t - 1)
-    counts["entropy_norm"] = int(((hi_all - lo_all) > 0).sum())
-    return {n: v.numpy() for n, v in sums.items()}, counts, received.float().numpy()
+    return {n: v.numpy() for n, v in sums.items()}, _counts(t, left, right), received.float().numpy()
 
 
 def head_stats(

@@ -102,6 +102,32 @@ def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, t
     return dq, dk, dv
 
 
+STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")  # the sums stats() gives, in order
+
+
+def stats(q: Any, k: Any, lse: Any, *, scale: float, left: int | None, right: int | None,
+          block_size: Any = None, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Statistics of self-attention's weights, compiled: ``(sums, received)``, float64.
+
+    q (B, G, T, D), k (B, T, D) and the rows' LSE (B, G, T) as :func:`forward` gave it; the band
+    ``left``/``right`` (None: unbounded; causal is right = 0). Each tile's weights exp(scale q·k − LSE)
+    are recomputed from the forward's own scores and, in the cache, summed into ``sums`` (B, G, 7):
+    per head, over its rows, each of :data:`STATS` (the weight on key i − 1, i, i + 1 and 0;
+    Σ_j w |i − j|; the entropy −Σ_j w ln w in nats; that entropy over ln(keys the row sees), for
+    rows that see more than one), and ``received`` (B, G, T), the column sums. No T × T buffer;
+    the same bits for any ``threads``. Raises ValueError where the kernel was not built.
+    """
+    if _tiles is None:
+        raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
+    b, g, t, _ = q.shape
+    block_q, block_k = BLOCK if block_size is None else block_sizes(1, t, block_size)
+    q, k, lse = _buffers(q, k, lse)
+    sums, received = np.empty((b, g, len(STATS))), np.empty((b, g, t))
+    _tiles.stats(q, k, lse, sums, received, scale, -1 if left is None else left, -1 if right is None else right,
+                 block_q, block_k, threads or 0)
+    return sums, received
+
+
 def _buffers(*xs: Any) -> list[np.ndarray]:
     """C-contiguous float32 NumPy arrays (of torch tensors: views of the same memory where they can be)."""
     return [np.ascontiguousarray(x.detach().contiguous().numpy() if is_torch(x) else x, dtype=np.float32) for x in xs]

@@ -62,6 +62,22 @@ struct bscratch {
     int64_t packed_b, packed_j0;    /* which key block is packed (packed_b -1: none) */
 };
 
+/* The statistics pass (head_stats): sums per head of NSTATS row statistics, and column sums. */
+enum { NSTATS = 7, NROW = 6 }; /* sums: prev, self, next, first, distance, entropy, entropy_norm */
+struct sproblem {                 /* row accumulators: distance, sum w x, prev, self, next, first */
+    const float *q, *k, *lse;     /* (B, G, T, D), (B, T, D), (B, G, T): self-attention, one length */
+    double *sums, *received;      /* (B, G, NSTATS), (B, G, T) */
+    const float *kp;              /* packed keys */
+    int64_t b, g, t, d, left, right, bq, bk, bqp, tkp;
+    float scale;
+    int threads;
+};
+
+struct sscratch {
+    float *q, *s, *col, *lse2, *lse2lo; /* the query block, its tile of weights, their column sums, LSE (hi, lo) */
+    double *row;                        /* NROW accumulators per row of the block */
+};
+
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc wants a multiple of the alignment */
 
 /* Each variant's functions carry __attribute__((target(...))), which GCC and clang both honour
@@ -104,12 +120,13 @@ static const struct {
     const char *name, *target; /* target: the attribute's features, "" for the compiler's baseline */
     int (*run)(struct problem *);
     int (*brun)(struct bproblem *);
+    int (*srun)(struct sproblem *);
 } isas[] = {
 #ifdef X86_VARIANTS
-    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512},
-    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2},
+    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512, srun_avx512},
+    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2, srun_avx2},
 #endif
-    {"128-bit vectors", "", run_base, brun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
+    {"128-bit vectors", "", run_base, brun_base, srun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
 };
 #define NISAS ((int)(sizeof isas / sizeof isas[0]))
 static int supported[NISAS];
@@ -282,6 +299,47 @@ done:
     return result;
 }
 
+static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "lse", "sums", "received", "scale", "left", "right", "block_q", "block_k",
+                             "threads", NULL};
+    PyObject *obj[5];
+    Py_buffer view[5] = {{0}};
+    struct sproblem pr = {0};
+    long long left, right, bq, bk;
+    int threads;
+    PyObject *result = NULL;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    dim['S'] = NSTATS;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLLLi:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &left, &right, &bq, &bk, &threads))
+        return NULL;
+    static const char *names[] = {"q", "k", "lse", "sums", "received"};
+    static const char *dims[] = {"BGTD", "BTD", "BGT", "BGS", "BGT"};
+    for (int i = 0; i < 5; i++)
+        if (!take(obj[i], &view[i], names[i], i >= 3, i >= 3 ? 'd' : 'f', dims[i], dim)) goto done;
+    pr.b = dim[B_], pr.g = dim[G_], pr.t = dim[T_], pr.d = dim[D_];
+    if (pr.d < 1) {
+        PyErr_SetString(PyExc_ValueError, "q: expected a head dim >= 1, got 0");
+        goto done;
+    }
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.lse = view[2].buf, pr.sums = view[3].buf, pr.received = view[4].buf;
+    if (!check_scalars(pr.t, pr.t, left, right, bq, bk, threads, &pr.left, &pr.right, &pr.bq, &pr.bk, &pr.threads))
+        goto done;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pr.b * pr.g * pr.t == 0 ? 0 : isas[chosen].srun(&pr);
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    release(view, 5);
+    return result;
+}
+
 static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
 #ifdef _OPENMP
     return PyLong_FromLong(omp_get_max_threads());
@@ -306,6 +364,13 @@ static PyMethodDef methods[] = {
      "out (B, G, Tq, Dv) and lse (B, G, Tq); klen (B, G) int64 key-padding lengths in 0..Tk, or None;\n"
      "left/right the band (-1 = none); block sizes >= 1; threads 0: OpenMP's default. Every argument is\n"
      "checked first (ValueError naming it)."},
+    {"stats", (PyCFunction)(void (*)(void))stats, METH_VARARGS | METH_KEYWORDS,
+     "stats(q, k, lse, sums, received, scale, left, right, block_q, block_k, threads)\n\n"
+     "Statistics of self-attention's weights exp(scale q.k - lse), recomputed tile by tile: float32 q (B, G, T, D),\n"
+     "k (B, T, D) and forward's lse (B, G, T); into float64 sums (B, G, 7) (per head, summed over rows: the\n"
+     "weight on key i - 1, i, i + 1 and 0, sum_j w |i - j|, the entropy -sum_j w ln w and the entropy over\n"
+     "ln(keys seen) where more than one) and received (B, G, T) (column sums). left/right the band (-1 = none).\n"
+     "The same checks as forward; the same bits for any threads."},
     {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
     {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},
     {NULL, NULL, 0, NULL},

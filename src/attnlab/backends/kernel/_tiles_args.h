@@ -8,16 +8,20 @@ static int little_endian(void) {
     return first == 1;
 }
 
-/* The buffer's element type: 'f' float32, 'i' int64, 0 anything else. */
+/* The buffer's element type: 'f' float32, 'd' float64, 'i' int64, 0 anything else. */
 static char kind_of(const Py_buffer *view) {
     const char *f = view->format ? view->format : "B";
     if (*f == '@' || *f == '=' || (*f == '<' && little_endian()) || (*f == '>' && !little_endian())) f++;
     if (f[0] && !f[1]) {
         if (f[0] == 'f' && view->itemsize == 4) return 'f';
+        if (f[0] == 'd' && view->itemsize == 8) return 'd';
         if ((f[0] == 'q' || f[0] == 'l') && view->itemsize == 8) return 'i';
     }
     return 0;
 }
+
+static const char *kind_name(char kind) { return kind == 'f' ? "float32" : kind == 'd' ? "float64" : "int64"; }
+static const char *kind_format(char kind) { return kind == 'f' ? "'f'" : kind == 'd' ? "'d'" : "'q' or 'l'"; }
 
 static void format_shape(char *buf, size_t size, int ndim, const Py_ssize_t *shape) {
     size_t used = (size_t)snprintf(buf, size, "(");
@@ -26,7 +30,7 @@ static void format_shape(char *buf, size_t size, int ndim, const Py_ssize_t *sha
     if (used < size) snprintf(buf + used, size - used, ")");
 }
 
-/* Take `obj`'s buffer as argument `name`: a C-contiguous array of `kind` ('f' float32, 'i' int64),
+/* Take `obj`'s buffer as argument `name`: a C-contiguous array of `kind` ('f' float32, 'd' float64, 'i' int64),
  * `ndim` dims named by the letters of `dims` (e.g. "BGTD"). dim[letter] holds each size seen so far
  * (-1 unset): the first array to show a letter sets it, every later one must match. */
 static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, char kind, const char *dims,
@@ -37,7 +41,7 @@ static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, 
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         PyErr_Format(PyExc_ValueError, "%s: expected a %s%s array, got %s (%S)", name, writable ? "writable " : "",
-                     kind == 'f' ? "float32" : "int64", Py_TYPE(obj)->tp_name, value ? value : Py_None);
+                     kind_name(kind), Py_TYPE(obj)->tp_name, value ? value : Py_None);
         Py_XDECREF(type);
         Py_XDECREF(value);
         Py_XDECREF(tb);
@@ -46,7 +50,7 @@ static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, 
     const char got = kind_of(view);
     if (got != kind) {
         PyErr_Format(PyExc_ValueError, "%s: expected %s items (buffer format %s), got format '%s' of %zd bytes", name,
-                     kind == 'f' ? "float32" : "int64", kind == 'f' ? "'f'" : "'q' or 'l'",
+                     kind_name(kind), kind_format(kind),
                      view->format ? view->format : "B", view->itemsize);
         return 0;
     }

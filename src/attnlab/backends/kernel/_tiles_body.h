@@ -286,6 +286,7 @@ static TARGET int F(run)(struct problem *pr) {
 }
 
 #include "_tiles_backward.h"
+#include "_tiles_stats.h"
 
 #undef VF
 #undef VFU

@@ -1,0 +1,131 @@
+/* The statistics pass (attnlab.head_stats), included by _tiles_body.h once per instruction set.
+ *
+ * After the forward has given each row's LSE, the exact weights of a tile are P = exp(S - LSE),
+ * recomputed from the very scores the forward summed (q times scale log2 e, LSE in base 2 as
+ * hi + lo, as the backward does). From each tile, while it is in the L2 cache, one pass adds
+ * every row's weight-weighted distance and entropy terms, its weights on keys i - 1, i, i + 1 and
+ * 0, and every key's column sum (the attention it receives). A head is one work item, its query
+ * blocks in order: its sums and column sums are written by one thread in one order, so the result
+ * is the same for any thread count. Memory: the outputs (per head NSTATS sums and T column sums)
+ * and one tile per thread. */
+
+/* One head (b, g): every query block against every key it may see. */
+static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr, const struct sscratch *sc, int64_t bg) {
+    const int64_t d = pr->d, t = pr->t, bq = pr->bq, bk = pr->bk, bqp = pr->bqp, b = bg / pr->g;
+    const float mul = pr->scale * 1.4426950408889634f; /* the forward's factor, rounded the same way */
+    const float *kp = pr->kp + b * pr->tkp * d;
+    double *restrict sums = pr->sums + bg * NSTATS, *restrict recv = pr->received + bg * t;
+    float *restrict q = sc->q, *restrict s = sc->s, *restrict col = sc->col;
+    VI lane;
+    for (int u = 0; u < VW; u++) lane[u] = u;
+    for (int i = 0; i < NSTATS; i++) sums[i] = 0.0;
+    memset(recv, 0, sizeof(double) * t);
+    for (int64_t i0 = 0; i0 < t; i0 += bq) {
+        const int64_t nr = i0 + bq < t ? bq : t - i0, row0 = bg * t + i0;
+        memset(q, 0, sizeof(float) * bqp * d);
+        for (int64_t r = 0; r < bqp; r++) sc->lse2[r] = -INFINITY, sc->lse2lo[r] = 0.0f;
+        for (int64_t r = 0; r < nr; r++) {
+            for (int64_t c = 0; c < d; c++) q[r * d + c] = pr->q[(row0 + r) * d + c] * mul;
+            const float lse = pr->lse[row0 + r];
+            if (isfinite(lse)) {
+                const double lse2 = (double)lse * 1.4426950408889634;
+                sc->lse2[r] = (float)lse2;
+                sc->lse2lo[r] = (float)(lse2 - (float)lse2);
+            }
+        }
+        memset(sc->row, 0, sizeof(double) * bqp * NROW);
+        int64_t lo = 0, hi = t; /* the keys that some row of the block may see */
+        if (pr->left >= 0 && i0 - pr->left > lo) lo = i0 - pr->left;
+        if (pr->right >= 0 && i0 + nr + pr->right < hi) hi = i0 + nr + pr->right;
+        lo -= lo % VW;
+        for (int64_t j0 = lo; j0 < hi; j0 += bk) {
+            const int64_t nc = (j0 + bk < hi ? j0 + bk : hi) - j0, ncp = (nc + VW - 1) / VW * VW;
+            for (int64_t r = 0; r < bqp; r += RQ) { /* scores (base 2) */
+                int64_t c = 0;
+                for (; c + 2 * VW <= ncp; c += 2 * VW)
+                    F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk);
+                if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk);
+            }
+            memset(col, 0, sizeof(float) * ncp);
+            for (int64_t r = 0; r < nr; r++) {
+                float *restrict p = s + r * bk;
+                double *restrict acc = sc->row + r * NROW;
+                const int64_t pos = i0 + r;
+                int64_t a = 0, z = nc; /* the row sees columns a..z-1 of this tile */
+                if (pr->left >= 0 && pos - pr->left - j0 > a) a = pos - pr->left - j0;
+                if (pr->right >= 0 && pos + pr->right + 1 - j0 < z) z = pos + pr->right + 1 - j0;
+                if (z <= a || sc->lse2[r] == -INFINITY) continue;
+                const VF lse2 = (VF){} + sc->lse2[r], lse2lo = (VF){} + sc->lse2lo[r];
+                VF dist = (VF){}, ent = (VF){};
+                for (int64_t c = 0; c < ncp; c += VW) {
+                    const VI idx = lane + (int32_t)c;
+                    const VI seen = (idx >= (int32_t)a) & (idx < (int32_t)z);
+                    const VF x = F(select)(seen, (*(const VF *)(p + c) - lse2) - lse2lo, (VF){});
+                    const VF w = F(select)(seen, F(exp2v)(x), (VF){});
+                    const VF gap = __builtin_convertvector(idx + (int32_t)(j0 - pos), VF); /* j - i */
+                    const VF far = F(select)(gap < 0.0f, -gap, gap);
+                    dist += w * far;
+                    ent += w * x;
+                    *(VF *)(p + c) = w;
+                    *(VF *)(col + c) += w;
+                }
+                for (int u = 0; u < VW; u++) acc[0] += dist[u], acc[1] += ent[u];
+                for (int o = -1; o <= 1; o++) { /* the weights on keys i - 1, i, i + 1 */
+                    const int64_t c = pos + o - j0;
+                    if (c >= a && c < z) acc[3 + o] += p[c];
+                }
+                if (j0 == 0 && a == 0) acc[5] += p[0];
+            }
+            for (int64_t c = 0; c < nc; c++) recv[j0 + c] += col[c];
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            const double *acc = sc->row + r * NROW;
+            const int64_t pos = i0 + r;
+            int64_t first = 0, last = t - 1; /* the keys row i sees */
+            if (pr->left >= 0 && pos - pr->left > first) first = pos - pr->left;
+            if (pr->right >= 0 && pos + pr->right < last) last = pos + pr->right;
+            const double entropy = -acc[1] * 0.69314718055994531; /* -sum w log w, log w = x ln 2 */
+            sums[0] += acc[2], sums[1] += acc[3], sums[2] += acc[4], sums[3] += acc[5];
+            sums[4] += acc[0], sums[5] += entropy;
+            if (last > first) sums[6] += entropy / log((double)(last - first + 1));
+        }
+    }
+}
+
+/* The whole pass: pack the keys, then every head on the threads. */
+static TARGET int F(srun)(struct sproblem *pr) {
+    pr->bqp = (pr->bq + ROWS - 1) / ROWS * ROWS;
+    pr->bk = (pr->bk + VW - 1) / VW * VW;
+    pr->tkp = (pr->t + VW - 1) / VW * VW;
+    const int64_t heads = pr->b * pr->g;
+    float *kp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->d));
+    if (!kp) return -1;
+    pr->kp = kp;
+    struct problem pk = {0}; /* pack reads the keys as the forward's problem holds them */
+    pk.k = pr->k, pk.d = pk.dv = pr->d, pk.tk = pr->t, pk.tkp = pr->tkp, pk.dvp = pr->d;
+    int64_t next = 0;
+    int failed = 0;
+    const int64_t qn = (pr->bqp * pr->d + 15) / 16 * 16, sn = pr->bqp * pr->bk, cn = (pr->bk + 15) / 16 * 16;
+    const int64_t ln = (pr->bqp + 15) / 16 * 16;
+    const size_t floats = sizeof(float) * (qn + sn + cn + 2 * ln), per_thread = floats + sizeof(double) * pr->bqp * NROW;
+#pragma omp parallel num_threads(pr->threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < pr->b; b++) F(pack)(&pk, b, kp + b * pr->tkp * pr->d, NULL);
+        float *mem = aligned_alloc(64, round64(per_thread));
+        if (!mem) {
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        } else {
+            const struct sscratch sc = {mem, mem + qn, mem + qn + sn, mem + qn + sn + cn, mem + qn + sn + cn + ln,
+                                        (double *)(mem + qn + sn + cn + 2 * ln)};
+            for (;;) {
+                const int64_t bg = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+                if (bg >= heads) break;
+                F(shead)(pr, &sc, bg);
+            }
+            free(mem);
+        }
+    }
+    free(kp);
+    return failed ? -1 : 0;
+}
