@@ -46,7 +46,9 @@ def test_payload_packs_decoder_and_cross_attention(t5_maps):
     assert data["model"] == {"num_layers": 3, "num_heads": 4}
     np.testing.assert_allclose(_unpack(s["cross"], maps.cross_weights[0].shape), maps.cross_weights[0], atol=QUANTUM)
     np.testing.assert_allclose(_unpack(s["decoder"], dec.weights[0].shape), dec.weights[0], atol=QUANTUM)
-    assert payload.seq2seq_payload(maps.to_words()) is None  # word-level maps keep no decoder
+    words = payload.seq2seq_payload(maps.to_words())  # word level: the same maps over words
+    assert words["level"] == "word" and data["level"] == "token"
+    assert words["sentences"][0]["source"] == maps.words[0] and words["sentences"][0]["target"] == dec.words[0]
     assert payload.seq2seq_payload(dec) is None
 
 

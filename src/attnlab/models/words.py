@@ -38,6 +38,9 @@ class WordMaps:
 
     ``kinds[i][w]`` is ``cls`` (the special token opening the sequence), ``sep`` (other special
     tokens), ``punct`` or ``word``; ``is_mark[i][w]`` says whether word w counts as a mark.
+    An encoder–decoder's also hold, as its token-level maps do, ``decoder`` (the decoder's
+    self-attention over the target's words, a WordMaps) and ``cross_weights[i]``
+    [L_dec, H, W_target, W_source] (target words attending to source words, by the same rule).
     """
 
     sentences: list[Any]
@@ -49,6 +52,8 @@ class WordMaps:
     revision: str | None
     num_layers: int
     num_heads: int
+    decoder: WordMaps | None = field(default=None, repr=False)
+    cross_weights: list[np.ndarray] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.words)
@@ -114,27 +119,40 @@ def _find_runs(words: list[str], want: str) -> list[tuple[int, int]]:
     return found
 
 
-def aggregate(weights: np.ndarray, word_of: list[int], num_words: int) -> np.ndarray:
-    """[L, H, T, T] token weights → [L, H, W, W] word weights: columns summed, rows averaged.
+def _starts(word_of: Any, t: int, num_words: int) -> np.ndarray:
+    """The first token of each word, checking that ``word_of`` numbers words 0..W−1 over consecutive tokens."""
+    word_of = np.asarray(word_of)
+    if word_of.shape != (t,):
+        raise ValueError(f"word_of has {word_of.size} entries for maps over {t} tokens")
+    starts = np.flatnonzero(np.r_[True, word_of[1:] != word_of[:-1]])
+    if not np.array_equal(word_of[starts], np.arange(num_words)):
+        raise ValueError(f"word_of must number words 0..{num_words - 1} in order, each over consecutive tokens; "
+                         f"got {word_of.tolist()}")
+    return starts
 
+
+def aggregate(weights: np.ndarray, word_of: list[int], num_words: int, key_word_of: list[int] | None = None,
+              num_key_words: int | None = None) -> np.ndarray:
+    """[L, H, Tq, Tk] token weights → [L, H, Wq, Wk] word weights: columns summed, rows averaged.
+
+    Self-attention: the rows' and columns' words are the same (``word_of``, ``num_words``);
+    cross-attention: ``key_word_of`` and ``num_key_words`` give the keys' (the source's) words.
     A word's pieces are consecutive tokens (tokenizers never interleave words), so both steps are
     segment sums (``np.add.reduceat``). No BLAS on purpose: after a torch forward pass, OpenBLAS's
     threads fight torch's spinning OpenMP threads for the cores and small matrix products run
     40× slower than single-threaded.
     """
-    word_of = np.asarray(word_of)
-    t = weights.shape[-1]
-    if word_of.shape != (t,):
-        raise ValueError(f"word_of has {word_of.size} entries for maps over {t} tokens")
-    starts = np.flatnonzero(np.r_[True, word_of[1:] != word_of[:-1]])  # first token of each word
-    if not np.array_equal(word_of[starts], np.arange(num_words)):
-        raise ValueError(f"word_of must number words 0..{num_words - 1} in order, each over consecutive tokens; "
-                         f"got {word_of.tolist()}")
-    if num_words == t:  # no split words: nothing to add up
+    tq, tk = weights.shape[-2:]
+    if key_word_of is None:
+        key_word_of, num_key_words = word_of, num_words
+        if tq != tk:
+            raise ValueError(f"maps over {tq} queries and {tk} keys need the keys' words (key_word_of)")
+    rows, cols = _starts(word_of, tq, num_words), _starts(key_word_of, tk, num_key_words)
+    if num_words == tq and num_key_words == tk:  # no split words: nothing to add up
         return weights.copy()
-    counts = np.diff(np.r_[starts, t])  # pieces per word
-    to_words = np.add.reduceat(weights, starts, axis=-1, dtype=np.float64)  # (L, H, T, W): sum of pieces
-    out = np.add.reduceat(to_words, starts, axis=-2) / counts[:, None]  # (L, H, W, W): mean of rows
+    counts = np.diff(np.r_[rows, tq])  # pieces per query word
+    to_words = np.add.reduceat(weights, cols, axis=-1, dtype=np.float64)  # (L, H, Tq, Wk): sum of pieces
+    out = np.add.reduceat(to_words, rows, axis=-2) / counts[:, None]  # (L, H, Wq, Wk): mean of rows
     return out.astype(weights.dtype)
 
 
@@ -154,9 +172,16 @@ def to_words(maps: Any, marks: Iterable[str] | None = None) -> WordMaps:
         raise TypeError(f"marks must be a collection of words, not the single string {marks!r}")
     chosen = None if marks is None else frozenset(str(m).casefold() for m in marks)
     weights = [aggregate(w, wo, len(ws)) for w, wo, ws in zip(maps.weights, maps.word_of, maps.words)]
+    decoder = cross = None
+    if getattr(maps, "decoder", None) is not None:  # an encoder–decoder: the target's words too
+        dec = maps.decoder
+        decoder = to_words(dec, marks)
+        cross = [aggregate(c, dec.word_of[i], len(dec.words[i]), maps.word_of[i], len(maps.words[i]))
+                 for i, c in enumerate(maps.cross_weights)]
     return WordMaps(
         sentences=list(maps.sentences), words=[list(w) for w in maps.words], weights=weights,
         kinds=[list(k) for k in maps.kinds],
         is_mark=[_mark_flags(ws, ks, chosen) for ws, ks in zip(maps.words, maps.kinds)],
         model_id=maps.model_id, revision=maps.revision, num_layers=maps.num_layers, num_heads=maps.num_heads,
+        decoder=decoder, cross_weights=cross,
     )

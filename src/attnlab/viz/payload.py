@@ -174,21 +174,26 @@ def neuron_payload(maps: Any) -> dict | None:
 def seq2seq_payload(maps: Any) -> dict | None:
     """An encoder–decoder's other two maps, for the head view's "decoder" and "cross" choices.
 
-    Per sentence: ``source`` (the encoder's tokens, the keys of cross-attention), ``target`` (the
-    decoder's input tokens: its start token, then the target; the queries), ``target_is_mark``, and
-    packed as :func:`pack_weights` packs them the decoder's self-attention [L_dec, H, T_tgt, T_tgt]
-    (``decoder``) and the cross-attention [L_dec, H, T_tgt, T_src] (``cross``), row-major.
-    None for maps without a decoder (an encoder's or a decoder's, and word-level maps, which keep none).
+    Per sentence: ``source`` (the encoder's tokens or words, the keys of cross-attention),
+    ``target`` (the decoder's input: its start token, then the target; the queries),
+    ``target_is_mark``, and packed as :func:`pack_weights` packs them the decoder's self-attention
+    [L_dec, H, T_tgt, T_tgt] (``decoder``) and the cross-attention [L_dec, H, T_tgt, T_src]
+    (``cross``), row-major; ``level`` says whether they are tokens or words (word-level maps, from
+    ``to_words()``, aggregate the decoder's and the cross maps by the same rule as the encoder's).
+    None for maps without a decoder (an encoder's or a decoder's).
     """
     dec = getattr(maps, "decoder", None)
     if dec is None or getattr(maps, "cross_weights", None) is None:
         return None
-    words = dec.to_words()
+    word_level = is_word_level(maps)
+    words = dec if word_level else dec.to_words()
     return {
         "model": {"num_layers": int(dec.num_layers), "num_heads": int(dec.num_heads)},
+        "level": "word" if word_level else "token",
         "sentences": [{
-            "source": list(maps.tokens[i]), "target": list(dec.tokens[i]),
-            "target_is_mark": [bool(words.is_mark[i][w]) for w in dec.word_of[i]],
+            "source": labels(maps, i), "target": labels(dec, i),
+            "target_is_mark": ([bool(m) for m in dec.is_mark[i]] if word_level
+                               else [bool(words.is_mark[i][w]) for w in dec.word_of[i]]),
             "decoder": pack_weights(dec.weights[i]), "cross": pack_weights(maps.cross_weights[i]),
         } for i in range(len(maps.sentences))],
     }

@@ -37,6 +37,7 @@
 
   function controls() {
     const m = st.maps;
+    const lv = (m.seq2seq && m.seq2seq.level) || "token"; // the decoder's and cross maps' level
     const pick = (key) => (e) => { st[key] = Number(e.target.value); load(); };
     const kind = (e) => {
       st.kind = e.target.value; st.pinned = null; st.hover = null;
@@ -54,8 +55,8 @@
       el("label", {}, "Show the row as ", el("select", {id: "head-display", onchange: (e) => { st.display = e.target.value; render(); }},
         el("option", {value: "lines", selected: st.display === "lines", text: "lines"}),
         el("option", {value: "heat", selected: st.display === "heat", text: "heat"}))),
-      el("span", {class: "muted", text: st.kind === "cross" ? `token level · ${labels().length} target × ${colLabels().length} source tokens`
-        : `${st.kind === "decoder" ? "token" : m.level} level · ${labels().length} ${st.kind === "decoder" ? "token" : m.level}s`}));
+      el("span", {class: "muted", text: st.kind === "cross" ? `${lv} level · ${labels().length} target × ${colLabels().length} source ${lv}s`
+        : `${st.kind === "decoder" ? lv : m.level} level · ${labels().length} ${st.kind === "decoder" ? lv : m.level}s`}));
   }
 
   // The sentence as chips, coloured by the chosen word's row: the row as heat over the text. For
