@@ -3,6 +3,7 @@ and a live uvicorn server on 127.0.0.1 for the browser."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -57,13 +58,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def live_server(viewer_app):
-    """The viewer served by uvicorn in a thread on a free port of 127.0.0.1; yields its base URL."""
+@contextlib.contextmanager
+def served(app):
+    """``app`` served by uvicorn in a thread on a free port of 127.0.0.1, for the block; yields its base URL."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(viewer_app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -71,9 +72,47 @@ def live_server(viewer_app):
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError(f"uvicorn did not start on 127.0.0.1:{port}")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def serve():
+    """:func:`served`, for tests that serve an app of their own: ``with serve(app) as url: ...``."""
+    return served
+
+
+@pytest.fixture(scope="session")
+def live_server(viewer_app):
+    """The viewer of the default model served by uvicorn on 127.0.0.1; yields its base URL."""
+    with served(viewer_app) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def tiny_seq2seq_dir(tmp_path_factory):
+    """A tiny random T5 (2 encoder layers, 3 decoder layers, 4 heads, relative position bias) with a
+    tokenizer trained in the test: tests/models/conftest.py's builder, loaded by path (test folders
+    are not packages). Its tests say they need torch and transformers."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("_tiny_models", Path(__file__).parent.parent / "models" / "conftest.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    folder = tmp_path_factory.mktemp("tiny-t5-viewer")
+    tiny.build("t5", folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def seq2seq_app(tiny_seq2seq_dir):
+    from attnlab.viz.server import create_app
+
+    return create_app(str(tiny_seq2seq_dir))
 
 
 @pytest.fixture(scope="module")

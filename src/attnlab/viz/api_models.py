@@ -42,6 +42,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
         layer: int = Field(ge=1, le=1000, description="1-based")
         head: int = Field(ge=1, le=1000, description="1-based")
+        kind: Kind = Field("encoder", description=KIND_HELP)
 
     class NeuronIn(Strict):
         sentences: Sentences
@@ -74,6 +75,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         max_tokens: int
         max_sentences: int
         max_chars: int
+        encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; kinds decoder and cross exist")
 
     class OverviewOut(BaseModel):
         size: int
@@ -96,17 +98,36 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         badges: list[BadgeOut]
         legend: dict[str, str]
 
+    class ShapeOut(BaseModel):
+        num_layers: int
+        num_heads: int
+
+    class PairOut(BaseModel):
+        source: list[str] = Field(description="the encoder's tokens or words: the keys of cross-attention")
+        source_is_mark: list[bool]
+        target: list[str] = Field(description="the decoder's input (its start token, then the target): the queries")
+        target_is_mark: list[bool]
+
+    class Seq2SeqOut(BaseModel):
+        model: ShapeOut = Field(description="the decoder's layers and heads")
+        level: Level = Field(description="the level of the decoder and cross maps /api/head serves")
+        sentences: list[PairOut]
+
     class MapsOut(BaseModel):
         model: ModelOut
         level: Level
         sentences: list[SentenceOut]
         roles: RolesOut
+        seq2seq: Seq2SeqOut | None = Field(None, description="an encoder–decoder's decoder and cross-attention labels")
 
     class HeadOut(BaseModel):
         sentence: int
         layer: int
         head: int
-        labels: list[str]
+        kind: Kind
+        level: Level = Field(description="the level served (decoder and cross maps may be tokens where words were asked)")
+        labels: list[str] = Field(description="the rows: the tokens or words that look")
+        key_labels: list[str] = Field(description="the columns: those looked at (the source's, for cross)")
         weights: list[list[float]] = Field(description="[from][to], each row sums to 1")
 
     class LayerMetaOut(BaseModel):

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Callable
 
-from attnlab.viz import payload
+from attnlab.viz import kinds, payload
 from attnlab.viz.api_models import api_models
 from attnlab.viz.assets import STATIC_FILES, read_static
 from attnlab.viz.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
@@ -112,8 +112,14 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
     def maps_for(sentences: list[str], level: str) -> Any:
         """The captured maps (``level`` "qk": token level with queries and keys); what the model
-        refuses (too many tokens, an empty sentence) is a 400."""
+        refuses (too many tokens, an empty sentence, an encoder–decoder's sentence that is not a
+        source<TAB>target pair) is a 400."""
         try:
+            lm = cache.loaded()
+            for i, s in enumerate(sentences):
+                if lm.config.get("is_encoder_decoder") and (tabs := s.count("\t")) != 1:
+                    raise ValueError(f"sentences[{i}] has {tabs} tabs; {lm.model_id!r} is an encoder–decoder model: "
+                                     f"give each sentence as its source and its target, separated by one tab")
             return cache.get_qk(sentences) if level == "qk" else cache.get(sentences, level)
         except (ValueError, LookupError) as e:  # the client's to fix
             raise client_error(e) from None
@@ -142,7 +148,7 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
         return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
                 "num_heads": lm.num_heads, "max_tokens": int(limit), "max_sentences": MAX_SENTENCES,
-                "max_chars": MAX_CHARS}
+                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder"))}
 
     @app.get("/api/info", response_model=M.InfoOut, responses=busy_doc)
     async def info() -> dict:
@@ -158,24 +164,37 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
     @app.post("/api/maps", response_model=M.MapsOut, responses=heavy_doc)
     async def maps(req: M.MapsIn) -> Response:
-        """Labels, marks, downsampled maps of every head and the role badges; full maps: /api/head."""
+        """Labels, marks, downsampled maps of every head and the role badges (an encoder's, or an
+        encoder–decoder's encoder's), and for an encoder–decoder what the head view's decoder and
+        cross choices need (``seq2seq``: the decoder's shape, the level served, source and target
+        labels and marks); full maps: /api/head."""
         def work() -> bytes:
             m = maps_for(req.sentences, req.level)
-            return cache.computed((tuple(req.sentences), req.level, req.overview),
-                                  lambda: to_json(payload.maps_payload(m, overview=req.overview)))
+
+            def make() -> bytes:
+                body = payload.maps_payload(m, overview=req.overview)
+                pairs = kinds.pairs_payload(cache.get(req.sentences, "token"), cache.get(req.sentences, "word"), req.level)
+                if pairs is not None:
+                    body["seq2seq"] = pairs
+                return to_json(body)
+            return cache.computed((tuple(req.sentences), req.level, req.overview), make)
         return await heavy(work)
 
     @app.post("/api/head", response_model=M.HeadOut, responses=heavy_doc)
     async def head(req: M.HeadIn) -> Response:
-        """One head's full map (1-based layer and head) of one sentence."""
+        """One head's full map (1-based layer and head) of one sentence: of the model's own attention
+        (``kind`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
+        rows, source columns), at word level where the word-level maps keep the decoder's, else at
+        token level (``level`` says which)."""
         def work() -> bytes:
-            m = maps_for(req.sentences, req.level)
+            maps_for(req.sentences, req.level)  # captures both levels, or answers 400
             try:
-                w = payload.head_matrix(m, req.sentence, req.layer, req.head)
+                got = kinds.kind_head(cache.get(req.sentences, "token"), cache.get(req.sentences, "word"), req.level,
+                                      req.kind, req.sentence, req.layer, req.head)
             except ValueError as e:
                 raise client_error(e) from None
-            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head,
-                            "labels": payload.labels(m, req.sentence), "weights": payload.round_weights(w)})
+            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "kind": req.kind,
+                            **got, "weights": payload.round_weights(got["weights"])})
         return await heavy(work)
 
     @app.post("/api/neuron", response_model=M.NeuronOut, responses=heavy_doc)

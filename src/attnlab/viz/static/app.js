@@ -12,6 +12,7 @@
     neuron: !data || !!data.neuron, // the server's /api/neuron, or a page of capture(..., qk=True) maps
   };
   const started = new Set();
+  let pairs = false; // the served model is an encoder–decoder: the boxes hold a source and a target
 
   AL.showView = function (name) {
     for (const b of document.querySelectorAll("#tabs button")) {
@@ -47,8 +48,9 @@
   AL.openHead = async function ({sentences, layer, head}) {
     const current = source.request && source.request.sentences;
     if (!data && sentences && JSON.stringify(sentences) !== JSON.stringify(current)) {
-      document.getElementById("sentence-a").value = sentences[0] || "";
-      document.getElementById("sentence-b").value = sentences[1] || "";
+      const boxes = pairs ? sentences[0].split("\t") : sentences; // an encoder–decoder's: source, target
+      document.getElementById("sentence-a").value = boxes[0] || "";
+      document.getElementById("sentence-b").value = boxes[1] || "";
       await showMaps(sentences, document.getElementById("level").value);
     }
     AL.emit("select-head", {sentence: 0, layer, head});
@@ -59,12 +61,17 @@
   document.getElementById("level").addEventListener("change", () => document.getElementById("input").requestSubmit());
   document.getElementById("input").addEventListener("submit", (e) => {
     e.preventDefault();
-    const sentences = ["sentence-a", "sentence-b"].map((id) => document.getElementById(id).value.trim()).filter(Boolean);
+    const boxes = ["sentence-a", "sentence-b"].map((id) => document.getElementById(id).value.trim());
+    const sentences = boxes.filter(Boolean);
     if (!sentences.length) {
       AL.status("Type a sentence in the box first, then press Show attention.", true);
       return;
     }
-    showMaps(sentences, document.getElementById("level").value);
+    if (pairs && sentences.length < 2) {
+      AL.status("An encoder–decoder model reads a source and a target: type both, then press Show attention.", true);
+      return;
+    }
+    showMaps(pairs ? [boxes.join("\t")] : sentences, document.getElementById("level").value);
   });
 
   const wanted = location.hash.slice(1);
@@ -73,9 +80,18 @@
     if (data.maps) document.getElementById("model-id").textContent = data.maps.model.id;
     AL.showView(available[wanted] ? wanted : data.maps ? "head" : "scene");
   } else {
-    source.info().then((info) => { document.getElementById("model-id").textContent = info.model_id; })
-      .catch((e) => AL.status(e.message, true));
     AL.showView(available[wanted] ? wanted : "head");
-    document.getElementById("input").requestSubmit();
+    // An encoder–decoder takes one (source, target) pair, sent as "source<TAB>target": the two
+    // boxes become the source and the target. The first maps wait for this answer.
+    source.info().then((info) => {
+      document.getElementById("model-id").textContent = info.model_id;
+      if (info.encoder_decoder) {
+        pairs = true;
+        document.getElementById("label-a").textContent = "Source";
+        document.getElementById("label-b").textContent = "Target";
+        const b = document.getElementById("sentence-b");
+        if (!b.value) b.value = document.getElementById("sentence-a").value;
+      }
+    }).catch((e) => AL.status(e.message, true)).finally(() => document.getElementById("input").requestSubmit());
   }
 })();

@@ -70,9 +70,10 @@ AL.status = function (text, isError) {
 // ---------------------------------------------------------------- data sources
 // Both sources answer the same questions with the same shapes:
 //   maps()              -> the /api/maps answer (labels, marks, downsampled maps, role scores)
-//   head(s, layer, hd)  -> {n, rows, cols, weights: Float32Array rows*cols} for sentence s, 1-based
-//                          layer and head (rows = cols = n; the embedded source also serves an
-//                          encoder–decoder's "decoder" and "cross" maps, a fourth argument)
+//   head(s, layer, hd, kind) -> {n, rows, cols, weights: Float32Array rows*cols} for sentence s,
+//                          1-based layer and head; kind "encoder" (the default: the maps' own, rows =
+//                          cols = n), or an encoder–decoder's "decoder" or "cross" (target rows,
+//                          source columns), which the maps announce in their `seq2seq` part
 //   scene()             -> the /api/scene answer (the lesson's scene, as `attnlab scene --json`)
 //   findHead(req)       -> the /api/find-head answer
 //   neuronInfo()        -> what the Neuron view can show, at once: {sentences: [{text}], kinds: {encoder:
@@ -125,11 +126,11 @@ class ServerSource {
     }
     return this.cache.get(key);
   }
-  async head(sentence, layer, head) {
-    const key = `${sentence}/${layer}/${head}`;
+  async head(sentence, layer, head, kind = "encoder") {
+    const key = `${kind}/${sentence}/${layer}/${head}`;
     if (!this.cache.has(key)) {
-      const p = this.call("/api/head", {...this.request, sentence, layer, head}).then((d) => ({
-        n: d.labels.length, rows: d.labels.length, cols: d.labels.length, weights: Float32Array.from(d.weights.flat()),
+      const p = this.call("/api/head", {...this.request, sentence, layer, head, kind}).then((d) => ({
+        n: d.labels.length, rows: d.labels.length, cols: d.key_labels.length, weights: Float32Array.from(d.weights.flat()),
       }));
       this.cache.set(key, p);
       p.catch(() => this.cache.delete(key));

@@ -26,7 +26,9 @@
   const labels = () => (st.kind === "encoder" ? st.maps.sentences[st.sentence].labels : seq().target);
   const colLabels = () => (st.kind === "cross" ? seq().source : labels());
   const isMark = () => (st.kind === "encoder" ? st.maps.sentences[st.sentence].is_mark : seq().target_is_mark);
-  const colMark = () => (st.kind === "cross" ? st.maps.sentences[st.sentence].is_mark : isMark());
+  // The server's maps say the source's marks at the cross maps' level, which may differ from the
+  // encoder's (word-level encoder maps beside token-level cross maps); a page's levels always agree.
+  const colMark = () => (st.kind === "cross" ? seq().source_is_mark || st.maps.sentences[st.sentence].is_mark : isMark());
   const nRows = () => st.map.rows || st.map.n;
   const nCols = () => st.map.cols || st.map.n;
   const weight = (i, j) => st.map.weights[i * nCols() + j];
