@@ -49,6 +49,8 @@ FIXTURE_NEEDS = {
     "default_model": MODEL_NEEDS,
     "bank_maps": MODEL_NEEDS,
     "viewer_app": ("fastapi",),  # tests/viz/conftest.py
+    "tiny_folder": ("torch", "transformers"),  # tests/models/conftest.py: tiny models built from transformers' configs
+    "tiny_llama": ("torch", "transformers"),  # tests/analysis/conftest.py
 }
 
 

@@ -14,7 +14,6 @@ _spec.loader.exec_module(tiny)
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     """A tiny Llama-style decoder (2 layers × 4 heads, RoPE, grouped-query attention) in a folder."""
-    pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("tiny-llama-analysis")
     tiny.build("llama", folder)
     return folder

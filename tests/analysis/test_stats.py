@@ -4,10 +4,10 @@ causal decoder), computed here by hand from capture's [L, H, T, T] weights."""
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers")
+import attnlab
+from attnlab.analysis.stats import ROW_STATS, head_stats
 
-import attnlab  # noqa: E402
-from attnlab.analysis.stats import ROW_STATS, head_stats  # noqa: E402
+pytestmark = pytest.mark.needs("torch", "transformers")
 
 WORDS = "the river runs past the bank and the money sits in the bank while I sat on the bank of the river".split()
 

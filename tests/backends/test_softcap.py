@@ -36,8 +36,10 @@ def test_large_cap_changes_nothing_and_small_cap_flattens():
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.needs("torch")
 def test_backends_agree_with_the_reference(backend):
-    torch = pytest.importorskip("torch")
+    import torch
+
     q, k, v = Q, K[:, :1], V[:, :1]  # grouped-query: one key/value head for three query heads
     want, want_w = _by_hand(q, np.repeat(k, 3, 1), np.repeat(v, 3, 1), 1.5, 0.3, causal=True)
     args = (q, k, v) if backend == "numpy" else tuple(torch.from_numpy(x) for x in (q, k, v))
@@ -47,8 +49,8 @@ def test_backends_agree_with_the_reference(backend):
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "blockwise", "kernel"])
+@pytest.mark.needs("torch")
 def test_other_backends_refuse_it(backend):
-    pytest.importorskip("torch")
     from attnlab.backends.dispatch import NoBackendError
 
     with pytest.raises(NoBackendError, match="softcapping"):

@@ -104,8 +104,10 @@ def test_compiled_kernel_matches_the_float64_reference(case, block, isa):
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@pytest.mark.needs("torch")
 def test_compiled_kernel_and_python_loop_agree_on_tensors(case, isa):
-    torch = pytest.importorskip("torch")
+    import torch
+
     (q, k, v), kw = case
     q, k, v = (torch.from_numpy(x) for x in (q, k, v))
     out, lse = attention(q, k, v, backend="kernel", return_lse=True, **kw)
@@ -278,8 +280,10 @@ def test_each_variant_is_compiled_with_vectors_of_its_width(variant, register, w
         assert not re.search(r"%[yz]mm\d+", functions[f"{name}_base"]), f"{name}_base uses AVX registers"
 
 
+@pytest.mark.needs("torch")
 def test_torch_set_num_threads_reaches_the_kernel():
-    torch = pytest.importorskip("torch")
+    import torch
+
     before = torch.get_num_threads()
     try:
         # torch sets OpenMP's default in the one libgomp the process has; the kernel (threads=None) takes it
@@ -296,9 +300,11 @@ def test_torch_set_num_threads_reaches_the_kernel():
 BACKWARD_CASES = [c for c in agreement.CASES if not {"mask", "bias"} & set(c.kwargs)]  # what the kernel serves
 
 
+@pytest.mark.needs("torch")
 def _grads(backend, q, k, v, dout, dlse, kw, dtype):
     """dq, dk, dv (float64 NumPy) of sum(out * dout) + sum(lse * dlse) through ``backend`` in ``dtype``."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     leaves = [torch.from_numpy(x).to(dtype).requires_grad_() for x in (q, k, v)]
     kw = {n: torch.from_numpy(x) if isinstance(x, np.ndarray) and x.dtype == bool else x for n, x in kw.items()}
     out, lse = attention(*leaves, backend=backend, return_lse=True, **kw)
@@ -319,6 +325,7 @@ def _rounded_case(case):
 
 
 @pytest.mark.parametrize("case", BACKWARD_CASES, ids=[c.name for c in BACKWARD_CASES])
+@pytest.mark.needs("torch")
 def test_compiled_gradients_within_twice_plain_torch_float32(case, isa):
     """Against float64 autograd through the reference's math: at most 2x the error of plain torch float32 autograd.
 
@@ -327,7 +334,8 @@ def test_compiled_gradients_within_twice_plain_torch_float32(case, isa):
     against a wrong tile rather than a precision claim (measured: up to 3.3x, as the Python loop's;
     both use a float32 LSE and D = rowsum(dO o), where plain autograd differentiates softmax itself).
     """
-    torch = pytest.importorskip("torch")
+    import torch
+
     q, k, v, dout, dlse = _rounded_case(case)
     kw = case.kwargs
     exact = _grads("torch", q, k, v, dout, dlse, kw, torch.float64)
@@ -341,8 +349,10 @@ def test_compiled_gradients_within_twice_plain_torch_float32(case, isa):
 
 
 @pytest.mark.parametrize("case", BACKWARD_CASES, ids=[c.name for c in BACKWARD_CASES])
+@pytest.mark.needs("torch")
 def test_compiled_and_python_backward_agree_and_empty_rows_get_zero_gradients(case, isa):
-    torch = pytest.importorskip("torch")
+    import torch
+
     q, k, v, dout, dlse = _rounded_case(case)
     kw = case.kwargs
     compiled = _grads("kernel", q, k, v, dout, dlse, kw, torch.float32)
@@ -358,9 +368,11 @@ def test_compiled_and_python_backward_agree_and_empty_rows_get_zero_gradients(ca
     assert (compiled[1][unseen_keys] == 0).all() and (compiled[2][unseen_keys] == 0).all()
 
 
+@pytest.mark.needs("torch")
 def test_backward_passes_gradcheck_in_float64_through_the_python_path():
     """The float64 twin of the compiled backward (the blockwise loop, which the kernel matches above) passes gradcheck."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     g = torch.Generator().manual_seed(5)
     for kw in ({"causal": True}, {"window": (2, 1), "lengths": np.array([7])}, {"causal": True, "window": 3}):
         q = torch.randn(1, 4, 6, 3, generator=g, dtype=torch.float64, requires_grad=True)  # Tq = 6 < Tk = 8, GQA 4 / 2
@@ -396,8 +408,9 @@ def test_backward_is_the_same_bits_for_any_thread_count(b, g, block, isa):
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.needs("torch")
 def test_the_kernel_backend_differentiates_with_the_compiled_backward(monkeypatch):
-    torch = pytest.importorskip("torch")
+    import torch
 
     def refuse(*a, **kw):
         raise AssertionError("the Python backward ran")
@@ -411,8 +424,10 @@ def test_the_kernel_backend_differentiates_with_the_compiled_backward(monkeypatc
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.needs("torch")
 def test_low_precision_gradients_are_computed_in_float32(dtype, isa):
-    torch = pytest.importorskip("torch")
+    import torch
+
     case = agreement.case("grouped-query causal")
     q, k, v, dout, dlse = _rounded_case(case)
     low = getattr(torch, dtype)

@@ -13,7 +13,7 @@ from attnlab import bench
 from attnlab.bench import methods, timing
 from attnlab.cli.app import main
 
-pytest.importorskip("torch")
+pytestmark = pytest.mark.needs("torch")
 
 MEASUREMENT_KEYS = {"method", "n", "d", "heads", "causal", "time_s", "times_s", "peak_bytes", "max_error", "gflops",
                     "pct_of_gemm", "backend", "reason", "skipped"}

@@ -90,7 +90,6 @@ def build(arch: str, folder) -> None:
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
     """tiny_folder(arch) → the folder of a tiny ``arch`` model (one of ARCHS), built once per session."""
-    pytest.importorskip("transformers")
     built: dict = {}
 
     def get(arch: str):

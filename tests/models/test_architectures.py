@@ -6,9 +6,9 @@ position bias and BART's encoder–decoder (encoder, decoder and cross-attention
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers")
+from attnlab.models.capture import capture
 
-from attnlab.models.capture import capture  # noqa: E402
+pytestmark = pytest.mark.needs("torch", "transformers")
 
 SENTENCES = ["I sat on the bank of the river.", "The river runs past the bank, slowly!", "I put the money in."]
 PAIRS = [("I sat on the bank.", "The river runs past the bank, slowly!"), ("The money!", "I put it in the bank."),
