@@ -5,7 +5,7 @@ forward of the same input through transformers' SDPA attention.
 Each measurement runs in a fresh process, so its peak resident memory (``ru_maxrss``) is its own;
 the process's resident memory after loading the model (``base``) is reported beside it.
 
-    .venv/bin/python benchmarks/bench_long.py --tokens 32768 --json benchmarks/results/long_32768.json
+    .venv/bin/python benchmarks/bench_long.py --tokens 32768 --json /tmp/long_32768.json
     .venv/bin/python benchmarks/bench_long.py --tokens 4096,8192,16384,32768 --modes stats --json ...
     .venv/bin/python benchmarks/bench_long.py --tokens 2048 --modes capture,sdpa --json ...
 
