@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -566,3 +567,19 @@ def test_a_read_only_statistics_output_is_refused():
     sums.flags.writeable = False
     with pytest.raises(ValueError, match="sums: expected a writable float64 array"):
         kernel._tiles.stats(**_stats_args(sums=sums))
+
+
+@pytest.mark.parametrize("name", ISAS)
+def test_the_environment_picks_the_variant(name):
+    """ATTNLAB_KERNEL_ISA runs another compiled variant (to measure a machine without the better one)."""
+    code = "from attnlab.backends import kernel; print(kernel.isa())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, kernel.ENV_ISA: name},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == name
+
+
+def test_an_unknown_variant_in_the_environment_warns_and_keeps_the_best():
+    code = "from attnlab.backends import kernel; print(kernel.isa())"
+    out = subprocess.run([sys.executable, "-W", "always", "-c", code], env={**os.environ, kernel.ENV_ISA: "SSE9"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ISAS[0] and "ATTNLAB_KERNEL_ISA must name" in out.stderr and "'SSE9'" in out.stderr

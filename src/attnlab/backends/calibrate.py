@@ -12,7 +12,8 @@ backend's rough prior (:meth:`attnlab.backends.base.Backend.estimate`).
 
 The table is cached as JSON in ``$ATTNLAB_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnlab``, else
 ``~/.cache/attnlab``), in a file keyed by the CPU, the thread count, NumPy's, torch's and attnlab's
-versions and the compiled kernel's instruction set: another machine or an upgrade measures anew.
+versions and the instruction sets in use (the compiled kernel's; ``ATEN_CPU_CAPABILITY`` and
+``MKL_ENABLE_INSTRUCTIONS`` where set): another machine or an upgrade measures anew.
 ``ATTNLAB_CALIBRATE=0`` turns measuring off (auto then uses the priors alone); ``attnlab check
 --calibrate`` measures the usual profiles again.
 """
@@ -116,8 +117,10 @@ def machine_facts() -> dict[str, Any]:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
+    # the environment variables that change which instructions torch's and MKL's kernels use
+    isa_env = {name: os.environ.get(name) for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")}
     return {"cpu": cpu, "machine": platform.machine(), "cpus": os.cpu_count(),
-            "omp_threads": os.environ.get("OMP_NUM_THREADS"), "kernel_isa": kernel.isa(), **versions}
+            "omp_threads": os.environ.get("OMP_NUM_THREADS"), "kernel_isa": kernel.isa(), **isa_env, **versions}
 
 
 @functools.cache

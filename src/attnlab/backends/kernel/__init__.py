@@ -11,10 +11,14 @@ whole vectors of keys (16 with AVX-512). Gradients: FlashAttention-2's backward 
 the forward (:func:`backward`, the twin of :func:`attnlab.backends.online.backward`), tiles of
 ``BACKWARD_BLOCK``, deterministic for any thread count. Threads: OpenMP's default, which torch shares
 (the process has one libgomp): ``torch.set_num_threads(n)`` or ``OMP_NUM_THREADS``, else every CPU.
+The best instruction-set variant this CPU runs is used; ``ATTNLAB_KERNEL_ISA`` (e.g. ``AVX2``) picks
+another one at import, to measure how a machine without the better one would fare.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -29,6 +33,21 @@ try:
     from attnlab.backends.kernel import _tiles
 except ImportError:  # built without a C compiler: the backend refuses, blockwise serves
     _tiles = None
+
+ENV_ISA = "ATTNLAB_KERNEL_ISA"  # run another compiled variant than the best this CPU runs (to measure it)
+
+
+def _isa_from_env() -> None:
+    want = os.environ.get(ENV_ISA, "").strip()
+    if want and _tiles is not None:
+        if want in _tiles.isas():
+            _tiles.isa(want)
+        else:  # a warning, not an error: a stray variable must not stop the package from importing
+            warnings.warn(f"{ENV_ISA} must name an instruction set compiled in that this CPU runs "
+                          f"({', '.join(_tiles.isas())}), got {want!r}; using {_tiles.isa()}", RuntimeWarning, 2)
+
+
+_isa_from_env()
 
 BLOCK = (96, 512)
 BACKWARD_BLOCK = (96, 256)  # P and dS tiles of 96 x 256 (192 kB together), the key block's dK, dV beside them
