@@ -158,8 +158,6 @@ def test_qk_and_seq2seq_survive_a_file(tiny_folder, tmp_path):
             np.testing.assert_array_equal(back.decoder.weights[1], maps.decoder.weights[1])
 
 
-def test_seq2seq_needs_pairs_and_refuses_qk(tiny_folder):
+def test_seq2seq_needs_pairs(tiny_folder):
     with pytest.raises(ValueError, match=r"sentences\[0\] is one string.*\(source, target\) pairs"):
         capture(["Only a source."], tiny_folder("t5"))
-    with pytest.raises(ValueError, match="qk=True"):
-        capture(PAIRS[:1], tiny_folder("t5"), qk=True)

@@ -75,3 +75,60 @@ def test_a_missing_target_is_explained(page, t5_server):
     page.click("#run")
     page.wait_for_selector("#status.error")
     assert "a source and a target" in page.inner_text("#status")
+
+
+def neuron_weights(page) -> list[str]:
+    return page.locator("#view-neuron td.weight").all_inner_texts()
+
+
+def choose(page, kind: str, layer: int, head: int, query: int) -> None:
+    """In the Neuron view: the attention, layer and head, a query token, and the last step."""
+    page.wait_for_selector("#view-neuron table.neuron")
+    page.select_option("#view-neuron select[aria-label=attention]", label=kind)
+    page.select_option("#view-neuron select[aria-label=layer]", str(layer))
+    page.select_option("#view-neuron select[aria-label=head]", str(head))
+    about = {"cross": "Cross-attention, ", "decoder": "Decoder, "}.get(kind, "")
+    page.wait_for_selector(f"#neuron-step:has-text('{about}layer {layer}, head {head};')")
+    page.click(f'#view-neuron .strip .word[data-index="{query}"]')
+    page.locator("#view-neuron .controls button").last.click()
+
+
+@pytest.mark.parametrize("where", ["page", "server"])
+def test_neuron_view_of_the_three_attentions_with_t5s_position_bias(page, where, t5_server, tiny_seq2seq_dir, tmp_path):
+    """Each attention's weights, recomputed in the page from q, k and the position bias, equal capture's
+    weights; T5's bias is a step of its own (five steps), with the bias and the biased score as numbers."""
+    from attnlab.models.capture import capture
+    from attnlab.viz.page import write_maps_html
+
+    maps = capture([(SOURCE, TARGET)], tiny_seq2seq_dir, qk=True)
+    if where == "page":
+        page.goto(write_maps_html(maps, tmp_path / "t5.html").as_uri() + "#neuron")
+    else:
+        page.goto(t5_server + "/#neuron")
+        page.fill("#sentence-a", SOURCE)
+        page.fill("#sentence-b", TARGET)
+        page.click("#run")
+        page.wait_for_function("document.querySelector('#status').textContent.includes('ms')")
+    n = len(maps.decoder.tokens[0])
+    for kind, layer, head, query, want, bias in (
+        ("cross", 3, 2, 4, maps.cross_weights[0], None),
+        ("decoder", 2, 4, n - 1, maps.decoder.weights[0], maps.decoder.position_bias[0]),
+        ("encoder", 1, 3, 5, maps.weights[0], maps.position_bias[0]),
+    ):
+        choose(page, kind, layer, head, query)
+        row = want[layer - 1, head - 1, query]
+        assert neuron_weights(page) == [pct1(w) for w in row], kind
+        keys = page.locator("#view-neuron tbody tr td:first-child").all_inner_texts()
+        assert keys == (maps.tokens[0] if kind != "decoder" else maps.decoder.tokens[0])
+        steps = page.locator("#view-neuron .controls button")
+        assert steps.count() == (4 if bias is None else 5), kind
+        if bias is not None:
+            shown = [float(t) for t in page.locator("#view-neuron td.bias").all_inner_texts()]
+            np.testing.assert_allclose(shown, bias[layer - 1, head - 1, query], atol=0.006)
+            steps.nth(2).click()
+            assert "position bias" in page.inner_text("#neuron-step")
+        exact = page.evaluate("(() => { const c = window.attnlab.neuron.current();"
+                              " return window.attnlab.neuronRow(c.q[c.query], c.k, c.query, c.meta,"
+                              " c.bias && c.bias[c.query]).weights; })()")
+        np.testing.assert_allclose(exact, row, atol=1e-5)
+    page.screenshot(path=str((SHOTS or tmp_path) / f"neuron-t5-{where}.png"), full_page=True)

@@ -65,7 +65,7 @@ def maps(
     if decider and len(decider) != len(sentences):
         raise ValueError(f"--decider was given {len(decider)} times for {len(sentences)} sentences; give one per sentence")
     lm = load_model(model, revision)
-    neuron = bool(html) and not lm.config.get("is_encoder_decoder")  # the page's Neuron view needs q and k
+    neuron = bool(html)  # the page's Neuron view needs q and k
     found = capture(_as_items(sentences), lm, qk=neuron)
     pick = _head(layer, head, found.num_layers, found.num_heads)
     if png and pick is None:

@@ -57,6 +57,45 @@ def _qk_meta(calls: list[dict]) -> dict:
     return {name: [c[name] for c in calls] for name in ("scale", "softcap", "causal", "window")}
 
 
+def _biases(calls: list[dict], tq: list[int], tk: list[int]) -> list[np.ndarray] | None:
+    """Each sentence's position bias [L, H, tq, tk] (zeros for a layer that adds none), or None where
+    no layer adds a bias that is not zero (BART; T5's cross-attention, which adds zeros)."""
+    import torch
+
+    if not any(c["bias"] is not None and bool((c["bias"] != 0).any()) for c in calls):
+        return None
+    per_layer = [  # (B, H, Tq', Tk') each
+        (c["bias"] if c["bias"] is not None else torch.zeros(1, *c["query"].shape[1:3], c["key"].shape[2]))
+        .expand(len(tq), -1, -1, -1) for c in calls
+    ]
+    return [_stack(per_layer, r, tq[r], tk[r]) for r in range(len(tq))]
+
+
+def _qk(calls: list[dict], tq: list[int], tk: list[int], prefix: str = "") -> dict:
+    """The fields of AttentionMaps that hold one attention's queries [L, H, tq, D] and keys
+    [L, H, tk, D] per sentence, its position bias and its qk_meta, names under ``prefix``."""
+    rows = range(len(tq))
+    return {
+        f"{prefix}queries": [_stack([c["query"] for c in calls], r, tq[r], None) for r in rows],
+        f"{prefix}keys": [_stack([c["key"] for c in calls], r, tk[r], None) for r in rows],
+        f"{prefix}position_bias": _biases(calls, tq, tk), f"{prefix}qk_meta": _qk_meta(calls),
+    }
+
+
+def _split_calls(calls: list[dict], enc_layers: int, dec_layers: int, model_id: str) -> tuple[list, list, list]:
+    """One forward's recorded attention calls → (the encoder's or the model's own, the decoder's
+    self-attention, the cross-attention): an encoder–decoder's decoder layers call self-attention
+    (causal) then cross-attention, in order."""
+    dec, cross = calls[enc_layers::2], calls[enc_layers + 1::2]
+    if (len(calls) != enc_layers + 2 * dec_layers or not all(c["causal"] for c in dec)
+            or any(c["causal"] for c in cross)):
+        want = (f"{enc_layers} + 2 × {dec_layers}: the encoder's layers, then per decoder layer a causal "
+                f"self-attention and a cross-attention") if dec_layers else f"{enc_layers}, one per layer"
+        raise RuntimeError(f"model {model_id!r} made {len(calls)} attention calls in one forward; capture(qk=True) "
+                           f"reads {want}")
+    return calls[:enc_layers], dec, cross
+
+
 def _encodings(lm: LoadedModel, items: list, seq2seq: bool) -> list[tuple[Encoded, Encoded | None]]:
     limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
     out = []
@@ -104,8 +143,6 @@ def iter_capture(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
     seq2seq = bool(lm.config.get("is_encoder_decoder"))
-    if qk and seq2seq:
-        raise ValueError(f"qk=True is not available for encoder–decoder models such as {lm.model_id!r} yet")
     encs = _encodings(lm, items, seq2seq)
     order = sorted(range(len(items)), key=lambda i: len(encs[i][0].ids))
     pad = lm.tokenizer.pad_token_id
@@ -130,18 +167,18 @@ def iter_capture(
             )
         n = [len(e.ids) for e in src]
         extra: dict[str, Any] = {}
+        if qk:
+            dec_layers = len(out.decoder_attentions) if seq2seq else 0
+            own, self_calls, cross_calls = _split_calls(calls, lm.num_layers, dec_layers, lm.model_id)
+            extra.update(_qk(own, n, n))
         if seq2seq:
             m = [len(e.ids) for e in tgt]
             dec = _maps(lm, [items[i][1] for i in idx], tgt,
                         [_stack(out.decoder_attentions, r, m[r], m[r]) for r in range(len(idx))],
-                        len(out.decoder_attentions))
-            extra = {"decoder": dec, "cross_weights": [_stack(out.cross_attentions, r, m[r], n[r]) for r in range(len(idx))]}
-        if qk:
-            extra = {
-                "queries": [_stack([c["query"] for c in calls], r, n[r], None) for r in range(len(idx))],
-                "keys": [_stack([c["key"] for c in calls], r, n[r], None) for r in range(len(idx))],
-                "qk_meta": _qk_meta(calls),
-            }
+                        len(out.decoder_attentions), **(_qk(self_calls, m, m) if qk else {}))
+            extra.update(decoder=dec, cross_weights=[_stack(out.cross_attentions, r, m[r], n[r]) for r in range(len(idx))])
+            if qk:
+                extra.update(_qk(cross_calls, m, n, prefix="cross_"))
         done += len(idx)
         if progress is not None:
             progress(done, len(items))
@@ -166,7 +203,12 @@ def capture(
     Returns :class:`AttentionMaps` in the order given; ``weights[i]`` is float32 [L, H, T, T].
     ``qk=True`` also keeps ``queries[i]`` and ``keys[i]``, [L, H, T, D_head] as the attention
     function received them (after RoPE, before scaling; grouped-query keys repeated per query head),
-    with ``qk_meta`` (per layer scale, softcap, causal, window) to recompute the weights from them.
+    with ``qk_meta`` (per layer scale, softcap, causal, window) and ``position_bias[i]``
+    [L, H, T, T] (T5's relative position bias; None for models that add none) to recompute the
+    weights from them: softmax(softcap(q·kᵀ·scale) + bias + mask). An encoder–decoder keeps them for
+    its three attentions: the encoder's (these), the decoder's self-attention (``decoder.queries``,
+    ``decoder.keys``, ...) and the cross-attention (``cross_queries[i]`` [L_dec, H, T_target, D],
+    ``cross_keys[i]`` [L_dec, H, T_source, D], ``cross_position_bias``, ``cross_qk_meta``).
     """
     items = check_sentences(sentences)
     slots: list[Any] = [None] * len(items)

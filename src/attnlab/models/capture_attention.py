@@ -35,7 +35,10 @@ _OBSERVE: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("attn
 def recording() -> Iterator[list]:
     """Collect, call by call, a dict per attention call of the forward run inside the block:
     ``query`` (B, H, Tq, D) and ``key`` (B, H, Tk, D) as the attention function received them (after
-    RoPE, before scaling; grouped keys repeated per query head), ``scale`` and ``softcap``."""
+    RoPE, before scaling; grouped keys repeated per query head), ``scale``, ``softcap``, ``causal``,
+    ``window`` and ``bias`` (the additive position bias, (1 or B, H, Tq, Tk), or None). An
+    encoder–decoder's calls come in the forward's order: the encoder's layers, then per decoder layer
+    its self-attention and its cross-attention."""
     calls: list = []
     token = _RECORD.set(calls)
     try:
@@ -121,7 +124,8 @@ def capture_attention_forward(
         calls.append({
             "query": query.detach(), "key": key.detach().repeat_interleave(groups, dim=1),  # (B, H, T, D)
             "scale": float(scaling) if scaling is not None else query.shape[-1] ** -0.5,
-            "softcap": None if softcap is None else float(softcap), "bias": position_bias is not None,
+            "softcap": None if softcap is None else float(softcap),
+            "bias": None if bias is None else bias.detach(),  # (1 or B, H, Tq, Tk): T5's relative position bias
             "causal": bool(getattr(module, "is_causal", False)),
             # transformers' window: key j is seen by query i when i − window < j ≤ i
             "window": None if sliding_window is None else [int(sliding_window) - 1, 0],

@@ -4,10 +4,12 @@ A file is a NumPy ``.npz`` archive read with ``allow_pickle=False``: one array `
 shape [L, H, T, T] per sentence (float32 or float16, exactly as captured or converted) and one
 ``header`` array holding UTF-8 JSON with everything else (format name and version, model id,
 revision, config, sentences, tokens, token-to-word index, words and their kinds). Optional parts
-add arrays of their own: ``queries_<i>`` and ``keys_<i>`` [L, H, T, D] (``qk=True``), and for an
-encoder–decoder ``cross_<i>`` [L_dec, H, T_target, T_source] and the decoder's maps under the
-prefix ``decoder.`` (its header under the header's ``decoder`` key). Saving and loading are
-lossless: the arrays come back bit for bit, the rest equal.
+add arrays of their own: ``queries_<i>`` and ``keys_<i>`` [L, H, T, D] (``qk=True``, with
+``position_bias_<i>`` [L, H, T, T] where the model adds one), and for an encoder–decoder
+``cross_<i>`` [L_dec, H, T_target, T_source], the decoder's maps under the prefix ``decoder.``
+(its header under the header's ``decoder`` key) and with ``qk=True`` ``cross_queries_<i>``,
+``cross_keys_<i>`` and ``cross_position_bias_<i>`` (their meta under ``cross_qk_meta``). Saving and
+loading are lossless: the arrays come back bit for bit, the rest equal.
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ class AttentionMaps:
     attending, column = the token attended to. ``word_of[i][t]`` is the word that token t belongs to;
     ``words[i]`` and ``kinds[i]`` describe those words (special tokens are words of their own, of
     kind ``cls`` or ``sep``; ``punct`` words are punctuation only).
+
+    With ``capture(..., qk=True)``: ``queries[i]`` and ``keys[i]`` [L, H, T, D], ``qk_meta`` (per
+    layer ``scale``, ``softcap``, ``causal``, ``window``) and ``position_bias[i]`` [L, H, T, T], the
+    bias the model adds to the scores (T5's relative position bias; None where it adds none), so
+    that softmax(softcap(q·kᵀ·scale) + bias + mask) gives ``weights[i]``. An encoder–decoder's
+    ``decoder`` holds the same for its self-attention, and ``cross_queries[i]`` [L_dec, H, T_target, D],
+    ``cross_keys[i]`` [L_dec, H, T_source, D], ``cross_position_bias`` and ``cross_qk_meta`` those
+    of its cross-attention.
     """
 
     sentences: list[Sentence]
@@ -54,6 +64,11 @@ class AttentionMaps:
     queries: list[np.ndarray] | None = field(default=None, repr=False)
     keys: list[np.ndarray] | None = field(default=None, repr=False)
     qk_meta: dict | None = field(default=None, repr=False)
+    position_bias: list[np.ndarray] | None = field(default=None, repr=False)
+    cross_queries: list[np.ndarray] | None = field(default=None, repr=False)
+    cross_keys: list[np.ndarray] | None = field(default=None, repr=False)
+    cross_position_bias: list[np.ndarray] | None = field(default=None, repr=False)
+    cross_qk_meta: dict | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.sentences)
@@ -75,13 +90,26 @@ class AttentionMaps:
                 if c.shape != want:
                     raise ValueError(f"AttentionMaps.cross_weights[{i}] has shape {c.shape}, expected {want} "
                                      f"(L_dec, H, T_target, T_source)")
-        if (self.queries is None) != (self.keys is None):
-            raise ValueError("AttentionMaps.queries and keys come together or not at all")
-        for name in ("queries", "keys"):
-            for i, x in enumerate(getattr(self, name) or ()):
-                if x.shape[:3] != (self.num_layers, self.num_heads, len(self.tokens[i])):
-                    raise ValueError(f"AttentionMaps.{name}[{i}] has shape {x.shape}, expected "
-                                     f"{(self.num_layers, self.num_heads, len(self.tokens[i]))} + (D,) (L, H, T, D)")
+        rows = [len(t) for t in self.tokens]
+        self._check_qk("", self.num_layers, self.num_heads, rows, rows)
+        if (self.cross_queries is not None) and self.decoder is None:
+            raise ValueError("AttentionMaps.cross_queries needs an encoder–decoder's maps (decoder and cross_weights)")
+        if self.decoder is not None:
+            self._check_qk("cross_", self.decoder.num_layers, self.decoder.num_heads,
+                           [len(t) for t in self.decoder.tokens], rows)
+
+    def _check_qk(self, prefix: str, num_layers: int, num_heads: int, tq: list[int], tk: list[int]) -> None:
+        """queries [L, H, Tq, D], keys [L, H, Tk, D], position_bias [L, H, Tq, Tk] under ``prefix``, or none."""
+        queries, keys, bias = (getattr(self, f"{prefix}{n}") for n in ("queries", "keys", "position_bias"))
+        if (queries is None) != (keys is None) or (queries is None and bias is not None):
+            raise ValueError(f"AttentionMaps.{prefix}queries and {prefix}keys come together, and "
+                             f"{prefix}position_bias only with them")
+        for name, lengths in (("queries", tq), ("keys", tk), ("position_bias", tq)):
+            for i, x in enumerate(getattr(self, f"{prefix}{name}") or ()):
+                want, last = (num_layers, num_heads, lengths[i]), tk[i] if name == "position_bias" else "D"
+                if x.ndim != 4 or x.shape[:3] != want or (name == "position_bias" and x.shape[3] != tk[i]):
+                    raise ValueError(f"AttentionMaps.{prefix}{name}[{i}] has shape {x.shape}, expected {want} + "
+                                     f"({last},) (L, H, {'Tq, Tk' if name == 'position_bias' else 'T, D'})")
 
     @property
     def is_seq2seq(self) -> bool:
@@ -121,10 +149,11 @@ class AttentionMaps:
             "tokens": self.tokens, "word_of": self.word_of, "words": self.words, "kinds": self.kinds,
         }
         arrays = {f"{prefix}weights_{i}": w for i, w in enumerate(self.weights)}
-        if self.queries is not None:
-            header["qk_meta"] = self.qk_meta
-            arrays.update({f"{prefix}queries_{i}": x for i, x in enumerate(self.queries)})
-            arrays.update({f"{prefix}keys_{i}": x for i, x in enumerate(self.keys)})
+        for part in ("", "cross_"):
+            if getattr(self, f"{part}queries") is not None:
+                header[f"{part}qk_meta"] = getattr(self, f"{part}qk_meta")
+                for name in ("queries", "keys", "position_bias"):
+                    arrays.update({f"{prefix}{part}{name}_{i}": x for i, x in enumerate(getattr(self, f"{part}{name}") or ())})
         if self.decoder is not None:
             header["decoder"], more = self.decoder._parts("decoder.")
             arrays.update(more)
@@ -167,10 +196,12 @@ def load_maps(path: str | os.PathLike) -> AttentionMaps:
 def _from_parts(header: dict, archive: Any, prefix: str) -> AttentionMaps:
     n = len(header["sentences"])
 
-    def arrays(name: str) -> list[np.ndarray]:
-        return [archive[f"{prefix}{name}_{i}"] for i in range(n)]
+    def arrays(name: str) -> list[np.ndarray] | None:
+        found = f"{prefix}{name}_0" in archive.files
+        return [archive[f"{prefix}{name}_{i}"] for i in range(n)] if found else None
 
     qk = "qk_meta" in header
+    cross = {f"cross_{name}": arrays(f"cross_{name}") for name in ("queries", "keys", "position_bias")}
     decoder = _from_parts(header["decoder"], archive, "decoder.") if "decoder" in header else None
     return AttentionMaps(
         sentences=[s if isinstance(s, str) else tuple(s) for s in header["sentences"]],
@@ -179,7 +210,8 @@ def _from_parts(header: dict, archive: Any, prefix: str) -> AttentionMaps:
         num_layers=header["num_layers"], num_heads=header["num_heads"], config=header["config"],
         decoder=decoder, cross_weights=arrays("cross") if decoder is not None else None,
         queries=arrays("queries") if qk else None, keys=arrays("keys") if qk else None,
-        qk_meta=header.get("qk_meta"),
+        qk_meta=header.get("qk_meta"), position_bias=arrays("position_bias") if qk else None,
+        cross_qk_meta=header.get("cross_qk_meta"), **cross,
     )
 
 
@@ -199,5 +231,23 @@ def gather(parts: list[AttentionMaps], slots: list[tuple[int, int]]) -> Attentio
         first, sentences=pick(lambda m: m.sentences), tokens=pick(lambda m: m.tokens),
         weights=pick(lambda m: m.weights), word_of=pick(lambda m: m.word_of), words=pick(lambda m: m.words),
         kinds=pick(lambda m: m.kinds), decoder=decoder, cross_weights=pick(lambda m: m.cross_weights),
-        queries=pick(lambda m: m.queries), keys=pick(lambda m: m.keys),
+        queries=pick(lambda m: m.queries), keys=pick(lambda m: m.keys), position_bias=_biases(parts, slots, ""),
+        cross_queries=pick(lambda m: m.cross_queries), cross_keys=pick(lambda m: m.cross_keys),
+        cross_position_bias=_biases(parts, slots, "cross_"),
     )
+
+
+def _biases(parts: list[AttentionMaps], slots: list[tuple[int, int]], prefix: str) -> list[np.ndarray] | None:
+    """The gathered position biases under ``prefix``: capture leaves out a batch's bias where it is all
+    zero, so a batch without one gets zeros beside batches with one."""
+    got = [getattr(p, f"{prefix}position_bias") for p in parts]
+    if all(b is None for b in got):
+        return None
+    out = []
+    for p, r in slots:
+        if got[p] is not None:
+            out.append(got[p][r])
+        else:  # [L, H, Tq, Tk] of zeros, shaped by this part's queries and keys
+            q, k = getattr(parts[p], f"{prefix}queries")[r], getattr(parts[p], f"{prefix}keys")[r]
+            out.append(np.zeros((*q.shape[:3], k.shape[2]), dtype=q.dtype))
+    return out

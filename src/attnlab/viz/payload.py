@@ -146,31 +146,6 @@ def find_head_payload(words: Any, target: str, deciders: list[str], exclude_self
     return out
 
 
-NEURON_MAX_TOKENS = 128  # the neuron view's q and k as JSON grow as L·H·T·D: longer sentences are left out
-NEURON_DIGITS = 5
-
-
-def neuron_payload(maps: Any) -> dict | None:
-    """The Neuron view's data: each head's queries and keys ([L][H][T][D] per sentence, 1-based in
-    the page) and what turns them into weights (per layer ``scale``, ``softcap``, ``causal``,
-    ``window``). None when ``maps`` holds no queries (``capture(..., qk=True)`` keeps them).
-    Sentences longer than :data:`NEURON_MAX_TOKENS` tokens get ``"q": null``."""
-    if getattr(maps, "queries", None) is None:
-        return None
-    sentences = []
-    for i, toks in enumerate(maps.tokens):
-        fits = len(toks) <= NEURON_MAX_TOKENS
-        sentences.append({
-            "text": sentence_text(maps.sentences[i]), "labels": list(toks),
-            "q": np.round(maps.queries[i].astype(np.float64), NEURON_DIGITS).tolist() if fits else None,
-            "k": np.round(maps.keys[i].astype(np.float64), NEURON_DIGITS).tolist() if fits else None,
-        })
-    return {
-        "model": {"id": maps.model_id, "num_layers": int(maps.num_layers), "num_heads": int(maps.num_heads)},
-        "meta": maps.qk_meta, "max_tokens": NEURON_MAX_TOKENS, "sentences": sentences,
-    }
-
-
 def seq2seq_payload(maps: Any) -> dict | None:
     """An encoder–decoder's other two maps, for the head view's "decoder" and "cross" choices.
 

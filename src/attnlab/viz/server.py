@@ -199,8 +199,9 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
     @app.post("/api/neuron", response_model=M.NeuronOut, responses=heavy_doc)
     async def neuron(req: M.NeuronIn) -> Response:
-        """One head's queries and keys (1-based layer and head) of one sentence, its tokens and that
-        layer's scale, softcap, causal and window: what the Neuron view turns into weights."""
+        """One head's queries and keys (1-based layer and head) of one sentence, its tokens, the
+        position bias where the model adds one (T5), and that layer's scale, softcap, causal and
+        window: what the Neuron view turns into weights. ``kind`` as in /api/head; token level."""
         def work() -> bytes:
             m = maps_for(req.sentences, "qk")
             try:

@@ -115,7 +115,9 @@ class ServerSource {
   neuronInfo() {
     const m = this.shown;
     if (!m) return null;
-    return {sentences: m.sentences.map((s) => ({text: s.text})), kinds: {encoder: m.model}};
+    const kinds = {encoder: m.model};
+    if (m.seq2seq) kinds.decoder = kinds.cross = m.seq2seq.model; // /api/neuron serves their tokens' q and k
+    return {sentences: m.sentences.map((s) => ({text: s.text})), kinds};
   }
   neuron(sentence, layer, head, kind = "encoder") {
     const key = `neuron/${kind}/${sentence}/${layer}/${head}`;
