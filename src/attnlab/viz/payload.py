@@ -146,29 +146,41 @@ def find_head_payload(words: Any, target: str, deciders: list[str], exclude_self
     return out
 
 
-def seq2seq_payload(maps: Any) -> dict | None:
-    """An encoder–decoder's other two maps, for the head view's "decoder" and "cross" choices.
+def _marks(maps: Any, i: int) -> list[bool]:
+    """Sentence i's marks at ``maps``' level: word-level maps say so; a token is a mark where its word is
+    (by the default rule: special tokens and punctuation)."""
+    if is_word_level(maps):
+        return [bool(m) for m in maps.is_mark[i]]
+    from attnlab.models.words import DEFAULT_MARK_KINDS
 
-    Per sentence: ``source`` (the encoder's tokens or words, the keys of cross-attention),
-    ``target`` (the decoder's input: its start token, then the target; the queries),
-    ``target_is_mark``, and packed as :func:`pack_weights` packs them the decoder's self-attention
-    [L_dec, H, T_tgt, T_tgt] (``decoder``) and the cross-attention [L_dec, H, T_tgt, T_src]
-    (``cross``), row-major; ``level`` says whether they are tokens or words (word-level maps, from
-    ``to_words()``, aggregate the decoder's and the cross maps by the same rule as the encoder's).
-    None for maps without a decoder (an encoder's or a decoder's).
-    """
+    kinds = maps.kinds[i]
+    return [kinds[w] in DEFAULT_MARK_KINDS for w in maps.word_of[i]]
+
+
+def seq2seq_labels(maps: Any) -> dict | None:
+    """What the head view's "encoder / decoder / cross" choice needs besides the weights: the
+    decoder's ``model`` shape, the ``level`` (tokens, or words for ``to_words()`` maps, which
+    aggregate the decoder's and the cross maps by the encoder's rule) and per sentence ``source``
+    (the encoder's labels, the keys of cross-attention), ``source_is_mark``, ``target`` (the
+    decoder's input: its start token, then the target; the queries) and ``target_is_mark``.
+    None for maps without a decoder (an encoder's or a decoder's)."""
     dec = getattr(maps, "decoder", None)
     if dec is None or getattr(maps, "cross_weights", None) is None:
         return None
-    word_level = is_word_level(maps)
-    words = dec if word_level else dec.to_words()
     return {
         "model": {"num_layers": int(dec.num_layers), "num_heads": int(dec.num_heads)},
-        "level": "word" if word_level else "token",
-        "sentences": [{
-            "source": labels(maps, i), "target": labels(dec, i),
-            "target_is_mark": ([bool(m) for m in dec.is_mark[i]] if word_level
-                               else [bool(words.is_mark[i][w]) for w in dec.word_of[i]]),
-            "decoder": pack_weights(dec.weights[i]), "cross": pack_weights(maps.cross_weights[i]),
-        } for i in range(len(maps.sentences))],
+        "level": "word" if is_word_level(maps) else "token",
+        "sentences": [{"source": labels(maps, i), "source_is_mark": _marks(maps, i),
+                       "target": labels(dec, i), "target_is_mark": _marks(dec, i)} for i in range(len(maps.sentences))],
     }
+
+
+def seq2seq_payload(maps: Any) -> dict | None:
+    """:func:`seq2seq_labels` with, per sentence, the decoder's self-attention [L_dec, H, T_tgt, T_tgt]
+    (``decoder``) and the cross-attention [L_dec, H, T_tgt, T_src] (``cross``) packed as
+    :func:`pack_weights` packs them, row-major: the self-contained page's encoder–decoder views."""
+    out = seq2seq_labels(maps)
+    if out is not None:
+        for i, s in enumerate(out["sentences"]):
+            s.update(decoder=pack_weights(maps.decoder.weights[i]), cross=pack_weights(maps.cross_weights[i]))
+    return out
