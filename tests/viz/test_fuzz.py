@@ -22,6 +22,7 @@ pytestmark = pytest.mark.needs("fastapi")  # every test runs the viewer's app
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 OPERATIONS = [("POST", "/api/maps"), ("POST", "/api/head"), ("POST", "/api/neuron"), ("POST", "/api/roles"),
+              ("POST", "/api/rollout"),
               ("POST", "/api/find-head"), ("GET", "/api/info"), ("GET", "/api/scene")]
 EXAMPLES = 15  # per operation and mode
 

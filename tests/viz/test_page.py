@@ -63,7 +63,7 @@ def test_self_contained_page_inlines_everything(bank_maps):
     assert loaded_urls(page) == []  # no src, no href: scripts and styles are inline
     assert "http://" not in page and "https://" not in page
     data = embedded(page)
-    assert set(data) == {"scene", "maps", "search"} and data["search"]["summary"].startswith("No head of 72")
+    assert set(data) == {"scene", "maps", "search", "rollout"} and data["search"]["summary"].startswith("No head of 72")
 
 
 def test_embedded_maps_decode_to_the_captured_weights(bank_maps):

@@ -51,6 +51,16 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         head: int = Field(ge=1, le=1000, description="1-based")
         kind: Kind = Field("encoder", description=KIND_HELP)
 
+    class RolloutIn(Strict):
+        sentences: Sentences
+        level: Level = "word"
+        sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
+        layer: int = Field(ge=1, le=1000, description="1-based: rollout (or flow) through layers 1..layer")
+        residual: float = Field(0.5, ge=0, lt=1, allow_inf_nan=False,
+                                description="weight of the identity mixed into each layer's head mean, in [0, 1)")
+        method: Literal["rollout", "flow"] = Field("rollout", description="attention rollout, or attention flow "
+                                                   "(maximum flow; short sentences only: flow_max_positions)")
+
     class FindHeadIn(Strict):
         sentences: Sentences
         target: Word
@@ -147,6 +157,19 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         k: list[list[float]] = Field(description="[Tk][D] keys (grouped-query keys repeated per query head)")
         bias: list[list[float]] | None = Field(description="[Tq][Tk] added to the scores (T5's relative position bias); null: none")
         meta: LayerMetaOut
+
+    class RolloutOut(BaseModel):
+        sentence: int
+        level: Level
+        layer: int
+        residual: float
+        method: Literal["rollout", "flow"]
+        num_layers: int
+        labels: list[str] = Field(description="the positions, rows and columns alike")
+        weights: list[list[float]] = Field(description="[position][source]: how much of each input position reaches "
+                                                       "the position after layers 1..layer; each row sums to 1")
+        flow_max_positions: int = Field(description="the longest sentence, in positions, that flow is offered for")
+        flow_refusal: str | None = Field(description="why flow is not offered for this sentence; null: it is")
 
     class SideOut(BaseModel):
         sentence: str

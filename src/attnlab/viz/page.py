@@ -19,6 +19,7 @@ from typing import Any
 from attnlab.viz import payload
 from attnlab.viz.assets import read_static
 from attnlab.viz.neuron import neuron_payload
+from attnlab.viz.rollout_view import page_rollout
 
 DATA_ID = "attnlab-data"
 NOTEBOOK_HEIGHT = 760  # px of the notebook frame
@@ -42,6 +43,7 @@ def page_data(maps: Any = None, *, scene: dict | None = None, target: str | None
     if maps is not None:
         data["maps"] = payload.maps_payload(maps, overview=overview)
         data["maps"]["packed"] = [payload.pack_weights(w) for w in maps.weights]
+        data["rollout"] = page_rollout(maps)  # at residual 0.5; flow through all layers where short
         seq2seq = payload.seq2seq_payload(maps)  # an encoder–decoder's decoder and cross-attention
         if seq2seq is not None:
             data["maps"]["seq2seq"] = seq2seq

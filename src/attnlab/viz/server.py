@@ -35,6 +35,7 @@ from attnlab.viz.api_models import api_models
 from attnlab.viz.assets import STATIC_FILES, read_static
 from attnlab.viz.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
 from attnlab.viz.neuron import head_qk
+from attnlab.viz.rollout_view import served_rollout
 from attnlab.viz.work import CACHE_MB, QUEUE, WORKERS, Busy, MapsCache, WorkerPool
 
 __all__ = ["MapsCache", "check_port", "create_app", "serve"]
@@ -209,6 +210,21 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
             except ValueError as e:
                 raise client_error(e) from None
             return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "kind": req.kind, **data})
+        return await heavy(work)
+
+    @app.post("/api/rollout", response_model=M.RolloutOut, responses=heavy_doc)
+    async def rollout(req: M.RolloutIn) -> Response:
+        """Attention rollout (Abnar & Zuidema 2020), or attention flow, of one sentence through layers
+        1..``layer`` (1-based) at ``residual``: row i, how much of each input position reaches position i."""
+        def work() -> bytes:
+            m = maps_for(req.sentences, req.level)
+            try:
+                got = served_rollout(cache, m, (tuple(req.sentences), req.level), req.sentence, req.layer,
+                                     req.residual, req.method)
+            except ValueError as e:
+                raise client_error(e) from None
+            return to_json({"sentence": req.sentence, "level": req.level, "layer": req.layer, "residual": req.residual,
+                            "method": req.method, **got, "weights": payload.round_weights(got["weights"])})
         return await heavy(work)
 
     @app.post("/api/roles", response_model=M.RolesOut, responses=heavy_doc)
