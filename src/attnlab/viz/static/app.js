@@ -10,6 +10,7 @@
     scene: !data || !!data.scene, head: !data || !!data.maps, model: !data || !!data.maps,
     compare: !data || !!data.search,
     neuron: !data || !!data.neuron, // the server's /api/neuron, or a page of capture(..., qk=True) maps
+    rollout: !data || !!data.rollout, // the server's /api/rollout, or a page's rollout at residual 0.5
   };
   const started = new Set();
   let pairs = false; // the served model is an encoder–decoder: the boxes hold a source and a target
@@ -20,12 +21,13 @@
       b.classList.toggle("active", b.dataset.view === name);
     }
     for (const v of document.querySelectorAll(".view")) v.hidden = v.id !== `view-${name}`;
-    document.getElementById("input").hidden = !!data || !["head", "model", "neuron"].includes(name);
+    document.getElementById("input").hidden = !!data || !["head", "model", "neuron", "rollout"].includes(name);
     if (started.has(name)) return;
     started.add(name);
     if (name === "scene") AL.scene.show(source).catch((e) => AL.status(e.message, true));
     if (name === "compare") AL.compare.init(source, !data);
     if (name === "neuron") AL.neuron.show(source);
+    if (name === "rollout") AL.rollout.show(source);
   };
 
   async function showMaps(sentences, level) {
