@@ -154,3 +154,23 @@ def test_well_formed_requests_the_model_cannot_take_get_a_400(client, body, word
     res = post(client, **body)
     assert res.status_code == 400, res.text
     assert all(w in res.json()["detail"] for w in words), res.json()["detail"]
+
+
+@pytest.mark.needs("torch", "transformers")
+def test_an_encoder_decoders_rollout_is_its_encoders(seq2seq_app, tiny_seq2seq_dir):
+    from fastapi.testclient import TestClient
+
+    from attnlab.models.capture import capture
+
+    pair = "I sat on the bank of the river.\tThe river runs past the bank."
+    maps = capture([pair], tiny_seq2seq_dir)
+    with TestClient(seq2seq_app, base_url="http://127.0.0.1") as t5:
+        for level, m in (("token", maps), ("word", maps.to_words())):
+            body = t5.post("/api/rollout", json={"sentences": [pair], "level": level, "layer": 2, "residual": 0.2}).json()
+            assert body["labels"] == (m.words if level == "word" else m.tokens)[0]  # the source's
+            np.testing.assert_allclose(body["weights"], attnlab.rollout(m, 0.2)[0][1], atol=1e-6)
+        res = t5.post("/api/rollout", json={"sentences": ["no tab"], "layer": 1})
+        assert res.status_code == 400 and "one tab" in res.json()["detail"]
+    data = rv.page_rollout(maps)
+    t = len(maps.tokens[0])
+    np.testing.assert_allclose(unpack(data["sentences"][0]["rollout"], (2, t, t)), attnlab.rollout(maps)[0], atol=1 / 65535)
