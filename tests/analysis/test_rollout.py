@@ -1,5 +1,9 @@
-"""Rollout and flow against independent computations: a loop over layers by hand, and for two
-layers the max flow in closed form (the paths through different middle nodes share no edge)."""
+"""Rollout and flow against independent computations: a loop over layers by hand, for two layers
+the max flow in closed form (the paths through different middle nodes share no edge), and for
+three the minimum cut found by trying every cut (max-flow = min-cut). Flow's capacities are
+rounded to multiples of 2^-24 (rollout.FLOW_UNITS), hence tolerances of 1e-6."""
+
+import itertools
 
 import numpy as np
 import pytest
@@ -45,9 +49,34 @@ def test_flow_of_two_layers_in_closed_form(make_maps):
     got = flow(maps)[0]
     a = mixed_layers(maps.weights[0])
     raw = np.minimum(a[1][:, :, None], a[0][None, :, :]).sum(1)  # Σ_m min(Ã2[i, m], Ã1[m, j])
-    np.testing.assert_allclose(got, raw / raw.sum(-1, keepdims=True), atol=1e-9)
+    np.testing.assert_allclose(got, raw / raw.sum(-1, keepdims=True), atol=1e-6)
     one = flow(maps, layer=0)[0]  # one layer: the flow is the edge itself
-    np.testing.assert_allclose(one, a[0] / a[0].sum(-1, keepdims=True), atol=1e-9)
+    np.testing.assert_allclose(one, a[0] / a[0].sum(-1, keepdims=True), atol=1e-6)
+
+
+def _min_cut(a, source, sink):
+    """The minimum cut between node (L, source) and node (0, sink) of the layered graph of ``a``
+    [L, T, T] (edges (l + 1, i) → (l, j) of capacity a[l, i, j]), by trying every set of middle nodes."""
+    n_layers, t = a.shape[0], a.shape[-1]
+    middle = [(l, i) for l in range(1, n_layers) for i in range(t)]
+    best = np.inf
+    for chosen in itertools.product((False, True), repeat=len(middle)):
+        side = {node for node, on in zip(middle, chosen) if on} | {(n_layers, source)}  # the source's side
+        # inputs other than the sink are dead ends: on the source's side, the edges into them cost nothing
+        cut = sum(a[l, i, j] for l in range(n_layers) for i in range(t) for j in range(t)
+                  if (l + 1, i) in side and (l, j) not in side and (l > 0 or j == sink))
+        best = min(best, cut)
+    return best
+
+
+def test_flow_of_three_layers_is_the_minimum_cut():
+    w = _random(3, 2, 3, seed=7) ** 3
+    w = w / w.sum(-1, keepdims=True)
+    a = mixed_layers(w, 0.4)
+    from attnlab.analysis.rollout import flow_one
+
+    raw = np.array([[_min_cut(a, i, j) for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(flow_one(w, 0.4), raw / raw.sum(-1, keepdims=True), atol=1e-6)
 
 
 def test_flow_refuses_long_inputs_and_bad_arguments():

@@ -146,8 +146,8 @@ def test_a_residual_that_is_not_a_number_is_a_422(client):
 @pytest.mark.parametrize("body, words", [
     ({"sentences": BANK[:1], "sentence": 1}, ["sentence must be 0..0, got 1"]),
     ({"layer": 7}, ["layer must be 1..6", "got 7"]),
-    ({"sentences": [" ".join(["word"] * 30)], "method": "flow"},
-     [f"up to {rv.FLOW_MAX_POSITIONS} positions", "sentence 1 has 32 words"]),
+    ({"sentences": [" ".join(["word"] * 40)], "method": "flow"},
+     [f"up to {rv.FLOW_MAX_POSITIONS} positions", "sentence 1 has 42 words"]),
     ({"sentences": ["word " * 600]}, ["602 tokens"]),
 ])
 def test_well_formed_requests_the_model_cannot_take_get_a_400(client, body, words):

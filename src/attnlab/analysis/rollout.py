@@ -9,9 +9,11 @@ column j is how much of input token j reaches position i after layers 1..l.
 
 **Flow** reads the layers as a graph: a node per (layer, position), from (l, i) to (l − 1, j) an
 edge of capacity Ã_l[i, j]; the flow from output i to input j is the maximum flow between
-(L, i) and (0, j), computed by networkx, and each row is normalised to sum to 1 as in the
-authors' code. It needs T² maximum-flow problems over an L·T-node graph, so it is limited to
-:data:`MAX_FLOW_TOKENS` positions.
+(L, i) and (0, j), and each row is normalised to sum to 1 as in the authors' code. It needs T²
+maximum-flow problems over an (L + 1)·T-node graph, solved by SciPy's compiled Dinic algorithm
+(``scipy.sparse.csgraph.maximum_flow``), which takes integer capacities: Ã is rounded to multiples
+of 2⁻²⁴ (:data:`FLOW_UNITS`), so a flow is exact to T · 3·10⁻⁸. It is limited to
+:data:`MAX_FLOW_TOKENS` positions (a few seconds for 64 positions through 6 layers on 2 cores).
 
 Both take token-level :class:`~attnlab.models.maps.AttentionMaps` or word-level
 :class:`~attnlab.models.words.WordMaps` (``maps.to_words()``): word-level rollout rolls the word maps.
@@ -25,6 +27,7 @@ import numpy as np
 
 DEFAULT_RESIDUAL = 0.5  # Abnar & Zuidema's choice: the residual carries as much as attention
 MAX_FLOW_TOKENS = 64  # T² max-flow problems on an (L + 1)·T-node graph: seconds at 64, minutes beyond
+FLOW_UNITS = 1 << 24  # capacities in units of 2^-24: a node's T edges of at most 1 stay within int32
 
 
 def _check_residual(residual: Any) -> float:
@@ -62,7 +65,8 @@ def rollout(maps: Any, residual: float = DEFAULT_RESIDUAL) -> list[np.ndarray]:
 def flow_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> np.ndarray:
     """Attention flow of one sentence through layers 1..``layer`` + 1 (0-based; default the last):
     [L, H, T, T] → [T, T], row i the share of output position i's flow that comes from input j."""
-    import networkx as nx
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_flow
 
     mixed = mixed_layers(weights, residual)
     n_layers, t = mixed.shape[0], mixed.shape[-1]
@@ -70,19 +74,14 @@ def flow_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL, layer: int
         raise ValueError(f"attention flow solves T² max-flow problems; {t} positions is more than "
                          f"{MAX_FLOW_TOKENS} (use rollout, or word-level maps, for longer inputs)")
     top = n_layers - 1 if layer is None else layer
-    if not isinstance(top, int) or not 0 <= top < n_layers:
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top < n_layers:
         raise ValueError(f"layer must be a 0-based layer index in 0..{n_layers - 1} or None, got {layer!r}")
-    graph = nx.DiGraph()
-    for l in range(top + 1):  # layer l + 1's attention: from node (l + 1, i) to node (l, j)
-        for i in range(t):
-            for j in range(t):
-                if mixed[l, i, j] > 0:
-                    graph.add_edge((l + 1, i), (l, j), capacity=float(mixed[l, i, j]))
-    out = np.zeros((t, t))
-    for i in range(t):
-        for j in range(t):
-            if graph.has_node((top + 1, i)) and graph.has_node((0, j)):
-                out[i, j] = nx.maximum_flow_value(graph, (top + 1, i), (0, j))
+    # node l·T + i is position i below layer l + 1; layer l + 1's attention: from (l + 1, i) to (l, j)
+    units = np.rint(mixed[: top + 1] * FLOW_UNITS).astype(np.int32)
+    l, i, j = np.nonzero(units)
+    graph = csr_matrix((units[l, i, j], ((l + 1) * t + i, l * t + j)), shape=((top + 2) * t,) * 2)
+    out = np.array([[maximum_flow(graph, (top + 1) * t + a, b).flow_value for b in range(t)] for a in range(t)],
+                   dtype=np.float64) / FLOW_UNITS
     total = out.sum(axis=-1, keepdims=True)
     return np.divide(out, total, out=np.zeros_like(out), where=total > 0)
 
