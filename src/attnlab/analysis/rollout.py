@@ -65,8 +65,11 @@ def rollout(maps: Any, residual: float = DEFAULT_RESIDUAL) -> list[np.ndarray]:
 def flow_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> np.ndarray:
     """Attention flow of one sentence through layers 1..``layer`` + 1 (0-based; default the last):
     [L, H, T, T] → [T, T], row i the share of output position i's flow that comes from input j."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import maximum_flow
+    try:
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import maximum_flow
+    except ImportError as e:
+        raise ImportError("attention flow needs scipy, which is not installed (pip install 'attnlab[models]')") from e
 
     mixed = mixed_layers(weights, residual)
     n_layers, t = mixed.shape[0], mixed.shape[-1]
