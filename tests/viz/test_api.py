@@ -336,3 +336,23 @@ def test_heavy_work_leaves_light_endpoints_free_and_a_full_queue_gets_503(defaul
     assert results == {"s0": 200, "s1": 200}
     assert pool.pending == 0
     assert c.post("/api/maps", json={"sentences": ["One more."]}).status_code == 200
+
+
+def test_find_head_searches_the_occurrence_asked_for(client, default_model):
+    """A target that occurs twice: the search says which it used, and searches the second when asked; the
+    answers equal attnlab.find_heads' with the same occurrence."""
+    import attnlab
+
+    sentences = ["The bank of the river is by the bank.", "I put the money in the bank."]
+    words = attnlab.capture(sentences, default_model).to_words()
+    req = {"sentences": sentences, "target": "bank", "deciders": ["river", "money"]}
+    first = client.post("/api/find-head", json=req).json()
+    second = client.post("/api/find-head", json={**req, "occurrence": [2, None]}).json()
+    assert "occurs more than once" in first["note"] and "occurrence 1" in first["note"] and second["note"] is None
+    for body, occ in ((first, None), (second, [2, None])):
+        want = attnlab.find_heads(words, "bank", ["river", "money"], occurrence=occ)
+        assert body["summary"] == want.summary()
+    assert second["shown"]["sides"][0]["target_index"] == words.spans(0, "bank")[1][0]
+    bad = client.post("/api/find-head", json={**req, "occurrence": 3})
+    assert bad.status_code == 400 and "occurrence 3" in bad.json()["detail"]
+    assert client.post("/api/find-head", json={**req, "occurrence": 0}).status_code == 422

@@ -22,6 +22,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
 
     Sentence = Annotated[str, Field(min_length=1, max_length=max_chars, pattern=r"\S")]
     Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS, pattern=r"\S")]
+    Occurrence = Annotated[int, Field(ge=1, le=1000)]
     Level = Literal["word", "token"]
     Kind = Literal["encoder", "decoder", "cross"]
     Sentences = Annotated[list[Sentence], Field(
@@ -67,6 +68,9 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         deciders: list[Word] = Field(min_length=1, max_length=max_sentences, description="one per sentence")
         exclude_self: bool = False
         exclude_marks: bool = False
+        occurrence: Occurrence | Annotated[list[Occurrence | None], Field(min_length=1, max_length=max_sentences)] | None = Field(
+            None, description="where the target occurs more than once: which occurrence to search, 1-based; one "
+            "number for every sentence, or one per sentence (null: the first); default the first")
 
     class ErrorOut(BaseModel):
         detail: str
@@ -188,6 +192,8 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         summary: str
         result: dict[str, Any]
         shown: ShownOut | None
+        note: str | None = Field(None, description="which occurrence was searched, where the target occurs more "
+                                 "than once and none was asked for")
 
     class SceneRun(BaseModel):
         scaled: bool

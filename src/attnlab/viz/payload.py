@@ -120,13 +120,17 @@ def pack_weights(weights: np.ndarray) -> str:
 
 
 def find_head_payload(words: Any, target: str, deciders: list[str], exclude_self: bool = False,
-                      exclude_marks: bool = False) -> dict:
+                      exclude_marks: bool = False, occurrence: int | list[int | None] | None = None) -> dict:
     """The head search, and the target's row in each sentence for the head it shows: the best
-    qualifying head, or the closest one when none qualifies (the search says so in its summary)."""
+    qualifying head, or the closest one when none qualifies (the search says so in its summary).
+    ``occurrence``: which occurrence of the target, 1-based, where it occurs more than once, for every
+    sentence or one per sentence (None: the first, and ``note`` says so)."""
     from attnlab.analysis.search import find_heads
 
-    res = find_heads(words, target=target, deciders=deciders, exclude_self=exclude_self, exclude_marks=exclude_marks)
-    out = {"summary": res.summary(), "result": res.to_dict(), "shown": None}
+    res = find_heads(words, target=target, deciders=deciders, exclude_self=exclude_self, exclude_marks=exclude_marks,
+                     occurrence=occurrence)
+    out = {"summary": res.summary(), "result": res.to_dict(), "shown": None,
+           "note": res.occurrence_note() if occurrence is None else None}
     if res.best is not None:
         layer0, head0 = res.best
     elif res.closest:

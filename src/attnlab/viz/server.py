@@ -239,7 +239,7 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
             words = maps_for(req.sentences, "word")
             try:
                 return to_json(payload.find_head_payload(words, req.target, req.deciders, req.exclude_self,
-                                                         req.exclude_marks))
+                                                         req.exclude_marks, req.occurrence))
             except (ValueError, LookupError) as e:
                 raise client_error(e) from None
         return await heavy(work)
