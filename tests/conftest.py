@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -112,6 +113,42 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.model)
         for name in sorted(fixtures & FIXTURE_NEEDS.keys()):
             item.add_marker(pytest.mark.needs(*FIXTURE_NEEDS[name]))
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian Chromium through Playwright (Playwright's own browser download is offline here).
+    Per module: a sync Playwright left open blocks another one in the same thread."""
+    if not shutil.which(CHROMIUM):
+        message = f"{CHROMIUM} is missing; scripts/setup.sh --test installs Debian's chromium"
+        if os.environ.get("CI"):  # CI installs it: a missing browser there is a broken set-up, not a skip
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright  # a test tool (extra `test`), like pytest itself
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page; any JavaScript error or console error fails the test (except the browser's
+    note on a 400 answer: the page shows those to the user, and a test checks that it does)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" and "status of 400" not in m.text else None)
+    yield pg
+    context.close()
+    assert not errors, f"the page logged errors: {errors}"
 
 
 # Synthetic maps for the models/ and analysis/ tests: no model needed, heads planted by hand.

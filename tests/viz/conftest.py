@@ -1,21 +1,16 @@
 """Fixtures of the viewer's tests: an app over the default model, a tiny random BERT for fuzzing,
-and a live uvicorn server on 127.0.0.1 for the browser."""
+and a live uvicorn server on 127.0.0.1 for the browser (the ``browser`` and ``page`` fixtures are
+tests/conftest.py's: tests in other folders draw pages too)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import socket
 import threading
 import time
 
 import pytest
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-
 
 @pytest.fixture(scope="session")
 def viewer_app(default_model):  # needs fastapi: tests/conftest.py marks the tests that use it
@@ -115,33 +110,3 @@ def seq2seq_app(tiny_seq2seq_dir):
     return create_app(str(tiny_seq2seq_dir))
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Debian Chromium through Playwright (Playwright's own browser download is offline here).
-    Per module: a sync Playwright left open blocks another one in the same thread (the Neuron view's
-    test in tests/models starts its own)."""
-    if not shutil.which(CHROMIUM):
-        message = f"{CHROMIUM} is missing; scripts/setup.sh --test installs Debian's chromium"
-        if os.environ.get("CI"):  # CI installs it: a missing browser there is a broken set-up, not a skip
-            pytest.fail(message)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright  # a test tool (extra `test`), like pytest itself
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A fresh page; any JavaScript error or console error fails the test (except the browser's
-    note on a 400 answer: the page shows those to the user, and a test checks that it does)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" and "status of 400" not in m.text else None)
-    yield pg
-    context.close()
-    assert not errors, f"the page logged errors: {errors}"

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers")
+from attnlab.models.capture import capture
+from attnlab.viz import payload
+from attnlab.viz.page import page_data, write_maps_html
 
-from attnlab.models.capture import capture  # noqa: E402
-from attnlab.viz import payload  # noqa: E402
-from attnlab.viz.page import page_data, write_maps_html  # noqa: E402
+pytestmark = pytest.mark.needs("torch", "transformers")
 
 _spec = importlib.util.spec_from_file_location("_tiny_models", Path(__file__).parent.parent / "models" / "conftest.py")
 tiny = importlib.util.module_from_spec(_spec)
