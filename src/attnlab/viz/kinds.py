@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.viz.payload import head_matrix, labels, seq2seq_labels
+from attnlab.viz.payload import check_head, head_matrix, labels, seq2seq_labels
 
 KINDS = ("encoder", "decoder", "cross")
 
@@ -48,11 +48,6 @@ def kind_head(tokens: Any, words: Any, level: str, kind: str, i: int, layer: int
                          f"encoder–decoder model (its one attention is kind 'encoder')")
     m, lv = (words, "word") if level == "word" else (tokens, "token")
     dec = m.decoder
-    if not 0 <= i < len(dec.weights):
-        raise ValueError(f"sentence must be 0..{len(dec.weights) - 1}, got {i}")
-    if not 1 <= layer <= dec.num_layers:
-        raise ValueError(f"layer of the {kind} attention must be 1..{dec.num_layers} (1-based), got {layer}")
-    if not 1 <= head <= dec.num_heads:
-        raise ValueError(f"head of the {kind} attention must be 1..{dec.num_heads} (1-based), got {head}")
+    check_head(len(dec.weights), dec.num_layers, dec.num_heads, i, layer, head, f" of the {kind} attention")
     w: np.ndarray = (dec.weights if kind == "decoder" else m.cross_weights)[i][layer - 1, head - 1]
     return {"level": lv, "labels": labels(dec, i), "key_labels": labels(dec if kind == "decoder" else m, i), "weights": w}

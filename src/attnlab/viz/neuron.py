@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.viz.payload import sentence_text
+from attnlab.viz.payload import check_head, sentence_text
 
 KINDS = ("encoder", "decoder", "cross")
 NEURON_MAX_TOKENS = 128  # the page's q and k as JSON grow as L·H·T·D: longer sentences are left out of a page
@@ -93,12 +93,7 @@ def head_qk(maps: Any, sentence: int, layer: int, head: int, kind: str = "encode
     if v is None:
         raise ValueError("these maps hold no queries and keys; capture(..., qk=True) keeps them")
     what = "" if kind == "encoder" else f" of the {kind} attention"
-    if not 0 <= sentence < len(v.queries):
-        raise ValueError(f"sentence must be 0..{len(v.queries) - 1}, got {sentence}")
-    if not 1 <= layer <= v.num_layers:
-        raise ValueError(f"layer{what} must be 1..{v.num_layers} (1-based), got {layer}")
-    if not 1 <= head <= v.num_heads:
-        raise ValueError(f"head{what} must be 1..{v.num_heads} (1-based), got {head}")
+    check_head(len(v.queries), v.num_layers, v.num_heads, sentence, layer, head, what)
     l, h = layer - 1, head - 1
     return {
         "labels": list(v.rows[sentence]), "key_labels": list(v.cols[sentence]),

@@ -48,14 +48,20 @@ def sentence_text(s: Any) -> str:
     return s if isinstance(s, str) else " | ".join(s)
 
 
+def check_head(sentences: int, num_layers: int, num_heads: int, i: int, layer: int, head: int, what: str = "") -> None:
+    """ValueError with the range for a 0-based sentence ``i`` or a 1-based ``layer`` or ``head`` out of
+    range; ``what`` names the attention (" of the cross attention") where a model has several."""
+    if not 0 <= i < sentences:
+        raise ValueError(f"sentence must be 0..{sentences - 1}, got {i}")
+    if not 1 <= layer <= num_layers:
+        raise ValueError(f"layer{what} must be 1..{num_layers} (1-based), got {layer}")
+    if not 1 <= head <= num_heads:
+        raise ValueError(f"head{what} must be 1..{num_heads} (1-based), got {head}")
+
+
 def head_matrix(maps: Any, i: int, layer: int, head: int) -> np.ndarray:
     """The [n, n] map of 1-based ``layer`` and ``head`` of sentence ``i``, with clear errors."""
-    if not 0 <= i < len(maps.weights):
-        raise ValueError(f"sentence must be 0..{len(maps.weights) - 1}, got {i}")
-    if not 1 <= layer <= maps.num_layers:
-        raise ValueError(f"layer must be 1..{maps.num_layers} (1-based), got {layer}")
-    if not 1 <= head <= maps.num_heads:
-        raise ValueError(f"head must be 1..{maps.num_heads} (1-based), got {head}")
+    check_head(len(maps.weights), maps.num_layers, maps.num_heads, i, layer, head)
     return maps.weights[i][layer - 1, head - 1]
 
 

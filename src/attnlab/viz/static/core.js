@@ -48,6 +48,45 @@ AL.drawMatrix = function (canvas, data, n, px, m = n) {
   ctx.putImageData(img, 0, 0);
 };
 
+// The frame of a labelled heat map (head view, rollout): the map's rows x columns of square cells
+// of `cell` px sit at (AL.HEAT.left, AL.HEAT.top) of `canvas`; the labels go along both axes (every
+// k-th where rows are thinner than the text; `rowColour(i)` colours row i's label) and the colour
+// scale beside the map (the same ramp, 0 % at the bottom to 100 % at the top). Returns the scale's height.
+AL.HEAT = {left: 96, top: 84, scale: 64, bottom: 10};
+AL.heatFrame = function (canvas, rowLabels, colLabels, cell, rowColour = () => "#333") {
+  const {left, top, scale, bottom} = AL.HEAT;
+  const W = colLabels.length * cell, SH = Math.max(rowLabels.length * cell, 120);
+  const ctx = AL.fitCanvas(canvas, left + W + scale, top + SH + bottom);
+  const step = Math.max(1, Math.ceil(12 / cell));
+  const fit = (t) => (t.length > 12 ? `${t.slice(0, 11)}…` : t);
+  ctx.font = "11px sans-serif";
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "right";
+  for (let i = 0; i < rowLabels.length; i += step) {
+    ctx.fillStyle = rowColour(i);
+    ctx.fillText(fit(rowLabels[i]), left - 4, top + (i + 0.5) * cell);
+  }
+  ctx.fillStyle = "#333";
+  ctx.textAlign = "left";
+  for (let j = 0; j < colLabels.length; j += step) {
+    ctx.save();
+    ctx.translate(left + (j + 0.5) * cell, top - 4);
+    ctx.rotate(-Math.PI / 3);
+    ctx.fillText(fit(colLabels[j]), 0, 0);
+    ctx.restore();
+  }
+  const x0 = left + W + 12, bar = 12;
+  for (let y = 0; y < SH; y++) {
+    ctx.fillStyle = AL.heat(1 - y / (SH - 1));
+    ctx.fillRect(x0, top + y, bar, 1);
+  }
+  ctx.strokeStyle = "#999";
+  ctx.strokeRect(x0, top, bar, SH);
+  ctx.fillStyle = "#333";
+  for (const v of [0, 0.25, 0.5, 0.75, 1]) ctx.fillText(`${Math.round(100 * v)} %`, x0 + bar + 4, top + (1 - v) * (SH - 1));
+  return SH;
+};
+
 // Canvas backing store at the screen's pixel density.
 AL.fitCanvas = function (canvas, w, h) {
   const r = window.devicePixelRatio || 1;

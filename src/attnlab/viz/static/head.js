@@ -166,42 +166,14 @@
     return scroller;
   }
 
-  // Word labels along both axes (every k-th when rows are thinner than the text) and a colour
-  // scale beside the map, so that the heat reads without hovering.
-  const HEAT_LEFT = 96, HEAT_TOP = 84, SCALE_W = 64, HEAT_BOTTOM = 10;
+  // Word labels along both axes and a colour scale beside the map (AL.heatFrame), so that the heat
+  // reads without hovering.
+  const {left: HEAT_LEFT, top: HEAT_TOP, scale: SCALE_W, bottom: HEAT_BOTTOM} = AL.HEAT;
 
   // An n x m map (rows x columns) has square cells, its longer side px pixels: W x H.
   const heatSize = (n, m, px) => { const cell = px / Math.max(n, m); return {cell, W: m * cell, H: n * cell, SH: Math.max(n * cell, 120)}; };
 
-  function heatAxes(canvas, n, m, px) {
-    const {cell, W, SH} = heatSize(n, m, px);
-    const ctx = AL.fitCanvas(canvas, HEAT_LEFT + W + SCALE_W, HEAT_TOP + SH + HEAT_BOTTOM);
-    const step = Math.max(1, Math.ceil(12 / cell));
-    const fit = (t) => (t.length > 12 ? `${t.slice(0, 11)}…` : t);
-    ctx.font = "11px sans-serif";
-    ctx.fillStyle = "#333";
-    ctx.textBaseline = "middle";
-    ctx.textAlign = "right";
-    for (let i = 0; i < n; i += step) ctx.fillText(fit(labels()[i]), HEAT_LEFT - 4, HEAT_TOP + (i + 0.5) * cell);
-    ctx.textAlign = "left";
-    for (let j = 0; j < m; j += step) {
-      ctx.save();
-      ctx.translate(HEAT_LEFT + (j + 0.5) * cell, HEAT_TOP - 4);
-      ctx.rotate(-Math.PI / 3);
-      ctx.fillText(fit(colLabels()[j]), 0, 0);
-      ctx.restore();
-    }
-    // The colour scale: the same ramp as the map, 0 % at the bottom to 100 % at the top.
-    const x0 = HEAT_LEFT + W + 12, bar = 12;
-    for (let y = 0; y < SH; y++) {
-      ctx.fillStyle = AL.heat(1 - y / (SH - 1));
-      ctx.fillRect(x0, HEAT_TOP + y, bar, 1);
-    }
-    ctx.strokeStyle = "#999";
-    ctx.strokeRect(x0, HEAT_TOP, bar, SH);
-    ctx.fillStyle = "#333";
-    for (const v of [0, 0.25, 0.5, 0.75, 1]) ctx.fillText(`${Math.round(100 * v)} %`, x0 + bar + 4, HEAT_TOP + (1 - v) * (SH - 1));
-  }
+  const heatAxes = (canvas, n, m, px) => AL.heatFrame(canvas, labels(), colLabels(), heatSize(n, m, px).cell);
 
   function heatPanel() {
     const n = nRows(), m = nCols(), px = Math.min(MAX_VIEW_H, Math.max(240, Math.max(n, m) * 16));

@@ -14,7 +14,7 @@
   const el = AL.el;
   const METHODS = {rollout: "attention rollout", flow: "attention flow"};
   const RESIDUALS = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
-  const LEFT = 96, TOP = 84, SCALE_W = 64, BOTTOM = 10, MAX_PX = 480;
+  const {left: LEFT, top: TOP, scale: SCALE_W, bottom: BOTTOM} = AL.HEAT, MAX_PX = 480;
   const st = {maps: null, source: null, started: false, sentence: 0, layer: null, residual: 0.5, method: "rollout",
     pinned: null, data: null, error: null, ticket: 0, flowMax: null};
 
@@ -100,40 +100,8 @@
     return out;
   }
 
-  // Labels along both axes (every k-th where rows are thinner than the text) and the colour scale.
-  function axes(canvas, n, px) {
-    const cell = px / n, SH = Math.max(px, 120);
-    const ctx = AL.fitCanvas(canvas, LEFT + px + SCALE_W, TOP + SH + BOTTOM);
-    const step = Math.max(1, Math.ceil(12 / cell));
-    const fit = (t) => (t.length > 12 ? `${t.slice(0, 11)}…` : t);
-    ctx.font = "11px sans-serif";
-    ctx.fillStyle = "#333";
-    ctx.textBaseline = "middle";
-    ctx.textAlign = "right";
-    for (let i = 0; i < n; i += step) {
-      ctx.fillStyle = i === st.pinned ? "#c0392b" : "#333";
-      ctx.fillText(fit(labels()[i]), LEFT - 4, TOP + (i + 0.5) * cell);
-    }
-    ctx.fillStyle = "#333";
-    ctx.textAlign = "left";
-    for (let j = 0; j < n; j += step) {
-      ctx.save();
-      ctx.translate(LEFT + (j + 0.5) * cell, TOP - 4);
-      ctx.rotate(-Math.PI / 3);
-      ctx.fillText(fit(labels()[j]), 0, 0);
-      ctx.restore();
-    }
-    const x0 = LEFT + px + 12, bar = 12;
-    for (let y = 0; y < SH; y++) {
-      ctx.fillStyle = AL.heat(1 - y / (SH - 1));
-      ctx.fillRect(x0, TOP + y, bar, 1);
-    }
-    ctx.strokeStyle = "#999";
-    ctx.strokeRect(x0, TOP, bar, SH);
-    ctx.fillStyle = "#333";
-    for (const v of [0, 0.25, 0.5, 0.75, 1]) ctx.fillText(`${Math.round(100 * v)} %`, x0 + bar + 4, TOP + (1 - v) * (SH - 1));
-    return SH;
-  }
+  // Labels along both axes and the colour scale (AL.heatFrame); the pinned row's label in red.
+  const axes = (canvas, n, px) => AL.heatFrame(canvas, labels(), labels(), px / n, (i) => (i === st.pinned ? "#c0392b" : "#333"));
 
   function heat() {
     const n = st.data.n, px = Math.min(MAX_PX, Math.max(240, n * 16)), cell = px / n;
