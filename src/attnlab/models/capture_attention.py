@@ -73,6 +73,9 @@ def _observed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     causal = bool(getattr(module, "is_causal", False))
     window = None if sliding_window is None else (int(sliding_window) - 1, 0)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    # One contiguous copy of q and k (the model hands them over as transposed views), which the kernel's
+    # forward and the callback's pass both read as they are, instead of each making its own.
+    query, key = query.contiguous(), key.contiguous()
     out, lse = attention(query, key, value, causal=causal, window=window, scale=scale, return_lse=True,
                          backend="kernel")
     callback(query, key, lse, scale=scale, causal=causal, window=window)
