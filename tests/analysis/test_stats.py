@@ -112,3 +112,36 @@ def test_bad_texts(default_model):
         head_stats([], default_model)
     with pytest.raises(ValueError, match="takes at most 512"):
         head_stats(_text(700), default_model)
+
+
+@pytest.mark.parametrize("h, hkv, t, d, causal, window", [
+    (8, 4, 300, 32, True, None), (4, 4, 200, 64, False, None), (6, 2, 257, 32, False, (20, 7)), (2, 1, 129, 16, True, (50, 0)),
+])
+def test_the_pytorch_pass_and_the_compiled_pass_agree(h, hkv, t, d, causal, window):
+    """Builds without a C compiler use the PyTorch pass (layer_stats): it gives what the compiled one does
+    (which test_tiles.py checks against float64 dense weights), with grouped-query heads and bands."""
+    import torch
+
+    from attnlab.analysis.stats import compiled_layer_stats, layer_stats
+    from attnlab.backends import kernel
+
+    if kernel.isa() is None:
+        pytest.skip("the compiled kernel was not built here: only the PyTorch pass runs")
+    gen = torch.Generator().manual_seed(t)
+    q, k = torch.randn(h, t, d, generator=gen) * 1.5, torch.randn(hkv, t, d, generator=gen) * 1.5
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    left = None if window is None else window[0]
+    right = 0 if causal else (None if window is None else window[1])
+    seen = torch.ones(t, t, dtype=torch.bool)
+    if left is not None:
+        seen &= j >= i - left
+    if right is not None:
+        seen &= j <= i + right
+    s = (q @ k.repeat_interleave(h // hkv, 0).transpose(-1, -2)).double() * d**-0.5
+    lse = torch.logsumexp(s.masked_fill(~seen, -torch.inf), -1).float()
+    a, counts_a, received_a = layer_stats(q, k, lse, scale=d**-0.5, causal=causal, window=window, block_rows=37)
+    b, counts_b, received_b = compiled_layer_stats(q, k, lse, scale=d**-0.5, causal=causal, window=window)
+    assert counts_a == counts_b
+    for name in ROW_STATS:
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-6, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(received_a, received_b, rtol=2e-6, atol=1e-5)
