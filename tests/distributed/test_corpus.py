@@ -7,17 +7,11 @@ import json
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.needs("transformers", "torch")
-try:
-    import torch.distributed as dist
-except ImportError:  # the needs mark skips every test here (on CI: fails them)
-    dist = None
-if dist is not None and (not dist.is_available() or not dist.is_gloo_available()):
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+import dist_workers
+from attnlab.analysis.corpus import corpus_roles
+from attnlab.distributed import run_local
 
-import dist_workers  # noqa: E402
-from attnlab.analysis.corpus import corpus_roles  # noqa: E402
-from attnlab.distributed import run_local  # noqa: E402
+pytestmark = [pytest.mark.needs("transformers", "torch"), pytest.mark.gloo]
 
 SENTENCES = ["I sat on the bank of the river.", "Hi.", ("The cat sat.", "It slept."), "Attention mixes words, gently.",
              "The bank raised its rates again.", "Words, words, words!", "She read the book that he wrote."]

@@ -7,21 +7,11 @@ import time
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.needs("torch")
-try:
-    import torch
-except ImportError:  # the needs mark skips every test here (on CI: fails them)
-    torch = None
-try:
-    import torch.distributed as dist
-except ImportError:  # the needs mark skips every test here (on CI: fails them)
-    dist = None
-if dist is not None and (not dist.is_available() or not dist.is_gloo_available()):
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+import dist_workers
+from attnlab.distributed import all_reduce_sum, rank_and_world, run_local, shard_items
+from attnlab.distributed.launch import RankError
 
-import dist_workers  # noqa: E402
-from attnlab.distributed import all_reduce_sum, rank_and_world, run_local, shard_items  # noqa: E402
-from attnlab.distributed.launch import RankError  # noqa: E402
+pytestmark = [pytest.mark.needs("torch"), pytest.mark.gloo]
 
 
 def test_a_failing_rank_fails_the_call_with_its_own_error():

@@ -14,22 +14,13 @@ import math
 from typing import Any
 
 import pytest
+import torch
 
-pytestmark = pytest.mark.needs("torch")
-try:
-    import torch
-except ImportError:  # the needs mark skips every test here (on CI: fails them)
-    torch = None
-try:
-    import torch.distributed as dist
-except ImportError:  # the needs mark skips every test here (on CI: fails them)
-    dist = None
-if dist is not None and (not dist.is_available() or not dist.is_gloo_available()):
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+import attnlab
+import dist_workers
+from attnlab.distributed import ring_attention, run_local, unshard
 
-import attnlab  # noqa: E402
-import dist_workers  # noqa: E402
-from attnlab.distributed import ring_attention, run_local, unshard  # noqa: E402
+pytestmark = [pytest.mark.needs("torch"), pytest.mark.gloo]
 
 WORLDS = (2, 3, 4)
 KINDS = ("out", "lse", "dq", "dk", "dv")

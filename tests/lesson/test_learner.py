@@ -45,15 +45,11 @@ def cheap_sections():
 def rendered(table, width: int = 80) -> list[str]:
     """A lesson table as `attnlab lesson` prints it (rich, cells folded when too long) at ``width`` columns."""
     from rich.console import Console
-    from rich.table import Table
+
+    from attnlab.cli.lesson import rich_table
 
     console = Console(width=width, record=True, force_terminal=False, color_system=None)
-    t = Table(title=table.title, title_justify="left")
-    for i, col in enumerate(table.columns):
-        t.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
-    for row in table.rows:
-        t.add_row(*row)
-    console.print(t)
+    console.print(rich_table(table))
     return console.export_text().splitlines()
 
 

@@ -38,16 +38,21 @@ def scene(json_path: str = json_option()) -> None:
     console.print(f"  scaled by 1/√2   {vec(sc['output'])}")
 
 
+def rich_table(t: Any) -> Table:
+    """A lesson table as `attnlab lesson` prints it: the first column left, numbers right, long cells folded."""
+    table = Table(title=t.title, title_justify="left")
+    for i, col in enumerate(t.columns):
+        table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
+    for row in t.rows:
+        table.add_row(*row)
+    return table
+
+
 def print_section(section: Any) -> None:
     """One lesson section: its tables, then what they show."""
     console.rule(f"[bold]{section.number}. {section.title}")
     for t in section.tables:
-        table = Table(title=t.title, title_justify="left")
-        for i, col in enumerate(t.columns):
-            table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
-        for row in t.rows:
-            table.add_row(*row)
-        console.print(table)
+        console.print(rich_table(t))
     for line in section.findings:
         console.print(f"• {line}", highlight=False)
 

@@ -37,20 +37,18 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         level: Level = "word"
         overview: int = Field(default_overview, ge=4, le=64, description="side of the model view's downsampled maps")
 
-    class HeadIn(Strict):
+    class OneHead(Strict):  # one head of one sentence: what /api/head and /api/neuron share
         sentences: Sentences
-        level: Level = "word"
         sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
         layer: int = Field(ge=1, le=1000, description="1-based")
         head: int = Field(ge=1, le=1000, description="1-based")
         kind: Kind = Field("encoder", description=KIND_HELP)
 
-    class NeuronIn(Strict):
-        sentences: Sentences
-        sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
-        layer: int = Field(ge=1, le=1000, description="1-based")
-        head: int = Field(ge=1, le=1000, description="1-based")
-        kind: Kind = Field("encoder", description=KIND_HELP)
+    class HeadIn(OneHead):
+        level: Level = "word"
+
+    class NeuronIn(OneHead):  # queries and keys are the tokens': no level
+        pass
 
     class RolloutIn(Strict):
         sentences: Sentences

@@ -174,7 +174,7 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
             def make() -> bytes:
                 body = payload.maps_payload(m, overview=req.overview)
-                pairs = kinds.pairs_payload(cache.get(req.sentences, "token"), cache.get(req.sentences, "word"), req.level)
+                pairs = payload.seq2seq_labels(m)
                 if pairs is not None:
                     body["seq2seq"] = pairs
                 return to_json(body)
@@ -185,13 +185,11 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     async def head(req: M.HeadIn) -> Response:
         """One head's full map (1-based layer and head) of one sentence: of the model's own attention
         (``kind`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
-        rows, source columns), at word level where the word-level maps keep the decoder's, else at
-        token level (``level`` says which)."""
+        rows, source columns), at the level asked for (``level`` says which)."""
         def work() -> bytes:
-            maps_for(req.sentences, req.level)  # captures both levels, or answers 400
+            m = maps_for(req.sentences, req.level)
             try:
-                got = kinds.kind_head(cache.get(req.sentences, "token"), cache.get(req.sentences, "word"), req.level,
-                                      req.kind, req.sentence, req.layer, req.head)
+                got = kinds.kind_head(m, req.kind, req.sentence, req.layer, req.head)
             except ValueError as e:
                 raise client_error(e) from None
             return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "kind": req.kind,
