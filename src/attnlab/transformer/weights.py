@@ -96,11 +96,11 @@ def convert(tensors: dict, c: TransformerConfig) -> dict:
 
 
 def load_pretrained(cls: type, model: Any = None, backend: str = "auto", revision: str | None = None) -> Any:
-    """``cls`` (the Transformer) with the weights of ``model`` (see :func:`attnlab.models.loading.resolve`),
+    """``cls`` (the Transformer) with the weights of ``model`` (see :func:`attnlab.locate.folder.resolve`),
     in eval mode, its parameters frozen (``requires_grad_(True)`` to train it), with its tokenizer."""
     from transformers import AutoTokenizer
 
-    from attnlab.models.loading import resolve
+    from attnlab.locate.folder import resolve
 
     folder, model_id, rev = resolve(model, revision)
     config = TransformerConfig.from_hf(json.loads((folder / "config.json").read_text()))
