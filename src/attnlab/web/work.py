@@ -22,20 +22,12 @@ WORKERS = 1  # torch already spreads one capture over every core; two at once on
 QUEUE = 4  # heavy requests that may wait for a worker; more get 503 at once
 
 
-# The arrays AttentionMaps and WordMaps may hold, one list per name (an encoder–decoder's decoder
-# holds its own, counted through ``decoder``).
-ARRAYS = ("weights", "queries", "keys", "position_bias", "cross_weights", "cross_queries", "cross_keys",
-          "cross_position_bias")
-
-
 def nbytes(value: Any) -> int:
-    """Memory held by a cached value: every array of AttentionMaps/WordMaps (queries and keys, a
-    decoder's maps included), or a bytes payload."""
+    """Memory held by a cached value: a bytes payload's length, or the ``nbytes`` its type states
+    (maps: every array of every record; a rollout: its arrays)."""
     if isinstance(value, (bytes, bytearray)):
         return len(value)
-    total = sum(int(a.nbytes) for name in ARRAYS for a in (getattr(value, name, None) or ()))
-    decoder = getattr(value, "decoder", None)
-    return total + (nbytes(decoder) if decoder is not None else 0)
+    return int(value.nbytes)
 
 
 class MapsCache:
