@@ -25,19 +25,19 @@ class AttentionMaps(Maps):
 
     @property
     def tokens(self) -> list[list[str]]:
-        return self.self_attention.query_side.tokens
+        return self.source.tokens
 
     @property
     def word_of(self) -> list[list[int]]:
-        return self.self_attention.query_side.word_of
+        return self.source.word_of
 
     @property
     def words(self) -> list[list[str]]:
-        return self.self_attention.query_side.words
+        return self.source.words
 
     @property
     def kinds(self) -> list[list[str]]:
-        return self.self_attention.query_side.kinds
+        return self.source.kinds
 
     def to_words(self, marks: Iterable[str] | None = None) -> WordMaps:
         """Word-level maps (:class:`attnlab.maps.words.WordMaps`): to = sum, from = mean over pieces.
@@ -49,6 +49,7 @@ class AttentionMaps(Maps):
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float16):
             raise ValueError(f"dtype must be float32 or float16, got {dtype}")
+
         def cast(rec: Attention | None) -> Attention | None:
             return None if rec is None else rec.astype(dtype)
 

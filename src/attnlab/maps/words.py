@@ -48,15 +48,15 @@ class WordMaps(Maps):
 
     @property
     def words(self) -> list[list[str]]:
-        return self.self_attention.query_side.words
+        return self.source.words
 
     @property
     def kinds(self) -> list[list[str]]:
-        return self.self_attention.query_side.kinds
+        return self.source.kinds
 
     @property
     def is_mark(self) -> list[list[bool]]:
-        return self.self_attention.query_side.is_mark
+        return self.source.is_mark
 
     def to_words(self, marks: Iterable[str] | None = None) -> WordMaps:
         """These maps (``marks`` None), or the same maps with ``marks`` (case-insensitive words) as the marks."""
