@@ -29,8 +29,8 @@ _display.register_html(_notebook_html)
 # Real maps need torch and transformers: these names load their modules on first use (PEP 562).
 _LAZY = {
     "capture": "attnlab.hf.capture",
-    "load_maps": "attnlab.maps.records",
-    "AttentionMaps": "attnlab.maps.records",
+    "load_maps": "attnlab.maps.tokens",
+    "AttentionMaps": "attnlab.maps.tokens",
     "WordMaps": "attnlab.maps.words",
     "head_roles": "attnlab.analysis.roles",
     "HeadRoles": "attnlab.analysis.roles",

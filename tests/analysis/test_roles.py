@@ -74,7 +74,7 @@ def test_accumulating_in_parts_equals_all_at_once(make_maps):
     acc = RoleAccumulator(2, 3)
     for i in range(len(words)):
         part = make_maps([SENTENCES[i]], num_layers=2, num_heads=3)
-        object.__setattr__(part, "weights", [maps.weights[i]])
+        part.weights[0][...] = maps.weights[i]
         acc.add(part.to_words())
     parts = acc.result("synthetic", None)
     assert set(parts.scores) == set(whole.scores) and parts.not_applicable == whole.not_applicable

@@ -7,6 +7,7 @@ import pytest
 
 import attnlab
 from attnlab.analysis.roles import ROLES, RoleAccumulator, TopHead
+from attnlab.maps.records import Words
 
 SHORT = ["[CLS]", "a", "b", "[SEP]"]  # 4 words
 LONG = ["[CLS]"] + [f"w{i}" for i in range(14)] + ["[SEP]"]  # 16 words
@@ -14,9 +15,10 @@ LONG = ["[CLS]"] + [f"w{i}" for i in range(14)] + ["[SEP]"]  # 16 words
 
 def _one(words, s):
     """Sentence s of ``words`` alone."""
-    pick = slice(s, s + 1)
-    return dataclasses.replace(words, sentences=words.sentences[pick], words=words.words[pick],
-                               weights=words.weights[pick], kinds=words.kinds[pick], is_mark=words.is_mark[pick])
+    pick, side = slice(s, s + 1), words.source
+    one = Words(words=side.words[pick], kinds=side.kinds[pick], is_mark=side.is_mark[pick])
+    own = dataclasses.replace(words.self_attention, weights=words.weights[pick], query_side=one, key_side=one)
+    return dataclasses.replace(words, sentences=words.sentences[pick], self_attention=own)
 
 
 def _self_in_short_prev_in_long(make_maps, plant):

@@ -42,9 +42,9 @@ def test_one_heads_queries_and_keys_equal_capture_and_give_its_map(client, bank_
     assert (body["sentence"], body["layer"], body["head"], body["kind"]) == (sentence, layer, head, "encoder")
     assert body["labels"] == body["key_labels"] == bank_qk.tokens[sentence]
     q, k = np.array(body["q"]), np.array(body["k"])
-    np.testing.assert_allclose(q, bank_qk.queries[sentence][layer - 1, head - 1], atol=1e-5)  # 5 decimals
-    np.testing.assert_allclose(k, bank_qk.keys[sentence][layer - 1, head - 1], atol=1e-5)
-    meta = {name: bank_qk.qk_meta[name][layer - 1] for name in ("scale", "softcap", "causal", "window")}
+    np.testing.assert_allclose(q, bank_qk.self_attention.queries[sentence][layer - 1, head - 1], atol=1e-5)  # 5 decimals
+    np.testing.assert_allclose(k, bank_qk.self_attention.keys[sentence][layer - 1, head - 1], atol=1e-5)
+    meta = bank_qk.self_attention.layers[layer - 1].to_dict()
     assert body["meta"] == meta and body["bias"] is None and meta["scale"] == pytest.approx(32 ** -0.5)
     # The weights they make are the head view's, for every row.
     shown = client.post("/api/head", json={"sentences": BANK, "level": "token", "sentence": sentence,
@@ -60,7 +60,8 @@ def test_the_qk_capture_is_cached_and_counted_in_bytes(viewer_app, client):
         assert client.post("/api/neuron", json={"sentences": sentences, "layer": 1, "head": head}).status_code == 200
     cache = viewer_app.state.cache
     maps, size = cache.entries[("qk", tuple(sentences))]
-    want = sum(a.nbytes for name in ("weights", "queries", "keys") for a in getattr(maps, name))
+    own = maps.self_attention
+    want = sum(a.nbytes for xs in (own.weights, own.queries, own.keys) for a in xs)
     assert size == want and size > sum(w.nbytes for w in maps.weights)
 
 

@@ -41,15 +41,14 @@ def test_maps_announce_the_decoder_and_cross_attention(t5, captured, level):
     s2s = body["seq2seq"]
     assert s2s["model"] == {"num_layers": 3, "num_heads": 4} and body["model"]["num_layers"] == 2
     word_level = s2s["level"] == "word"
-    assert word_level == (level == "word" and getattr(words, "decoder", None) is not None)
+    assert word_level == (level == "word" and words.is_seq2seq)
     for i, s in enumerate(s2s["sentences"]):
         if word_level:
-            assert s["source"] == words.words[i] and s["target"] == words.decoder.words[i]
-            assert s["target_is_mark"] == words.decoder.is_mark[i]
+            assert s["source"] == words.words[i] and s["target"] == words.target.words[i]
+            assert s["target_is_mark"] == words.target.is_mark[i]
         else:
-            assert s["source"] == maps.tokens[i] and s["target"] == maps.decoder.tokens[i]
-            dec_words = maps.decoder.to_words()
-            assert s["target_is_mark"] == [dec_words.is_mark[i][w] for w in maps.decoder.word_of[i]]
+            assert s["source"] == maps.tokens[i] and s["target"] == maps.target.tokens[i]
+            assert s["target_is_mark"] == [words.target.is_mark[i][w] for w in maps.target.word_of[i]]
         assert len(s["source_is_mark"]) == len(s["source"]) and s["source_is_mark"][-1]  # </s> is a mark
         assert s["target"][0] == "<pad>"  # T5's decoder starts from its pad token
     assert body["sentences"][0]["labels"] == (words.words[0] if level == "word" else maps.tokens[0])
@@ -66,15 +65,13 @@ def test_each_kinds_head_is_captures_map(t5, captured, kind, level):
     body = res.json()
     assert body["kind"] == kind
     m = words if body["level"] == "word" else maps
+    assert body["level"] == level  # every record has both levels
     if kind == "encoder":
-        assert body["level"] == level
-        want, rows, cols = m.weights[sentence], m, m
+        want, rows, cols = m.weights[sentence], m.source, m.source
     else:
-        assert body["level"] in (level, "token")  # word level where the word maps keep the decoder's
-        want = (m.decoder.weights if kind == "decoder" else m.cross_weights)[sentence]
-        rows, cols = m.decoder, (m.decoder if kind == "decoder" else m)
-    label = (lambda x: x.words[sentence]) if body["level"] == "word" else (lambda x: x.tokens[sentence])
-    assert body["labels"] == label(rows) and body["key_labels"] == label(cols)
+        want = (m.decoder if kind == "decoder" else m.cross).weights[sentence]
+        rows, cols = m.target, (m.target if kind == "decoder" else m.source)
+    assert body["labels"] == rows.labels(sentence) and body["key_labels"] == cols.labels(sentence)
     np.testing.assert_allclose(body["weights"], want[layer - 1, head - 1], atol=1e-6)
     if kind == "decoder":
         assert np.all(np.triu(np.array(body["weights"]), k=1) == 0)  # causal

@@ -47,11 +47,11 @@ def test_served_encoder_decoder_shows_cross_attention_side_by_side(page, t5_serv
     page.wait_for_selector("#head-lines")
 
     maps = capture([(SOURCE, TARGET)], tiny_seq2seq_dir)
-    assert page.locator("#head-words .word").all_inner_texts() == maps.decoder.tokens[0]  # the target looks
+    assert page.locator("#head-words .word").all_inner_texts() == maps.target.tokens[0]  # the target looks
     assert page.locator("#head-keys .word").all_inner_texts() == maps.tokens[0]  # at the source
     # side by side in the lines display: the target's tokens on the left, the source's on the right
     page.wait_for_function("window.attnlab.head.drawn().length > 0")
-    want = maps.cross_weights[0][layer - 1, head - 1]
+    want = maps.cross.weights[0][layer - 1, head - 1]
     drawn = np.array(page.evaluate("window.attnlab.head.drawn()"))
     assert len(drawn) == want.size
     np.testing.assert_allclose(drawn[:, 2], want[drawn[:, 0].astype(int), drawn[:, 1].astype(int)], atol=1e-6)
@@ -109,17 +109,17 @@ def test_neuron_view_of_the_three_attentions_with_t5s_position_bias(page, where,
         page.fill("#sentence-b", TARGET)
         page.click("#run")
         page.wait_for_function("document.querySelector('#status').textContent.includes('ms')")
-    n = len(maps.decoder.tokens[0])
+    n = len(maps.target.tokens[0])
     for kind, layer, head, query, want, bias in (
-        ("cross", 3, 2, 4, maps.cross_weights[0], None),
+        ("cross", 3, 2, 4, maps.cross.weights[0], None),
         ("decoder", 2, 4, n - 1, maps.decoder.weights[0], maps.decoder.position_bias[0]),
-        ("encoder", 1, 3, 5, maps.weights[0], maps.position_bias[0]),
+        ("encoder", 1, 3, 5, maps.weights[0], maps.self_attention.position_bias[0]),
     ):
         choose(page, kind, layer, head, query)
         row = want[layer - 1, head - 1, query]
         assert neuron_weights(page) == [pct1(w) for w in row], kind
         keys = page.locator("#view-neuron tbody tr td:first-child").all_inner_texts()
-        assert keys == (maps.tokens[0] if kind != "decoder" else maps.decoder.tokens[0])
+        assert keys == (maps.tokens[0] if kind != "decoder" else maps.target.tokens[0])
         steps = page.locator("#view-neuron .controls button")
         assert steps.count() == (4 if bias is None else 5), kind
         if bias is not None:

@@ -41,6 +41,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from attnlab.maps.records import Maps
+
 # A head has a role when its average score reaches the role's threshold.
 PREV_THRESHOLD = 0.5
 NEXT_THRESHOLD = 0.5
@@ -295,8 +297,9 @@ class RoleAccumulator:
         self.sentences = 0
         self.causal, self.kinds, self.repeats = True, set(), False  # what decides which roles apply
 
-    def add(self, words) -> None:
-        """Add every sentence of a :class:`~attnlab.maps.words.WordMaps`."""
+    def add(self, maps: Maps) -> None:
+        """Add every sentence of ``maps``, at word level (token-level maps are turned into words first)."""
+        words = maps.to_words()
         self.causal = self.causal and is_causal(words.weights)
         for w, kinds, marks, texts in zip(words.weights, words.kinds, words.is_mark, words.words):
             self.kinds.update(kinds)
@@ -321,14 +324,15 @@ class RoleAccumulator:
                          not_applicable=skip, average=self.average)
 
 
-def head_roles(words, roles: list[str] | None = None, average: str = "row") -> HeadRoles:
-    """Score every head of ``words`` (:class:`~attnlab.maps.words.WordMaps`) for each role.
+def head_roles(maps: Maps, roles: list[str] | None = None, average: str = "row") -> HeadRoles:
+    """Score every head of ``maps`` for each role, at word level: :class:`~attnlab.maps.words.WordMaps`,
+    or token-level maps, turned into words (``maps.to_words()``) first.
 
     ``average``: ``"row"`` (default: every row of every sentence weighs the same, as in Clark et
     al.) or ``"sentence"`` (every sentence weighs the same, whatever its length).
     """
-    if not len(words):
-        raise ValueError("words has no sentences; capture at least one")
-    acc = RoleAccumulator(words.num_layers, words.num_heads, roles, average)
-    acc.add(words)
-    return acc.result(words.model_id, words.revision)
+    if not len(maps):
+        raise ValueError("maps has no sentences; capture at least one")
+    acc = RoleAccumulator(maps.num_layers, maps.num_heads, roles, average)
+    acc.add(maps)
+    return acc.result(maps.model_id, maps.revision)

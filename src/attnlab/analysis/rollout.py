@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.maps.records import Maps
+
 DEFAULT_RESIDUAL = 0.5  # Abnar & Zuidema's choice: the residual carries as much as attention
 MAX_FLOW_TOKENS = 64  # T² max-flow problems on an (L + 1)·T-node graph: seconds at 64, minutes beyond
 FLOW_UNITS = 1 << 24  # capacities in units of 2^-24: a node's T edges of at most 1 stay within int32
@@ -57,7 +59,7 @@ def rollout_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL) -> np.n
     return out
 
 
-def rollout(maps: Any, residual: float = DEFAULT_RESIDUAL) -> list[np.ndarray]:
+def rollout(maps: Maps, residual: float = DEFAULT_RESIDUAL) -> list[np.ndarray]:
     """Attention rollout of every sentence of ``maps``: a list of [L, T, T] (T tokens or words)."""
     return [rollout_one(w, residual) for w in maps.weights]
 
@@ -89,6 +91,6 @@ def flow_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL, layer: int
     return np.divide(out, total, out=np.zeros_like(out), where=total > 0)
 
 
-def flow(maps: Any, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> list[np.ndarray]:
+def flow(maps: Maps, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> list[np.ndarray]:
     """Attention flow of every sentence of ``maps`` at ``layer`` (0-based, default the last): a list of [T, T]."""
     return [flow_one(w, residual, layer) for w in maps.weights]

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnlab.maps.records import Maps
+from attnlab.maps.words import WordMaps, aggregate
+
 CLOSEST_COUNT = 5  # how many near misses to show when no head qualifies
 MARK_RULE = "the target's largest weight, over all words, falls on a mark in every sentence"
 
@@ -114,11 +117,9 @@ def _join(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _merged(words, s: int, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[str], np.ndarray, list[int]]:
+def _merged(words: WordMaps, s: int, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[str], np.ndarray, list[int]]:
     """Sentence s's word maps with each span of ``spans`` made one word (rows mean, columns sum):
     (weights [L, H, W', W'], word texts, mark flags, the new position of each span)."""
-    from attnlab.maps.words import aggregate
-
     n = len(words.words[s])
     group, texts, marks, w = [], [], [], 0
     starts = {a: b for a, b in spans}
@@ -141,9 +142,10 @@ def _occurrence(occurrence, count: int) -> list:
     return occurrence
 
 
-def find_heads(words, target: str, deciders: list[str], exclude_self: bool = False,
+def find_heads(maps: Maps, target: str, deciders: list[str], exclude_self: bool = False,
                exclude_marks: bool = False, occurrence: int | list[int | None] | None = None) -> HeadSearch:
-    """Search every head of ``words`` (:class:`~attnlab.maps.words.WordMaps`) for the target's decider.
+    """Search every head of ``maps`` for the target's decider, at word level: word-level
+    :class:`~attnlab.maps.words.WordMaps`, or token-level maps turned into words (``maps.to_words()``) first.
 
     ``deciders[i]`` is the deciding word of sentence i. Words match case-insensitively, and may be
     runs of words ("sea-shells"; see the module's text). ``occurrence``: which occurrence of the
@@ -156,6 +158,7 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
     if isinstance(deciders, str):
         deciders = [deciders]
     deciders = list(deciders)
+    words = maps.to_words()
     if len(deciders) != len(words):
         raise ValueError(f"deciders has {len(deciders)} words for {len(words)} sentences; give one per sentence")
     L, H, S = words.num_layers, words.num_heads, len(words)

@@ -82,11 +82,11 @@ def rollout(
 
     maps = capture(_as_items([sentence]), model, revision)
     view = maps if tokens else maps.to_words()
-    labels = view.tokens[0] if tokens else view.words[0]
+    labels = view.labels(0)
     rolled = roll(view, residual)[0]  # (L, T, T)
     flowed = flow(view, residual)[0] if with_flow else None
     result = {"model_id": maps.model_id, "revision": maps.revision, "residual": residual,
-              "level": "token" if tokens else "word", "labels": labels, "rollout": rolled.round(6).tolist()}
+              "level": view.level, "labels": labels, "rollout": rolled.round(6).tolist()}
     if flowed is not None:
         result["flow"] = flowed.round(6).tolist()
     if png is not None:

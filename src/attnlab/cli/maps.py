@@ -73,7 +73,7 @@ def maps(
     if save:
         err.print(f"wrote {found.save(save)}", highlight=False)
     view = found.to_words() if words else found
-    labels = view.words if words else found.tokens
+    labels = [view.labels(i) for i in range(len(view))]
     if html:
         from attnlab.lesson.scene import scene
         from attnlab.viz.page import write_maps_html
@@ -87,7 +87,7 @@ def maps(
         plot_maps([view.weights[i][pick] for i in range(len(found))], labels,
                   title=f"{found.model_id}: layer {pick[0] + 1}, head {pick[1] + 1}").savefig(png, dpi=150)
         err.print(f"wrote {png}", highlight=False)
-    if write_json(json_path, maps_record(found, pick, view if words else None)):
+    if write_json(json_path, maps_record(view, pick)):
         return
     console.print(f"{found.model_id} ({found.revision}): {found.num_layers} layers × {found.num_heads} heads")
     for i, w in enumerate(view.weights):

@@ -8,10 +8,10 @@ beside ours, labelled as the lesson's model.
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnlab.lesson.fmt import pct
 from attnlab.lesson.section import Section, table
+from attnlab.maps.tokens import AttentionMaps
+from attnlab.maps.words import WordMaps
 
 SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
 TARGET = "bank"
@@ -29,7 +29,7 @@ SEED_MAPS = {
 }
 
 
-def model_info(maps: Any) -> dict:
+def model_info(maps: AttentionMaps) -> dict:
     """Layers, heads and width of the captured model, read from its config."""
     hidden = maps.config.get("hidden_size") or maps.config.get("n_embd") or maps.config.get("d_model")
     if not hidden:
@@ -38,22 +38,22 @@ def model_info(maps: Any) -> dict:
             "num_heads": maps.num_heads, "hidden_size": int(hidden)}
 
 
-def capture_bank(model: str | None = None) -> Any:
+def capture_bank(model: str | None = None) -> AttentionMaps:
     """The two sentences' maps on ``model`` (None: the bundled default); loads torch lazily."""
     from attnlab.hf.capture import capture
 
     return capture(list(SENTENCES), model=model)
 
 
-def _heatmap(words: Any, sentence: int, layer: int, head: int, title: str) -> dict:
+def _heatmap(words: WordMaps, sentence: int, layer: int, head: int, title: str) -> dict:
     return {
         "title": title, "sentence": sentence, "layer": layer + 1, "head": head + 1,
-        "words": list(words.words[sentence]),
+        "words": words.labels(sentence),
         "weights": words.weights[sentence][layer, head].astype(float).round(6).tolist(),
     }
 
 
-def maps_section(maps: Any) -> Section:
+def maps_section(maps: AttentionMaps) -> Section:
     from attnlab.analysis.roles import head_roles
     from attnlab.analysis.search import find_heads
 

@@ -8,9 +8,10 @@ show the same thing. Layers and heads are 1-based here, as everywhere the user r
 from __future__ import annotations
 
 import base64
-from typing import Any
 
 import numpy as np
+
+from attnlab.maps.records import Attention, Maps
 
 BADGE_ROLES = ("prev", "next", "marks", "broad")  # the roles the model view marks on its heads
 DEFAULT_OVERVIEW = 32  # side of the downsampled maps of the model view, in cells
@@ -35,16 +36,26 @@ def downsample(weights: np.ndarray, size: int) -> np.ndarray:
     return cells / counts[:, None] / counts[None, :]
 
 
-def is_word_level(maps: Any) -> bool:
-    """WordMaps (``maps.to_words()``) rather than token-level AttentionMaps."""
-    return hasattr(maps, "is_mark")
+# The viewer's names of a model's attentions (the head view's and the Neuron view's ``kind``):
+# "encoder", the maps' own self-attention (an encoder's, a decoder-only model's, an encoder–decoder's
+# encoder), and an encoder–decoder's "decoder" and "cross".
+KINDS = ("encoder", "decoder", "cross")
 
 
-def labels(maps: Any, i: int) -> list[str]:
-    return list(maps.words[i] if is_word_level(maps) else maps.tokens[i])
+def attention_of(maps: Maps, kind: str) -> Attention:
+    """The record of ``kind`` (one of :data:`KINDS`) in ``maps``; ValueError for an unknown kind, or
+    ``"decoder"``/``"cross"`` of a model that is not an encoder–decoder."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    if kind == "encoder":
+        return maps.self_attention
+    if not maps.is_seq2seq:
+        raise ValueError(f"kind {kind!r} is an encoder–decoder's attention; {maps.model_id!r} is not an "
+                         f"encoder–decoder model (its one attention is kind 'encoder')")
+    return maps.decoder if kind == "decoder" else maps.cross
 
 
-def sentence_text(s: Any) -> str:
+def sentence_text(s: str | tuple[str, str]) -> str:
     return s if isinstance(s, str) else " | ".join(s)
 
 
@@ -59,7 +70,7 @@ def check_head(sentences: int, num_layers: int, num_heads: int, i: int, layer: i
         raise ValueError(f"head{what} must be 1..{num_heads} (1-based), got {head}")
 
 
-def head_matrix(maps: Any, i: int, layer: int, head: int) -> np.ndarray:
+def head_matrix(maps: Maps, i: int, layer: int, head: int) -> np.ndarray:
     """The [n, n] map of 1-based ``layer`` and ``head`` of sentence ``i``, with clear errors."""
     check_head(len(maps.weights), maps.num_layers, maps.num_heads, i, layer, head)
     return maps.weights[i][layer - 1, head - 1]
@@ -70,11 +81,11 @@ def round_weights(w: np.ndarray) -> list:
     return np.round(w.astype(np.float64), DIGITS).tolist()
 
 
-def roles_payload(words: Any) -> dict:
+def roles_payload(maps: Maps) -> dict:
     """Role scores per head ([L][H] per role) and the badges: heads whose score reaches the threshold."""
     from attnlab.analysis.roles import ROLES, head_roles
 
-    roles = head_roles(words, roles=list(BADGE_ROLES))
+    roles = head_roles(maps, roles=list(BADGE_ROLES))
     badges = [
         {"role": name, "layer": l + 1, "head": h + 1, "score": round(float(roles.scores[name][l, h]), 4)}
         for name in BADGE_ROLES
@@ -86,23 +97,19 @@ def roles_payload(words: Any) -> dict:
     return {"scores": scores, "badges": badges, "legend": legend}
 
 
-def maps_payload(maps: Any, overview: int = DEFAULT_OVERVIEW) -> dict:
+def maps_payload(maps: Maps, overview: int = DEFAULT_OVERVIEW) -> dict:
     """What the head and model views need, without the full maps (those go one head at a time).
 
     ``maps``: token-level AttentionMaps or word-level WordMaps. Role badges always come from the
     word-level maps (roles are defined on words).
     """
-    words = maps if is_word_level(maps) else maps.to_words()
     sentences = []
     for i, s in enumerate(maps.sentences):
         small = downsample(maps.weights[i], overview)  # (L, H, s, s)
         sentences.append({
             "text": sentence_text(s),
-            "labels": labels(maps, i),
-            "is_mark": (
-                [bool(m) for m in words.is_mark[i]] if maps is words
-                else [bool(words.is_mark[i][w]) for w in maps.word_of[i]]
-            ),
+            "labels": maps.labels(i),
+            "is_mark": maps.marks(i),
             "overview": {"size": int(small.shape[-1]), "maps": np.round(small.reshape(*small.shape[:2], -1), 4).tolist()},
         })
     return {
@@ -110,9 +117,9 @@ def maps_payload(maps: Any, overview: int = DEFAULT_OVERVIEW) -> dict:
             "id": maps.model_id, "revision": maps.revision,
             "num_layers": int(maps.num_layers), "num_heads": int(maps.num_heads),
         },
-        "level": "word" if maps is words else "token",
+        "level": maps.level,
         "sentences": sentences,
-        "roles": roles_payload(words),
+        "roles": roles_payload(maps),
     }
 
 
@@ -125,7 +132,7 @@ def pack_weights(weights: np.ndarray) -> str:
     return base64.b64encode(q.tobytes()).decode("ascii")
 
 
-def find_head_payload(words: Any, target: str, deciders: list[str], exclude_self: bool = False,
+def find_head_payload(maps: Maps, target: str, deciders: list[str], exclude_self: bool = False,
                       exclude_marks: bool = False, occurrence: int | list[int | None] | None = None) -> dict:
     """The head search, and the target's row in each sentence for the head it shows: the best
     qualifying head, or the closest one when none qualifies (the search says so in its summary).
@@ -133,6 +140,7 @@ def find_head_payload(words: Any, target: str, deciders: list[str], exclude_self
     sentence or one per sentence (None: the first, and ``note`` says so)."""
     from attnlab.analysis.search import find_heads
 
+    words = maps.to_words()
     res = find_heads(words, target=target, deciders=deciders, exclude_self=exclude_self, exclude_marks=exclude_marks,
                      occurrence=occurrence)
     out = {"summary": res.summary(), "result": res.to_dict(), "shown": None,
@@ -156,41 +164,30 @@ def find_head_payload(words: Any, target: str, deciders: list[str], exclude_self
     return out
 
 
-def _marks(maps: Any, i: int) -> list[bool]:
-    """Sentence i's marks at ``maps``' level: word-level maps say so; a token is a mark where its word is
-    (by the default rule: special tokens and punctuation)."""
-    if is_word_level(maps):
-        return [bool(m) for m in maps.is_mark[i]]
-    from attnlab.maps.words import DEFAULT_MARK_KINDS
-
-    kinds = maps.kinds[i]
-    return [kinds[w] in DEFAULT_MARK_KINDS for w in maps.word_of[i]]
-
-
-def seq2seq_labels(maps: Any) -> dict | None:
+def seq2seq_labels(maps: Maps) -> dict | None:
     """What the head view's "encoder / decoder / cross" choice needs besides the weights: the
     decoder's ``model`` shape, the ``level`` (tokens, or words for ``to_words()`` maps, which
     aggregate the decoder's and the cross maps by the encoder's rule) and per sentence ``source``
     (the encoder's labels, the keys of cross-attention), ``source_is_mark``, ``target`` (the
     decoder's input: its start token, then the target; the queries) and ``target_is_mark``.
     None for maps without a decoder (an encoder's or a decoder's)."""
-    dec = getattr(maps, "decoder", None)
-    if dec is None or getattr(maps, "cross_weights", None) is None:
+    if not maps.is_seq2seq:
         return None
+    source, target = maps.source, maps.target
     return {
-        "model": {"num_layers": int(dec.num_layers), "num_heads": int(dec.num_heads)},
-        "level": "word" if is_word_level(maps) else "token",
-        "sentences": [{"source": labels(maps, i), "source_is_mark": _marks(maps, i),
-                       "target": labels(dec, i), "target_is_mark": _marks(dec, i)} for i in range(len(maps.sentences))],
+        "model": {"num_layers": int(maps.decoder.num_layers), "num_heads": int(maps.decoder.num_heads)},
+        "level": maps.level,
+        "sentences": [{"source": source.labels(i), "source_is_mark": source.marks(i),
+                       "target": target.labels(i), "target_is_mark": target.marks(i)} for i in range(len(maps))],
     }
 
 
-def seq2seq_payload(maps: Any) -> dict | None:
+def seq2seq_payload(maps: Maps) -> dict | None:
     """:func:`seq2seq_labels` with, per sentence, the decoder's self-attention [L_dec, H, T_tgt, T_tgt]
     (``decoder``) and the cross-attention [L_dec, H, T_tgt, T_src] (``cross``) packed as
     :func:`pack_weights` packs them, row-major: the self-contained page's encoder–decoder views."""
     out = seq2seq_labels(maps)
     if out is not None:
         for i, s in enumerate(out["sentences"]):
-            s.update(decoder=pack_weights(maps.decoder.weights[i]), cross=pack_weights(maps.cross_weights[i]))
+            s.update(decoder=pack_weights(maps.decoder.weights[i]), cross=pack_weights(maps.cross.weights[i]))
     return out

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from attnlab.analysis.rollout import DEFAULT_RESIDUAL, flow_one, rollout_one
-from attnlab.viz.payload import labels, pack_weights
+from attnlab.maps.records import Maps
+from attnlab.viz.payload import pack_weights
 
 METHODS = ("rollout", "flow")
 PAGE_RESIDUAL = DEFAULT_RESIDUAL  # what a page embeds; the server takes any residual in [0, 1)
@@ -39,6 +40,10 @@ class Rolled:
 
     weights: list[np.ndarray]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(int(w.nbytes) for w in self.weights)
+
 
 def flow_refusal(positions: int, sentence: int, unit: str) -> str | None:
     """Why flow is not offered for a sentence of ``positions`` ``unit``s (0-based ``sentence``), or None."""
@@ -51,11 +56,7 @@ def flow_refusal(positions: int, sentence: int, unit: str) -> str | None:
             f"(rollout serves any length; `attnlab rollout --flow` takes up to the library's limit)")
 
 
-def _unit(maps: Any) -> str:
-    return "word" if hasattr(maps, "is_mark") else "token"
-
-
-def check_request(maps: Any, sentence: int, layer: int, residual: float, method: str) -> None:
+def check_request(maps: Maps, sentence: int, layer: int, residual: float, method: str) -> None:
     """ValueError, naming the argument, for a sentence or layer out of range, a residual outside
     [0, 1), an unknown method, or flow of a sentence longer than :data:`FLOW_MAX_POSITIONS`."""
     if method not in METHODS:
@@ -67,18 +68,18 @@ def check_request(maps: Any, sentence: int, layer: int, residual: float, method:
     if not 1 <= layer <= maps.num_layers:
         raise ValueError(f"layer must be 1..{maps.num_layers} (1-based: rollout through layers 1..layer), got {layer}")
     if method == "flow":
-        why = flow_refusal(maps.weights[sentence].shape[-1], sentence, _unit(maps))
+        why = flow_refusal(maps.weights[sentence].shape[-1], sentence, maps.level)
         if why is not None:
             raise ValueError(why)
 
 
-def _answer(maps: Any, sentence: int, weights: np.ndarray) -> dict:
+def _answer(maps: Maps, sentence: int, weights: np.ndarray) -> dict:
     t = maps.weights[sentence].shape[-1]
-    return {"labels": labels(maps, sentence), "weights": weights, "num_layers": int(maps.num_layers),
-            "flow_max_positions": FLOW_MAX_POSITIONS, "flow_refusal": flow_refusal(t, sentence, _unit(maps))}
+    return {"labels": maps.labels(sentence), "weights": weights, "num_layers": int(maps.num_layers),
+            "flow_max_positions": FLOW_MAX_POSITIONS, "flow_refusal": flow_refusal(t, sentence, maps.level)}
 
 
-def rollout_layer(maps: Any, sentence: int, layer: int, residual: float = DEFAULT_RESIDUAL,
+def rollout_layer(maps: Maps, sentence: int, layer: int, residual: float = DEFAULT_RESIDUAL,
                   method: str = "rollout") -> dict:
     """One layer of the rollout or flow of one sentence: ``labels`` (rows and columns alike),
     ``weights`` [T, T] (row i: where position i's input comes from after layers 1..``layer``,
@@ -90,7 +91,7 @@ def rollout_layer(maps: Any, sentence: int, layer: int, residual: float = DEFAUL
                    else rollout_one(w, residual)[layer - 1])
 
 
-def served_rollout(cache: Any, maps: Any, key: tuple, sentence: int, layer: int, residual: float,
+def served_rollout(cache: Any, maps: Maps, key: tuple, sentence: int, layer: int, residual: float,
                    method: str) -> dict:
     """:func:`rollout_layer` for the server: the sentence's rollout [L, T, T] at ``residual``, and
     each layer of flow, kept in ``cache`` (the server's :class:`~attnlab.web.work.MapsCache`) under
@@ -106,12 +107,12 @@ def served_rollout(cache: Any, maps: Any, key: tuple, sentence: int, layer: int,
     return _answer(maps, sentence, rolled.weights[0][layer - 1])
 
 
-def page_rollout(maps: Any) -> dict:
+def page_rollout(maps: Maps) -> dict:
     """The self-contained page's Rollout data: per sentence the rollout through every layer at
     :data:`PAGE_RESIDUAL` ([L, T, T], packed as :func:`attnlab.viz.payload.pack_weights` packs maps),
     and the flow through all layers ([T, T], packed) where the sentence has at most
     :data:`FLOW_MAX_POSITIONS` positions, else None and ``flow_refusal`` says why."""
-    unit = _unit(maps)
+    unit = maps.level
     sentences = []
     for i, w in enumerate(maps.weights):
         why = flow_refusal(w.shape[-1], i, unit)
