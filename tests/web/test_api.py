@@ -53,7 +53,7 @@ def test_maps_carry_labels_marks_overview_and_role_badges(client, bank_maps):
     np.testing.assert_allclose(np.array(s["overview"]["maps"][2][10]).reshape(4, 4),
                                payload.downsample(words.weights[0][2, 10], 4), atol=1e-4)
     roles = head_roles(words)
-    want = sorted((r, l + 1, h + 1) for r in payload.BADGE_ROLES for l, h in roles.heads(r))
+    want = sorted((r, l, h) for r in payload.BADGE_ROLES for l, h in roles.heads(r))  # 0-based, as every field
     assert sorted((b["role"], b["layer"], b["head"]) for b in body["roles"]["badges"]) == want
     assert set(body["roles"]["legend"]) == set(payload.BADGE_ROLES)
 
@@ -73,8 +73,8 @@ def test_find_head_is_the_library_search(client, bank_maps):
     assert body["summary"] == want.summary()
     assert body["result"]["total_heads"] == 72
     shown = body["shown"]
-    layer0, head0 = want.best if want.best else (want.closest[0].layer, want.closest[0].head)
-    assert (shown["layer"], shown["head"], shown["qualifies"]) == (layer0 + 1, head0 + 1, want.best is not None)
+    layer0, head0 = want.best if want.best else want.closest[0].head
+    assert (shown["layer"], shown["head"], shown["qualifies"]) == (layer0, head0, want.best is not None)
     side = shown["sides"][0]
     assert side["words"][side["target_index"]] == "bank" and side["words"][side["decider_index"]] == "river"
     np.testing.assert_allclose(side["row"], words.weights[0][layer0, head0, side["target_index"]], atol=1e-6)

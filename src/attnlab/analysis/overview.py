@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.maps.heads import Head
+
 
 def where_heads_look(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For (L, H, T, T) weights: each head's most attended column and its share, both (L, H).
@@ -26,21 +28,24 @@ def where_heads_look(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def maps_record(maps: Any, pick: tuple[int, int] | None = None, words: Any = None, decimals: int = 6) -> dict:
-    """The maps as JSON-ready data: every layer and head of each sentence, or one head (0-based ``pick``).
+    """The maps as JSON-ready data: every layer and head of each sentence, or one head (``pick``, a
+    :class:`~attnlab.maps.heads.Head` or 0-based (layer, head)).
 
     ``words``: the word-level maps (``maps.to_words()``) to give instead of the tokens'. Layer and
-    head numbers in the result are 1-based, as the CLI takes and shows them.
+    head in the result are 0-based, as every field (docs/design.md).
     """
+    if pick is not None:
+        pick = Head.of(pick, maps.num_layers, maps.num_heads, "pick")
     view = maps if words is None else words
     unit = "tokens" if words is None else "words"
     labels = maps.tokens if words is None else words.words
     return {
         "model_id": maps.model_id, "revision": maps.revision, "num_layers": maps.num_layers,
         "num_heads": maps.num_heads, "unit": unit,
-        "layer": None if pick is None else pick[0] + 1, "head": None if pick is None else pick[1] + 1,
+        "layer": None if pick is None else pick.layer, "head": None if pick is None else pick.head,
         "sentences": [
             {"sentence": s if isinstance(s, str) else list(s), unit: labels[i],
-             "weights": (view.weights[i][pick] if pick else view.weights[i]).round(decimals).tolist()}
+             "weights": (view.weights[i] if pick is None else view.weights[i][pick]).round(decimals).tolist()}
             for i, s in enumerate(maps.sentences)
         ],
     }

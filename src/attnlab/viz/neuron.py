@@ -85,7 +85,7 @@ def layer_meta(meta: dict, layer0: int) -> dict:
 
 
 def head_qk(maps: Any, sentence: int, layer: int, head: int, kind: str = "encoder") -> dict:
-    """One head's data (1-based ``layer`` and ``head``) of sentence ``sentence`` (0-based):
+    """One head's data (``layer``, ``head`` and ``sentence``, all 0-based):
     ``labels`` (the query tokens), ``key_labels``, ``q`` [Tq][D], ``k`` [Tk][D], ``bias`` [Tq][Tk] or
     None, and that layer's ``meta``. One head is 2·T·D numbers (65,536 at 512 tokens and D = 64,
     a quarter of one head's map), so no length limit applies here."""
@@ -94,7 +94,7 @@ def head_qk(maps: Any, sentence: int, layer: int, head: int, kind: str = "encode
         raise ValueError("these maps hold no queries and keys; capture(..., qk=True) keeps them")
     what = "" if kind == "encoder" else f" of the {kind} attention"
     check_head(len(v.queries), v.num_layers, v.num_heads, sentence, layer, head, what)
-    l, h = layer - 1, head - 1
+    l, h = layer, head
     return {
         "labels": list(v.rows[sentence]), "key_labels": list(v.cols[sentence]),
         "q": _rounded(v.queries[sentence][l, h]), "k": _rounded(v.keys[sentence][l, h]),

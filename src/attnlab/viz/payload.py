@@ -2,7 +2,8 @@
 
 One set of shapes for both ways the page gets its data, the local server's API
 (:mod:`attnlab.web.server`) and the self-contained HTML file (:mod:`attnlab.viz.page`), so the two
-show the same thing. Layers and heads are 1-based here, as everywhere the user reads them.
+show the same thing. Layers and heads are 0-based in the JSON, as every field (docs/design.md); the
+page's script labels them 1-based ("layer 3, head 11") where people read them.
 """
 
 from __future__ import annotations
@@ -49,20 +50,20 @@ def sentence_text(s: Any) -> str:
 
 
 def check_head(sentences: int, num_layers: int, num_heads: int, i: int, layer: int, head: int, what: str = "") -> None:
-    """ValueError with the range for a 0-based sentence ``i`` or a 1-based ``layer`` or ``head`` out of
+    """ValueError with the range for a sentence ``i``, ``layer`` or ``head`` (all 0-based) out of
     range; ``what`` names the attention (" of the cross attention") where a model has several."""
     if not 0 <= i < sentences:
         raise ValueError(f"sentence must be 0..{sentences - 1}, got {i}")
-    if not 1 <= layer <= num_layers:
-        raise ValueError(f"layer{what} must be 1..{num_layers} (1-based), got {layer}")
-    if not 1 <= head <= num_heads:
-        raise ValueError(f"head{what} must be 1..{num_heads} (1-based), got {head}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer{what} must be 0..{num_layers - 1} (0-based), got {layer}")
+    if not 0 <= head < num_heads:
+        raise ValueError(f"head{what} must be 0..{num_heads - 1} (0-based), got {head}")
 
 
 def head_matrix(maps: Any, i: int, layer: int, head: int) -> np.ndarray:
-    """The [n, n] map of 1-based ``layer`` and ``head`` of sentence ``i``, with clear errors."""
+    """The [n, n] map of ``layer`` and ``head`` (0-based) of sentence ``i``, with clear errors."""
     check_head(len(maps.weights), maps.num_layers, maps.num_heads, i, layer, head)
-    return maps.weights[i][layer - 1, head - 1]
+    return maps.weights[i][layer, head]
 
 
 def round_weights(w: np.ndarray) -> list:
@@ -76,9 +77,9 @@ def roles_payload(words: Any) -> dict:
 
     roles = head_roles(words, roles=list(BADGE_ROLES))
     badges = [
-        {"role": name, "layer": l + 1, "head": h + 1, "score": round(float(roles.scores[name][l, h]), 4)}
+        {"role": name, **h.to_dict(), "score": round(float(roles.scores[name][h]), 4)}
         for name in BADGE_ROLES
-        for l, h in roles.heads(name)
+        for h in roles.heads(name)
     ]
     unit = {"weight": "average weight", "nats": "mean entropy, nats"}
     legend = {name: f"{ROLES[name].description} ({unit[ROLES[name].unit]} ≥ {ROLES[name].threshold:g})" for name in BADGE_ROLES}
@@ -138,21 +139,21 @@ def find_head_payload(words: Any, target: str, deciders: list[str], exclude_self
     out = {"summary": res.summary(), "result": res.to_dict(), "shown": None,
            "note": res.occurrence_note() if occurrence is None else None}
     if res.best is not None:
-        layer0, head0 = res.best
+        shown = res.best
     elif res.closest:
-        layer0, head0 = res.closest[0].layer, res.closest[0].head
+        shown = res.closest[0].head
     else:
         return out
     sides = []
     for i in range(len(words)):
         t, end = res.target_spans[i]  # the occurrence the search used
         d = next(a for a, b in words.spans(i, deciders[i]) if b <= t or end <= a)
-        row = words.weights[i][layer0, head0, t:end].mean(axis=0)  # (W,): the target attending (a run: its rows' mean)
+        row = words.weights[i][shown.layer, shown.head, t:end].mean(axis=0)  # (W,): the target attending (a run: its rows' mean)
         sides.append({
             "sentence": sentence_text(words.sentences[i]), "words": list(words.words[i]),
             "row": round_weights(row), "target_index": t, "decider_index": d,
         })
-    out["shown"] = {"layer": layer0 + 1, "head": head0 + 1, "qualifies": res.best is not None, "sides": sides}
+    out["shown"] = {**shown.to_dict(), "qualifies": res.best is not None, "sides": sides}
     return out
 
 

@@ -40,8 +40,8 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
     class OneHead(Strict):  # one head of one sentence: what /api/head and /api/neuron share
         sentences: Sentences
         sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
-        layer: int = Field(ge=1, le=1000, description="1-based")
-        head: int = Field(ge=1, le=1000, description="1-based")
+        layer: int = Field(ge=0, lt=1000, description="0-based")
+        head: int = Field(ge=0, lt=1000, description="0-based")
         kind: Kind = Field("encoder", description=KIND_HELP)
 
     class HeadIn(OneHead):
@@ -54,7 +54,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         sentences: Sentences
         level: Level = "word"
         sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
-        layer: int = Field(ge=1, le=1000, description="1-based: rollout (or flow) through layers 1..layer")
+        layer: int = Field(ge=0, lt=1000, description="0-based: rollout (or flow) through layers 0..layer")
         residual: float = Field(0.5, ge=0, lt=1, allow_inf_nan=False,
                                 description="weight of the identity mixed into each layer's head mean, in [0, 1)")
         method: Literal["rollout", "flow"] = Field("rollout", description="attention rollout, or attention flow "
@@ -169,7 +169,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         num_layers: int
         labels: list[str] = Field(description="the positions, rows and columns alike")
         weights: list[list[float]] = Field(description="[position][source]: how much of each input position reaches "
-                                                       "the position after layers 1..layer; each row sums to 1")
+                                                       "the position after layers 0..layer (0-based); each row sums to 1")
         flow_max_positions: int = Field(description="the longest sentence, in positions, that flow is offered for")
         flow_refusal: str | None = Field(description="why flow is not offered for this sentence; null: it is")
 

@@ -25,7 +25,7 @@ def is_seq2seq(maps: Any) -> bool:
 
 
 def kind_head(m: Any, kind: str, i: int, layer: int, head: int) -> dict:
-    """One head (1-based ``layer``, ``head``) of sentence ``i`` of ``kind`` of the maps ``m``: ``level``
+    """One head (0-based ``layer``, ``head``) of sentence ``i`` of ``kind`` of the maps ``m``: ``level``
     (of ``m``), ``labels`` (rows), ``key_labels`` (columns) and ``weights`` [rows, columns]. ValueError
     with the range for a layer, head or sentence out of range, or a decoder/cross kind of a model
     that has none."""
@@ -40,5 +40,5 @@ def kind_head(m: Any, kind: str, i: int, layer: int, head: int) -> dict:
                          f"encoder–decoder model (its one attention is kind 'encoder')")
     dec = m.decoder
     check_head(len(dec.weights), dec.num_layers, dec.num_heads, i, layer, head, f" of the {kind} attention")
-    w: np.ndarray = (dec.weights if kind == "decoder" else m.cross_weights)[i][layer - 1, head - 1]
+    w: np.ndarray = (dec.weights if kind == "decoder" else m.cross_weights)[i][layer, head]
     return {"level": level, "labels": labels(dec, i), "key_labels": labels(dec if kind == "decoder" else m, i), "weights": w}

@@ -184,7 +184,7 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
     @app.post("/api/head", response_model=M.HeadOut, responses=heavy_doc)
     async def head(req: M.HeadIn) -> Response:
-        """One head's full map (1-based layer and head) of one sentence: of the model's own attention
+        """One head's full map (0-based layer and head) of one sentence: of the model's own attention
         (``kind`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
         rows, source columns), at the level asked for (``level`` says which)."""
         def work() -> bytes:
@@ -199,7 +199,7 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
     @app.post("/api/neuron", response_model=M.NeuronOut, responses=heavy_doc)
     async def neuron(req: M.NeuronIn) -> Response:
-        """One head's queries and keys (1-based layer and head) of one sentence, its tokens, the
+        """One head's queries and keys (0-based layer and head) of one sentence, its tokens, the
         position bias where the model adds one (T5), and that layer's scale, softcap, causal and
         window: what the Neuron view turns into weights. ``kind`` as in /api/head; token level."""
         def work() -> bytes:
@@ -214,7 +214,7 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     @app.post("/api/rollout", response_model=M.RolloutOut, responses=heavy_doc)
     async def rollout(req: M.RolloutIn) -> Response:
         """Attention rollout (Abnar & Zuidema 2020), or attention flow, of one sentence through layers
-        1..``layer`` (1-based) at ``residual``: row i, how much of each input position reaches position i."""
+        0..``layer`` (0-based) at ``residual``: row i, how much of each input position reaches position i."""
         def work() -> bytes:
             m = maps_for(req.sentences, req.level)
             try:

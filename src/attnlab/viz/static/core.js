@@ -109,8 +109,11 @@ AL.status = function (text, isError) {
 // ---------------------------------------------------------------- data sources
 // Both sources answer the same questions with the same shapes:
 //   maps()              -> the /api/maps answer (labels, marks, downsampled maps, role scores)
+// The views number layers and heads as people read them (1-based: the selects, the captions); the
+// sources take those numbers and convert at their edge, since the API's fields and the embedded
+// data are 0-based (as every field of attnlab: docs/design.md, "Layers and heads").
 //   head(s, layer, hd, kind) -> {n, rows, cols, weights: Float32Array rows*cols} for sentence s,
-//                          1-based layer and head; kind "encoder" (the default: the maps' own, rows =
+//                          layer and head as shown (1-based); kind "encoder" (the default: the maps' own, rows =
 //                          cols = n), or an encoder–decoder's "decoder" or "cross" (target rows,
 //                          source columns), which the maps announce in their `seq2seq` part
 //   scene()             -> the /api/scene answer (the lesson's scene, as `attnlab scene --json`)
@@ -161,7 +164,7 @@ class ServerSource {
   neuron(sentence, layer, head, kind = "encoder") {
     const key = `neuron/${kind}/${sentence}/${layer}/${head}`;
     if (!this.cache.has(key)) {
-      const p = this.call("/api/neuron", {sentences: this.request.sentences, sentence, layer, head, kind});
+      const p = this.call("/api/neuron", {sentences: this.request.sentences, sentence, layer: layer - 1, head: head - 1, kind});
       this.cache.set(key, p);
       p.catch(() => this.cache.delete(key));
     }
@@ -170,7 +173,7 @@ class ServerSource {
   async head(sentence, layer, head, kind = "encoder") {
     const key = `${kind}/${sentence}/${layer}/${head}`;
     if (!this.cache.has(key)) {
-      const p = this.call("/api/head", {...this.request, sentence, layer, head, kind}).then((d) => ({
+      const p = this.call("/api/head", {...this.request, sentence, layer: layer - 1, head: head - 1, kind}).then((d) => ({
         n: d.labels.length, rows: d.labels.length, cols: d.key_labels.length, weights: Float32Array.from(d.weights.flat()),
       }));
       this.cache.set(key, p);
