@@ -59,7 +59,7 @@ def test_maps_announce_the_decoder_and_cross_attention(t5, captured, level):
 @pytest.mark.parametrize("level", ["token", "word"])
 def test_each_kinds_head_is_captures_map(t5, captured, kind, level):
     maps, words = captured
-    layer, head, sentence = 2, 3, 1
+    layer, head, sentence = 1, 2, 1  # 0-based
     res = t5.post("/api/head", json={"sentences": [PAIR, OTHER], "level": level, "sentence": sentence,
                                      "layer": layer, "head": head, "kind": kind})
     assert res.status_code == 200, res.text
@@ -75,7 +75,7 @@ def test_each_kinds_head_is_captures_map(t5, captured, kind, level):
         rows, cols = m.decoder, (m.decoder if kind == "decoder" else m)
     label = (lambda x: x.words[sentence]) if body["level"] == "word" else (lambda x: x.tokens[sentence])
     assert body["labels"] == label(rows) and body["key_labels"] == label(cols)
-    np.testing.assert_allclose(body["weights"], want[layer - 1, head - 1], atol=1e-6)
+    np.testing.assert_allclose(body["weights"], want[layer, head], atol=1e-6)
     if kind == "decoder":
         assert np.all(np.triu(np.array(body["weights"]), k=1) == 0)  # causal
 
@@ -83,9 +83,9 @@ def test_each_kinds_head_is_captures_map(t5, captured, kind, level):
 @pytest.mark.parametrize("body, words", [
     ({"sentences": ["Only a source."]}, ["sentences[0] has 0 tabs", "encoder–decoder", "one tab"]),
     ({"sentences": [PAIR, "a\tb\tc"]}, ["sentences[1] has 2 tabs"]),
-    ({"sentences": [PAIR], "layer": 4, "head": 1, "kind": "cross"}, ["layer of the cross attention", "1..3", "4"]),
-    ({"sentences": [PAIR], "layer": 3, "head": 5, "kind": "decoder"}, ["head of the decoder attention", "1..4"]),
-    ({"sentences": [PAIR], "layer": 3, "head": 1, "kind": "encoder"}, ["layer must be 1..2"]),
+    ({"sentences": [PAIR], "layer": 3, "head": 0, "kind": "cross"}, ["layer of the cross attention", "0..2", "3"]),
+    ({"sentences": [PAIR], "layer": 2, "head": 4, "kind": "decoder"}, ["head of the decoder attention", "0..3"]),
+    ({"sentences": [PAIR], "layer": 2, "head": 0, "kind": "encoder"}, ["layer must be 0..1"]),
 ])
 def test_what_the_encoder_decoder_cannot_take_gets_400(t5, body, words):
     path = "/api/head" if "layer" in body else "/api/maps"
@@ -96,8 +96,8 @@ def test_what_the_encoder_decoder_cannot_take_gets_400(t5, body, words):
 
 
 def test_an_encoder_has_no_decoder_or_cross_kind(client):
-    res = client.post("/api/head", json={"sentences": ["I sat."], "layer": 1, "head": 1, "kind": "decoder"})
+    res = client.post("/api/head", json={"sentences": ["I sat."], "layer": 0, "head": 0, "kind": "decoder"})
     assert res.status_code == 400 and "not an encoder–decoder" in res.json()["detail"]
-    assert client.post("/api/head", json={"sentences": ["I sat."], "layer": 1, "head": 1, "kind": "both"}).status_code == 422
+    assert client.post("/api/head", json={"sentences": ["I sat."], "layer": 0, "head": 0, "kind": "both"}).status_code == 422
     body = client.post("/api/maps", json={"sentences": ["I sat."]}).json()
     assert body.get("seq2seq") is None
