@@ -260,17 +260,9 @@ def head_stats(
     rank, world = env.join(distributed, group)
     if world == 1:
         return _head_stats(items, 0, model, revision, max_tokens, block_rows, progress).stats
-    failure, part = None, None
-    try:  # every rank must reach the all-reduce below whatever happens here, or the others would hang
-        first = sum(len(env.shard_items(items, r, world)) for r in range(rank))
-        part = _head_stats(env.shard_items(items, rank, world), first, model, revision, max_tokens, block_rows, progress)
-    except Exception as e:
-        failure = e
-    (failed,) = env.all_reduce_sum([[failure is not None]], group)[0]
-    if failure is not None:
-        raise failure
-    if failed:
-        raise RuntimeError(f"head_stats: {int(failed)} rank(s) failed on their share of the texts (their own errors say why)")
+    first = sum(len(env.shard_items(items, r, world)) for r in range(rank))
+    part = env.on_every_rank(lambda: _head_stats(env.shard_items(items, rank, world), first, model, revision,
+                                                 max_tokens, block_rows, progress), "head_stats", group)
     totals = env.all_reduce_sum([part.totals[n] for n in ROW_STATS] + [[part.counts[n] for n in ROW_STATS]], group)
     counts = dict(zip(ROW_STATS, totals.pop()))
     shares = env.all_gather_objects((part.stats.received, part.stats.tokens), group)
