@@ -66,9 +66,9 @@ def induction_scores(model: Any = None, revision: str | None = None, *, length: 
     lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
     tok = lm.tokenizer
     prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.cls_token_id
-    limit = lm.config.get("max_position_embeddings") or 10**9
-    if 2 * length + (prefix is not None) > limit:
-        raise ValueError(f"length={length} makes {2 * length + 1} tokens; {lm.model_id!r} takes at most {limit}")
+    limit = lm.max_tokens
+    if (n := 2 * length + (prefix is not None)) > limit:
+        raise ValueError(f"length={length} makes {n} tokens; {lm.model_id!r} takes at most {limit}")
     ids = repeated_tokens(len(tok), set(tok.all_special_ids), length, batch, seed, prefix)
     w = capture_ids(ids, lm)  # (B, L, H, T, T)
     t = ids.shape[1]

@@ -291,7 +291,7 @@ def _head_stats(items: list[str], first: int, model: Any, revision: str | None, 
     lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
     if lm.config.get("is_encoder_decoder"):
         raise ValueError(f"head_stats serves encoders and decoders; {lm.model_id!r} is an encoder–decoder")
-    limit = lm.config.get("max_position_embeddings") or 10**9
+    limit = lm.max_tokens
     totals: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     received, tokens = [], []

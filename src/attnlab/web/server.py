@@ -147,9 +147,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
     def info_now() -> dict:
         lm = cache.loaded()
-        limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
         return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
-                "num_heads": lm.num_heads, "max_tokens": int(limit), "max_sentences": MAX_SENTENCES,
+                "num_heads": lm.num_heads, "max_tokens": lm.max_tokens, "max_sentences": MAX_SENTENCES,
                 "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder"))}
 
     @app.get("/api/info", response_model=M.InfoOut, responses=busy_doc)
