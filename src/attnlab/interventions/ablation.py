@@ -127,9 +127,9 @@ def lm_loss(net: Any, ids: Any, mask: Any, targets: Any = None, **kw: Any) -> An
 def _embed(net: Any, ids: Any, mask: Any, **kw: Any) -> Any:
     import torch.nn.functional as F
 
-    h = net(ids, mask, **kw)  # (B, T, d)
-    m = mask[..., None].to(h.dtype)  # (B, T, 1)
-    return F.normalize((h * m).sum(1) / m.sum(1), dim=-1)  # (B, d)
+    from attnlab.transformer.model import mean_pool
+
+    return F.normalize(mean_pool(net(ids, mask, **kw), mask), dim=-1)  # (B, d)
 
 
 def head_means(net: Any, ids: Any, mask: Any, backend: str | None = None) -> Any:
