@@ -13,7 +13,7 @@ edge of capacity Ã_l[i, j]; the flow from output i to input j is the maximum fl
 maximum-flow problems over an (L + 1)·T-node graph, solved by SciPy's compiled Dinic algorithm
 (``scipy.sparse.csgraph.maximum_flow``), which takes integer capacities: Ã is rounded to multiples
 of 2⁻²⁴ (:data:`FLOW_UNITS`), so a flow is exact to T · 3·10⁻⁸. It is limited to
-:data:`MAX_FLOW_TOKENS` positions (a few seconds for 64 positions through 6 layers on 2 cores).
+:data:`MAX_FLOW_TOKENS` positions, since its time grows faster than T⁴.
 
 Both take token-level :class:`~attnlab.maps.records.AttentionMaps` or word-level
 :class:`~attnlab.maps.words.WordMaps` (``maps.to_words()``): word-level rollout rolls the word maps.

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from attnlab.hf.encoding import Encoded, check_sentences, decoder_input, encode, is_punctuation  # noqa: F401
+from attnlab.hf.encoding import Encoded, check_sentences, decoder_input, encode
 from attnlab.hf.loading import LoadedModel, load_model
 from attnlab.maps.records import AttentionMaps
 

@@ -104,8 +104,7 @@ def release_free_memory() -> None:
     glibc keeps freed chunks below its mmap threshold (which rises to 32 MiB as large blocks are
     freed) in the heap, so a long input's per-layer tensors of 16–32 MiB, freed after one layer,
     stay resident under the next layer's: the process's peak then depends on the order of frees
-    and moved by 150 MiB between identical runs at 32,768 tokens. Trimmed after each layer, the
-    peak is what one layer needs.
+    and differs between identical runs. Trimmed after each layer, the peak is what one layer needs.
     """
     trim = _malloc_trim()
     if trim is not None:

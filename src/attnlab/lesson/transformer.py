@@ -8,11 +8,10 @@ The section shows the loss on the repeated part over the steps (the sudden drop 
 2022), the maps of every head before and after, the roles found (a previous-token head in layer 1,
 an induction head in layer 2, with their scores) and what knocking them out does to the loss.
 
-The set-up. A first sketch (learned absolute positions, repeats of unstated length) grew an
-induction head in layer 2 without a previous-token head in layer 1: with positions in the residual
-stream a layer-1 head can find the earlier copy of the current token and carry *its position*
-forward, and layer 2 then looks one position further by position alone. Two choices bring out the
-textbook circuit. Rotary positions turn only q and k, so no position enters the residual stream
+The set-up. With learned absolute positions, an induction head can form in layer 2 without a
+previous-token head in layer 1: with positions in the residual stream a layer-1 head can find the
+earlier copy of the current token and carry *its position* forward, and layer 2 then looks one
+position further by position alone. Two choices bring out the textbook circuit. Rotary positions turn only q and k, so no position enters the residual stream
 and that route is closed: layer 2 can find "the token after the earlier copy" only if layer 1 has
 written each token's predecessor into it (a previous-token head, read through layer 2's keys: K-
 composition). Repeats of 16–24 of the 48 tokens make a third or more of the targets copyable, so the

@@ -141,7 +141,7 @@ def aggregate(weights: np.ndarray, word_of: list[int], num_words: int, key_word_
     A word's pieces are consecutive tokens (tokenizers never interleave words), so both steps are
     segment sums (``np.add.reduceat``). No BLAS on purpose: after a torch forward pass, OpenBLAS's
     threads fight torch's spinning OpenMP threads for the cores and small matrix products run
-    40× slower than single-threaded.
+    many times slower than single-threaded.
     """
     tq, tk = weights.shape[-2:]
     if key_word_of is None:

@@ -93,8 +93,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         lifespan=lifespan,
     )
     app.state.pool, app.state.cache = pool, cache  # for tests and benchmarks to look at
-    # Level 1: a 512 x 512 map (2.0 MB of JSON) goes to 0.62 MB and the request takes 0.2 s;
-    # level 9, the default, gives 0.46 MB but takes 1.4 s (benchmarks/bench_viewer.py).
+    # Level 1: weights as JSON compress well at the fastest level, and the higher levels save a little
+    # more for several times the time (measured by benchmarks/bench_viewer.py: benchmarks/README.md).
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=1)
     app.add_middleware(LocalOnly, hosts=allowed_hosts() if hosts is None else hosts)
 
