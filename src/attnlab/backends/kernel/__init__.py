@@ -83,7 +83,7 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
         raise ValueError("the compiled kernel takes no dense mask or bias (the blockwise backend does)")
     block_q, block_k = BLOCK if block_size is None else block_sizes(1, q.shape[2], block_size)
     b, g, tq, d = q.shape
-    tk, dv = k.shape[1], v.shape[-1]
+    dv = v.shape[-1]
     torch_in = is_torch(q)
     q, k, v = _buffers(q, k, v)
     out, lse = np.empty((b, g, tq, dv), np.float32), np.empty((b, g, tq), np.float32)

@@ -1,4 +1,5 @@
-// The Head view: one head of one layer (1-based, as printed everywhere). Hover or click a word to
+// The Head view: one head of one layer (numbered 1-based, as people read them; the data sources
+// send the API 0-based). Hover or click a word to
 // see its row of weights: as lines from the word to every word (bertviz's picture), or as heat
 // over the whole map; the sentence strip is coloured by the same row, and a list gives the
 // largest weights as numbers. Long inputs stay fast: the lines are drawn on a canvas for the rows
