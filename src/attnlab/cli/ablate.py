@@ -40,7 +40,7 @@ def ablate(
             found = run_ablation(sentences, _pairs(heads), model=model, how=how, backend=backend)
         if write_json(json_path, found.to_dict()):
             return
-        named = "; ".join(h.label() for h in found.heads)
+        named = ", ".join(h.label() for h in found.heads)
         table = Table(title=f"{found.model_id}: {named} out ({how})")
         table.add_column("sentence")
         if found.metric == "cosine":
