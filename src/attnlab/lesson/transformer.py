@@ -11,10 +11,10 @@ an induction head in layer 2, with their scores) and what knocking them out does
 The set-up. With learned absolute positions, an induction head can form in layer 2 without a
 previous-token head in layer 1: with positions in the residual stream a layer-1 head can find the
 earlier copy of the current token and carry *its position* forward, and layer 2 then looks one
-position further by position alone. Two choices bring out the textbook circuit. Rotary positions turn only q and k, so no position enters the residual stream
-and that route is closed: layer 2 can find "the token after the earlier copy" only if layer 1 has
-written each token's predecessor into it (a previous-token head, read through layer 2's keys: K-
-composition). Repeats of 16–24 of the 48 tokens make a third or more of the targets copyable, so the
+position further by position alone. Two choices bring out the textbook circuit. Rotary positions
+turn only q and k, so no position enters the residual stream and that route is closed: layer 2 can
+find "the token after the earlier copy" only if layer 1 has written each token's predecessor into
+it (a previous-token head, read through layer 2's keys: K-composition). Repeats of 16–24 of the 48 tokens make a third or more of the targets copyable, so the
 copying signal is strong and the plateau before the drop is short.
 """
 
@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.analysis.induction import induction_score, source_pattern
 from attnlab.lesson.fmt import num
-from attnlab.maps.heads import Head
 from attnlab.lesson.section import Section, table
+from attnlab.maps.heads import Head
 
 KEY, NUMBER = "transformer", 8
 # The lesson says an induction head "has formed" when the best layer-2 head puts half of its weight on
@@ -86,8 +87,6 @@ def head_scores(weights: tuple, source: Any) -> tuple[np.ndarray, np.ndarray]:
     previous-token: the mean weight of query t on key t − 1 (t ≥ 1); induction: the mean weight of a
     query on the repeat on the key after its earlier copy (Olsson et al. 2022).
     """
-    from attnlab.analysis.induction import induction_score, source_pattern
-
     src = source.numpy()
     pattern, rows = source_pattern(src[:, None], src.shape[-1]), (src >= 0)[:, None]  # (B, 1, T, T), (B, 1, T)
     prev = np.stack([w.diagonal(-1, -2, -1).mean((0, 2)).numpy() for w in weights])  # (L, H)
