@@ -86,11 +86,11 @@ def test_flow_and_the_rollout_view_take_a_zero_based_layer(maps):
 def test_the_viewers_head_functions_take_zero_based_heads(maps):
     from attnlab.analysis.overview import maps_record
     from attnlab.viz import payload
-    from attnlab.web.kinds import kind_head
+    from attnlab.web.attentions import attention_head
 
     np.testing.assert_array_equal(payload.head_matrix(maps, 0, *GOOD), maps.weights[0][GOOD])
-    assert kind_head(maps, "encoder", 0, *GOOD)["weights"] is not None
-    for call in (lambda *lh: payload.head_matrix(maps, 0, *lh), lambda *lh: kind_head(maps, "encoder", 0, *lh)):
+    assert attention_head(maps, "encoder", 0, *GOOD)["weights"] is not None
+    for call in (lambda *lh: payload.head_matrix(maps, 0, *lh), lambda *lh: attention_head(maps, "encoder", 0, *lh)):
         with pytest.raises(ValueError, match=r"^layer must be 0\.\.1 \(0-based\), got 2"):
             call(*BAD)
         with pytest.raises(ValueError, match=r"^head must be 0\.\.2 \(0-based\), got 3"):

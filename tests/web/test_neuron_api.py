@@ -39,7 +39,7 @@ def test_one_heads_queries_and_keys_equal_capture_and_give_its_map(client, bank_
     res = client.post("/api/neuron", json={"sentences": BANK, "sentence": sentence, "layer": layer, "head": head})
     assert res.status_code == 200, res.text
     body = res.json()
-    assert (body["sentence"], body["layer"], body["head"], body["kind"]) == (sentence, layer, head, "encoder")
+    assert (body["sentence"], body["layer"], body["head"], body["attention"]) == (sentence, layer, head, "encoder")
     assert body["labels"] == body["key_labels"] == bank_qk.tokens[sentence]
     q, k = np.array(body["q"]), np.array(body["k"])
     np.testing.assert_allclose(q, bank_qk.queries[sentence][layer, head], atol=1e-5)  # 5 decimals
@@ -76,7 +76,7 @@ def test_sentences_longer_than_a_pages_limit_are_served(client):
     ({"sentences": BANK, "layer": 6, "head": 0}, ["layer", "0..5", "6"]),
     ({"sentences": BANK, "layer": 0, "head": 12}, ["head", "0..11", "12"]),
     ({"sentences": BANK[:1], "sentence": 1, "layer": 0, "head": 0}, ["sentence", "0..0"]),
-    ({"sentences": BANK, "layer": 0, "head": 0, "kind": "cross"}, ["cross", "not an encoder–decoder"]),
+    ({"sentences": BANK, "layer": 0, "head": 0, "attention": "cross"}, ["cross", "not an encoder–decoder"]),
     ({"sentences": ["word " * 600], "layer": 0, "head": 0}, ["tokens", "512"]),
 ])
 def test_what_the_model_cannot_take_gets_400_with_a_message(client, body, words):
@@ -90,7 +90,7 @@ def test_what_the_model_cannot_take_gets_400_with_a_message(client, body, words)
     ({"sentences": BANK, "layer": "3", "head": 0}, "layer"),        # a string, not an int
     ({"sentences": BANK, "layer": -1, "head": 0}, "layer"),         # 0-based
     ({"sentences": BANK, "head": 0}, "layer"),                      # missing
-    ({"sentences": BANK, "layer": 0, "head": 0, "kind": "side"}, "kind"),
+    ({"sentences": BANK, "layer": 0, "head": 0, "attention": "side"}, "attention"),
     ({"sentences": BANK, "layer": 0, "head": 0, "level": "word"}, "level"),  # token level only: not a field
     ({"sentences": [], "layer": 0, "head": 0}, "sentences"),
 ])

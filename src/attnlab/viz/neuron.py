@@ -1,10 +1,10 @@
 """The Neuron view's data: queries and keys, turned into the JSON the page reads.
 
-Maps captured with ``capture(..., qk=True)`` hold the queries and keys of up to three attentions,
-each a *kind*: ``"encoder"``, the maps' own self-attention (an encoder's, a decoder-only model's, or
+Maps captured with ``capture(..., qk=True)`` hold the queries and keys of up to three attentions
+(:data:`attnlab.viz.payload.ATTENTIONS`): ``"encoder"``, the maps' own self-attention (an encoder's, a decoder-only model's, or
 an encoder–decoder's encoder); and for an encoder–decoder ``"decoder"``, the decoder's causal
 self-attention over the target, and ``"cross"``, the decoder's attention to the encoder (target rows,
-source columns). :func:`qk_of` gives each kind the same face (:class:`QK`), so the self-contained
+source columns). :func:`qk_of` gives each attention the same face (:class:`QK`), so the self-contained
 page's payload (:func:`neuron_payload`, every head of every sentence) and the server's answer
 (:func:`head_qk`, one head) are cut from the same arrays and have the same shapes.
 
@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.viz.payload import check_head, sentence_text
+from attnlab.viz.payload import check_attention, check_head, is_seq2seq, sentence_text
 
-KINDS = ("encoder", "decoder", "cross")
 NEURON_MAX_TOKENS = 128  # the page's q and k as JSON grow as L·H·T·D: longer sentences are left out of a page
 NEURON_DIGITS = 5
 META_KEYS = ("scale", "softcap", "causal", "window")
@@ -30,7 +29,7 @@ META_KEYS = ("scale", "softcap", "causal", "window")
 
 @dataclass(frozen=True)
 class QK:
-    """One kind of attention's queries and keys, per sentence: ``queries[i]`` [L, H, Tq, D],
+    """One attention's queries and keys, per sentence: ``queries[i]`` [L, H, Tq, D],
     ``keys[i]`` [L, H, Tk, D], ``bias[i]`` [L, H, Tq, Tk] (None: the model adds none), ``meta`` (per
     layer scale, softcap, causal, window), the query tokens ``rows[i]`` and key tokens ``cols[i]``."""
 
@@ -44,27 +43,21 @@ class QK:
     num_heads: int
 
 
-def check_kind(kind: Any) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
-    return kind
-
-
-def qk_of(maps: Any, kind: str = "encoder") -> QK | None:
-    """The queries and keys of ``kind`` in token-level AttentionMaps, or None when the maps hold
+def qk_of(maps: Any, attention: str = "encoder") -> QK | None:
+    """The queries and keys of ``attention`` in token-level AttentionMaps, or None when the maps hold
     none (captured without ``qk=True``). ValueError for ``"decoder"``/``"cross"`` of a model that is
     not an encoder–decoder."""
-    check_kind(kind)
-    if kind == "encoder":
+    check_attention(attention)
+    if attention == "encoder":
         if getattr(maps, "queries", None) is None:
             return None
         return QK(maps.queries, maps.keys, getattr(maps, "position_bias", None), maps.qk_meta, maps.tokens,
                   maps.tokens, maps.num_layers, maps.num_heads)
     dec = getattr(maps, "decoder", None)
     if dec is None:
-        raise ValueError(f"kind {kind!r} is an encoder–decoder's attention; {maps.model_id!r} is not an "
-                         f"encoder–decoder model (its one attention is kind 'encoder')")
-    if kind == "decoder":
+        raise ValueError(f"attention {attention!r} is an encoder–decoder's; {maps.model_id!r} is not an "
+                         f"encoder–decoder model (its one attention is 'encoder')")
+    if attention == "decoder":
         if getattr(dec, "queries", None) is None:
             return None
         return QK(dec.queries, dec.keys, getattr(dec, "position_bias", None), dec.qk_meta, dec.tokens, dec.tokens,
@@ -84,15 +77,15 @@ def layer_meta(meta: dict, layer0: int) -> dict:
     return {name: meta[name][layer0] for name in META_KEYS}
 
 
-def head_qk(maps: Any, sentence: int, layer: int, head: int, kind: str = "encoder") -> dict:
+def head_qk(maps: Any, sentence: int, layer: int, head: int, attention: str = "encoder") -> dict:
     """One head's data (``layer``, ``head`` and ``sentence``, all 0-based):
     ``labels`` (the query tokens), ``key_labels``, ``q`` [Tq][D], ``k`` [Tk][D], ``bias`` [Tq][Tk] or
     None, and that layer's ``meta``. One head is 2·T·D numbers (65,536 at 512 tokens and D = 64,
     a quarter of one head's map), so no length limit applies here."""
-    v = qk_of(maps, kind)
+    v = qk_of(maps, attention)
     if v is None:
         raise ValueError("these maps hold no queries and keys; capture(..., qk=True) keeps them")
-    what = "" if kind == "encoder" else f" of the {kind} attention"
+    what = "" if attention == "encoder" else f" of the {attention} attention"
     check_head(len(v.queries), v.num_layers, v.num_heads, sentence, layer, head, what)
     l, h = layer, head
     return {
@@ -103,8 +96,8 @@ def head_qk(maps: Any, sentence: int, layer: int, head: int, kind: str = "encode
     }
 
 
-def _kind_part(v: QK, fits: list[bool]) -> dict:
-    """Every head of every sentence of one kind, as the page embeds them (``q`` None where a
+def _attention_part(v: QK, fits: list[bool]) -> dict:
+    """Every head of every sentence of one attention, as the page embeds them (``q`` None where a
     sentence is longer than :data:`NEURON_MAX_TOKENS`)."""
     return {
         "model": {"num_layers": int(v.num_layers), "num_heads": int(v.num_heads)}, "meta": v.meta,
@@ -128,17 +121,17 @@ def neuron_payload(maps: Any) -> dict | None:
     enc = qk_of(maps, "encoder")
     if enc is None:
         return None
-    seq2seq = getattr(maps, "decoder", None) is not None
+    seq2seq = is_seq2seq(maps)
     lengths = [[len(t)] + ([len(maps.decoder.tokens[i])] if seq2seq else []) for i, t in enumerate(maps.tokens)]
     fits = [max(n) <= NEURON_MAX_TOKENS for n in lengths]
-    out = _kind_part(enc, fits)
+    out = _attention_part(enc, fits)
     out["model"].update(id=maps.model_id)
     out["max_tokens"] = NEURON_MAX_TOKENS
     for s, text in zip(out["sentences"], maps.sentences):
         s["text"] = sentence_text(text)
     if seq2seq:
-        for kind in ("decoder", "cross"):
-            v = qk_of(maps, kind)
+        for attention in ("decoder", "cross"):
+            v = qk_of(maps, attention)
             if v is not None:
-                out[kind] = _kind_part(v, fits)
+                out[attention] = _attention_part(v, fits)
     return out

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+ATTENTIONS = ("encoder", "decoder", "cross")  # a model's attentions: its own (an encoder–decoder's encoder), and an
+# encoder–decoder's decoder self-attention and cross-attention
 BADGE_ROLES = ("prev", "next", "marks", "broad")  # the roles the model view marks on its heads
 DEFAULT_OVERVIEW = 32  # side of the downsampled maps of the model view, in cells
 DIGITS = 6  # decimals of the weights sent as JSON: finer than any display, a third of the size
@@ -34,6 +36,18 @@ def downsample(weights: np.ndarray, size: int) -> np.ndarray:
     rows = np.add.reduceat(weights.astype(np.float64), edges[:-1], axis=-2)  # (..., s, n)
     cells = np.add.reduceat(rows, edges[:-1], axis=-1)  # (..., s, s)
     return cells / counts[:, None] / counts[None, :]
+
+
+def check_attention(attention: Any) -> str:
+    """``attention`` if it is one of :data:`ATTENTIONS`; ValueError naming it otherwise."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTIONS))}, got {attention!r}")
+    return attention
+
+
+def is_seq2seq(maps: Any) -> bool:
+    """An encoder–decoder's maps, token- or word-level: they hold a decoder and the cross-attention."""
+    return getattr(maps, "decoder", None) is not None and getattr(maps, "cross_weights", None) is not None
 
 
 def is_word_level(maps: Any) -> bool:
@@ -175,9 +189,9 @@ def seq2seq_labels(maps: Any) -> dict | None:
     (the encoder's labels, the keys of cross-attention), ``source_is_mark``, ``target`` (the
     decoder's input: its start token, then the target; the queries) and ``target_is_mark``.
     None for maps without a decoder (an encoder's or a decoder's)."""
-    dec = getattr(maps, "decoder", None)
-    if dec is None or getattr(maps, "cross_weights", None) is None:
+    if not is_seq2seq(maps):
         return None
+    dec = maps.decoder
     return {
         "model": {"num_layers": int(dec.num_layers), "num_heads": int(dec.num_heads)},
         "level": "word" if is_word_level(maps) else "token",

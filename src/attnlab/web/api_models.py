@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 MAX_WORD_CHARS = 100
-KIND_HELP = ("encoder: the model's own self-attention (an encoder–decoder's encoder); decoder: an encoder–decoder's "
+ATTENTION_HELP = ("encoder: the model's own self-attention (an encoder–decoder's encoder); decoder: an encoder–decoder's "
              "decoder self-attention; cross: its cross-attention (target rows, source columns)")
 
 
@@ -24,7 +24,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
     Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS, pattern=r"\S")]
     Occurrence = Annotated[int, Field(ge=1, le=1000)]
     Level = Literal["word", "token"]
-    Kind = Literal["encoder", "decoder", "cross"]
+    Attention = Literal["encoder", "decoder", "cross"]  # attnlab.viz.payload.ATTENTIONS
     Sentences = Annotated[list[Sentence], Field(
         min_length=1, max_length=max_sentences,
         description="sentences; a tab makes a pair: segments A and B, or an encoder–decoder's source and target")]
@@ -42,7 +42,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
         layer: int = Field(ge=0, lt=1000, description="0-based")
         head: int = Field(ge=0, lt=1000, description="0-based")
-        kind: Kind = Field("encoder", description=KIND_HELP)
+        attention: Attention = Field("encoder", description=ATTENTION_HELP)
 
     class HeadIn(OneHead):
         level: Level = "word"
@@ -87,7 +87,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         max_tokens: int
         max_sentences: int
         max_chars: int
-        encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; kinds decoder and cross exist")
+        encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; attentions decoder and cross exist")
 
     class OverviewOut(BaseModel):
         size: int
@@ -136,7 +136,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         sentence: int
         layer: int
         head: int
-        kind: Kind
+        attention: Attention
         level: Level = Field(description="the level served (decoder and cross maps may be tokens where words were asked)")
         labels: list[str] = Field(description="the rows: the tokens or words that look")
         key_labels: list[str] = Field(description="the columns: those looked at (the source's, for cross)")
@@ -152,7 +152,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         sentence: int
         layer: int
         head: int
-        kind: Kind
+        attention: Attention
         labels: list[str] = Field(description="the query tokens (rows)")
         key_labels: list[str] = Field(description="the key tokens (columns)")
         q: list[list[float]] = Field(description="[Tq][D] queries as the attention received them (after RoPE, before scaling)")

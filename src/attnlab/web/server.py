@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Callable
 
 from attnlab.viz import payload
-from attnlab.web import kinds
+from attnlab.web.attentions import attention_head
 from attnlab.web.api_models import api_models
 from attnlab.viz.assets import STATIC_FILES, read_static
 from attnlab.web.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
@@ -184,15 +184,15 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     @app.post("/api/head", response_model=M.HeadOut, responses=heavy_doc)
     async def head(req: M.HeadIn) -> Response:
         """One head's full map (0-based layer and head) of one sentence: of the model's own attention
-        (``kind`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
+        (``attention`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
         rows, source columns), at the level asked for (``level`` says which)."""
         def work() -> bytes:
             m = maps_for(req.sentences, req.level)
             try:
-                got = kinds.kind_head(m, req.kind, req.sentence, req.layer, req.head)
+                got = attention_head(m, req.attention, req.sentence, req.layer, req.head)
             except ValueError as e:
                 raise client_error(e) from None
-            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "kind": req.kind,
+            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention,
                             **got, "weights": payload.round_weights(got["weights"])})
         return await heavy(work)
 
@@ -200,14 +200,14 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     async def neuron(req: M.NeuronIn) -> Response:
         """One head's queries and keys (0-based layer and head) of one sentence, its tokens, the
         position bias where the model adds one (T5), and that layer's scale, softcap, causal and
-        window: what the Neuron view turns into weights. ``kind`` as in /api/head; token level."""
+        window: what the Neuron view turns into weights. ``attention`` as in /api/head; token level."""
         def work() -> bytes:
             m = maps_for(req.sentences, "qk")
             try:
-                data = head_qk(m, req.sentence, req.layer, req.head, req.kind)
+                data = head_qk(m, req.sentence, req.layer, req.head, req.attention)
             except ValueError as e:
                 raise client_error(e) from None
-            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "kind": req.kind, **data})
+            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention, **data})
         return await heavy(work)
 
     @app.post("/api/rollout", response_model=M.RolloutOut, responses=heavy_doc)
