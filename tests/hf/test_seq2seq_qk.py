@@ -88,11 +88,11 @@ def test_neuron_data_carry_the_three_attentions(tiny_folder):
     assert s["labels"] == maps.target.tokens[0] and s["key_labels"] == maps.tokens[0] and s["bias"] is None
     assert np.asarray(s["q"]).shape == maps.cross.queries[0].shape
     np.testing.assert_allclose(data["sentences"][0]["bias"], maps.self_attention.position_bias[0], atol=1e-5)
-    one = head_qk(maps, 0, 3, 2, "decoder")
+    one = head_qk(maps, 0, 2, 1, "decoder")  # 0-based: L3H2
     np.testing.assert_allclose(one["bias"], maps.decoder.position_bias[0][2, 1], atol=1e-5)
     assert one["meta"] == {"scale": 1.0, "softcap": None, "causal": True, "window": None}
-    with pytest.raises(ValueError, match=r"layer of the cross attention must be 1\.\.3"):
-        head_qk(maps, 0, 4, 1, "cross")
+    with pytest.raises(ValueError, match=r"layer of the cross attention must be 0\.\.2"):
+        head_qk(maps, 0, 3, 0, "cross")
 
 
 def test_gathering_batches_fills_zeros_where_a_batch_added_no_bias(make_maps):

@@ -73,7 +73,7 @@ def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     layer, head, query = 3, 2, 4  # 1-based layer and head; the fifth target token
     page.goto(path.as_uri() + "#head")
     page.wait_for_selector("#head-lines")
-    page.select_option("#head-kind", "cross")
+    page.select_option("#head-attention", "cross")
     page.wait_for_selector("#head-caption:has-text('cross-attention')")
     page.select_option("#head-layer", str(layer))
     page.select_option("#head-head", str(head))
@@ -111,7 +111,7 @@ def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     assert size == list(want.shape)  # one pixel per (target, source) cell
     page.screenshot(path=str(SHOTS / "cross-heat.png") if SHOTS else str(tmp_path / "cross-heat.png"))
 
-    page.select_option("#head-kind", "decoder")  # the decoder's own causal self-attention
+    page.select_option("#head-attention", "decoder")  # the decoder's own causal self-attention
     page.wait_for_selector("#head-caption:has-text('decoder self-attention')")
     page.select_option("#head-display", "lines")
     page.wait_for_selector("#head-lines")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnlab.maps.records import Maps
+from attnlab.maps.heads import Head
 
 
 def where_heads_look(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -27,16 +28,19 @@ def where_heads_look(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def maps_record(maps: Maps, pick: tuple[int, int] | None = None, decimals: int = 6) -> dict:
     """The maps (token or word level) as JSON-ready data: every layer and head of each sentence, or
-    one head (0-based ``pick``). Layer and head numbers in the result are 1-based, as the CLI takes
-    and shows them; the labels are under ``tokens`` or ``words`` (``unit``)."""
+    one head (``pick``, a :class:`~attnlab.maps.heads.Head` or 0-based (layer, head)). Layer and head
+    in the result are 0-based, as every field (docs/design.md); the labels are under ``tokens`` or
+    ``words`` (``unit``)."""
+    if pick is not None:
+        pick = Head.of(pick, maps.num_layers, maps.num_heads, "pick")
     unit = f"{maps.level}s"
     return {
         "model_id": maps.model_id, "revision": maps.revision, "num_layers": maps.num_layers,
         "num_heads": maps.num_heads, "unit": unit,
-        "layer": None if pick is None else pick[0] + 1, "head": None if pick is None else pick[1] + 1,
+        "layer": None if pick is None else pick.layer, "head": None if pick is None else pick.head,
         "sentences": [
             {"sentence": s if isinstance(s, str) else list(s), unit: maps.labels(i),
-             "weights": (maps.weights[i][pick] if pick else maps.weights[i]).round(decimals).tolist()}
+             "weights": (maps.weights[i] if pick is None else maps.weights[i][pick]).round(decimals).tolist()}
             for i, s in enumerate(maps.sentences)
         ],
     }

@@ -90,7 +90,7 @@ def rollout(
     if flowed is not None:
         result["flow"] = flowed.round(6).tolist()
     if png is not None:
-        from attnlab.viz.figures import heatmap_grid
+        from attnlab.viz.heatmap import heatmap_grid
 
         panels = [{"weights": rolled[-1], "rows": labels, "cols": labels, "title": f"rollout, layers 1-{len(rolled)}"}]
         if flowed is not None:

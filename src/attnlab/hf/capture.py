@@ -103,7 +103,7 @@ def _split_calls(calls: list[dict], enc_layers: int, dec_layers: int, model_id: 
 
 
 def _encodings(lm: LoadedModel, items: list, seq2seq: bool) -> list[tuple[Encoded, Encoded | None]]:
-    limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
+    limit = lm.max_tokens
     out = []
     for i, s in enumerate(items):
         if not seq2seq:

@@ -58,6 +58,13 @@ class Pass:
         return tril if keys is None else tril & keys
 
 
+def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``h`` (B, T, d) over each sequence's real tokens (``mask`` (B, T), 1 = real) → (B, d);
+    a sequence with none gives zeros (the divisor is clamped to 1), never NaN."""
+    m = mask[..., None].to(h.dtype)  # (B, T, 1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1)
+
+
 def norm(c: TransformerConfig) -> nn.Module:
     return nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.norm == "layernorm" else nn.RMSNorm(c.d_model, eps=c.norm_eps)
 
@@ -303,6 +310,5 @@ class Transformer(nn.Module):
             mask = enc["attention_mask"]  # (b, T)
             with torch.no_grad():
                 h = self(enc["input_ids"], mask)  # (b, T, d)
-            m = mask[..., None].to(h.dtype)  # (b, T, 1)
-            out.append(F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1), dim=-1))  # (b, d)
+            out.append(F.normalize(mean_pool(h, mask), dim=-1))  # (b, d)
         return torch.cat(out)

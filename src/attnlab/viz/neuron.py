@@ -1,8 +1,8 @@
 """The Neuron view's data: queries and keys, turned into the JSON the page reads.
 
 Maps captured with ``capture(..., qk=True)`` hold the queries and keys of each of their records
-(:class:`~attnlab.maps.records.Attention`), each a *kind* of the viewer
-(:data:`attnlab.viz.payload.KINDS`): ``"encoder"``, the maps' own self-attention (an encoder's, a
+(:class:`~attnlab.maps.records.Attention`), each one of the viewer's attentions
+(:data:`attnlab.viz.payload.ATTENTIONS`): ``"encoder"``, the maps' own self-attention (an encoder's, a
 decoder-only model's, or an encoder–decoder's encoder); and for an encoder–decoder ``"decoder"``,
 the decoder's causal self-attention over the target, and ``"cross"``, the decoder's attention to
 the encoder (target rows, source columns). The self-contained page's payload
@@ -26,11 +26,11 @@ NEURON_MAX_TOKENS = 128  # the page's q and k as JSON grow as L·H·T·D: longer
 NEURON_DIGITS = 5
 
 
-def qk_of(maps: AttentionMaps, kind: str = "encoder") -> Attention | None:
-    """The record of ``kind`` in token-level maps when it holds queries and keys, or None (captured
+def qk_of(maps: AttentionMaps, attention: str = "encoder") -> Attention | None:
+    """The record of ``attention`` in token-level maps when it holds queries and keys, or None (captured
     without ``qk=True``). ValueError for ``"decoder"``/``"cross"`` of a model that is not an
     encoder–decoder."""
-    rec = attention_of(maps, kind)
+    rec = attention_of(maps, attention)
     return rec if rec.has_qk else None
 
 
@@ -44,17 +44,17 @@ def _rounded(x: np.ndarray) -> list:
     return np.round(x.astype(np.float64), NEURON_DIGITS).tolist()
 
 
-def head_qk(maps: AttentionMaps, sentence: int, layer: int, head: int, kind: str = "encoder") -> dict:
-    """One head's data (1-based ``layer`` and ``head``) of sentence ``sentence`` (0-based):
+def head_qk(maps: AttentionMaps, sentence: int, layer: int, head: int, attention: str = "encoder") -> dict:
+    """One head's data (``layer``, ``head`` and ``sentence``, all 0-based):
     ``labels`` (the query tokens), ``key_labels``, ``q`` [Tq][D], ``k`` [Tk][D], ``bias`` [Tq][Tk] or
     None, and that layer's ``meta``. One head is 2·T·D numbers (65,536 at 512 tokens and D = 64,
     a quarter of one head's map), so no length limit applies here."""
-    v = qk_of(maps, kind)
+    v = qk_of(maps, attention)
     if v is None:
         raise ValueError("these maps hold no queries and keys; capture(..., qk=True) keeps them")
-    what = "" if kind == "encoder" else f" of the {kind} attention"
+    what = "" if attention == "encoder" else f" of the {attention} attention"
     check_head(len(v), v.num_layers, v.num_heads, sentence, layer, head, what)
-    l, h = layer - 1, head - 1
+    l, h = layer, head
     return {
         "labels": v.query_side.labels(sentence), "key_labels": v.key_side.labels(sentence),
         "q": _rounded(v.queries[sentence][l, h]), "k": _rounded(v.keys[sentence][l, h]),
@@ -63,8 +63,8 @@ def head_qk(maps: AttentionMaps, sentence: int, layer: int, head: int, kind: str
     }
 
 
-def _kind_part(v: Attention, fits: list[bool]) -> dict:
-    """Every head of every sentence of one kind, as the page embeds them (``q`` None where a
+def _attention_part(v: Attention, fits: list[bool]) -> dict:
+    """Every head of every sentence of one attention, as the page embeds them (``q`` None where a
     sentence is longer than :data:`NEURON_MAX_TOKENS`)."""
     return {
         "model": {"num_layers": int(v.num_layers), "num_heads": int(v.num_heads)}, "meta": meta_table(v.layers),
@@ -90,14 +90,14 @@ def neuron_payload(maps: AttentionMaps) -> dict | None:
         return None
     lengths = [rec.query_side.lengths() for _, rec in maps.attentions()]  # the source's, the target's
     fits = [max(n) <= NEURON_MAX_TOKENS for n in zip(*lengths)]
-    out = _kind_part(enc, fits)
+    out = _attention_part(enc, fits)
     out["model"].update(id=maps.model_id)
     out["max_tokens"] = NEURON_MAX_TOKENS
     for s, text in zip(out["sentences"], maps.sentences):
         s["text"] = sentence_text(text)
     if maps.is_seq2seq:
-        for kind in ("decoder", "cross"):
-            v = qk_of(maps, kind)
+        for attention in ("decoder", "cross"):
+            v = qk_of(maps, attention)
             if v is not None:
-                out[kind] = _kind_part(v, fits)
+                out[attention] = _attention_part(v, fits)
     return out

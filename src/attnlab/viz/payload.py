@@ -2,17 +2,23 @@
 
 One set of shapes for both ways the page gets its data, the local server's API
 (:mod:`attnlab.web.server`) and the self-contained HTML file (:mod:`attnlab.viz.page`), so the two
-show the same thing. Layers and heads are 1-based here, as everywhere the user reads them.
+show the same thing. Layers and heads are 0-based in the JSON, as every field (docs/design.md); the
+page's script labels them 1-based ("layer 3, head 11") where people read them.
 """
 
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import numpy as np
 
 from attnlab.maps.records import Attention, Maps
 
+# The viewer's names of a model's attentions (the head view's and the Neuron view's ``attention``):
+# "encoder", the maps' own self-attention (an encoder's, a decoder-only model's, an encoder–decoder's
+# encoder), and an encoder–decoder's "decoder" and "cross".
+ATTENTIONS = ("encoder", "decoder", "cross")
 BADGE_ROLES = ("prev", "next", "marks", "broad")  # the roles the model view marks on its heads
 DEFAULT_OVERVIEW = 32  # side of the downsampled maps of the model view, in cells
 DIGITS = 6  # decimals of the weights sent as JSON: finer than any display, a third of the size
@@ -36,23 +42,22 @@ def downsample(weights: np.ndarray, size: int) -> np.ndarray:
     return cells / counts[:, None] / counts[None, :]
 
 
-# The viewer's names of a model's attentions (the head view's and the Neuron view's ``kind``):
-# "encoder", the maps' own self-attention (an encoder's, a decoder-only model's, an encoder–decoder's
-# encoder), and an encoder–decoder's "decoder" and "cross".
-KINDS = ("encoder", "decoder", "cross")
+def check_attention(attention: Any) -> str:
+    """``attention`` if it is one of :data:`ATTENTIONS`; ValueError naming it otherwise."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTIONS))}, got {attention!r}")
+    return attention
 
 
-def attention_of(maps: Maps, kind: str) -> Attention:
-    """The record of ``kind`` (one of :data:`KINDS`) in ``maps``; ValueError for an unknown kind, or
-    ``"decoder"``/``"cross"`` of a model that is not an encoder–decoder."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
-    if kind == "encoder":
+def attention_of(maps: Maps, attention: str) -> Attention:
+    """The record of ``attention`` (one of :data:`ATTENTIONS`) in ``maps``; ValueError for an unknown
+    name, or for ``"decoder"``/``"cross"`` of a model that is not an encoder–decoder."""
+    if check_attention(attention) == "encoder":
         return maps.self_attention
     if not maps.is_seq2seq:
-        raise ValueError(f"kind {kind!r} is an encoder–decoder's attention; {maps.model_id!r} is not an "
-                         f"encoder–decoder model (its one attention is kind 'encoder')")
-    return maps.decoder if kind == "decoder" else maps.cross
+        raise ValueError(f"attention {attention!r} is an encoder–decoder's; {maps.model_id!r} is not an "
+                         f"encoder–decoder model (its one attention is 'encoder')")
+    return maps.decoder if attention == "decoder" else maps.cross
 
 
 def sentence_text(s: str | tuple[str, str]) -> str:
@@ -60,20 +65,20 @@ def sentence_text(s: str | tuple[str, str]) -> str:
 
 
 def check_head(sentences: int, num_layers: int, num_heads: int, i: int, layer: int, head: int, what: str = "") -> None:
-    """ValueError with the range for a 0-based sentence ``i`` or a 1-based ``layer`` or ``head`` out of
+    """ValueError with the range for a sentence ``i``, ``layer`` or ``head`` (all 0-based) out of
     range; ``what`` names the attention (" of the cross attention") where a model has several."""
     if not 0 <= i < sentences:
         raise ValueError(f"sentence must be 0..{sentences - 1}, got {i}")
-    if not 1 <= layer <= num_layers:
-        raise ValueError(f"layer{what} must be 1..{num_layers} (1-based), got {layer}")
-    if not 1 <= head <= num_heads:
-        raise ValueError(f"head{what} must be 1..{num_heads} (1-based), got {head}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer{what} must be 0..{num_layers - 1} (0-based), got {layer}")
+    if not 0 <= head < num_heads:
+        raise ValueError(f"head{what} must be 0..{num_heads - 1} (0-based), got {head}")
 
 
 def head_matrix(maps: Maps, i: int, layer: int, head: int) -> np.ndarray:
-    """The [n, n] map of 1-based ``layer`` and ``head`` of sentence ``i``, with clear errors."""
+    """The [n, n] map of ``layer`` and ``head`` (0-based) of sentence ``i``, with clear errors."""
     check_head(len(maps.weights), maps.num_layers, maps.num_heads, i, layer, head)
-    return maps.weights[i][layer - 1, head - 1]
+    return maps.weights[i][layer, head]
 
 
 def round_weights(w: np.ndarray) -> list:
@@ -87,9 +92,9 @@ def roles_payload(maps: Maps) -> dict:
 
     roles = head_roles(maps, roles=list(BADGE_ROLES))
     badges = [
-        {"role": name, "layer": l + 1, "head": h + 1, "score": round(float(roles.scores[name][l, h]), 4)}
+        {"role": name, **h.to_dict(), "score": round(float(roles.scores[name][h]), 4)}
         for name in BADGE_ROLES
-        for l, h in roles.heads(name)
+        for h in roles.heads(name)
     ]
     unit = {"weight": "average weight", "nats": "mean entropy, nats"}
     legend = {name: f"{ROLES[name].description} ({unit[ROLES[name].unit]} ≥ {ROLES[name].threshold:g})" for name in BADGE_ROLES}
@@ -146,21 +151,21 @@ def find_head_payload(maps: Maps, target: str, deciders: list[str], exclude_self
     out = {"summary": res.summary(), "result": res.to_dict(), "shown": None,
            "note": res.occurrence_note() if occurrence is None else None}
     if res.best is not None:
-        layer0, head0 = res.best
+        shown = res.best
     elif res.closest:
-        layer0, head0 = res.closest[0].layer, res.closest[0].head
+        shown = res.closest[0].head
     else:
         return out
     sides = []
     for i in range(len(words)):
         t, end = res.target_spans[i]  # the occurrence the search used
         d = next(a for a, b in words.spans(i, deciders[i]) if b <= t or end <= a)
-        row = words.weights[i][layer0, head0, t:end].mean(axis=0)  # (W,): the target attending (a run: its rows' mean)
+        row = words.weights[i][shown.layer, shown.head, t:end].mean(axis=0)  # (W,): the target attending (a run: its rows' mean)
         sides.append({
             "sentence": sentence_text(words.sentences[i]), "words": list(words.words[i]),
             "row": round_weights(row), "target_index": t, "decider_index": d,
         })
-    out["shown"] = {"layer": layer0 + 1, "head": head0 + 1, "qualifies": res.best is not None, "sides": sides}
+    out["shown"] = {**shown.to_dict(), "qualifies": res.best is not None, "sides": sides}
     return out
 
 

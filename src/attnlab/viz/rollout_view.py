@@ -3,14 +3,14 @@ of the sentences on show, for the local server's answer (one layer at a time, an
 self-contained page's data (every sentence, at :data:`PAGE_RESIDUAL`).
 
 Rows are the position whose rolled-out attention is read (the word or token attending), columns
-where it comes from, as in the head view; layers are 1-based: layer l is rollout (or flow) through
-layers 1..l. An encoder–decoder's rollout is that of its encoder (the maps' own weights).
+where it comes from, as in the head view; ``layer`` is 0-based, as every field: layer l is rollout
+(or flow) through layers 0..l (the page labels it l + 1, "through layers 1..l + 1"). An
+encoder–decoder's rollout is that of its encoder (the maps' own weights).
 
 Flow costs T² maximum-flow problems per layer over a graph of (l + 1)·T nodes and l·T² edges, so
 its time grows faster than T⁴: the viewer offers it up to :data:`FLOW_MAX_POSITIONS` positions,
-where all six layers of the default model take about half a second on 2 cores, below the
-library's own :data:`attnlab.analysis.rollout.MAX_FLOW_TOKENS` (seconds), so that a request never
-holds the server's worker for long.
+well below the library's own :data:`attnlab.analysis.rollout.MAX_FLOW_TOKENS`, so that a request
+never holds the server's worker for long.
 A page embeds flow through all layers only (the library's default, ``attnlab rollout --flow``), so
 that writing one costs one flow per sentence; the server computes it at any layer, on request.
 """
@@ -65,8 +65,8 @@ def check_request(maps: Maps, sentence: int, layer: int, residual: float, method
         raise ValueError(f"residual must be a number in [0, 1), got {residual!r}")
     if not 0 <= sentence < len(maps.weights):
         raise ValueError(f"sentence must be 0..{len(maps.weights) - 1}, got {sentence}")
-    if not 1 <= layer <= maps.num_layers:
-        raise ValueError(f"layer must be 1..{maps.num_layers} (1-based: rollout through layers 1..layer), got {layer}")
+    if not 0 <= layer < maps.num_layers:
+        raise ValueError(f"layer must be 0..{maps.num_layers - 1} (0-based: rollout through layers 0..layer), got {layer}")
     if method == "flow":
         why = flow_refusal(maps.weights[sentence].shape[-1], sentence, maps.level)
         if why is not None:
@@ -82,13 +82,13 @@ def _answer(maps: Maps, sentence: int, weights: np.ndarray) -> dict:
 def rollout_layer(maps: Maps, sentence: int, layer: int, residual: float = DEFAULT_RESIDUAL,
                   method: str = "rollout") -> dict:
     """One layer of the rollout or flow of one sentence: ``labels`` (rows and columns alike),
-    ``weights`` [T, T] (row i: where position i's input comes from after layers 1..``layer``,
-    1-based), ``num_layers``, ``flow_max_positions`` and ``flow_refusal`` (why flow is not offered for
+    ``weights`` [T, T] (row i: where position i's input comes from after layers 0..``layer``,
+    0-based), ``num_layers``, ``flow_max_positions`` and ``flow_refusal`` (why flow is not offered for
     this sentence, or None). ValueError as :func:`check_request` says."""
     check_request(maps, sentence, layer, residual, method)
     w = maps.weights[sentence]
-    return _answer(maps, sentence, flow_one(w, residual, layer - 1) if method == "flow"
-                   else rollout_one(w, residual)[layer - 1])
+    return _answer(maps, sentence, flow_one(w, residual, layer) if method == "flow"
+                   else rollout_one(w, residual)[layer])
 
 
 def served_rollout(cache: Any, maps: Maps, key: tuple, sentence: int, layer: int, residual: float,
@@ -101,10 +101,10 @@ def served_rollout(cache: Any, maps: Maps, key: tuple, sentence: int, layer: int
     w, residual = maps.weights[sentence], float(residual)
     if method == "flow":
         flowed = cache.computed(("flow", *key, sentence, residual, layer),
-                                lambda: Rolled([flow_one(w, residual, layer - 1)]))  # [T, T]
+                                lambda: Rolled([flow_one(w, residual, layer)]))  # [T, T]
         return _answer(maps, sentence, flowed.weights[0])
     rolled = cache.computed(("rollout", *key, sentence, residual), lambda: Rolled([rollout_one(w, residual)]))  # [L, T, T]
-    return _answer(maps, sentence, rolled.weights[0][layer - 1])
+    return _answer(maps, sentence, rolled.weights[0][layer])
 
 
 def page_rollout(maps: Maps) -> dict:
@@ -123,4 +123,4 @@ def page_rollout(maps: Maps) -> dict:
             "flow_refusal": why,
         })
     return {"residual": PAGE_RESIDUAL, "num_layers": int(maps.num_layers), "flow_max_positions": FLOW_MAX_POSITIONS,
-            "flow_layer": int(maps.num_layers), "sentences": sentences}
+            "flow_layer": int(maps.num_layers) - 1, "sentences": sentences}  # 0-based: flow through every layer
