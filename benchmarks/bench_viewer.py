@@ -117,7 +117,7 @@ def browser_side(base: str, text: str, repeats: int) -> dict:
 SERVER = """
 import sys, uvicorn
 from attnlab.lesson.scene import scene
-from attnlab.viz.server import create_app
+from attnlab.web.server import create_app
 uvicorn.run(create_app(preload=True, scene=scene()), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
@@ -140,7 +140,7 @@ def load_test(clients: int, tokens: int, seconds: float) -> dict:
     import httpx
     from transformers import AutoTokenizer
 
-    from attnlab.models.loading import load_model
+    from attnlab.hf.loading import load_model
 
     tokenizer = AutoTokenizer.from_pretrained(load_model().path)
     with socket.socket() as s:
@@ -229,8 +229,8 @@ def main() -> None:
     import uvicorn
     from fastapi.testclient import TestClient
 
-    from attnlab.models.loading import load_model
-    from attnlab.viz.server import create_app
+    from attnlab.hf.loading import load_model
+    from attnlab.web.server import create_app
 
     lm = load_model()
     app = create_app(lm)

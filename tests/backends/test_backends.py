@@ -1,4 +1,4 @@
-"""Every backend against the float64 reference, on the agreement cases (DESIGN.md: the reference is the spec).
+"""Every backend against the float64 reference, on the agreement cases (docs/design.md: the reference is the spec).
 
 The cases are :data:`attnlab.backends.agreement.CASES`, the ones ``attnlab check`` runs: one table.
 A backend that refuses a case is skipped with its reasons, after checking that the call is refused
@@ -16,7 +16,7 @@ from attnlab.backends import agreement
 from attnlab.backends.agreement import CASES, allowed_of, reference_of
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import BACKENDS, NoBackendError, choose, refusals
-from attnlab.spec import reference
+from attnlab.reference import attention as reference
 
 try:
     import torch

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dist_workers
-from attnlab.analysis.corpus import corpus_roles
+from attnlab.interventions.corpus import corpus_roles
 from attnlab.distributed import run_local
 
 pytestmark = [pytest.mark.needs("transformers", "torch"), pytest.mark.gloo]

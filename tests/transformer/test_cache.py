@@ -10,7 +10,7 @@ H, HKV, D = 4, 2, 8
 
 
 def _config(**kw):
-    return TransformerConfig(**{"vocab_size": 11, "d_model": 32, "n_layers": 2, "n_heads": H, "n_kv_heads": HKV,
+    return TransformerConfig(**{"vocab_size": 11, "d_model": 32, "num_layers": 2, "num_heads": H, "num_kv_heads": HKV,
                                 "positions": "rotary", "norm": "rmsnorm", "ffn": "gated", "activation": "silu",
                                 "max_positions": 64, **kw})
 
@@ -172,7 +172,7 @@ def test_entries_are_checked_once_when_appended(k, error, match):
 def test_hybrid_layers_get_their_own_kinds():
     from attnlab.transformer.cache import layer_kinds
 
-    gemma_like = _config(n_layers=4, sliding_window=6,
+    gemma_like = _config(num_layers=4, sliding_window=6,
                          layer_types=("sliding_attention", "full_attention") * 2)
     assert layer_kinds(gemma_like, "window", None, None) == [("window", 6, None), ("dense", None, None)] * 2
     assert layer_kinds(gemma_like, "window", 4, None) == [("window", 4, None)] * 4
@@ -203,6 +203,6 @@ def test_a_cache_of_another_shape_is_refused():
     cache = _cache("dense", batch=2, capacity=4, dtype=torch.float32)
     cache.check_fits(_config(), 2)
     with pytest.raises(ValueError, match="kv_cache holds 2 layers x 2 k/v heads"):
-        cache.check_fits(_config(n_kv_heads=4), 2)
+        cache.check_fits(_config(num_kv_heads=4), 2)
     with pytest.raises(ValueError, match="for a batch of 2"):
         cache.check_fits(_config(), 3)

@@ -1,26 +1,23 @@
 """An encoder–decoder's page: the head view's "cross" choice draws the captured cross-attention
 (target tokens on the left, source tokens on the right), in headless Chromium, for a tiny T5 built
-here (tests/models/conftest.py's builder, loaded by path: test folders are not packages)."""
+here (tests/tiny_models.py's builder)."""
 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from attnlab.models.capture import capture
+from attnlab.hf.capture import capture
 from attnlab.viz import payload
 from attnlab.viz.page import page_data, write_maps_html
 
 pytestmark = pytest.mark.needs("torch", "transformers")
 
-_spec = importlib.util.spec_from_file_location("_tiny_models", Path(__file__).parent.parent / "models" / "conftest.py")
-tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tiny)
+import tiny_models as tiny
 
 PAIR = ("I sat on the bank of the river.", "The river runs past the bank, slowly!")
 SHOTS = Path(os.environ["ATTNLAB_SCREENSHOT_DIR"]) if os.environ.get("ATTNLAB_SCREENSHOT_DIR") else None

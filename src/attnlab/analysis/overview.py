@@ -1,6 +1,6 @@
 """At a glance: where each head looks most, and one map set as plain data (what `attnlab maps` shows).
 
-Works on token-level maps and on word-level ones (:meth:`attnlab.models.maps.AttentionMaps.to_words`)
+Works on token-level maps and on word-level ones (:meth:`attnlab.maps.records.AttentionMaps.to_words`)
 alike: both have ``weights[i]`` of shape (L, H, T, T) and a label per position.
 """
 

@@ -3,7 +3,7 @@
 Each role is a small function of one sentence's word maps that returns the sum of a per-row
 quantity over the rows where it is defined, and how many rows that was; a role's score for a head
 is that total over all sentences divided by the row count, so scores over a corpus can be
-accumulated batch by batch (:mod:`attnlab.analysis.corpus`). Each role has a threshold, a named
+accumulated batch by batch (:mod:`attnlab.interventions.corpus`). Each role has a threshold, a named
 constant: a head "has" the role when its score passes it.
 
     prev    weight on the previous word           next   weight on the next word
@@ -18,7 +18,7 @@ constant: a head "has" the role when its score passes it.
 ``prev``, ``duplicate`` and ``induction`` are TransformerLens's ``previous_token_head``,
 ``duplicate_token_head`` and ``induction_head`` detection patterns (``detect_head`` with its
 default "mul" measure: the share of a row's weight that falls on the pattern, averaged over all
-rows), on words; on token maps of a repeated random sequence, :mod:`attnlab.analysis.induction` is
+rows), on words; on token maps of a repeated random sequence, :mod:`attnlab.interventions.induction` is
 the standard probe. A role that cannot apply to the maps at hand (a causal decoder cannot look at
 the next word; marks-based roles are for encoders, whose special tokens collect attention; no word
 repeats) is not scored: :attr:`HeadRoles.not_applicable` says why.
@@ -296,7 +296,7 @@ class RoleAccumulator:
         self.causal, self.kinds, self.repeats = True, set(), False  # what decides which roles apply
 
     def add(self, words) -> None:
-        """Add every sentence of a :class:`~attnlab.models.words.WordMaps`."""
+        """Add every sentence of a :class:`~attnlab.maps.words.WordMaps`."""
         self.causal = self.causal and is_causal(words.weights)
         for w, kinds, marks, texts in zip(words.weights, words.kinds, words.is_mark, words.words):
             self.kinds.update(kinds)
@@ -322,7 +322,7 @@ class RoleAccumulator:
 
 
 def head_roles(words, roles: list[str] | None = None, average: str = "row") -> HeadRoles:
-    """Score every head of ``words`` (:class:`~attnlab.models.words.WordMaps`) for each role.
+    """Score every head of ``words`` (:class:`~attnlab.maps.words.WordMaps`) for each role.
 
     ``average``: ``"row"`` (default: every row of every sentence weighs the same, as in Clark et
     al.) or ``"sentence"`` (every sentence weighs the same, whatever its length).

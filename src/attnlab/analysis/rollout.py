@@ -15,8 +15,8 @@ maximum-flow problems over an (L + 1)·T-node graph, solved by SciPy's compiled 
 of 2⁻²⁴ (:data:`FLOW_UNITS`), so a flow is exact to T · 3·10⁻⁸. It is limited to
 :data:`MAX_FLOW_TOKENS` positions (a few seconds for 64 positions through 6 layers on 2 cores).
 
-Both take token-level :class:`~attnlab.models.maps.AttentionMaps` or word-level
-:class:`~attnlab.models.words.WordMaps` (``maps.to_words()``): word-level rollout rolls the word maps.
+Both take token-level :class:`~attnlab.maps.records.AttentionMaps` or word-level
+:class:`~attnlab.maps.words.WordMaps` (``maps.to_words()``): word-level rollout rolls the word maps.
 """
 
 from __future__ import annotations

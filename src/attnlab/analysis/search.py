@@ -9,7 +9,7 @@ differ in where they park attention.
 ``mark_heads`` counts, with the rule written in :data:`MARK_RULE`, the heads where the target's
 largest weight (over all words, no exclusions) falls on a mark in every sentence.
 
-The target and the deciders are found as :meth:`~attnlab.models.words.WordMaps.spans` finds them:
+The target and the deciders are found as :meth:`~attnlab.maps.words.WordMaps.spans` finds them:
 one word, or a run of words such as "sea-shells" (sea - shells) or "don't" (don ' t). A run is
 taken as one word for the search, as word pieces are: its row is the mean of its words' rows, its
 column the sum of their columns. Where the target occurs more than once in a sentence, its first
@@ -117,7 +117,7 @@ def _join(parts: list[str]) -> str:
 def _merged(words, s: int, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[str], np.ndarray, list[int]]:
     """Sentence s's word maps with each span of ``spans`` made one word (rows mean, columns sum):
     (weights [L, H, W', W'], word texts, mark flags, the new position of each span)."""
-    from attnlab.models.words import aggregate
+    from attnlab.maps.words import aggregate
 
     n = len(words.words[s])
     group, texts, marks, w = [], [], [], 0
@@ -143,7 +143,7 @@ def _occurrence(occurrence, count: int) -> list:
 
 def find_heads(words, target: str, deciders: list[str], exclude_self: bool = False,
                exclude_marks: bool = False, occurrence: int | list[int | None] | None = None) -> HeadSearch:
-    """Search every head of ``words`` (:class:`~attnlab.models.words.WordMaps`) for the target's decider.
+    """Search every head of ``words`` (:class:`~attnlab.maps.words.WordMaps`) for the target's decider.
 
     ``deciders[i]`` is the deciding word of sentence i. Words match case-insensitively, and may be
     runs of words ("sea-shells"; see the module's text). ``occurrence``: which occurrence of the

@@ -5,7 +5,7 @@ build, their BLAS, their GPU if any) and ``tests/backends/test_backends.py`` par
 Each case runs on NumPy arrays and on torch tensors on every device, in float64 and float32, and
 in float16/bfloat16 on tensors. The expected answer is :func:`reference_of`: the float64 spec on
 the very inputs the backend got (rounded to its dtype), so an error is the backend's own and not
-the rounding of its inputs. Tolerances (DESIGN.md): absolute in float64 and float32 (outputs are
+the rounding of its inputs. Tolerances (docs/design.md): absolute in float64 and float32 (outputs are
 of unit scale); in float16/bfloat16 at most twice the error of plain torch in that dtype. A
 backend that refuses a case says why; that is not a failure.
 """
@@ -24,8 +24,8 @@ import numpy as np
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import BACKENDS, refusals
 from attnlab.backends.request import Request, prepare
-from attnlab.spec import reference
-from attnlab.spec.masks import causal_mask, window_mask
+from attnlab.reference import attention as reference
+from attnlab.reference.masks import causal_mask, window_mask
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}  # absolute, outputs of unit scale
 LOW_PRECISION_FACTOR = 2.0  # float16/bfloat16: at most this times plain torch's error
@@ -105,7 +105,7 @@ def allowed_of(
     batch_dims: int | None = None,
 ) -> np.ndarray:
     """attention()'s causal, window, lengths and mask as one boolean mask (True = may attend), from
-    :mod:`attnlab.spec.masks`: (Tq, Tk), or (*batch, Tq, Tk) broadcastable with ``lengths`` (ints over
+    :mod:`attnlab.reference.masks`: (Tq, Tk), or (*batch, Tq, Tk) broadcastable with ``lengths`` (ints over
     the first of ``batch_dims`` leading dims; by default as many as ``lengths`` has)."""
     allowed = causal_mask(tq, tk) if causal else np.ones((tq, tk), bool)
     if window is not None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.backends.request import Call, Request
-from attnlab.spec import validate
+from attnlab.reference import validate
 
 # What a call can ask for, by the name of its Request field, and how a refusal says it.
 FEATURES = {

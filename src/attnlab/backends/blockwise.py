@@ -23,7 +23,7 @@ from attnlab.backends import online
 from attnlab.backends.base import Backend, Supports, torch_overhead
 from attnlab.backends.request import Call, Request
 from attnlab.backends.tiling import Tiling
-from attnlab.spec.validate import FLOAT_DTYPES
+from attnlab.reference.validate import FLOAT_DTYPES
 
 # A rough prior for auto where nothing was measured, per visited score: only the tiles a band leaves are visited.
 PRIOR_NS_PER_SCORE = 2.8

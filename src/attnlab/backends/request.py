@@ -1,6 +1,6 @@
 """One attention call, checked and described: what the dispatcher shows each backend.
 
-:func:`prepare` checks every argument once (:mod:`attnlab.spec.validate`) and returns the :class:`Call`: the
+:func:`prepare` checks every argument once (:mod:`attnlab.reference.validate`) and returns the :class:`Call`: the
 normalised inputs plus a :class:`Request`, the plain facts (kind, device, dtype, masks, outputs,
 gradients) by which a backend accepts or refuses the call. Backends share the helpers here to
 turn the call's masks into one dense boolean mask when they materialise the scores anyway.
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.spec import validate
-from attnlab.spec.masks import band_mask, combine
+from attnlab.reference import validate
+from attnlab.reference.masks import band_mask, combine
 
 
 @dataclass(frozen=True)

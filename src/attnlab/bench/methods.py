@@ -28,8 +28,8 @@ from attnlab.backends import kernel, tiling
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import Choice, explain, refusals
 from attnlab.backends.request import prepare
-from attnlab.spec import reference
-from attnlab.spec.masks import band_mask
+from attnlab.reference import attention as reference
+from attnlab.reference.masks import band_mask
 
 METHODS = ("naive", "numpy", "torch", "sdpa", "blockwise-numpy", "blockwise-torch", "kernel", "auto", "gemm")
 NUMPY_METHODS = ("naive", "numpy", "blockwise-numpy")  # the rest run on torch tensors

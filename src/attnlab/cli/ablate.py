@@ -36,8 +36,8 @@ def ablate(
 ) -> None:
     """Heads as causes: run the model without some heads (the embedding's cosine for the default model, the
     loss change for a language model), or rank every head alone next to Michel et al.'s gradient importance."""
-    from attnlab.analysis.ablation import ablate as run_ablation
-    from attnlab.analysis.ablation import head_importance
+    from attnlab.interventions.ablation import ablate as run_ablation
+    from attnlab.interventions.ablation import head_importance
 
     if heads:
         with status("ablating"):

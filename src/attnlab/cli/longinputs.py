@@ -29,11 +29,11 @@ def stats(
 ) -> None:
     """Per-head statistics of the full attention of long inputs, without T × T memory: weight on the
     previous token, itself, the next and the first token, mean distance, entropy, attention received."""
-    from attnlab.analysis.stats import ROW_STATS, head_stats
+    from attnlab.interventions.stats import ROW_STATS, head_stats
     from attnlab.distributed import rank_and_world
     from attnlab.cli.common import progress
 
-    from attnlab.analysis.corpus import read_text
+    from attnlab.interventions.corpus import read_text
 
     text = read_text(file)
     texts = [line for line in text.splitlines() if line.strip()] if lines else [text]
@@ -78,7 +78,7 @@ def rollout(
     with --flow: how much of each input word reaches each position."""
     from attnlab.analysis.rollout import flow, rollout as roll
     from attnlab.cli.maps import _as_items
-    from attnlab.models.capture import capture
+    from attnlab.hf.capture import capture
 
     maps = capture(_as_items([sentence]), model, revision)
     view = maps if tokens else maps.to_words()

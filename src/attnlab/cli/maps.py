@@ -15,8 +15,8 @@ LESSON_SENTENCES = ("I sat on the bank of the river.", "I put the money in the b
 
 def _as_items(sentences: list[str]) -> list[str | tuple[str, str]]:
     """CLI sentences: a tab inside one makes it a pair (segments A and B), as in a corpus file and in
-    attnlab.capture (the library's rule, :func:`attnlab.models.encoding.check_sentences`)."""
-    from attnlab.models.encoding import check_sentences
+    attnlab.capture (the library's rule, :func:`attnlab.hf.encoding.check_sentences`)."""
+    from attnlab.hf.encoding import check_sentences
 
     return check_sentences(sentences)
 
@@ -55,8 +55,8 @@ def maps(
 ) -> None:
     """Capture every head's attention map; show one head's map, or where each head looks most."""
     from attnlab.analysis.overview import maps_record, where_heads_look
-    from attnlab.models.capture import capture
-    from attnlab.models.loading import load_model
+    from attnlab.hf.capture import capture
+    from attnlab.hf.loading import load_model
 
     if (target or decider) and not html:
         raise ValueError("--target and --decider set up the page's Compare tab; give them with --html FILE")
@@ -127,7 +127,7 @@ def heads(
     json_path: str = json_option(),
 ) -> None:
     """Heads by role: each head's average attention to [CLS], [SEP], punctuation, self, previous, next word, and entropy."""
-    from attnlab.analysis.corpus import corpus_roles, read_corpus
+    from attnlab.interventions.corpus import corpus_roles, read_corpus
     from attnlab.analysis.roles import ROLES, check_average
     from attnlab.distributed import rank_and_world
 
@@ -180,7 +180,7 @@ def find_head(
 ) -> None:
     """The heads whose largest weight of the target falls on its decider in every sentence."""
     from attnlab.analysis.search import MARK_RULE, find_heads
-    from attnlab.models.capture import capture
+    from attnlab.hf.capture import capture
 
     found = find_heads(capture(_as_items(sentences), model, revision).to_words(), target, decider,
                        exclude_self=exclude_self, exclude_marks=exclude_marks, occurrence=occurrence)

@@ -40,7 +40,7 @@ def model_info(maps: Any) -> dict:
 
 def capture_bank(model: str | None = None) -> Any:
     """The two sentences' maps on ``model`` (None: the bundled default); loads torch lazily."""
-    from attnlab.models.capture import capture
+    from attnlab.hf.capture import capture
 
     return capture(list(SENTENCES), model=model)
 

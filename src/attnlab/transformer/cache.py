@@ -292,7 +292,7 @@ class KVCache:
         h, d = config.heads_kv, config.head_dim
         start = capacity or config.max_positions
         layers: list[LayerCache] = []
-        for (what, w, s), layer in zip(kinds, range(config.n_layers)):
+        for (what, w, s), layer in zip(kinds, range(config.num_layers)):
             if what == "dense":
                 layers.append(LayerCache(batch, h, d, start, dtype, device, window=config.layer_window(layer)))
             elif what == "window":
@@ -339,7 +339,7 @@ class KVCache:
 
     def check_fits(self, config: TransformerConfig, batch: int, name: str = "kv_cache") -> None:
         """A cache passed back in must be one of this model's, for this batch: else a ValueError naming ``name``."""
-        want = (config.n_layers, config.heads_kv, config.head_dim, batch)
+        want = (config.num_layers, config.heads_kv, config.head_dim, batch)
         first = self.layers[0].k.shape
         got = (len(self.layers), first[1], first[3], self.batch)
         if got != want:
@@ -365,11 +365,11 @@ def layer_kinds(config: TransformerConfig, kind: str, window: int | None, sink: 
     for name, value in (("window", window), ("sink", sink)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
-    own = [config.layer_window(layer) for layer in range(config.n_layers)]
+    own = [config.layer_window(layer) for layer in range(config.num_layers)]
     if kind == "dense":
         if window is not None or sink is not None:
             raise ValueError("window= and sink= size a 'window' or 'sink' cache; the dense cache keeps every position")
-        return [("dense", None, None)] * config.n_layers
+        return [("dense", None, None)] * config.num_layers
     if kind == "sink" and window is None:
         raise ValueError("window: a 'sink' cache needs window= (the last W positions it keeps beside the sink)")
     if kind == "window" and window is None and all(w is None for w in own):

@@ -85,11 +85,11 @@ def convert(tensors: dict, c: TransformerConfig) -> dict:
         base[name] = t
     layer_prefix, layer_names, top_names = LAYOUT[c.family]
     pairs = [(ours, theirs, *how) for ours, theirs, *how in top_names]
-    for i in range(c.n_layers):
+    for i in range(c.num_layers):
         pre = layer_prefix.format(i=i)
         pairs += [(f"blocks.{i}.{ours}", pre + theirs, *how) for ours, theirs, *how in layer_names]
     if c.family == "gpt2":
-        for i in range(c.n_layers):  # c_attn: [d, 3d] (Conv1D) → q, k, v Linear weights [d, d] each
+        for i in range(c.num_layers):  # c_attn: [d, 3d] (Conv1D) → q, k, v Linear weights [d, d] each
             for kind in ("weight", "bias"):
                 fused = base.get(f"h.{i}.attn.c_attn.{kind}")
                 if fused is not None:
@@ -125,10 +125,10 @@ def torch_dtype(dtype: Any, name: str = "dtype") -> Any:
 
 def load_pretrained(cls: type, model: Any = None, backend: str = "auto", revision: str | None = None,
                     dtype: Any = None) -> Any:
-    """``cls`` (the Transformer) with the weights of ``model`` (see :func:`attnlab.models.loading.resolve`),
+    """``cls`` (the Transformer) with the weights of ``model`` (see :func:`attnlab.locate.folder.resolve`),
     in ``dtype`` (default float32), in eval mode, its parameters frozen (``requires_grad_(True)`` to train
     it), with its tokenizer when the folder has one (else ``tokenizer`` is None: token ids in and out)."""
-    from attnlab.models.loading import resolve
+    from attnlab.locate.folder import resolve
 
     wanted = torch_dtype(dtype)
     folder, model_id, rev = resolve(model, revision)

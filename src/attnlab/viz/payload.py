@@ -1,7 +1,7 @@
 """The viewer's data: captured maps turned into the JSON that the page draws.
 
 One set of shapes for both ways the page gets its data, the local server's API
-(:mod:`attnlab.viz.server`) and the self-contained HTML file (:mod:`attnlab.viz.page`), so the two
+(:mod:`attnlab.web.server`) and the self-contained HTML file (:mod:`attnlab.viz.page`), so the two
 show the same thing. Layers and heads are 1-based here, as everywhere the user reads them.
 """
 
@@ -161,7 +161,7 @@ def _marks(maps: Any, i: int) -> list[bool]:
     (by the default rule: special tokens and punctuation)."""
     if is_word_level(maps):
         return [bool(m) for m in maps.is_mark[i]]
-    from attnlab.models.words import DEFAULT_MARK_KINDS
+    from attnlab.maps.words import DEFAULT_MARK_KINDS
 
     kinds = maps.kinds[i]
     return [kinds[w] in DEFAULT_MARK_KINDS for w in maps.word_of[i]]

@@ -93,7 +93,7 @@ def rollout_layer(maps: Any, sentence: int, layer: int, residual: float = DEFAUL
 def served_rollout(cache: Any, maps: Any, key: tuple, sentence: int, layer: int, residual: float,
                    method: str) -> dict:
     """:func:`rollout_layer` for the server: the sentence's rollout [L, T, T] at ``residual``, and
-    each layer of flow, kept in ``cache`` (the server's :class:`~attnlab.viz.work.MapsCache`) under
+    each layer of flow, kept in ``cache`` (the server's :class:`~attnlab.web.work.MapsCache`) under
     ``key`` (what names the maps: sentences and level), so that moving the layer or coming back to
     a flow recomputes nothing. ValueError as :func:`check_request` says."""
     check_request(maps, sentence, layer, residual, method)

@@ -27,7 +27,7 @@ from attnlab.backends.base import Backend, Supports
 from attnlab.backends.blockwise import run_blockwise, work_dtype
 from attnlab.backends.request import Call, Request
 from attnlab.backends.tiling import Tiling, block_sizes
-from attnlab.spec.validate import FLOAT_DTYPES, is_torch
+from attnlab.reference.validate import FLOAT_DTYPES, is_torch
 
 try:
     from attnlab.backends.kernel import _tiles
