@@ -333,6 +333,10 @@ class KVCache:
         v = _check_entries("v", v, shape, self.dtype, layer)
         return lc.update(step, k, v, dtype or self.dtype)
 
+    def visible(self, layer: int, step: Step, read: Read) -> torch.Tensor:
+        """Which keys of ``read`` each of the step's queries sees, (B, 1, Tq, Tk) bool (the eager scores' mask)."""
+        return read.mask if read.mask is not None else _with_mask(read, step, self.layers[layer]).mask
+
     def commit(self, step: Step) -> None:
         """The step is written in every layer: the sequences are ``step.end`` long."""
         self.lengths = step.end

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from attnlab.transformer.cache import KVCache, layer_kinds
+from attnlab.transformer.hooks import Hooks, build
 from attnlab.transformer.sampling import Sampling
 
 
@@ -171,13 +172,14 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     kinds = layer_kinds(c, cache, window, sink)
     n = _check_limits(model, prompts, max_new_tokens, kinds, cache)
     stops = _stops(stop_ids, c.vocab_size)
+    hooks = build(c, fwd_hooks or ())
     weights_dtype, device = model.dtype, model.device
     kv_dtype = weights_dtype if cache_dtype is None else _dtype(cache_dtype)
     pad = c.pad_token_id if c.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
     B, longest = len(prompts), max(len(p) for p in prompts)
     kv = KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1, dtype=kv_dtype,
                            device=device)
-    return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, fwd_hooks)
+    return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
 
 
 def _dtype(x: Any) -> torch.dtype:
@@ -190,7 +192,7 @@ def _dtype(x: Any) -> torch.dtype:
 
 
 def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: torch.Tensor, pad: int, kv: KVCache,
-          maps: bool, on_token: Any, backend: str | None, fwd_hooks: Any) -> Generation:
+          maps: bool, on_token: Any, backend: str | None, hooks: Hooks) -> Generation:
     """Prefill, then one token per sequence per step until ``n`` or every sequence has stopped."""
     B, device = len(prompts), kv.lengths.device
     gen = rule.generator(device)
@@ -200,7 +202,7 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
     chosen, logits_seen, attention = [], [], [[] for _ in range(B)]
     for t in range(n):
         with torch.no_grad():
-            last, rows = model.decode_step(ids, real, kv, backend=backend, rows=maps, fwd_hooks=fwd_hooks)  # (B, V)
+            last, rows = model._decode_step(ids, real, kv, backend=backend, rows=maps, hooks=hooks)  # (B, V)
         nxt = rule.choose(last, gen)  # (B,)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
         logits_seen.append(torch.where(done[:, None], torch.zeros_like(last), last))

@@ -37,8 +37,8 @@ _LLAMA_TOP = [("tok_emb", "embed_tokens"), ("final_norm", "norm")]
 # Gemma-2's four norms: before attention, on its output, before the FFN, on its output.
 _GEMMA2_LAYER = [
     ("norm1", "input_layernorm"), ("attn.q", "self_attn.q_proj"), ("attn.k", "self_attn.k_proj"),
-    ("attn.v", "self_attn.v_proj"), ("attn.o", "self_attn.o_proj"), ("post_attn_norm", "post_attention_layernorm"),
-    ("norm2", "pre_feedforward_layernorm"), ("post_ffn_norm", "post_feedforward_layernorm"),
+    ("attn.v", "self_attn.v_proj"), ("attn.o", "self_attn.o_proj"), ("norm1_post", "post_attention_layernorm"),
+    ("norm2", "pre_feedforward_layernorm"), ("norm2_post", "post_feedforward_layernorm"),
     ("ffn.gate", "mlp.gate_proj"), ("ffn.up", "mlp.up_proj"), ("ffn.down", "mlp.down_proj"),
 ]
 LAYOUT = {
