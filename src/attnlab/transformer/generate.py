@@ -81,6 +81,8 @@ def _prompts(model: Any, input_ids: Any, attention_mask: Any) -> list[list[int]]
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 1:
             ids = ids[None]
+        if ids.dim() == 2 and ids.shape[1] == 0:
+            raise ValueError("input_ids: prompt 0 is empty; generation starts from at least one token")
         if ids.dim() != 2 or ids.dtype in (torch.bool,) or ids.dtype.is_floating_point:
             raise ValueError(f"input_ids must be [B, T] token ids, got {tuple(ids.shape)} of {ids.dtype}")
         rows = list(ids.long())
