@@ -38,6 +38,7 @@ from attnlab.backends.request import repeat_groups
 from attnlab.transformer.cache import KVCache, Read, Step
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
+from attnlab.transformer.norms import norm, normed
 from attnlab.transformer.rotary import frequencies, rotate
 
 ACT = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
@@ -73,37 +74,6 @@ class Pass:
         if window is not None:
             tril = tril & ~torch.ones(t, t, dtype=torch.bool, device=device).tril(-window)  # i − W < j ≤ i
         return tril if keys is None else tril & keys
-
-
-class RMSNormPlusOne(nn.Module):
-    """Gemma's RMSNorm: x / rms(x) · (1 + w), w starting at 0, computed in float32 or wider."""
-
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.zeros(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        y = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.to(wide.dtype))
-        return y.to(x.dtype)
-
-
-def norm(c: TransformerConfig) -> nn.Module:
-    if c.norm == "layernorm":
-        return nn.LayerNorm(c.d_model, eps=c.norm_eps)
-    return RMSNormPlusOne(c.d_model, c.norm_eps) if c.norm_plus_one else nn.RMSNorm(c.d_model, eps=c.norm_eps)
-
-
-def normed(n: nn.Module, x: torch.Tensor, hooks: Hooks, at: str) -> torch.Tensor:
-    """n(x); with ``{at}.hook_scale`` watched, by hand, so the scale (B, T, 1) can be read or replaced."""
-    name = at + ".hook_scale"
-    if not hooks.wants(name):
-        return n(x)
-    if isinstance(n, nn.LayerNorm):
-        x = x - x.mean(-1, keepdim=True)  # (B, T, d): LayerNorm's scale is the centred input's RMS
-    scale = hooks(name, (x.pow(2).mean(-1, keepdim=True) + n.eps).sqrt())  # (B, T, 1)
-    y = x / scale * (1.0 + n.weight if isinstance(n, RMSNormPlusOne) else n.weight)
-    return y if getattr(n, "bias", None) is None else y + n.bias
 
 
 class Attention(nn.Module):
