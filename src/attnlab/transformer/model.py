@@ -309,13 +309,18 @@ class Transformer(nn.Module):
 
     def _plain_pass(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks) -> Pass:
         c, (B, T) = self.config, ids.shape
-        # 1. which keys are padding: lengths when it is on the right (every backend serves it), else a mask
+        # 1. which keys are padding: lengths when it is on the right (every backend serves it), else a mask.
+        #    Causal and padded on the right: nothing, since a real token's causal band ends before the
+        #    padding (lengths would also move each sequence's queries to its own last positions).
         arange = torch.arange(T, device=ids.device)  # (T,)
         lengths = key_mask = None
         if mask is not None and not bool(mask.all()):
             n = mask.sum(-1)  # (B,)
             right = bool((mask == (arange[None] < n[:, None])).all())
-            lengths, key_mask = (n, None) if right else (None, mask[:, None, None, :])  # (B, 1, 1, T)
+            if not right:
+                key_mask = mask[:, None, None, :]  # (B, 1, 1, T)
+            elif not c.causal:
+                lengths = n
         # 2. positions: 0..T-1, or RoBERTa's count of real tokens after the pad id
         pos = arange
         if c.position_offset:
