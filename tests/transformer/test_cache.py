@@ -54,18 +54,19 @@ def _full_reference(kind, keys, values, q, qpos, window, sink):
     return attnlab.attention(q, keys, values, mask=mask[:, None], backend="torch")
 
 
+@pytest.mark.parametrize("ragged", [True, False])
 @pytest.mark.parametrize("kind, window, sink, layer_window", [
     ("dense", None, None, None), ("dense", None, None, 5), ("window", 5, None, None), ("sink", 4, 3, None),
 ])
-def test_each_kind_equals_a_full_recompute_with_its_mask(kind, window, sink, layer_window):
-    """Ragged prompts prefilled in one chunk, a second chunk, then single tokens: every real query's
+def test_each_kind_equals_a_full_recompute_with_its_mask(kind, window, sink, layer_window, ragged):
+    """Prompts (ragged or not) prefilled in one chunk, a second chunk, then single tokens: every real query's
     output equals attention over all positions with the kind's mask (keys 0..S−1 and the last W), float64."""
     import torch
 
     import attnlab
 
     torch.manual_seed(0)
-    B, lens, steps = 2, [7, 3], 14
+    B, lens, steps = 2, ([7, 3] if ragged else [6, 6]), 14
     extra = {"sliding_window": layer_window} if layer_window else {}
     cache = _cache(kind, B, window=window, sink=sink, capacity=4, **extra)  # capacity 4: the dense cache must grow
     total = max(lens) + 4 + steps
@@ -74,7 +75,8 @@ def test_each_kind_equals_a_full_recompute_with_its_mask(kind, window, sink, lay
     queries = torch.randn(B, H, total, D, dtype=torch.float64)
     ref_kind = "band" if layer_window else kind
     w = layer_window or window
-    chunks = [torch.tensor(lens), torch.tensor([2, 4])] + [torch.ones(B, dtype=torch.long)] * steps
+    second = [2, 4] if ragged else [4, 4]
+    chunks = [torch.tensor(lens), torch.tensor(second)] + [torch.ones(B, dtype=torch.long)] * steps
     for new in chunks:
         tq = int(new.max())
         step = cache.begin(new, tq)
@@ -88,7 +90,7 @@ def test_each_kind_equals_a_full_recompute_with_its_mask(kind, window, sink, lay
             cols = step.real[b].nonzero()[:, 0]
             got, want = out[b][:, cols], ref[b][:, step.positions[b, cols]]
             assert float((got - want).abs().max()) < 1e-12
-    assert cache.lengths.tolist() == [lens[0] + 2 + steps, lens[1] + 4 + steps]
+    assert cache.lengths.tolist() == [lens[0] + second[0] + steps, lens[1] + second[1] + steps]
 
 
 def test_dense_layout_zero_beyond_lengths_and_bytes():

@@ -172,7 +172,27 @@ def test_hooks_run_at_every_step(decoder_folder):
     assert g.ids[0].tolist() != m.generate([PROMPT], 30, cache="window").ids[0].tolist()
 
 
-@pytest.mark.parametrize("backend", ["torch", "sdpa", "blockwise", "numpy", "auto"])
+def _decoding_backends():
+    from attnlab.transformer.cache import ALIGNED_BY_LENGTHS
+
+    # the kernel takes no dense mask: it serves decoding once the cache's reads need none (the per-sequence rule)
+    return ["torch", "sdpa", "blockwise", "numpy", "auto"] + (["kernel"] if ALIGNED_BY_LENGTHS else [])
+
+
+def test_a_watched_pattern_reads_the_cache_in_the_model(decoder_folder):
+    """With hook_pattern watched the model computes the scores itself, over the cache's slots: same logits."""
+    seen = []
+    hooks = [(f"blocks.{layer}.attn.hook_pattern", lambda w, name: seen.append((name, tuple(w.shape))))
+             for layer in range(2)]
+    m = _model(decoder_folder, "gemma2")
+    g = m.generate([PROMPT], 12, cache="window", fwd_hooks=hooks)
+    assert float((g.logits - m.generate([PROMPT], 12, cache="window").logits).abs().max()) < 1e-12
+    assert seen[0] == ("blocks.0.attn.hook_pattern", (1, 4, len(PROMPT), len(PROMPT)))  # the prompt, in one call
+    assert seen[-2:] == [("blocks.0.attn.hook_pattern", (1, 4, 1, 6)),  # a sliding layer reads its ring of 6
+                         ("blocks.1.attn.hook_pattern", (1, 4, 1, len(PROMPT) + 11))]  # a global one, every key
+
+
+@pytest.mark.parametrize("backend", _decoding_backends())
 def test_every_backend_that_serves_decoding_agrees(decoder_folder, backend):
     import torch
 

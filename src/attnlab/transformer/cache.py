@@ -44,11 +44,17 @@ KINDS = ("dense", "window", "sink")
 SINK_DEFAULT = 4  # StreamingLLM's choice: four initial tokens carry the attention sink
 
 # The single switch of the alignment rule. False: attnlab.attention aligns causal (and a window's band)
-# to the end of the buffer it is given (query i at Tk − Tq + i), so a read that needs the per-sequence
-# alignment (query i of sequence b at lengths[b] − Tq + i) passes an explicit mask. True, once
-# attention() has the per-sequence rule and ``kv_checked``: lengths + causal + window alone.
+# to the end of the buffer it is given (query i at Tk − Tq + i), so a read whose sequences end at
+# different lengths (a ragged batch) passes the per-sequence alignment (query i of sequence b at
+# lengths[b] − Tq + i) as an explicit mask. True, once attention() has the per-sequence rule and
+# ``kv_checked``: lengths + causal + window alone, always.
 # tests/transformer/test_cache.py checks this constant against attention()'s behaviour.
 ALIGNED_BY_LENGTHS = False
+
+
+def _needs_mask(lengths: torch.Tensor) -> bool:
+    """Under the buffer-end rule, a read of sequences of unequal lengths needs the mask; equal ones end the buffer."""
+    return not ALIGNED_BY_LENGTHS and bool((lengths != lengths[0]).any())
 
 
 @dataclass(frozen=True)
@@ -171,8 +177,9 @@ class LayerCache:
         band = None if self.window is None else (self.window - 1, 0)
         read = Read(self.k[:, :, :tk].to(dtype), self.v[:, :, :tk].to(dtype), step.end, band, None,
                     self.slot_positions[:, :tk])
-        needs_mask = not ALIGNED_BY_LENGTHS and (step.tq > 1 or band is not None)
-        return _with_mask(read, step, self) if needs_mask else read
+        # one query per sequence and no band: under either rule it sees every key below its length
+        one = step.tq == 1 and band is None
+        return _with_mask(read, step, self) if not one and _needs_mask(step.end) else read
 
 
 class WindowCache(LayerCache):
@@ -244,7 +251,7 @@ def _gathered(layer: LayerCache, step: Step, k: torch.Tensor, v: torch.Tensor, d
     keys = torch.cat((layer.k, k), dim=2).gather(2, idx).to(dtype)  # (B, H_kv, C + Tq, D) → (B, H_kv, Tk, D)
     values = torch.cat((layer.v, v), dim=2).gather(2, idx).to(dtype)
     read = Read(keys, values, count + step.new, (layer.window - 1, 0), None, kpos)
-    return read if ALIGNED_BY_LENGTHS and layer.kind == "window" else _with_mask(read, step, layer)
+    return read if layer.kind == "window" and not _needs_mask(read.lengths) else _with_mask(read, step, layer)
 
 
 def _with_mask(read: Read, step: Step, layer: LayerCache) -> Read:
@@ -341,7 +348,7 @@ class KVCache:
         """The step is written in every layer: the sequences are ``step.end`` long."""
         self.lengths = step.end
 
-    def check_fits(self, config: TransformerConfig, batch: int, name: str = "kv_cache") -> None:
+    def check_fits(self, config: TransformerConfig, batch: int, name: str = "kv_cache", device: Any = None) -> None:
         """A cache passed back in must be one of this model's, for this batch: else a ValueError naming ``name``."""
         want = (config.num_layers, config.heads_kv, config.head_dim, batch)
         first = self.layers[0].k.shape
@@ -349,6 +356,8 @@ class KVCache:
         if got != want:
             raise ValueError(f"{name} holds {got[0]} layers x {got[1]} k/v heads x head dim {got[2]} for a batch of "
                              f"{got[3]}; this model and input need {want[0]} x {want[1]} x {want[2]} for {want[3]}")
+        if device is not None and self.lengths.device != torch.device(device):
+            raise ValueError(f"{name} is on {self.lengths.device}; this model runs on {device}")
 
     def to_dict(self) -> dict:
         return {"kinds": list(self.kinds), "lengths": self.lengths.tolist(), "dtype": str(self.dtype).removeprefix("torch."),

@@ -336,7 +336,7 @@ class Transformer(nn.Module):
             raise ValueError(f"kv_cache needs a causal decoder; this model is a {c.family} encoder")
         if not isinstance(kv, KVCache):
             raise TypeError(f"kv_cache must be a KVCache (KVCache.for_model), got {type(kv).__name__}")
-        kv.check_fits(c, B)
+        kv.check_fits(c, B, device=ids.device)
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
         order = torch.argsort(real.long(), dim=-1, stable=True)  # (B, T): padding, then real tokens in order
         ids = ids.gather(1, order)
