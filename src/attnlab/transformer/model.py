@@ -39,7 +39,7 @@ from attnlab.transformer.cache import KVCache, Read, Step
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
 from attnlab.transformer.norms import norm, normed
-from attnlab.transformer.rotary import frequencies, rotate
+from attnlab.transformer.rotary import angles, frequencies, rotate
 
 ACT = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
 # The backends whose math the model's own scores path is: the one a layer takes when its scores or
@@ -58,7 +58,7 @@ class Pass:
     lengths: Any  # (B,) real tokens when padding is on the right, else None
     key_mask: Any  # (B, 1, 1, T) bool when the padding is elsewhere, else None
     hooks: Hooks
-    inv_freq: Any = None  # (Dh/2,) rotary frequencies, float64
+    rope: Any = None  # rotary cos and sin of the positions, (T, Dh) or (B, 1, T, Dh) each
     kv: KVCache | None = None  # decoding: the cache the new tokens are appended to ...
     step: Step | None = None  # ... and what this call appends
     rows: list | None = None  # maps of decoding: each layer appends (weights (B, H, Tk), key positions (B, Tk))
@@ -94,8 +94,8 @@ class Attention(nn.Module):
         v = h(at + "hook_v", self.v(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
         # 2. rotary positions turn q and k by each token's position (relative positions in q·k)
         if c.positions == "rotary":
-            q = h(at + "hook_rot_q", rotate(q, p.positions, p.inv_freq))
-            k = h(at + "hook_rot_k", rotate(k, p.positions, p.inv_freq))
+            q = h(at + "hook_rot_q", rotate(q, p.rope))
+            k = h(at + "hook_rot_k", rotate(k, p.rope))
         # 3. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh]
         read = None if p.kv is None else p.kv.update(self.layer, p.step, k, v, q.dtype)
         if read is None:
@@ -326,7 +326,7 @@ class Transformer(nn.Module):
         if c.position_offset:
             real = ids.ne(c.pad_token_id).long()  # (B, T)
             pos = real.cumsum(-1) * real + c.pad_token_id
-        return Pass(c, backend, c.causal, pos, lengths, key_mask, hooks, self.inv_freq)
+        return Pass(c, backend, c.causal, pos, lengths, key_mask, hooks, self._rope(pos))
 
     def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache, rows: Any) -> torch.Tensor:
         """Decoding: the real tokens of each row right-aligned (a stable sort puts padding first), one
@@ -344,10 +344,14 @@ class Transformer(nn.Module):
         if c.positions == "learned" and int(step.end.max()) > c.max_positions:
             raise ValueError(f"input_ids: the cache holds {int(kv.lengths.max())} tokens; {T} more pass the model's "
                              f"{c.max_positions} learned positions")
-        p = Pass(c, backend, True, step.positions.clamp(min=0), None, None, hooks, self.inv_freq, kv, step, rows)
+        pos = step.positions.clamp(min=0)  # (B, T)
+        p = Pass(c, backend, True, pos, None, None, hooks, self._rope(pos), kv, step, rows)
         x = self._body(ids, p)
         kv.commit(step)
         return x.scatter(1, order[..., None].expand_as(x), x)  # (B, T, d) in the rows' own order
+
+    def _rope(self, pos: torch.Tensor) -> Any:
+        return None if self.inv_freq is None else angles(pos, self.inv_freq, self.dtype)
 
     def _body(self, ids: torch.Tensor, p: Pass) -> torch.Tensor:
         h, (B, T) = p.hooks, ids.shape

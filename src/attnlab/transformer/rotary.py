@@ -38,13 +38,18 @@ def frequencies(c: TransformerConfig) -> torch.Tensor:
     return inv
 
 
-def rotate(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x (B, H, T, Dh) turned by positions ``pos`` (T,) or (B, T) at frequencies ``inv_freq`` (Dh/2,)."""
-    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
-    angles = pos[..., None].to(wide) * inv_freq.to(device=x.device, dtype=wide)  # (T, Dh/2) or (B, T, Dh/2)
-    angles = torch.cat((angles, angles), dim=-1)  # (.., T, Dh)
-    if angles.dim() == 3:
-        angles = angles[:, None]  # (B, 1, T, Dh): broadcast over heads
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+def angles(pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, Dh) or (B, 1, T, Dh) of positions ``pos`` (T,) or (B, T), in ``dtype``: once per forward."""
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    a = pos[..., None].to(wide) * inv_freq.to(device=pos.device, dtype=wide)  # (T, Dh/2) or (B, T, Dh/2)
+    a = torch.cat((a, a), dim=-1)  # (.., T, Dh)
+    if a.dim() == 3:
+        a = a[:, None]  # (B, 1, T, Dh): broadcast over heads
+    return a.cos().to(dtype), a.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x (B, H, T, Dh) turned by the angles of :func:`angles`."""
+    cos, sin = cos_sin
     x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, Dh/2) each
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
