@@ -39,9 +39,11 @@ from typing import Any
 import torch
 
 from attnlab.transformer.config import TransformerConfig
+from attnlab.transformer.weights import torch_dtype
 
 KINDS = ("dense", "window", "sink")
 SINK_DEFAULT = 4  # StreamingLLM's choice: four initial tokens carry the attention sink
+DENSE_START = 256  # slots a dense layer starts with when no capacity is given (a model may have 128k positions)
 
 # The single switch of the alignment rule. False: attnlab.attention aligns causal (and a window's band)
 # to the end of the buffer it is given (query i at Tk − Tq + i), so a read whose sequences end at
@@ -291,13 +293,16 @@ class KVCache:
 
     @classmethod
     def for_model(cls, config: TransformerConfig, batch: int, *, kind: str = "dense", window: int | None = None,
-                  sink: int | None = None, capacity: int | None = None, dtype: torch.dtype = torch.float32,
+                  sink: int | None = None, capacity: int | None = None, dtype: Any = torch.float32,
                   device: Any = "cpu") -> KVCache:
         """A cache for ``config``'s layers: each layer's kind from :func:`layer_kinds`; dense layers
-        start at ``capacity`` slots (default: the model's positions)."""
+        start at ``capacity`` slots (default 256; they double when a write needs more)."""
         kinds = layer_kinds(config, kind, window, sink)
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"capacity must be an int >= 1 (slots per dense layer) or None, got {capacity!r}")
+        dtype = torch_dtype(dtype)
         h, d = config.heads_kv, config.head_dim
-        start = capacity or config.max_positions
+        start = capacity or DENSE_START
         layers: list[LayerCache] = []
         for (what, w, s), layer in zip(kinds, range(config.num_layers)):
             if what == "dense":

@@ -24,6 +24,7 @@ import torch
 from attnlab.transformer.cache import KVCache, layer_kinds
 from attnlab.transformer.hooks import Hooks, build
 from attnlab.transformer.sampling import Sampling
+from attnlab.transformer.weights import torch_dtype
 
 
 @dataclass(frozen=True)
@@ -176,21 +177,12 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     stops = _stops(stop_ids, c.vocab_size)
     hooks = build(c, fwd_hooks or ())
     weights_dtype, device = model.dtype, model.device
-    kv_dtype = weights_dtype if cache_dtype is None else _dtype(cache_dtype)
+    kv_dtype = weights_dtype if cache_dtype is None else torch_dtype(cache_dtype, "cache_dtype")
     pad = c.pad_token_id if c.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
     B, longest = len(prompts), max(len(p) for p in prompts)
     kv = KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1, dtype=kv_dtype,
                            device=device)
     return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
-
-
-def _dtype(x: Any) -> torch.dtype:
-    names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if isinstance(x, torch.dtype) and x in names.values():
-        return x
-    if isinstance(x, str) and x in names:
-        return names[x]
-    raise ValueError(f"cache_dtype must be one of {', '.join(names)} (a name or torch dtype), got {x!r}")
 
 
 def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: torch.Tensor, pad: int, kv: KVCache,
