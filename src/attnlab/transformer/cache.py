@@ -26,7 +26,8 @@ positions the model has not seen (rotary models compute them; learned positions 
 of :meth:`Transformer.generate` are put back in position order through it.
 
 Entries are validated once, when appended (shape, dtype, finite, after the cast to the cache's
-dtype); the attention calls that read them then skip that scan (``kv_checked``). A cache may hold a
+dtype); the attention calls that read them then skip that scan (``kv_checked``, passed with the
+per-sequence rule: :data:`ALIGNED_BY_LENGTHS`). A cache may hold a
 narrower dtype than the weights (``cache_dtype``, e.g. bfloat16 under float32): it is read back in
 the query's dtype.
 """
