@@ -215,11 +215,33 @@ def test_stop_ids_on_token_and_text(decoder_folder):
     assert g.ids[0, : first + 1].tolist() == free.ids[0, : first + 1].tolist()
     assert int(g.lengths[0]) == first + 1 and (g.ids[0, first + 1:] == g.pad_id).all()
     assert (g.logits[0, first + 1:] == 0).all()
+    prompt0 = len(m.tokenizer("the bank of the river")["input_ids"])
+    assert int(g.kv_cache.lengths[0]) == prompt0 + first  # after its stop id a sequence writes nothing more
     assert [t for t, _ in seen] == list(range(g.ids.shape[1])) and all(len(ids) == 2 for _, ids in seen)
     assert isinstance(g.text, list) and g.text[0] == m.tokenizer.decode(free.ids[0, : first + 1], skip_special_tokens=True)
     assert g.sequences[0][-int(g.lengths[0]):] == g.ids[0, : first + 1].tolist()
     json.dumps(g.to_dict())
     assert torch.equal(m.generate("money", 5).ids, g.ids[1:, :5]) or int(g.lengths[1]) < 5
+
+
+def test_a_cache_passed_back_in_continues_the_sequence(decoder_folder):
+    """Generation.kv_cache holds every position fed; continuing from it equals generating from the whole text."""
+    import torch
+
+    m = _model(decoder_folder, "mistral")
+    first = m.generate([PROMPT], 10, cache="window")
+    more = [int(first.ids[0, -1]), 4, 9]  # the cache lacks only the last token chosen
+    second = m.generate([more], 12, cache="window", kv_cache=first.kv_cache, maps=True)
+    whole = m.generate([PROMPT + first.ids[0, :-1].tolist() + more], 12, cache="window", maps=True)
+    assert torch.equal(second.ids, whole.ids) and second.positions == whole.positions
+    assert float((second.logits - whole.logits).abs().max()) < 1e-12
+    assert max(float(np.abs(x - y).max()) for x, y in zip(second.attention[0], whole.attention[0])) < 1e-12
+    with pytest.raises(ValueError, match=r"kv_cache holds layers \[\('window', 6, None\)"):
+        m.generate([more], 2, kv_cache=first.kv_cache)  # cache="dense" asks for dense layers
+    with pytest.raises(ValueError, match="for a batch of 1"):
+        m.generate([more, more], 2, cache="window", kv_cache=first.kv_cache)
+    with pytest.raises(TypeError, match="kv_cache must be a KVCache"):
+        m.generate([more], 2, kv_cache=first.cache)
 
 
 def test_sampling_is_reproducible_with_a_seed(decoder_folder):

@@ -36,7 +36,9 @@ class Generation:
     temperature and filtering; zeros after a sequence stopped). sequences: per sequence, prompt +
     new ids. text: per sequence the new tokens decoded, when the model has a tokenizer.
     attention (``maps=True``): per sequence a list of ``lengths[b]`` arrays [L, H, P_b + t]; row t
-    is the query at ``positions[b][t]`` = P_b − 1 + t over positions 0..P_b − 1 + t.
+    is the query at ``positions[b][t]`` = P_b − 1 + t over positions 0..P_b − 1 + t (after a cache
+    passed back in, P_b counts what it held too). kv_cache: the cache, every position fed so far (the
+    prompt and each new token but the last; a sequence writes nothing after its stop id).
     """
 
     ids: torch.Tensor
@@ -49,6 +51,7 @@ class Generation:
     attention: list[list[np.ndarray]] | None = None
     positions: list[list[int]] | None = None
     cache: dict | None = None  # KVCache.to_dict() of the cache it ran with: kinds, dtype, bytes
+    kv_cache: Any = None  # that KVCache: every position fed (not the last new token), to pass back in
 
     def to_dict(self) -> dict:
         """JSON-ready: ids, lengths, sequences, text, positions and the cache; logits and attention by shape
@@ -109,10 +112,22 @@ def _real_run(row: torch.Tensor, mask: torch.Tensor, b: int) -> torch.Tensor:
     return row[where]
 
 
-def _check_limits(model: Any, prompts: list[list[int]], max_new_tokens: Any, kinds: list[tuple], cache: str) -> int:
+def _check_continued(model: Any, kv: Any, kinds: list[tuple], batch: int, cache: str) -> None:
+    """A cache passed back in: one of this model's, for this batch, of the kinds ``cache`` asks for."""
+    if not isinstance(kv, KVCache):
+        raise TypeError(f"kv_cache must be a KVCache (Generation.kv_cache or KVCache.for_model), got {type(kv).__name__}")
+    kv.check_fits(model.config, batch, device=model.device)
+    held = [(lc.kind, None if lc.kind == "dense" else lc.window, getattr(lc, "sink", None)) for lc in kv.layers]
+    if held != list(kinds):
+        raise ValueError(f"kv_cache holds layers {held} (kind, W, S); cache={cache!r} with these window=/sink= asks "
+                         f"for {list(kinds)}")
+
+
+def _check_limits(model: Any, prompts: list[list[int]], max_new_tokens: Any, kinds: list[tuple], cache: str,
+                  offset: int = 0) -> int:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    c, longest = model.config, max(len(p) for p in prompts)
+    c, longest = model.config, offset + max(len(p) for p in prompts)
     total = longest + max_new_tokens
     if total <= c.max_positions:
         return max_new_tokens
@@ -161,8 +176,12 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
              stop_ids: Sequence[int] | int = (), cache: str = "dense", window: int | None = None,
              sink: int | None = None, cache_dtype: Any = None, maps: bool = False,
              on_token: Callable[[int, torch.Tensor], Any] | None = None, backend: str | None = None,
-             fwd_hooks: Any = None) -> Generation:
-    """Generate up to ``max_new_tokens`` per prompt (see :class:`Generation`); every check before any work."""
+             fwd_hooks: Any = None, kv_cache: KVCache | None = None) -> Generation:
+    """Generate up to ``max_new_tokens`` per prompt (see :class:`Generation`); every check before any work.
+
+    ``kv_cache``: continue from a cache an earlier call returned (``Generation.kv_cache``); it holds
+    every position fed so far, so ``input_ids`` start with the last token that call chose.
+    """
     c = model.config
     if not c.causal:
         raise ValueError(f"generate needs a causal decoder; this model is a {c.family} encoder")
@@ -173,15 +192,18 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
         raise TypeError(f"cache must be 'dense', 'window' or 'sink', got {type(cache).__name__}")
     prompts = _prompts(model, input_ids, attention_mask)
     kinds = layer_kinds(c, cache, window, sink)
-    n = _check_limits(model, prompts, max_new_tokens, kinds, cache)
+    if kv_cache is not None:
+        _check_continued(model, kv_cache, kinds, len(prompts), cache)
+    offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
+    n = _check_limits(model, prompts, max_new_tokens, kinds, cache, offset)
     stops = _stops(stop_ids, c.vocab_size)
     hooks = build(c, fwd_hooks or ())
     weights_dtype, device = model.dtype, model.device
     kv_dtype = weights_dtype if cache_dtype is None else torch_dtype(cache_dtype, "cache_dtype")
     pad = c.pad_token_id if c.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
     B, longest = len(prompts), max(len(p) for p in prompts)
-    kv = KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1, dtype=kv_dtype,
-                           device=device)
+    kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
+                                       dtype=kv_dtype, device=device)
     return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
 
 
@@ -189,6 +211,7 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
           maps: bool, on_token: Any, backend: str | None, hooks: Hooks) -> Generation:
     """Prefill, then one token per sequence per step until ``n`` or every sequence has stopped."""
     B, device = len(prompts), kv.lengths.device
+    start = [int(x) + len(p) for x, p in zip(kv.lengths, prompts)]  # each prompt's end: its first new token's position
     gen = rule.generator(device)
     ids, real = _left_padded(prompts, pad, device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -203,7 +226,7 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
         if maps:
             for b in range(B):
                 if not done[b]:
-                    attention[b].append(_row(rows, b, len(prompts[b]) + t))
+                    attention[b].append(_row(rows, b, start[b] + t))
         lengths += (~done).long()
         chosen.append(nxt)
         done = done | torch.isin(nxt, stops)
@@ -211,12 +234,12 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
             on_token(t, nxt)
         if bool(done.all()):
             break
-        ids, real = nxt[:, None], None
+        ids, real = nxt[:, None], ((~done)[:, None] if bool(done.any()) else None)  # a stopped sequence writes no more
     new = torch.stack(chosen, dim=1)  # (B, N)
     seqs = [p + new[b, : int(lengths[b])].tolist() for b, p in enumerate(prompts)]
     text = None
     if model.tokenizer is not None:
         text = [model.tokenizer.decode(new[b, : int(lengths[b])].tolist(), skip_special_tokens=True) for b in range(B)]
-    positions = [[len(p) - 1 + t for t in range(int(lengths[b]))] for b, p in enumerate(prompts)] if maps else None
+    positions = [[start[b] - 1 + t for t in range(int(lengths[b]))] for b in range(B)] if maps else None
     return Generation(new, lengths.cpu(), torch.stack(logits_seen, dim=1), seqs, [len(p) for p in prompts], pad, text,
-                      attention if maps else None, positions, kv.to_dict())
+                      attention if maps else None, positions, kv.to_dict(), kv)
