@@ -69,6 +69,7 @@ class Step:
     start: torch.Tensor  # (B,) tokens in the cache before this call
     new: torch.Tensor  # (B,) real new tokens
     tq: int
+    decode: bool = False  # one new token in every sequence: written without a search, rings read as they lie
 
     @property
     def end(self) -> torch.Tensor:
@@ -85,11 +86,6 @@ class Step:
         """(B, Tq) bool: the column holds a new token."""
         cols = torch.arange(self.tq, device=self.start.device)
         return cols[None] >= (self.tq - self.new)[:, None]
-
-    @property
-    def decode(self) -> bool:
-        """One new token in every sequence: the ring kinds are read as they lie, without a gather."""
-        return self.tq == 1 and bool((self.new == 1).all())
 
 
 @dataclass(frozen=True)
@@ -164,6 +160,12 @@ class LayerCache:
 
     def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
         """Put the real new columns at their slots (those the kind retains once the last is written)."""
+        if step.decode:  # the newest position is always retained
+            b, pos = torch.arange(k.shape[0], device=k.device), step.start  # (B,), (B,)
+            slot = self.slots(pos)
+            self.k[b, :, slot], self.v[b, :, slot] = k[:, :, 0], v[:, :, 0]  # (B, H_kv, D)
+            self.slot_positions[b, slot] = pos
+            return
         pos = step.positions  # (B, Tq)
         keep = step.real & self.retains(pos, (step.end - 1)[:, None])
         b, col = keep.nonzero(as_tuple=True)  # (N,), (N,)
@@ -336,7 +338,7 @@ class KVCache:
         new = torch.as_tensor(new, dtype=torch.long, device=self.lengths.device)
         if new.shape != self.lengths.shape or bool((new < 0).any()) or bool((new > tq).any()):
             raise ValueError(f"new tokens per sequence must be {self.batch} ints in 0..{tq}, got {new.tolist()}")
-        return Step(self.lengths.clone(), new, tq)
+        return Step(self.lengths.clone(), new, tq, tq == 1 and bool((new == 1).all()))
 
     def update(self, layer: int, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype | None = None) -> Read:
         """Append layer ``layer``'s new keys and values [B, H_kv, Tq, D] (rotated) and say what its attention reads."""
