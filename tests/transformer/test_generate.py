@@ -137,11 +137,19 @@ def _keep_only(sink, window):
 @pytest.mark.parametrize("cache, window, sink", [("sink", 5, 2), ("window", 5, None), ("sink", 4, 4)])
 def test_sink_and_window_caches_equal_a_masked_recompute(decoder_folder, cache, window, sink):
     """Positions are the original sequence's: StreamingLLM's pattern computed in full, keys 0..S−1 and the last W."""
+    import torch
+
     m = _model(decoder_folder, "llama")
-    g = m.generate([PROMPT], 60, cache=cache, window=window, sink=sink)
+    g = m.generate([PROMPT], 60, cache=cache, window=window, sink=sink, maps=True)
     P = len(PROMPT)
     full = _full_logits(m, g.sequences[0], _keep_only(sink or 0, window))
     assert float((g.logits[0] - full[P - 1: P + 59]).abs().max()) < 1e-12
+    with torch.no_grad():  # each step's row, its slots put back at their positions, is the masked map's row
+        _, maps = m.run_with_cache(torch.tensor([g.sequences[0]]), names=lambda n: n.endswith("hook_pattern"),
+                                   fwd_hooks=_keep_only(sink or 0, window))
+    full_map = np.stack([maps[f"blocks.{layer}.attn.hook_pattern"][0].numpy() for layer in range(2)])
+    for t, row in enumerate(g.attention[0]):
+        np.testing.assert_allclose(row, full_map[:, :, P - 1 + t, : P + t], atol=1e-12, rtol=0)
     assert g.cache["nbytes"] == 2 * 2 * 2 * 8 * ((sink or 0) + window) * 8  # k and v · L · H_kv · D · slots · 8 bytes
 
 
