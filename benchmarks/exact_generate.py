@@ -31,7 +31,8 @@ def hf_config(family: str):
     shape = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=512)
     if family == "gpt2":
-        return transformers.GPT2Config(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4)
+        return transformers.GPT2Config(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4, bos_token_id=0,
+                                       eos_token_id=0)
     extra = {
         "llama": {},
         "llama3": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,

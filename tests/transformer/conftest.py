@@ -98,7 +98,8 @@ def default_transformer():
 # near-ties. Room for 256 decoded steps. No tokenizer except GPT-2's (its vocabulary: the tiny BPE's 300).
 WINDOW = 6
 DECODERS = {
-    "gpt2": lambda t: t.GPT2Config(vocab_size=300, n_positions=320, n_embd=32, n_layer=2, n_head=4),
+    "gpt2": lambda t: t.GPT2Config(vocab_size=300, n_positions=320, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+                                   eos_token_id=0),  # the tiny BPE's <|endoftext|>
     "llama": lambda t: t.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=320),
     "llama3": lambda t: t.LlamaConfig(  # Llama-3.1's rope scaling, its original length shorter than the tests
