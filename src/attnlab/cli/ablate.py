@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import MODEL_HELP, console, err, json_option, out_file, status, write_json
+from attnlab.cli.common import console, err, json_option, model_option, out_file, status, write_json
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:
@@ -15,6 +15,8 @@ def _pairs(text: str) -> list[tuple[int, int]]:
         layer, dot, head = item.partition(".")
         if not dot or not layer.isdigit() or not head.isdigit():
             raise ValueError(f"--heads takes layer.head pairs like 1.1,3.11 (1-based), got {item!r}")
+        if (int(layer), int(head)) in out:
+            raise ValueError(f"--heads names {item} twice; name each head once")
         out.append((int(layer), int(head)))
     return out
 
@@ -25,7 +27,7 @@ def ablate(
                               "Without it, every head is ranked by importance."),
     how: str = typer.Option("zero", "--how", help="zero: the heads' outputs are zeroed; mean: replaced by their "
                             "mean over the input."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    model: str = model_option(),
     backend: str = typer.Option("auto", "--backend", help="The attention backend of every layer."),
     top: int = typer.Option(10, "--top", min=1, help="How many heads the importance table lists."),
     probes: int = typer.Option(64, "--probes", min=0, help="Random directions estimating an encoder's gradient "
@@ -37,11 +39,14 @@ def ablate(
     """Heads as causes: run the model without some heads (the embedding's cosine for the default model, the
     loss change for a language model), or rank every head alone next to Michel et al.'s gradient importance."""
     from attnlab.interventions.ablation import ablate as run_ablation
-    from attnlab.interventions.ablation import head_importance
+    from attnlab.interventions.ablation import HOWS, head_importance
 
+    if how not in HOWS:  # before the status line and the model
+        raise ValueError(f"--how must be one of {', '.join(HOWS)}, got {how!r}")
     if heads:
+        picked = _pairs(heads)
         with status("ablating"):
-            found = run_ablation(sentences, _pairs(heads), model=model, how=how, backend=backend)
+            found = run_ablation(sentences, picked, model=model, how=how, backend=backend)
         if write_json(json_path, found.to_dict()):
             return
         named = ", ".join(f"layer {l}, head {h}" for l, h in found.heads)

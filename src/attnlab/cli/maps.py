@@ -7,7 +7,7 @@ import contextlib
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, out_file, progress, write_json
+from attnlab.cli.common import console, err, json_option, model_option, out_file, progress, revision_option, write_json
 from attnlab.lesson.fmt import pct
 
 LESSON_SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
@@ -36,8 +36,8 @@ def _head(layer: int | None, head: int | None, num_layers: int, num_heads: int) 
 
 def maps(
     sentences: list[str] = typer.Argument(..., help="Sentences (a tab inside one makes a sentence pair)."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    model: str = model_option(),
+    revision: str = revision_option(),
     layer: int = typer.Option(None, "--layer", help="Layer to show, 1-based (with --head)."),
     head: int = typer.Option(None, "--head", help="Head to show, 1-based (with --layer)."),
     words: bool = typer.Option(False, "--words", help="Add word pieces up into words (to: sum, from: mean)."),
@@ -113,8 +113,8 @@ def maps(
 
 def heads(
     sentences: list[str] = typer.Argument(None, help="Sentences to score (default: the lesson's two 'bank' sentences)."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    model: str = model_option(),
+    revision: str = revision_option(),
     corpus: str = typer.Option(None, "--corpus", help="A text file: one sentence, or a tab-separated pair, per line "
                                "(under torchrun the ranks share it out; rank 0 prints and writes)."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sentences per forward pass."),
@@ -174,8 +174,8 @@ def find_head(
     exclude_marks: bool = typer.Option(False, "--exclude-marks", help="Leave the marks out of the argmax."),
     occurrence: int = typer.Option(None, "--occurrence", min=1, help="Where the target occurs more than once in a "
                                    "sentence: which occurrence to search, 1-based (default: the first)."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    model: str = model_option(),
+    revision: str = revision_option(),
     json_path: str = json_option(),
 ) -> None:
     """The heads whose largest weight of the target falls on its decider in every sentence."""

@@ -117,6 +117,8 @@ def _heads(heads: Any, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ..
                 or not (1 <= h[0] <= n_layers and 1 <= h[1] <= n_heads)):
             raise ValueError(f"heads must be (layer, head) pairs, 1-based, layer 1..{n_layers}, head 1..{n_heads}; "
                              f"got {h!r}")
+        if (int(h[0]), int(h[1])) in out:
+            raise ValueError(f"heads names {tuple(h)!r} twice; name each head once")
         out.append((int(h[0]), int(h[1])))
     return tuple(out)
 
