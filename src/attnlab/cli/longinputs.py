@@ -69,7 +69,8 @@ def rollout(
     sentence: str = typer.Argument(..., help="One sentence (a tab makes a pair)."),
     model: str = model_option(),
     revision: str = revision_option(),
-    residual: float = typer.Option(0.5, "--residual", help="Weight of the residual (identity) mixed into each layer's head mean, in [0, 1)."),
+    residual: float = typer.Option(0.5, "--residual", help="Weight of the residual (identity) mixed into each "
+                                   "layer's head mean, in [0, 1)."),
     tokens: bool = typer.Option(False, "--tokens", help="Token level (default: words)."),
     with_flow: bool = typer.Option(False, "--flow", help="Also attention flow (max-flow; short inputs only)."),
     png: Path = typer.Option(None, "--png", help="Write the last layer's rollout (and flow) as a PNG here.",
