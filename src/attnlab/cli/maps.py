@@ -54,61 +54,80 @@ def maps(
                                       "sentence, in order."),
 ) -> None:
     """Capture every head's attention map; show one head's map, or where each head looks most."""
-    from attnlab.analysis.overview import maps_record, where_heads_look
+    from attnlab.analysis.overview import maps_record
     from attnlab.hf.capture import capture
     from attnlab.hf.loading import load_model
 
+    _check_compare(sentences, target, decider, html)
+    lm = load_model(model, revision)
+    found = capture(_as_items(sentences), lm, qk=bool(html))  # the page's Neuron view needs q and k
+    pick = _head(layer, head, found.num_layers, found.num_heads)
+    if png and pick is None:
+        raise ValueError("--png draws one head; give --layer and --head (1-based)")
+    view = found.to_words() if words else found
+    _write_maps(found, view, pick, save=save, html=html, png=png, target=target, deciders=decider or None)
+    if write_json(json_path, maps_record(found, pick, view if words else None)):
+        return
+    console.print(f"{found.model_id} ({found.revision}): {found.num_layers} layers × {found.num_heads} heads")
+    for i in range(len(view.weights)):
+        console.print(_maps_table(found, view, i, pick))
+
+
+def _check_compare(sentences: list[str], target: str | None, decider: list[str] | None, html: str | None) -> None:
+    """--target and --decider set up the page's Compare tab: with --html, together, one decider per sentence."""
     if (target or decider) and not html:
         raise ValueError("--target and --decider set up the page's Compare tab; give them with --html FILE")
     if bool(target) != bool(decider):
         raise ValueError("--target and --decider go together: the ambiguous word and one deciding word per sentence")
     if decider and len(decider) != len(sentences):
         raise ValueError(f"--decider was given {len(decider)} times for {len(sentences)} sentences; give one per sentence")
-    lm = load_model(model, revision)
-    neuron = bool(html)  # the page's Neuron view needs q and k
-    found = capture(_as_items(sentences), lm, qk=neuron)
-    pick = _head(layer, head, found.num_layers, found.num_heads)
-    if png and pick is None:
-        raise ValueError("--png draws one head; give --layer and --head (1-based)")
+
+
+def _labels(found, view) -> list[list[str]]:  # noqa: ANN001 (AttentionMaps, and it or its WordMaps)
+    return view.words if view is not found else found.tokens
+
+
+def _write_maps(found, view, pick, *, save, html, png, target, deciders) -> None:  # noqa: ANN001
+    """The files asked for: every map (--save), the page (--html), one head's heat map (--png)."""
     if save:
         err.print(f"wrote {found.save(save)}", highlight=False)
-    view = found.to_words() if words else found
-    labels = view.words if words else found.tokens
     if html:
         from attnlab.lesson.scene import scene
         from attnlab.viz.page import write_maps_html
 
-        page = write_maps_html(view, html, scene=scene(), neuron=found if neuron else None, target=target,
-                               deciders=decider or None)
+        page = write_maps_html(view, html, scene=scene(), neuron=found, target=target, deciders=deciders)
         err.print(f"wrote {page}", highlight=False)
     if png:
         from attnlab.viz.heatmap import plot_maps
 
-        plot_maps([view.weights[i][pick] for i in range(len(found))], labels,
+        plot_maps([view.weights[i][pick] for i in range(len(found))], _labels(found, view),
                   title=f"{found.model_id}: layer {pick[0] + 1}, head {pick[1] + 1}").savefig(png, dpi=150)
         err.print(f"wrote {png}", highlight=False)
-    if write_json(json_path, maps_record(found, pick, view if words else None)):
-        return
-    console.print(f"{found.model_id} ({found.revision}): {found.num_layers} layers × {found.num_heads} heads")
-    for i, w in enumerate(view.weights):
-        if pick is not None:
-            table = Table(title=f"sentence {i + 1}, layer {pick[0] + 1}, head {pick[1] + 1}: "
-                                f"% of each row's attention per column")
-            table.add_column("", no_wrap=True)
-            for lab in labels[i]:
-                table.add_column(lab, justify="right", no_wrap=True)
-            for r, lab in enumerate(labels[i]):
-                table.add_row(lab, *(str(round(100 * x)) for x in w[pick][r]))
-        else:
-            table = Table(title=f"sentence {i + 1}: where each head looks most (mean row, %)")
-            table.add_column("", no_wrap=True)
-            for l in range(found.num_layers):
-                table.add_column(f"layer {l + 1}", no_wrap=True)
-            top, share = where_heads_look(w)
-            for h in range(found.num_heads):
-                table.add_row(f"head {h + 1}", *(f"{labels[i][top[l, h]]} {round(100 * share[l, h])}"
-                                                 for l in range(found.num_layers)))
-        console.print(table)
+
+
+def _maps_table(found, view, i: int, pick: tuple[int, int] | None) -> Table:  # noqa: ANN001
+    """Sentence i: the chosen head's map in %, or where each head looks most."""
+    from attnlab.analysis.overview import where_heads_look
+
+    labels, w = _labels(found, view)[i], view.weights[i]
+    if pick is not None:
+        table = Table(title=f"sentence {i + 1}, layer {pick[0] + 1}, head {pick[1] + 1}: "
+                            f"% of each row's attention per column")
+        table.add_column("", no_wrap=True)
+        for lab in labels:
+            table.add_column(lab, justify="right", no_wrap=True)
+        for r, lab in enumerate(labels):
+            table.add_row(lab, *(str(round(100 * x)) for x in w[pick][r]))
+        return table
+    table = Table(title=f"sentence {i + 1}: where each head looks most (mean row, %)")
+    table.add_column("", no_wrap=True)
+    for l in range(found.num_layers):
+        table.add_column(f"layer {l + 1}", no_wrap=True)
+    top, share = where_heads_look(w)
+    for h in range(found.num_heads):
+        table.add_row(f"head {h + 1}", *(f"{labels[top[l, h]]} {round(100 * share[l, h])}"
+                                         for l in range(found.num_layers)))
+    return table
 
 
 def heads(

@@ -53,39 +53,31 @@ def _heatmap(words: Any, sentence: int, layer: int, head: int, title: str) -> di
     }
 
 
-def maps_section(maps: Any) -> Section:
-    from attnlab.analysis.roles import head_roles
-    from attnlab.analysis.search import find_heads
-
-    words = maps.to_words()
-    res = find_heads(words, target=TARGET, deciders=list(DECIDERS))
-    roles = head_roles(words)
-    info = model_info(maps)
-    total = res.total_heads
-    seed = SEED_MAPS
-
-    heatmaps = []
+def _heatmaps(words: Any, res: Any, tops: dict) -> list[dict]:
+    """The figures: the "bank" head (the best qualifying, or the closest) in both sentences, and the
+    top head of each role in the first."""
     if res.best is not None:
         layer, head = res.best
         label = "the best qualifying head"
     else:
         layer, head = res.closest[0].layer, res.closest[0].head
         label = "the closest head (none qualifies)"
-    for s in range(len(SENTENCES)):
-        heatmaps.append(_heatmap(words, s, layer, head, f'"{TARGET}" head, {label}: layer {layer + 1}, head {head + 1}'))
-    tops = {role: roles.top(role) for role, _ in ROLE_HEADS}
-    role_rows = []
+    heatmaps = [_heatmap(words, s, layer, head, f'"{TARGET}" head, {label}: layer {layer + 1}, head {head + 1}')
+                for s in range(len(SENTENCES))]
     for role, what in ROLE_HEADS:
         top = tops[role]  # layer and head 1-based, index 0-based
-        role_rows.append([what, f"layer {top.layer}, head {top.head}", pct(top.score)])
         heatmaps.append(_heatmap(words, 0, *top.index, f"{what}: layer {top.layer}, head {top.head}, average {pct(top.score)}"))
+    return heatmaps
 
+
+def _maps_findings(res: Any, info: dict, role_rows: list[list[str]]) -> tuple[str, ...]:
+    total, seed = res.total_heads, SEED_MAPS
     if res.qualifying:
         verdict = f"{len(res.qualifying)} of {total} heads qualify; " + res.summary().split("; ", 1)[1] + "."
     else:
         verdict = (f'No head of {total} qualifies: in none does the largest weight of "{TARGET}" fall on '
                    f'"{DECIDERS[0]}" in the first sentence and on "{DECIDERS[1]}" in the second.')
-    findings = (
+    return (
         f"{info['model_id']} ({info['num_layers']} layers × {info['num_heads']} heads), word level, pieces added up. "
         + verdict,
         f'The largest weight of "{TARGET}" falls on a mark ([CLS], [SEP] or the period) in both sentences in '
@@ -97,16 +89,24 @@ def maps_section(maps: Any) -> Section:
         f"{seed['best']['weights_pct'][1]} %), and the largest weight of \"{TARGET}\" falls on a mark in "
         f"{seed['mark_heads']} of {seed['total_heads']}.",
     )
-    closest_rows = [
+
+
+def _head_rows(res: Any) -> list[list[str]]:
+    """The qualifying heads, or where none qualifies the closest, with their weights on the deciders."""
+    if res.best is not None:
+        return [[f"layer {lh[0] + 1}, head {lh[1] + 1}", f"{len(SENTENCES)} of {len(SENTENCES)}"]
+                + [pct(w) for w in res.decider_weights[lh]] for lh in res.qualifying]
+    return [
         [f"layer {c.layer + 1}, head {c.head + 1}", f"{c.sentences_won} of {len(SENTENCES)}"]
         + [pct(w) + ("" if win.casefold() == d.casefold() else f" ({win} {pct(ww)})")
            for d, w, win, ww in zip(DECIDERS, c.weights, c.winners, c.winner_weights)]
         for c in res.closest
     ]
-    if res.best is not None:
-        closest_rows = [[f"layer {lh[0] + 1}, head {lh[1] + 1}", f"{len(SENTENCES)} of {len(SENTENCES)}"]
-                        + [pct(w) for w in res.decider_weights[lh]] for lh in res.qualifying]
-    tables = (
+
+
+def _maps_tables(res: Any, info: dict, role_rows: list[list[str]]) -> tuple:
+    total, seed = res.total_heads, SEED_MAPS
+    return (
         table(
             f'The "{TARGET}" head search (largest weight of "{TARGET}" on the decider in both sentences; '
             "on a mark: heads where it falls on [CLS], [SEP] or the period in both): ours beside the lesson's model's",
@@ -123,10 +123,23 @@ def maps_section(maps: Any) -> Section:
         table(
             "Qualifying heads" if res.best is not None else "Closest heads (weight on the decider; the winner when it is not)",
             ["head", "sentences won", f"on {DECIDERS[0]}", f"on {DECIDERS[1]}"],
-            closest_rows,
+            _head_rows(res),
         ),
         table("Heads by role (average weight, every word of both sentences)", ["role", "top head", "average weight"], role_rows),
     )
+
+
+def maps_section(maps: Any) -> Section:
+    from attnlab.analysis.roles import head_roles
+    from attnlab.analysis.search import find_heads
+
+    words = maps.to_words()
+    res = find_heads(words, target=TARGET, deciders=list(DECIDERS))
+    roles = head_roles(words)
+    info = model_info(maps)
+    tops = {role: roles.top(role) for role, _ in ROLE_HEADS}
+    role_rows = [[what, f"layer {tops[role].layer}, head {tops[role].head}", pct(tops[role].score)]
+                 for role, what in ROLE_HEADS]  # layer and head 1-based, index 0-based
     data = {
         "model": info,
         "sentences": list(SENTENCES),
@@ -135,6 +148,7 @@ def maps_section(maps: Any) -> Section:
         "words": [list(w) for w in words.words],
         "search": res.to_dict(),
         "roles": {role: {"layer": t.layer, "head": t.head, "score": t.score} for role, t in tops.items()},
-        "heatmaps": heatmaps,
+        "heatmaps": _heatmaps(words, res, tops),
     }
-    return Section("maps", 5, "The real maps", findings, tables, data, SEED_MAPS)
+    return Section("maps", 5, "The real maps", _maps_findings(res, info, role_rows), _maps_tables(res, info, role_rows),
+                   data, SEED_MAPS)
