@@ -47,21 +47,8 @@ def ablate(
         picked = _pairs(heads)
         with status("ablating"):
             found = run_ablation(sentences, picked, model=model, how=how, backend=backend)
-        if write_json(json_path, found.to_dict()):
-            return
-        named = ", ".join(f"layer {l}, head {h}" for l, h in found.heads)
-        table = Table(title=f"{found.model_id}: {named} out ({how})")
-        table.add_column("sentence")
-        if found.metric == "cosine":
-            table.add_column("cosine with / without", justify="right")
-            for s, c in zip(found.sentences, found.cosine):
-                table.add_row(s, f"{c:.5f}")
-        else:
-            for col in ("loss (nats)", "without the heads", "change"):
-                table.add_column(col, justify="right")
-            for s, a, b in zip(found.sentences, found.loss, found.ablated_loss):
-                table.add_row(s, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
-        console.print(table)
+        if not write_json(json_path, found.to_dict()):
+            console.print(_ablation_table(found, how))
         return
     with status("ablating every head, then the gradients"):
         imp = head_importance(sentences, model=model, how=how, backend=backend, probes=probes or None)
@@ -81,4 +68,24 @@ def ablate(
     for l, h, score in imp.top(top):
         table.add_row(f"layer {l}, head {h}", f"{score:.4g}", f"{imp.gradient[l - 1, h - 1]:.4g}", str(order[(l, h)]))
     console.print(table)
-    console.print(f"rank correlation of the two scores over all heads (Spearman): {imp.spearman:.2f}", highlight=False)
+    how_found = ("the exact gradient" if imp.metric != "cosine" or not probes else
+                 f"gradient scores estimated from {probes} seeded random directions; --probes 0: exact")
+    console.print(f"rank correlation of the two scores over all heads (Spearman): {imp.spearman:.2f} ({how_found})",
+                  highlight=False)
+
+
+def _ablation_table(found, how: str) -> Table:  # noqa: ANN001 (an Ablation)
+    """Each sentence's cosine with and without the heads, or its loss and the change."""
+    named = ", ".join(f"layer {l}, head {h}" for l, h in found.heads)
+    table = Table(title=f"{found.model_id}: {named} out ({how})")
+    table.add_column("sentence")
+    if found.metric == "cosine":
+        table.add_column("cosine with / without", justify="right")
+        for s, c in zip(found.sentences, found.cosine):
+            table.add_row(s, f"{c:.5f}")
+    else:
+        for col in ("loss (nats)", "without the heads", "change"):
+            table.add_column(col, justify="right")
+        for s, a, b in zip(found.sentences, found.loss, found.ablated_loss):
+            table.add_row(s, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
+    return table

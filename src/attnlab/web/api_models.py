@@ -21,7 +21,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
     """Every request and answer model of the API, for sentences of at most ``max_chars``
     characters, at most ``max_sentences`` at a time."""
     return SimpleNamespace(**_requests(max_sentences, max_chars, default_overview), **_map_answers(),
-                           **_head_answers())
+                           **_head_answers(), **_scene_answers())
 
 
 def _models(names: dict[str, Any]) -> dict[str, type]:
@@ -156,7 +156,7 @@ def _map_answers() -> dict[str, type]:
 
 
 def _head_answers() -> dict[str, type]:
-    """What /api/head, /api/neuron, /api/rollout, /api/find-head and /api/scene answer."""
+    """What /api/head, /api/neuron, /api/rollout and /api/find-head answer."""
     from pydantic import BaseModel, Field
 
     class HeadOut(BaseModel):
@@ -219,6 +219,13 @@ def _head_answers() -> dict[str, type]:
         shown: ShownOut | None
         note: str | None = Field(None, description="which occurrence was searched, where the target occurs more "
                                  "than once and none was asked for")
+
+    return _models(locals())
+
+
+def _scene_answers() -> dict[str, type]:
+    """What /api/scene answers: the lesson's scene, unscaled and scaled."""
+    from pydantic import BaseModel
 
     class SceneRun(BaseModel):
         scaled: bool
