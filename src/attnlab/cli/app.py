@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("aborted")
         return 130
+    except BrokenPipeError:  # `attnlab … --json - | head`: the reader left; nothing to tell it
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the interpreter's flush at exit)
+        return 1
     except Exception as e:  # noqa: BLE001 (each kind is told apart below)
         if os.environ.get("ATTNLAB_DEBUG"):
             raise
