@@ -60,14 +60,7 @@ def ablate(
         err.print(f"wrote {png}", highlight=False)
     if write_json(json_path, imp.to_dict()):
         return
-    effect = "1 − cosine" if imp.metric == "cosine" else "loss change"
-    table = Table(title=f"{imp.model_id}: the {top} heads whose removal alone matters most ({how})")
-    for col in ("head", f"{effect}, alone", "gradient score", "gradient rank"):
-        table.add_column(col, justify="right")
-    order = {(l, h): r for r, (l, h, _) in enumerate(imp.top(imp.ablation.size, by="gradient"), 1)}
-    for l, h, score in imp.top(top):
-        table.add_row(f"layer {l}, head {h}", f"{score:.4g}", f"{imp.gradient[l - 1, h - 1]:.4g}", str(order[(l, h)]))
-    console.print(table)
+    console.print(_importance_table(imp, top, how))
     how_found = ("the exact gradient" if imp.metric != "cosine" or not probes else
                  f"gradient scores estimated from {probes} seeded random directions; --probes 0: exact")
     console.print(f"rank correlation of the two scores over all heads (Spearman): {imp.spearman:.2f} ({how_found})",
@@ -88,4 +81,16 @@ def _ablation_table(found, how: str) -> Table:  # noqa: ANN001 (an Ablation)
             table.add_column(col, justify="right")
         for s, a, b in zip(found.sentences, found.loss, found.ablated_loss):
             table.add_row(s, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
+    return table
+
+
+def _importance_table(imp, top: int, how: str) -> Table:  # noqa: ANN001 (an Importance)
+    """The ``top`` heads whose removal alone matters most, with their gradient score and rank."""
+    effect = "1 − cosine" if imp.metric == "cosine" else "loss change"
+    table = Table(title=f"{imp.model_id}: the {top} heads whose removal alone matters most ({how})")
+    for col in ("head", f"{effect}, alone", "gradient score", "gradient rank"):
+        table.add_column(col, justify="right")
+    order = {(l, h): r for r, (l, h, _) in enumerate(imp.top(imp.ablation.size, by="gradient"), 1)}
+    for l, h, score in imp.top(top):
+        table.add_row(f"layer {l}, head {h}", f"{score:.4g}", f"{imp.gradient[l - 1, h - 1]:.4g}", str(order[(l, h)]))
     return table

@@ -147,7 +147,7 @@ def heads(
 ) -> None:
     """Heads by role: each head's average attention to [CLS], [SEP], punctuation, self, previous, next word, and entropy."""
     from attnlab.interventions.corpus import corpus_roles, read_corpus
-    from attnlab.analysis.roles import ROLES, check_average
+    from attnlab.analysis.roles import check_average
     from attnlab.distributed import rank_and_world
 
     check_average(average)
@@ -169,6 +169,13 @@ def heads(
         return
     if write_json(json_path, roles.to_dict()):
         return
+    console.print(_roles_table(roles, average))
+
+
+def _roles_table(roles, average: str) -> Table:  # noqa: ANN001 (a HeadRoles)
+    """Each role: what it attends to, its top head and score, and how many heads pass its threshold."""
+    from attnlab.analysis.roles import ROLES
+
     table = Table(title=f"{roles.model_id}: head roles over {roles.num_sentences} sentences, {average} average "
                         f"(layer, head 1-based)")
     for col in ("role", "attention to", "top head", "score", "heads ≥ threshold"):
@@ -182,7 +189,7 @@ def heads(
         shown = pct(top.score) if unit is None else f"{top.score:.2f}{unit}"
         over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{unit or ''})"
         table.add_row(name, role.description, f"layer {top.layer}, head {top.head}", shown, over)
-    console.print(table)
+    return table
 
 
 def find_head(
