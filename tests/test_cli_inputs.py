@@ -211,6 +211,7 @@ def test_python_names_become_the_flags_they_came_from():
     assert in_flags("texts[0] has 9 tokens (pass max_tokens to cut it)", flags) == "texts[0] has 9 tokens (pass --max-tokens to cut it)"
     assert in_flags("sizes must be ints", flags) == "--sizes must be ints"
     assert in_flags("this model has heads 1 to 12", flags) == "this model has heads 1 to 12"  # English, not a flag
+    assert in_flags("heads folder 'x' does not exist", flags) == "heads folder 'x' does not exist"
     assert in_flags("--max-tokens and max_tokens_x", flags) == "--max-tokens and max_tokens_x"
 
 

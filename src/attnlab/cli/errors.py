@@ -64,15 +64,15 @@ def click_error(exc: BaseException, name: str) -> bool:
 
 def in_flags(message: str, flags: dict[str, str]) -> str:
     """``message`` with the command's Python argument names written as the flags they come from:
-    every ``snake_case`` name (``deadline_ms`` → ``--deadline-ms``), and a one-word name where it
-    opens the message ("sizes must be …" → "--sizes must be …"), since a one-word name elsewhere is
-    usually an English word ("this model has heads 1 to 12")."""
+    every ``snake_case`` name (``deadline_ms`` → ``--deadline-ms``), and a one-word name where it is
+    the subject that opens the message ("sizes must be …" → "--sizes must be …"), since a one-word
+    name elsewhere is usually an English word ("this model has heads 1 to 12", "model folder …")."""
     for name, flag in flags.items():
         if "_" in name:
             message = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", flag, message)
-    first = re.match(r"[a-z]\w*", message)
-    if first and first.group() in flags:
-        message = flags[first.group()] + message[first.end():]
+    first = re.match(r"([a-z]\w*)(?= (?:must|is|takes|has|was|needs|cannot) )", message)
+    if first and first.group(1) in flags:
+        message = flags[first.group(1)] + message[first.end():]
     return message
 
 
