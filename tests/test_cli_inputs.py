@@ -286,3 +286,10 @@ def test_stats_over_the_models_length_says_so_in_flags_without_transformers_warn
     assert main(["stats", str(f), "--max-tokens", "99999999999999999999"]) == 2
     assert capfd.readouterr().err.strip().splitlines()[-1] == (
         "error: --max-tokens is 99999999999999999999; 'sentence-transformers/all-MiniLM-L6-v2' takes at most 512 tokens")
+
+
+def test_no_command_prints_the_help_and_help_is_not_an_error(capsys):
+    assert main([]) == 2
+    assert "Usage: attnlab" in capsys.readouterr().out
+    assert main(["--help"]) == 0 and main(["maps", "--help"]) == 0
+    assert "--model" in capsys.readouterr().out

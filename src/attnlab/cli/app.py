@@ -18,7 +18,8 @@ from rich.markup import escape
 
 from attnlab.cli import ablate, lesson, longinputs, maps, measure, serve
 from attnlab.cli.common import console, err
-from attnlab.cli.errors import INTERNAL, REPORT, USAGE, click_error, command_flags, in_flags, is_input_error, non_utf8_argument
+from attnlab.cli.errors import (INTERNAL, REPORT, USAGE, click_error, command_flags, in_flags, is_input_error,
+                                non_utf8_argument)
 
 app = typer.Typer(
     name="attnlab",
@@ -62,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 (each kind is told apart below)
         if os.environ.get("ATTNLAB_DEBUG"):
             raise
-        if click_error(e, "NoArgsIsHelpError"):  # `attnlab` alone: the help, as with --help
+        if click_error(e, "NoArgsIsHelpError"):  # `attnlab` alone: the help, and 2, as no command is a usage error
             console.print(e.format_message(), highlight=False, markup=False)
-            return 0
+            return USAGE
         if click_error(e, "UsageError"):  # the parser's, in click's words, which name the flag
             return _say(f"error: {e.format_message()}", USAGE)
         if click_error(e, "Abort"):
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         if is_input_error(e):
             return _say(f"error: {in_flags(str(e), command_flags(group, argv))}", USAGE)
-        return _say(f"internal error: {type(e).__name__}: {e} ({REPORT}; ATTNLAB_DEBUG=1 shows the traceback)", INTERNAL)
+        return _say(f"internal error: {type(e).__name__}: {e} ({REPORT}; ATTNLAB_DEBUG=1 shows the traceback)",
+                    INTERNAL)
 
 
 def _say(line: str, status: int) -> int:
