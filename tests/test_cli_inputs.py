@@ -163,3 +163,133 @@ def test_maps_html_gets_the_compare_search(default_model, tmp_path, capsys):
                  "--decider", "money"]) == 2
     _one_error(capsys, "word 'rivers' is not in sentence 1")
     assert not (tmp_path / "y.html").exists()
+
+
+# issue 20: messages in the user's words, and errors that tell the truth
+
+def _flagged(capsys, args, text, status=2):
+    assert main(args) == status
+    return _one_error(capsys, text)
+
+
+@pytest.mark.parametrize("args, text", [
+    (["cost", "--deadline-ms", "x"], "error: Invalid value for '--deadline-ms'"),  # the parser's, not a boxed panel
+    (["cost", "--deadline-ms", "0"], "error: --deadline-ms must be a positive number, got 0.0"),
+    (["cost", "--memory-mb", "-1"], "error: --memory-mb must be a positive number"),
+    (["lesson", "--deadline-ms", "0"], "error: --deadline-ms must be a positive number"),
+    (["bench", "--sizes", "0"], "error: --sizes takes comma-separated integers >= 1, got '0'"),
+    (["bench", "--heads", "2,x"], "error: --heads takes comma-separated integers >= 1, got '2,x'"),
+    (["bench", "--repeats", "0"], "'--repeats'"),
+    (["bench", "--d", "0"], "'--d'"),
+    (["bench", "--memory-mb", "0"], "error: --memory-mb must be > 0, got 0.0"),
+    (["bench", "--max-seconds", "0"], "error: --max-seconds must be > 0"),
+    (["ablate", RIVER, "--how", "half"], "error: --how must be one of zero, mean, got 'half'"),
+    (["ablate", RIVER, "--heads", "1.1,2.3,1.1"], "error: --heads names 1.1 twice; name each head once"),
+    (["rollout", RIVER, "--residual", "1"], "error: --residual must be a number in [0, 1), got 1.0"),
+    (["lesson", "--out", ""], "error: --out is empty"),
+    (["maps", RIVER, "--model", ""], "error: --model is empty"),
+    (["heads", "--revision", " "], "error: --revision is empty"),
+    (["maps", RIVER, "--json", ""], "error: --json is empty"),
+    (["maps", "I sat on the \udcffbank."], r"error: argument 2 ('I sat on the \xffbank.') is not UTF-8 text"),
+    (["nosuch"], "error: No such command 'nosuch'."),
+])
+def test_errors_name_the_flag_the_user_typed_before_any_work(capsys, no_model, monkeypatch, args, text):
+    monkeypatch.setattr("attnlab.interventions.ablation._load", lambda *a: pytest.fail("loaded the model"))
+    _flagged(capsys, args, text)
+
+
+def test_stats_on_an_empty_file_fails_before_the_model_loads(tmp_path, capsys, no_model):
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    _flagged(capsys, ["stats", str(tmp_path / "empty.txt")], "is empty (or only white space)")
+    _flagged(capsys, ["stats", str(tmp_path / "empty.txt"), "--lines"], "is empty (or only white space)")
+
+
+def test_python_names_become_the_flags_they_came_from():
+    from attnlab.cli.errors import in_flags
+
+    flags = {"max_tokens": "--max-tokens", "sizes": "--sizes", "heads": "--heads", "d": "--d"}
+    assert in_flags("texts[0] has 9 tokens (pass max_tokens to cut it)", flags) == "texts[0] has 9 tokens (pass --max-tokens to cut it)"
+    assert in_flags("sizes must be ints", flags) == "--sizes must be ints"
+    assert in_flags("this model has heads 1 to 12", flags) == "this model has heads 1 to 12"  # English, not a flag
+    assert in_flags("heads folder 'x' does not exist", flags) == "heads folder 'x' does not exist"
+    assert in_flags("--max-tokens and max_tokens_x", flags) == "--max-tokens and max_tokens_x"
+
+
+def _scene_raises(monkeypatch, exc):
+    def boom():
+        if callable(exc):
+            exc()
+        raise exc
+
+    monkeypatch.setattr("attnlab.lesson.scene.scene", boom)
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("a worker died"),  # was shown as the user's error
+    lambda: __import__("numpy").zeros(-1),  # a ValueError raised inside NumPy: not raised on purpose
+    lambda: {}["layer"],  # a KeyError from a lookup in attnlab's code
+    lambda: len(5),  # a TypeError from a builtin
+])
+def test_a_failure_of_attnlab_is_an_internal_error_not_the_users(capsys, monkeypatch, exc):
+    _scene_raises(monkeypatch, exc)
+    assert main(["scene"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("internal error: ") and "Traceback" not in err, err
+    assert "please report it" in err and "ATTNLAB_DEBUG=1" in err
+
+
+def test_attnlabs_own_input_errors_stay_the_users(capsys, monkeypatch):
+    import numpy as np
+
+    import attnlab
+
+    _scene_raises(monkeypatch, lambda: attnlab.attention(np.ones((2, 3)), np.ones((2, 4)), np.ones((2, 4))))
+    assert main(["scene"]) == 2  # a check of attnlab's, raised on purpose: the user's to fix
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_attnlab_debug_shows_the_traceback(monkeypatch):
+    _scene_raises(monkeypatch, RuntimeError("a worker died"))
+    monkeypatch.setenv("ATTNLAB_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="a worker died"):
+        main(["scene"])
+
+
+def test_help_texts_stand_alone(capsys):
+    """No help text refers to a document the user does not have ("the seeds", "seed 000"); a seed is
+    a random generator's, and rng(0) is written out as NumPy's default_rng(0)."""
+    from attnlab.cli.app import COMMANDS
+
+    for name in COMMANDS:
+        assert main([name, "--help"]) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        for ref in ("the seeds", "seed's", "seed 00", "seed document", "../"):
+            assert ref not in text, (name, ref)
+        assert "rng(0)" not in text.replace("default_rng(0)", ""), name
+
+
+def test_the_benchmark_notes_stand_alone():
+    from attnlab.bench import methods
+
+    assert "seed" not in methods.__doc__ and "seed" not in methods.naive_attention.__doc__
+
+
+def test_stats_over_the_models_length_says_so_in_flags_without_transformers_warning(default_model, tmp_path, capfd):
+    default_model.tokenizer.deprecation_warnings.pop("sequence-length-is-longer-than-the-specified-maximum", None)
+    f = tmp_path / "long.txt"
+    f.write_text("word " * 600)
+    assert main(["stats", str(f)]) == 2
+    err = capfd.readouterr().err
+    assert "Token indices" not in err and "indexing errors" not in err, err
+    assert err.strip().splitlines()[-1] == ("error: texts[0] has 602 tokens; 'sentence-transformers/all-MiniLM-L6-v2' "
+                                            "takes at most 512 (pass --max-tokens to cut it)")
+    assert main(["stats", str(f), "--max-tokens", "99999999999999999999"]) == 2
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        "error: --max-tokens is 99999999999999999999; 'sentence-transformers/all-MiniLM-L6-v2' takes at most 512 tokens")
+
+
+def test_no_command_prints_the_help_and_help_is_not_an_error(capsys):
+    assert main([]) == 2
+    assert "Usage: attnlab" in capsys.readouterr().out
+    assert main(["--help"]) == 0 and main(["maps", "--help"]) == 0
+    assert "--model" in capsys.readouterr().out

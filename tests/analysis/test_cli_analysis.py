@@ -37,7 +37,10 @@ def test_rollout_command(tiny_llama, tmp_path, capsys):
     assert main(["rollout", "The river runs past the bank.", "--model", str(tiny_llama), "--flow", "--png", str(png),
                  "--json", "-"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["level"] == "word" and len(out["rollout"]) == 2 and len(out["flow"]) == len(out["labels"])
+    rolled, flowed = out["rollout"], out["flow"]
+    assert (rolled["method"], rolled["level"], rolled["residual"], flowed["method"], flowed["layer"]) == (
+        "rollout", "word", 0.5, "flow", 1)
+    assert len(rolled["weights"][0]) == 2 and len(flowed["weights"][0]) == len(flowed["labels"][0]) == len(rolled["labels"][0])
     assert png.stat().st_size > 1000
     assert main(["rollout", "The river.", "--model", str(tiny_llama), "--tokens"]) == 0
     assert "rollout through all 2 layers" in capsys.readouterr().out

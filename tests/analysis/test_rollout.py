@@ -38,10 +38,13 @@ def test_word_level_rollout(make_maps):
     np.testing.assert_allclose(got[1], mixed_layers(words.weights[0])[1] @ mixed_layers(words.weights[0])[0])
 
 
-def test_residual_one_is_the_identity_and_zero_is_pure_attention():
+def test_residual_zero_is_pure_attention_and_one_is_refused():
+    """One range, [0, 1), in the library, the CLI and the server: at 1 the maps would not count at all."""
     w = _random(2, 3, 5)
-    np.testing.assert_allclose(mixed_layers(w, 1.0), np.broadcast_to(np.eye(5), (2, 5, 5)))
     np.testing.assert_allclose(mixed_layers(w, 0.0), w.mean(1))
+    np.testing.assert_allclose(mixed_layers(w, 0.9)[0], (0.9 * np.eye(5) + 0.1 * w.mean(1)[0]), atol=1e-12)
+    with pytest.raises(ValueError, match=r"residual must be a number in \[0, 1\), got 1.0"):
+        mixed_layers(w, 1.0)
 
 
 def test_flow_of_two_layers_in_closed_form(make_maps):

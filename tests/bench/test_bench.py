@@ -78,14 +78,14 @@ def test_the_n_by_n_path_holds_an_n_by_n_matrix_and_sdpa_does_not():
     assert ms["numpy"].peak_bytes >= scores > 2 * ms["sdpa"].peak_bytes
 
 
-def test_sweep_skips_over_budget_and_the_seed_code_under_causal():
+def test_sweep_skips_over_budget_and_the_lessons_code_under_causal():
     cfg = bench.BenchConfig(sizes=(1024,), heads=(1,), methods=("naive", "numpy", "kernel", "auto", "gemm", "sdpa"),
                             repeats=1, memory_mb=4)
     res = bench.run(cfg)
     by = {(m.method, m.n, m.causal): m for m in res.measurements}
     assert len(res.measurements) == 2 * 6
     assert by["numpy", 1024, False].skipped == "needs ~32 MB > budget 4 MB"  # four 1024² float64 buffers
-    assert by["naive", 1024, True].skipped == "the seed's code has no mask"
+    assert by["naive", 1024, True].skipped == "the lesson's code has no mask"
     assert by["gemm", 1024, False].pct_of_gemm == pytest.approx(100.0)
     assert set(res.to_dict()) == {"config", "machine", "measurements"}
 

@@ -63,3 +63,9 @@ def test_uncached_hub_id_without_network_fails_without_retrying(monkeypatch):
     monkeypatch.setattr(loading, "_hub_unreachable", lambda: "huggingface.co: no route")
     with pytest.raises(LookupError, match=r"the hub cannot be reached \(huggingface.co: no route\)"):
         resolve("attnlab-tests/no-such-model", "main")
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_model_name_is_refused_not_read_as_the_current_folder(empty):
+    with pytest.raises(ValueError, match="model is empty; give a model folder or a hub id"):
+        resolve(empty)

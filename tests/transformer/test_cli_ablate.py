@@ -33,6 +33,22 @@ def test_ablate_importance_table(gpt2_folder, capsys):
     assert main(["ablate", "The river runs past the bank.", "--model", str(gpt2_folder), "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "the 3 heads whose removal alone matters most" in out and "Spearman" in out
+    assert "(the exact gradient)" in " ".join(out.split())  # a language model's gradient is always exact
+
+
+@pytest.mark.parametrize("probes, said", [("64", "gradient scores estimated from 64 seeded random directions; "
+                                                  "--probes 0: exact"), ("0", "the exact gradient")])
+def test_the_spearman_line_says_which_estimate_it_is(monkeypatch, capsys, probes, said):
+    import numpy as np
+
+    from attnlab.interventions.ablation import Importance
+
+    def fake(sentences, model, how, backend, probes):
+        return Importance("m", "cosine", how, tuple(sentences), np.ones((1, 2)), np.ones((1, 2)), 0.98)
+
+    monkeypatch.setattr("attnlab.interventions.ablation.head_importance", fake)
+    assert main(["ablate", "The bank.", "--probes", probes]) == 0
+    assert f"(Spearman): 0.98 ({said})" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize("heads", ["1", "1.x", "9.1"])

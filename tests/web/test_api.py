@@ -356,3 +356,32 @@ def test_find_head_searches_the_occurrence_asked_for(client, default_model):
     bad = client.post("/api/find-head", json={**req, "occurrence": 3})
     assert bad.status_code == 400 and "occurrence 3" in bad.json()["detail"]
     assert client.post("/api/find-head", json={**req, "occurrence": 0}).status_code == 422
+
+
+@pytest.mark.parametrize("occurrence", [0, [0], "second", [1, 2, 3], 1001])
+def test_a_field_of_several_forms_is_explained_in_one_sentence_without_pydantics_tags(occurrence):
+    """occurrence is a number or a list: pydantic fails once per form ("occurrence.constrained-int: …",
+    "occurrence.list[nullable[constrained-int]]: …"); the reader gets one sentence naming every form."""
+    from fastapi.testclient import TestClient
+
+    from attnlab.web.server import create_app
+
+    client = TestClient(create_app("/no/such/model"), base_url="http://localhost")  # refused before any model
+    res = client.post("/api/find-head", json={"sentences": BANK, "target": "bank", "deciders": ["river", "money"],
+                                              "occurrence": occurrence})
+    assert res.status_code == 422
+    detail = res.json()["detail"]
+    assert [e["loc"] for e in detail] == [["body", "occurrence"]]
+    assert detail[0]["msg"].startswith("occurrence: which occurrence of the target to search, a whole number from 1")
+    assert "constrained" not in res.text and "nullable" not in res.text
+
+
+def test_every_endpoint_is_its_own_small_function_with_one_error_mapping():
+    import inspect
+
+    from attnlab.web import server
+
+    assert [path for path, *_ in server.POSTS] == ["/api/maps", "/api/head", "/api/neuron", "/api/rollout",
+                                                   "/api/roles", "/api/find-head"]
+    source = inspect.getsource(server)
+    assert source.count("except CLIENT_ERRORS") == 1 and "except ValueError" not in source

@@ -17,10 +17,14 @@ of 2⁻²⁴ (:data:`FLOW_UNITS`), so a flow is exact to T · 3·10⁻⁸. It is
 
 Both take token-level :class:`~attnlab.maps.records.AttentionMaps` or word-level
 :class:`~attnlab.maps.words.WordMaps` (``maps.to_words()``): word-level rollout rolls the word maps.
+Both answer a :class:`Rolled`: a sequence of one array per sentence, with the labels, the level,
+the residual and the model, and ``to_dict()`` for JSON.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,15 +37,17 @@ MAX_FLOW_TOKENS = 64  # T² max-flow problems on an (L + 1)·T-node graph: secon
 FLOW_UNITS = 1 << 24  # capacities in units of 2^-24: a node's T edges of at most 1 stay within int32
 
 
-def _check_residual(residual: Any) -> float:
-    if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0 <= residual <= 1:
-        raise ValueError(f"residual must be a number in [0, 1], got {residual!r}")
+def check_residual(residual: Any) -> float:
+    """``residual`` as a float in [0, 1), the one range of the library, the CLI and the server: at 1
+    every attention map would be discarded and the result would be the identity, whatever the model."""
+    if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0 <= residual < 1:
+        raise ValueError(f"residual must be a number in [0, 1), got {residual!r}")
     return float(residual)
 
 
 def mixed_layers(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL) -> np.ndarray:
     """[L, H, T, T] weights → [L, T, T] Ã_l: head mean mixed with the identity, rows renormalised."""
-    residual = _check_residual(residual)
+    residual = check_residual(residual)
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
         raise ValueError(f"weights must be [L, H, T, T], got shape {w.shape}")
@@ -60,9 +66,46 @@ def rollout_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL) -> np.n
     return out
 
 
-def rollout(maps: Maps, residual: float = DEFAULT_RESIDUAL) -> list[np.ndarray]:
-    """Attention rollout of every sentence of ``maps``: a list of [L, T, T] (T tokens or words)."""
-    return [rollout_one(w, residual) for w in maps.weights]
+@dataclass(frozen=True)
+class Rolled:
+    """Rollout or flow of every sentence of some maps: ``weights[i]`` is sentence i's [L, T, T]
+    (rollout: entry l through layers 1..l + 1) or [T, T] (flow through layers 1..``layer`` + 1,
+    0-based), T its ``labels[i]`` (tokens or words, as ``level`` says). Indexing, ``len`` and
+    iteration go over ``weights``, so ``rollout(maps)[0]`` is the first sentence's array."""
+
+    method: str  # "rollout" or "flow"
+    weights: list[np.ndarray]
+    labels: list[list[str]]
+    level: str  # "token" or "word"
+    residual: float
+    layer: int | None  # flow's last layer, 0-based (None for rollout: every layer is there)
+    model_id: str | None
+    revision: str | None
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.weights[i]
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.weights)
+
+    def to_dict(self, digits: int = 6) -> dict[str, Any]:
+        """JSON-ready: the fields, ``weights`` as nested lists rounded to ``digits`` decimals."""
+        return {"method": self.method, "model_id": self.model_id, "revision": self.revision, "level": self.level,
+                "residual": self.residual, "layer": self.layer, "labels": [list(x) for x in self.labels],
+                "weights": [w.round(digits).tolist() for w in self.weights]}
+
+
+def _rolled(maps: Maps, method: str, weights: list[np.ndarray], residual: float, layer: int | None) -> Rolled:
+    labels = [list(maps.labels(i)) for i in range(len(weights))]
+    return Rolled(method, weights, labels, maps.level, check_residual(residual), layer, maps.model_id, maps.revision)
+
+
+def rollout(maps: Maps, residual: float = DEFAULT_RESIDUAL) -> Rolled:
+    """Attention rollout of every sentence of ``maps``: ``[i]`` is sentence i's [L, T, T] (T tokens or words)."""
+    return _rolled(maps, "rollout", [rollout_one(w, residual) for w in maps.weights], residual, None)
 
 
 def flow_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> np.ndarray:
@@ -90,6 +133,8 @@ def flow_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL, layer: int
     return np.divide(out, total, out=np.zeros_like(out), where=total > 0)
 
 
-def flow(maps: Maps, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> list[np.ndarray]:
-    """Attention flow of every sentence of ``maps`` at ``layer`` (0-based, default the last): a list of [T, T]."""
-    return [flow_one(w, residual, layer) for w in maps.weights]
+def flow(maps: Maps, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> Rolled:
+    """Attention flow of every sentence of ``maps`` through ``layer`` (0-based, default the last):
+    ``[i]`` is sentence i's [T, T]."""
+    weights = [flow_one(w, residual, layer) for w in maps.weights]
+    return _rolled(maps, "flow", weights, residual, maps.num_layers - 1 if layer is None else layer)

@@ -81,12 +81,14 @@ class BenchConfig:
                 raise ValueError(f"{name} must be ints >= 1, got {vals!r}")
         if not self.causal or any(not isinstance(c, bool) for c in self.causal):
             raise ValueError(f"causal must be a non-empty tuple of True/False, got {self.causal!r}")
-        if self.repeats < 1 or self.d < 1:
-            raise ValueError(f"repeats and d must be >= 1, got repeats={self.repeats}, d={self.d}")
+        for name in ("repeats", "d"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"threads must be None or an int >= 1, got {self.threads!r}")
-        if self.memory_mb <= 0 or self.max_seconds <= 0:
-            raise ValueError(f"memory_mb and max_seconds must be > 0, got {self.memory_mb}, {self.max_seconds}")
+        for name in ("memory_mb", "max_seconds"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if max(self.sizes) > MAX_SIZE:
             raise ValueError(f"sizes go up to {MAX_SIZE} (n × n at n = {MAX_SIZE} is already 16 GB in float32), "
                              f"got {max(self.sizes)}")

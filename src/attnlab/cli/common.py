@@ -26,6 +26,28 @@ MODEL_HELP = "A model folder or a hub id (BERT/RoBERTa/GPT-2-style); default: th
 REVISION_HELP = "The hub revision (commit) to pin, for a hub id."
 
 
+def model_option() -> Any:
+    """``--model``, the same in every command: refused when empty, which would read as the current folder."""
+    return typer.Option(None, "--model", help=MODEL_HELP, callback=not_empty("--model"))
+
+
+def revision_option() -> Any:
+    """``--revision``, the same in every command that loads a model."""
+    return typer.Option(None, "--revision", help=REVISION_HELP, callback=not_empty("--revision"))
+
+
+def not_empty(flag: str) -> Callable[[Any], Any]:
+    """A typer callback that refuses an empty value (or only spaces) for ``flag`` while the arguments are parsed."""
+
+    def check(value: Any) -> Any:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if any(v is not None and not str(v).strip() for v in items):
+            raise ValueError(f"{flag} is empty; give {flag} a value or leave the flag out")
+        return value
+
+    return check
+
+
 def out_file(flag: str, stdout: bool = False) -> Callable[[Any], Any]:
     """A typer callback that checks an output file flag while the arguments are parsed, before any
     work: not a folder, in a folder that exists and may be written. ``stdout``: '-' is allowed."""
@@ -33,6 +55,7 @@ def out_file(flag: str, stdout: bool = False) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if value is None or (stdout and str(value) == "-"):
             return value
+        not_empty(flag)(value)
         path = Path(value).expanduser()
         if path.is_dir():
             raise IsADirectoryError(f"{flag} {str(value)!r} is a folder; {flag} takes a file to write")
@@ -53,6 +76,7 @@ def out_folder(flag: str) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if value is None:
             return value
+        not_empty(flag)(value)
         path = Path(value).expanduser()
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"{flag} must be a folder, got the file {str(value)!r}")
@@ -161,12 +185,15 @@ def counter(update) -> Any:  # noqa: ANN001
     return Tick()
 
 
-def ints(flag: str, text: str) -> tuple[int, ...]:
-    """A comma-separated list of integers from a flag."""
+def ints(flag: str, text: str, minimum: int = 1) -> tuple[int, ...]:
+    """A comma-separated list of integers of at least ``minimum`` from a flag."""
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+        values = ()
+    if not values or min(values) < minimum:
+        raise ValueError(f"{flag} takes comma-separated integers >= {minimum}, got {text!r}")
+    return values
 
 
 def names(text: str) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import console, json_option, out_folder, progress, status, write_json
+from attnlab.cli.common import console, json_option, model_option, out_folder, progress, status, write_json
 from attnlab.lesson.cost import CostConfig  # its defaults are the flags' defaults
 from attnlab.lesson.fmt import pct, vec  # one rounding for the lesson, its page and the CLI
 
@@ -60,13 +60,15 @@ def print_section(section: Any) -> None:
 def lesson(
     out: str = typer.Option("attnlab-report", "--out", help="Folder for index.html, the PNGs and lesson.json.",
                             callback=out_folder("--out")),
-    model: str | None = typer.Option(None, "--model", help="Model folder or hub id (default: the bundled all-MiniLM-L6-v2)."),
+    model: str | None = model_option(),
     json_path: str = json_option("Also write lesson.json to PATH; '-' for stdout (then no tables are printed)."),
     deadline_ms: float = typer.Option(CostConfig.deadline_ms, "--deadline-ms", help=DEADLINE_HELP),
     memory_mb: float = typer.Option(CostConfig.memory_mb, "--memory-mb", help=MEMORY_HELP),
-    seed: int = typer.Option(0, "--seed", help="Seed of the lesson's random draws (the √d table always uses the seed's rng(0))."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random generator for the lesson's own draws (the small X, the "
+                      "saturation draws, the shuffle); the √d table always draws from np.random.default_rng(0), as "
+                      "the lesson's code does, so that it reproduces the lesson's table."),
 ) -> None:
-    """The lesson of the seeds, computed: eight sections, a table each, and a report folder."""
+    """A lesson on attention, computed: eight sections, a table each, and a report folder."""
     import time
     from pathlib import Path
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, out_file, write_json
+from attnlab.cli.common import console, err, json_option, model_option, out_file, revision_option, write_json
 
 STAT_TITLES = {
     "prev": "previous", "self": "itself", "next": "next", "first": "first token", "distance": "mean distance",
@@ -20,8 +20,8 @@ STAT_TITLES = {
 
 def stats(
     file: Path = typer.Argument(..., help="A text file; its whole text is one input (or one per line with --lines)."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    model: str = model_option(),
+    revision: str = revision_option(),
     lines: bool = typer.Option(False, "--lines", help="Each non-empty line is an input of its own."),
     max_tokens: int = typer.Option(None, "--max-tokens", min=2, help="Cut each input to this many tokens."),
     top: int = typer.Option(10, "--top", min=1, help="How many most-attended tokens to name."),
@@ -37,6 +37,8 @@ def stats(
 
     text = read_text(file)
     texts = [line for line in text.splitlines() if line.strip()] if lines else [text]
+    if not any(t.strip() for t in texts):  # before the model loads
+        raise ValueError(f"text file {str(file)!r} is empty (or only white space); give it some text")
     main_rank = rank_and_world()[0] == 0  # under torchrun the ranks share the texts; rank 0 alone speaks
     bar, tick = progress("attending") if main_rank else (contextlib.nullcontext(), None)
     with bar:
@@ -65,9 +67,10 @@ def stats(
 
 def rollout(
     sentence: str = typer.Argument(..., help="One sentence (a tab makes a pair)."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
-    residual: float = typer.Option(0.5, "--residual", min=0.0, max=1.0, help="Weight of the residual (identity)."),
+    model: str = model_option(),
+    revision: str = revision_option(),
+    residual: float = typer.Option(0.5, "--residual", help="Weight of the residual (identity) mixed into each "
+                                   "layer's head mean, in [0, 1)."),
     tokens: bool = typer.Option(False, "--tokens", help="Token level (default: words)."),
     with_flow: bool = typer.Option(False, "--flow", help="Also attention flow (max-flow; short inputs only)."),
     png: Path = typer.Option(None, "--png", help="Write the last layer's rollout (and flow) as a PNG here.",
@@ -76,36 +79,39 @@ def rollout(
 ) -> None:
     """Attention rollout (Abnar & Zuidema 2020) of a sentence through every layer, and attention flow
     with --flow: how much of each input word reaches each position."""
-    from attnlab.analysis.rollout import flow, rollout as roll
+    from attnlab.analysis.rollout import check_residual, flow, rollout as roll
     from attnlab.cli.maps import _as_items
     from attnlab.hf.capture import capture
 
+    check_residual(residual)  # before the model loads
     maps = capture(_as_items([sentence]), model, revision)
     view = maps if tokens else maps.to_words()
-    labels = view.labels(0)
-    rolled = roll(view, residual)[0]  # (L, T, T)
-    flowed = flow(view, residual)[0] if with_flow else None
-    result = {"model_id": maps.model_id, "revision": maps.revision, "residual": residual,
-              "level": view.level, "labels": labels, "rollout": rolled.round(6).tolist()}
-    if flowed is not None:
-        result["flow"] = flowed.round(6).tolist()
+    rolled = roll(view, residual)
+    flowed = flow(view, residual) if with_flow else None
     if png is not None:
-        from attnlab.viz.heatmap import heatmap_grid
-
-        panels = [{"weights": rolled[-1], "rows": labels, "cols": labels, "title": f"rollout, layers 1-{len(rolled)}"}]
-        if flowed is not None:
-            panels.append({"weights": flowed, "rows": labels, "cols": labels, "title": "attention flow"})
-        heatmap_grid(panels, title=f"{maps.model_id}, residual {residual:g}").savefig(png, dpi=110)
-        err.print(f"wrote {png}", highlight=False)
-    if write_json(json_path, result):
+        _rollout_png(rolled, flowed, png)
+    if write_json(json_path, {"rollout": rolled.to_dict(), "flow": None if flowed is None else flowed.to_dict()}):
         return
-    for name, m in (("rollout", rolled[-1]), ("flow", flowed)):
+    labels = rolled.labels[0]
+    for name, m in (("rollout", rolled[0][-1]), ("flow", None if flowed is None else flowed[0])):
         if m is None:
             continue
-        table = Table(title=f"{name} through all {len(rolled)} layers: where each position's input comes from")
+        table = Table(title=f"{name} through all {len(rolled[0])} layers: where each position's input comes from")
         table.add_column("position")
         table.add_column("top sources", justify="left")
         for i, label in enumerate(labels):
             order = m[i].argsort()[::-1][:3]
             table.add_row(label, ", ".join(f"{labels[j]} {100 * m[i, j]:.0f} %" for j in order))
         console.print(table)
+
+
+def _rollout_png(rolled, flowed, png: Path) -> None:  # noqa: ANN001 (Rolled results)
+    """The last layer's rollout of the sentence, and its flow, side by side."""
+    from attnlab.viz.heatmap import heatmap_grid
+
+    labels, layers = rolled.labels[0], len(rolled[0])
+    panels = [{"weights": rolled[0][-1], "rows": labels, "cols": labels, "title": f"rollout, layers 1-{layers}"}]
+    if flowed is not None:
+        panels.append({"weights": flowed[0], "rows": labels, "cols": labels, "title": "attention flow"})
+    heatmap_grid(panels, title=f"{rolled.model_id}, residual {rolled.residual:g}").savefig(png, dpi=110)
+    err.print(f"wrote {png}", highlight=False)

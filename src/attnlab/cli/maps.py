@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, out_file, progress, write_json
+from attnlab.cli.common import console, err, json_option, model_option, out_file, progress, revision_option, write_json
 from attnlab.lesson.fmt import pct
 
 if TYPE_CHECKING:
@@ -42,8 +42,8 @@ def _head(layer: int | None, head: int | None, num_layers: int, num_heads: int) 
 
 def maps(
     sentences: list[str] = typer.Argument(..., help="Sentences (a tab inside one makes a sentence pair)."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    model: str = model_option(),
+    revision: str = revision_option(),
     layer: int = typer.Option(None, "--layer", help="Layer to show, 1-based (with --head)."),
     head: int = typer.Option(None, "--head", help="Head to show, 1-based (with --layer)."),
     words: bool = typer.Option(False, "--words", help="Add word pieces up into words (to: sum, from: mean)."),
@@ -60,67 +60,86 @@ def maps(
                                       "sentence, in order."),
 ) -> None:
     """Capture every head's attention map; show one head's map, or where each head looks most."""
-    from attnlab.analysis.overview import maps_record, where_heads_look
+    from attnlab.analysis.overview import maps_record
     from attnlab.hf.capture import capture
     from attnlab.hf.loading import load_model
 
+    _check_compare(sentences, target, decider, html)
+    lm = load_model(model, revision)
+    found = capture(_as_items(sentences), lm, qk=bool(html))  # the page's Neuron view needs q and k
+    pick = _head(layer, head, found.num_layers, found.num_heads)
+    if png and pick is None:
+        raise ValueError("--png draws one head; give --layer and --head (1-based)")
+    view = found.to_words() if words else found
+    _write_maps(found, view, pick, save=save, html=html, png=png, target=target, deciders=decider or None)
+    if write_json(json_path, maps_record(view, pick)):
+        return
+    console.print(f"{found.model_id} ({found.revision}): {found.num_layers} layers × {found.num_heads} heads")
+    for i in range(len(view.weights)):
+        console.print(_maps_table(found, view, i, pick))
+
+
+def _check_compare(sentences: list[str], target: str | None, decider: list[str] | None, html: str | None) -> None:
+    """--target and --decider set up the page's Compare tab: with --html, together, one decider per sentence."""
     if (target or decider) and not html:
         raise ValueError("--target and --decider set up the page's Compare tab; give them with --html FILE")
     if bool(target) != bool(decider):
         raise ValueError("--target and --decider go together: the ambiguous word and one deciding word per sentence")
     if decider and len(decider) != len(sentences):
         raise ValueError(f"--decider was given {len(decider)} times for {len(sentences)} sentences; give one per sentence")
-    lm = load_model(model, revision)
-    neuron = bool(html)  # the page's Neuron view needs q and k
-    found = capture(_as_items(sentences), lm, qk=neuron)
-    pick = _head(layer, head, found.num_layers, found.num_heads)
-    if png and pick is None:
-        raise ValueError("--png draws one head; give --layer and --head (1-based)")
+
+
+def _labels(found, view) -> list[list[str]]:  # noqa: ANN001 (AttentionMaps, and it or its WordMaps)
+    return [view.labels(i) for i in range(len(found))]
+
+
+def _write_maps(found, view, pick, *, save, html, png, target, deciders) -> None:  # noqa: ANN001
+    """The files asked for: every map (--save), the page (--html), one head's heat map (--png)."""
     if save:
         err.print(f"wrote {found.save(save)}", highlight=False)
-    view = found.to_words() if words else found
-    labels = [view.labels(i) for i in range(len(view))]
     if html:
         from attnlab.lesson.scene import scene
         from attnlab.viz.page import write_maps_html
 
-        page = write_maps_html(view, html, scene=scene(), neuron=found if neuron else None, target=target,
-                               deciders=decider or None)
+        page = write_maps_html(view, html, scene=scene(), neuron=found, target=target, deciders=deciders)
         err.print(f"wrote {page}", highlight=False)
     if png:
         from attnlab.viz.heatmap import plot_maps
 
-        plot_maps([view.weights[i][pick] for i in range(len(found))], labels,
+        plot_maps([view.weights[i][pick] for i in range(len(found))], _labels(found, view),
                   title=f"{found.model_id}: {pick.label()}").savefig(png, dpi=150)
         err.print(f"wrote {png}", highlight=False)
-    if write_json(json_path, maps_record(view, pick)):
-        return
-    console.print(f"{found.model_id} ({found.revision}): {found.num_layers} layers × {found.num_heads} heads")
-    for i, w in enumerate(view.weights):
-        if pick is not None:
-            table = Table(title=f"sentence {i + 1}, {pick.label()}: "
-                                f"% of each row's attention per column")
-            table.add_column("", no_wrap=True)
-            for lab in labels[i]:
-                table.add_column(lab, justify="right", no_wrap=True)
-            for r, lab in enumerate(labels[i]):
-                table.add_row(lab, *(str(round(100 * x)) for x in w[pick][r]))
-        else:
-            table = Table(title=f"sentence {i + 1}: where each head looks most (mean row, %)")
-            table.add_column("", no_wrap=True)
-            for l in range(found.num_layers):
-                table.add_column(f"layer {l + 1}", no_wrap=True)
-            top, share = where_heads_look(w)
-            for h in range(found.num_heads):
-                table.add_row(f"head {h + 1}", *(f"{labels[i][top[l, h]]} {round(100 * share[l, h])}"
-                                                 for l in range(found.num_layers)))
-        console.print(table)
+
+
+def _maps_table(found, view, i: int, pick) -> Table:  # pick: a Head or None  # noqa: ANN001
+    """Sentence i: the chosen head's map in %, or where each head looks most."""
+    from attnlab.analysis.overview import where_heads_look
+
+    labels, w = _labels(found, view)[i], view.weights[i]
+    if pick is not None:
+        table = Table(title=f"sentence {i + 1}, {pick.label()}: "
+                            f"% of each row's attention per column")
+        table.add_column("", no_wrap=True)
+        for lab in labels:
+            table.add_column(lab, justify="right", no_wrap=True)
+        for r, lab in enumerate(labels):
+            table.add_row(lab, *(str(round(100 * x)) for x in w[pick][r]))
+        return table
+    table = Table(title=f"sentence {i + 1}: where each head looks most (mean row, %)")
+    table.add_column("", no_wrap=True)
+    for l in range(found.num_layers):
+        table.add_column(f"layer {l + 1}", no_wrap=True)
+    top, share = where_heads_look(w)
+    for h in range(found.num_heads):
+        table.add_row(f"head {h + 1}", *(f"{labels[top[l, h]]} {round(100 * share[l, h])}"
+                                         for l in range(found.num_layers)))
+    return table
 
 
 def heads(
     sentences: list[str] = typer.Argument(None, help="Sentences to score (default: the lesson's two 'bank' sentences)."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    model: str = model_option(),
+    revision: str = revision_option(),
     corpus: str = typer.Option(None, "--corpus", help="A text file: one sentence, or a tab-separated pair, per line "
                                "(under torchrun the ranks share it out; rank 0 prints and writes)."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sentences per forward pass."),
@@ -134,7 +153,7 @@ def heads(
 ) -> None:
     """Heads by role: each head's average attention to [CLS], [SEP], punctuation, self, previous, next word, and entropy."""
     from attnlab.interventions.corpus import corpus_roles, read_corpus
-    from attnlab.analysis.roles import ROLES, check_average
+    from attnlab.analysis.roles import check_average
     from attnlab.distributed import rank_and_world
 
     check_average(average)
@@ -156,6 +175,13 @@ def heads(
         return
     if write_json(json_path, roles.to_dict()):
         return
+    console.print(_roles_table(roles, average))
+
+
+def _roles_table(roles, average: str) -> Table:  # noqa: ANN001 (a HeadRoles)
+    """Each role: what it attends to, its top head and score, and how many heads pass its threshold."""
+    from attnlab.analysis.roles import ROLES
+
     table = Table(title=f"{roles.model_id}: head roles over {roles.num_sentences} sentences, {average} average "
                         f"(layer, head 1-based)")
     for col in ("role", "attention to", "top head", "score", "heads ≥ threshold"):
@@ -169,7 +195,7 @@ def heads(
         shown = pct(top.score) if unit is None else f"{top.score:.2f}{unit}"
         over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{unit or ''})"
         table.add_row(name, role.description, top.head.label(), shown, over)
-    console.print(table)
+    return table
 
 
 def find_head(
@@ -180,8 +206,8 @@ def find_head(
     exclude_marks: bool = typer.Option(False, "--exclude-marks", help="Leave the marks out of the argmax."),
     occurrence: int = typer.Option(None, "--occurrence", min=1, help="Where the target occurs more than once in a "
                                    "sentence: which occurrence to search, 1-based (default: the first)."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    model: str = model_option(),
+    revision: str = revision_option(),
     json_path: str = json_option(),
 ) -> None:
     """The heads whose largest weight of the target falls on its decider in every sentence."""

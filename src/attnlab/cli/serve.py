@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from attnlab.cli.common import MODEL_HELP, REVISION_HELP, err
+from attnlab.cli.common import err, model_option, revision_option
 
 
 def serve(
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
-    revision: str = typer.Option(None, "--revision", help=REVISION_HELP),
+    model: str = model_option(),
+    revision: str = revision_option(),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; the default serves this machine only."),
     port: int = typer.Option(8765, "--port", min=1, max=65535, help="Port to listen on."),
 ) -> None:

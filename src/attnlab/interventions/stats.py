@@ -291,11 +291,15 @@ def _head_stats(items: list[str], first: int, model: Any, revision: str | None, 
     if lm.config.get("is_encoder_decoder"):
         raise ValueError(f"head_stats serves encoders and decoders; {lm.model_id!r} is an encoder–decoder")
     limit = lm.max_tokens
+    if max_tokens is not None and max_tokens > limit:
+        raise ValueError(f"max_tokens is {max_tokens}; {lm.model_id!r} takes at most {limit} tokens")
     totals: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     received, tokens = [], []
     for n, text in enumerate(items):
-        ids = lm.tokenizer(text, add_special_tokens=True)["input_ids"][:max_tokens]
+        # verbose=False: the length is checked just below with attnlab's error, so transformers' own
+        # "Token indices sequence length is longer than …" warning would only say it first
+        ids = lm.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"][:max_tokens]
         if len(ids) > limit:
             raise ValueError(f"texts[{first + n}] has {len(ids)} tokens; {lm.model_id!r} takes at most {limit} "
                              f"(pass max_tokens to cut it)")

@@ -10,6 +10,7 @@ the dot product on the same inputs, and runs the book listing of a multi-head Nu
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -78,60 +79,61 @@ def _rows(matrix: np.ndarray, labels: list[str]) -> list[list[str]]:
     return [[label] + [pct(w) for w in row] for label, row in zip(labels, matrix)]
 
 
-def qkv_section(seed: int = 0) -> Section:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((T_SELF, D_MODEL))  # (4, 8): a sequence of 4 tokens
-    other = rng.standard_normal((T_OTHER, D_OTHER))  # (6, 6): another sequence, other length and size
-    x_names = [f"x{i + 1}" for i in range(T_SELF)]
-    y_names = [f"y{j + 1}" for j in range(T_OTHER)]
-
-    # Self-attention: Q, K, V all from X. Recompute head 1 by hand to show what the layer does.
+def _self_and_cross(x: np.ndarray, other: np.ndarray, seed: int) -> dict:
+    """Self-attention (Q, K, V all from X, head 1 recomputed by hand) and cross-attention (queries
+    from X, keys and values from the other sequence)."""
     layer = MultiHeadAttention(D_MODEL, HEADS, seed=seed)
     self_res = layer(x)  # weights (2, 4, 4)
     d_head = layer.d_head
     q = (x @ layer.w_q + layer.b_q)[:, :d_head]  # (4, 4): head 1 is the first d_head columns
     k = (x @ layer.w_k + layer.b_k)[:, :d_head]
     by_hand = softmax(q @ k.T / math.sqrt(d_head))  # (4, 4)
-    self_check = float(np.max(np.abs(by_hand - self_res.weights[0])))
+    cross_res = MultiHeadAttention(D_MODEL, HEADS, d_kv=D_OTHER, seed=seed)(x, other)  # weights (2, 4, 6)
+    error = float(np.max(np.abs(by_hand - self_res.weights[0])))
+    return {"d_head": d_head, "self": self_res.weights, "by_hand_max_error": error, "cross": cross_res.weights}
 
-    # Cross-attention: queries from X, keys and values from the other sequence.
-    cross_layer = MultiHeadAttention(D_MODEL, HEADS, d_kv=D_OTHER, seed=seed)
-    cross_res = cross_layer(x, other)  # weights (2, 4, 6)
 
-    # Bahdanau: decoder states s_i (queries) against encoder states h_j (keys = values), same inputs.
-    states = rng.standard_normal((T_OTHER, D_MODEL))  # (6, 8): encoder states h_j
+def _dot_vs_additive(x: np.ndarray, states: np.ndarray, seed: int) -> dict:
+    """Bahdanau: decoder states s_i (queries) against encoder states h_j (keys = values), scored by
+    the dot product and by the additive scorer, on the same inputs."""
     dot_out, dot_w = attention(x, states, states, return_weights=True)  # (4, 8), (4, 6)
     additive = AdditiveAttention(D_MODEL, D_MODEL, D_HIDDEN, seed=seed)
     add_out, add_w = additive(x, states)  # (4, 8), (4, 6)
-    add_scores = additive.scores(x, states)  # (4, 6)
-    dot_scores = x @ states.T / math.sqrt(D_MODEL)
+    return {"states": states, "dot_scores": x @ states.T / math.sqrt(D_MODEL), "dot_weights": dot_w,
+            "dot_output": dot_out, "additive_scores": additive.scores(x, states), "additive_weights": add_w,
+            "additive_output": add_out}
 
-    listing = run_listing(seed)
-    findings = (
+
+def _qkv_findings(att: dict, dva: dict, listing: Any, y_names: list[str]) -> tuple[str, ...]:
+    d_head, err = att["d_head"], att["by_hand_max_error"]
+    return (
         f"Self-attention: Q = XW^Q, K = XW^K, V = XW^V from one X ({T_SELF} tokens × {D_MODEL}); {HEADS} heads of "
         f"{d_head} give {HEADS} maps of {T_SELF} × {T_SELF}; head 1 recomputed by hand from W^Q and W^K agrees "
-        + ("exactly." if self_check == 0 else f"to {self_check:.1e}."),
+        + ("exactly." if err == 0 else f"to {err:.1e}."),
         f"Cross-attention: queries from X ({T_SELF} tokens), keys and values from another sequence ({T_OTHER} tokens "
         f"× {D_OTHER}): each head's map is {T_SELF} × {T_OTHER}.",
         f"Bahdanau's additive score vᵀtanh(Ws + Uh) beside the dot product s·h/√{D_MODEL} on the same inputs: "
         f"different scores, the same softmax and the same weighted sum; for x1 the largest weight falls on "
-        f"{y_names[int(np.argmax(dot_w[0]))]} (dot) and {y_names[int(np.argmax(add_w[0]))]} (additive).",
+        f"{y_names[int(np.argmax(dva['dot_weights'][0]))]} (dot) and "
+        f"{y_names[int(np.argmax(dva['additive_weights'][0]))]} (additive).",
         "The book listing of a multi-head NumPy implementation, made to run (as printed it lacks a bracket and an "
-        f"import and calls an undefined function): head 1's weights for token 1 are {', '.join(pct(w) for w in listing.weights[0])} and its "
+        f"import and calls an undefined function): head 1's weights for token 1 are "
+        f"{', '.join(pct(w) for w in listing.weights[0])} and its "
         f"output (attention_input1) {vec(listing.head1[0])}; the eight heads concatenate to "
         f"{listing.multihead.heads.shape[0]} × {listing.multihead.heads.shape[-1]} per token and W^O maps them back "
         f"to {listing.multihead.output.shape[-1]}.",
     )
-    tables = (
-        table("Self-attention, head 1: weights (row = query)", ["query"] + x_names, _rows(self_res.weights[0], x_names)),
-        table("Cross-attention, head 1: queries from X, keys from Y", ["query"] + y_names, _rows(cross_res.weights[0], x_names)),
+
+
+def _qkv_tables(att: dict, dva: dict, listing: Any, x_names: list[str], y_names: list[str]) -> tuple:
+    dot_s, dot_w, add_s, add_w = (dva[k][0] for k in ("dot_scores", "dot_weights", "additive_scores", "additive_weights"))
+    return (
+        table("Self-attention, head 1: weights (row = query)", ["query"] + x_names, _rows(att["self"][0], x_names)),
+        table("Cross-attention, head 1: queries from X, keys from Y", ["query"] + y_names, _rows(att["cross"][0], x_names)),
         table(
             "Dot product vs additive score on the same inputs (query x1)",
             ["key", "s·h/√8", "weight (dot)", "additive e", "weight (additive)"],
-            [
-                [y, num(dot_scores[0, j]), pct(dot_w[0, j]), num(add_scores[0, j]), pct(add_w[0, j])]
-                for j, y in enumerate(y_names)
-            ],
+            [[y, num(dot_s[j]), pct(dot_w[j]), num(add_s[j]), pct(add_w[j])] for j, y in enumerate(y_names)],
         ),
         table(
             "The book's multi-head listing, head 1, k_d = 1",
@@ -143,30 +145,31 @@ def qkv_section(seed: int = 0) -> Section:
             ],
         ),
     )
+
+
+def _listing_data(listing: Any) -> dict:
+    named = {"q": listing.q, "k": listing.k, "v": listing.v, "scores": listing.scores, "weights": listing.weights,
+             "head1": listing.head1, "multihead_weights": listing.multihead.weights,
+             "multihead_output": listing.multihead.output, "causal_weights": listing.causal.weights}
+    return {name: a.tolist() for name, a in named.items()}
+
+
+def qkv_section(seed: int = 0) -> Section:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T_SELF, D_MODEL))  # (4, 8): a sequence of 4 tokens
+    other = rng.standard_normal((T_OTHER, D_OTHER))  # (6, 6): another sequence, other length and size
+    x_names = [f"x{i + 1}" for i in range(T_SELF)]
+    y_names = [f"y{j + 1}" for j in range(T_OTHER)]
+    att = _self_and_cross(x, other, seed)
+    dva = _dot_vs_additive(x, rng.standard_normal((T_OTHER, D_MODEL)), seed)  # (6, 8): encoder states h_j
+    listing = run_listing(seed)
     data = {
         "x": x.tolist(),
         "other": other.tolist(),
-        "self": {"weights": self_res.weights.tolist(), "by_hand_max_error": self_check},
-        "cross": {"weights": cross_res.weights.tolist(), "shape": list(cross_res.weights.shape)},
-        "dot_vs_additive": {
-            "states": states.tolist(),
-            "dot_scores": dot_scores.tolist(),
-            "dot_weights": dot_w.tolist(),
-            "dot_output": dot_out.tolist(),
-            "additive_scores": add_scores.tolist(),
-            "additive_weights": add_w.tolist(),
-            "additive_output": add_out.tolist(),
-        },
-        "listing": {
-            "q": listing.q.tolist(),
-            "k": listing.k.tolist(),
-            "v": listing.v.tolist(),
-            "scores": listing.scores.tolist(),
-            "weights": listing.weights.tolist(),
-            "head1": listing.head1.tolist(),
-            "multihead_weights": listing.multihead.weights.tolist(),
-            "multihead_output": listing.multihead.output.tolist(),
-            "causal_weights": listing.causal.weights.tolist(),
-        },
+        "self": {"weights": att["self"].tolist(), "by_hand_max_error": att["by_hand_max_error"]},
+        "cross": {"weights": att["cross"].tolist(), "shape": list(att["cross"].shape)},
+        "dot_vs_additive": {name: a.tolist() for name, a in dva.items()},
+        "listing": _listing_data(listing),
     }
-    return Section("qkv", 2, "Where Q, K and V come from", findings, tables, data)
+    return Section("qkv", 2, "Where Q, K and V come from", _qkv_findings(att, dva, listing, y_names),
+                   _qkv_tables(att, dva, listing, x_names, y_names), data)

@@ -8,11 +8,13 @@ beside ours, labelled as the lesson's model.
 
 from __future__ import annotations
 
+from typing import Any
+
 from attnlab.lesson.fmt import pct
 from attnlab.lesson.section import Section, table
+from attnlab.maps.heads import Head
 from attnlab.maps.tokens import AttentionMaps
 from attnlab.maps.words import WordMaps
-from attnlab.maps.heads import Head
 
 SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
 TARGET = "bank"
@@ -54,38 +56,28 @@ def _heatmap(words: WordMaps, sentence: int, head: Head, title: str) -> dict:
     }
 
 
-def maps_section(maps: AttentionMaps) -> Section:
-    from attnlab.analysis.roles import head_roles
-    from attnlab.analysis.search import find_heads
-
-    words = maps.to_words()
-    res = find_heads(words, target=TARGET, deciders=list(DECIDERS))
-    roles = head_roles(words)
-    info = model_info(maps)
-    total = res.total_heads
-    seed = SEED_MAPS
-
-    heatmaps = []
+def _heatmaps(words: WordMaps, res: Any, tops: dict) -> list[dict]:
+    """The figures: the "bank" head (the best qualifying, or the closest) in both sentences, and the
+    top head of each role in the first."""
     if res.best is not None:
         shown, label = res.best, "the best qualifying head"
     else:
         shown, label = res.closest[0].head, "the closest head (none qualifies)"
-    for s in range(len(SENTENCES)):
-        heatmaps.append(_heatmap(words, s, shown, f'"{TARGET}" head, {label}: {shown.label()}'))
-    tops = {role: roles.top(role) for role, _ in ROLE_HEADS}
-    role_rows = []
+    heatmaps = [_heatmap(words, s, shown, f'"{TARGET}" head, {label}: {shown.label()}') for s in range(len(SENTENCES))]
     for role, what in ROLE_HEADS:
         top = tops[role]
-        role_rows.append([what, top.head.label(), pct(top.score)])
         heatmaps.append(_heatmap(words, 0, top.head, f"{what}: {top.head.label()}, average {pct(top.score)}"))
-    seed_best = Head(seed["best"]["layer"], seed["best"]["head"])
+    return heatmaps
 
+
+def _maps_findings(res: Any, info: dict, role_rows: list[list[str]]) -> tuple[str, ...]:
+    total, seed = res.total_heads, SEED_MAPS
     if res.qualifying:
         verdict = f"{len(res.qualifying)} of {total} heads qualify; " + res.summary().split("; ", 1)[1] + "."
     else:
         verdict = (f'No head of {total} qualifies: in none does the largest weight of "{TARGET}" fall on '
                    f'"{DECIDERS[0]}" in the first sentence and on "{DECIDERS[1]}" in the second.')
-    findings = (
+    return (
         f"{info['model_id']} ({info['num_layers']} layers × {info['num_heads']} heads), word level, pieces added up. "
         + verdict,
         f'The largest weight of "{TARGET}" falls on a mark ([CLS], [SEP] or the period) in both sentences in '
@@ -93,20 +85,32 @@ def maps_section(maps: AttentionMaps) -> Section:
         "Heads with the largest average weight on the " + "; on the ".join(
             f"{what.split(' (')[0]}: {where} ({share})" for what, where, share in role_rows) + ".",
         f"The lesson's model, {seed['model']}: {seed['qualifying']} of {seed['total_heads']} heads qualify "
-        f"({seed_best.label()}: {seed['best']['weights_pct'][0]} % and "
+        f"({_seed_best().label()}: {seed['best']['weights_pct'][0]} % and "
         f"{seed['best']['weights_pct'][1]} %), and the largest weight of \"{TARGET}\" falls on a mark in "
         f"{seed['mark_heads']} of {seed['total_heads']}.",
     )
-    closest_rows = [
+
+
+def _seed_best() -> Head:
+    return Head(SEED_MAPS["best"]["layer"], SEED_MAPS["best"]["head"])
+
+
+def _head_rows(res: Any) -> list[list[str]]:
+    """The qualifying heads, or where none qualifies the closest, with their weights on the deciders."""
+    if res.best is not None:
+        return [[found.label(), f"{len(SENTENCES)} of {len(SENTENCES)}"]
+                + [pct(w) for w in res.decider_weights[found]] for found in res.qualifying]
+    return [
         [c.head.label(), f"{c.sentences_won} of {len(SENTENCES)}"]
         + [pct(w) + ("" if win.casefold() == d.casefold() else f" ({win} {pct(ww)})")
            for d, w, win, ww in zip(DECIDERS, c.weights, c.winners, c.winner_weights)]
         for c in res.closest
     ]
-    if res.best is not None:
-        closest_rows = [[found.label(), f"{len(SENTENCES)} of {len(SENTENCES)}"]
-                        + [pct(w) for w in res.decider_weights[found]] for found in res.qualifying]
-    tables = (
+
+
+def _maps_tables(res: Any, info: dict, role_rows: list[list[str]]) -> tuple:
+    total, seed = res.total_heads, SEED_MAPS
+    return (
         table(
             f'The "{TARGET}" head search (largest weight of "{TARGET}" on the decider in both sentences; '
             "on a mark: heads where it falls on [CLS], [SEP] or the period in both): ours beside the lesson's model's",
@@ -116,17 +120,29 @@ def maps_section(maps: AttentionMaps) -> Section:
                  res.best.label() if res.best else "none",
                  " / ".join(pct(w) for w in res.decider_weights[res.best]) if res.best else "—", res.mark_heads],
                 [f"{seed['model']} (the lesson)", seed["total_heads"], seed["qualifying"],
-                 seed_best.label(),
+                 _seed_best().label(),
                  " / ".join(f"{w} %" for w in seed["best"]["weights_pct"]), seed["mark_heads"]],
             ],
         ),
         table(
             "Qualifying heads" if res.best is not None else "Closest heads (weight on the decider; the winner when it is not)",
             ["head", "sentences won", f"on {DECIDERS[0]}", f"on {DECIDERS[1]}"],
-            closest_rows,
+            _head_rows(res),
         ),
         table("Heads by role (average weight, every word of both sentences)", ["role", "top head", "average weight"], role_rows),
     )
+
+
+def maps_section(maps: AttentionMaps) -> Section:
+    from attnlab.analysis.roles import head_roles
+    from attnlab.analysis.search import find_heads
+
+    words = maps.to_words()
+    res = find_heads(words, target=TARGET, deciders=list(DECIDERS))
+    roles = head_roles(words)
+    info = model_info(maps)
+    tops = {role: roles.top(role) for role, _ in ROLE_HEADS}
+    role_rows = [[what, tops[role].head.label(), pct(tops[role].score)] for role, what in ROLE_HEADS]
     data = {
         "model": info,
         "sentences": list(SENTENCES),
@@ -135,6 +151,7 @@ def maps_section(maps: AttentionMaps) -> Section:
         "words": [list(w) for w in words.words],
         "search": res.to_dict(),
         "roles": {role: t.to_dict() for role, t in tops.items()},
-        "heatmaps": heatmaps,
+        "heatmaps": _heatmaps(words, res, tops),
     }
-    return Section("maps", 5, "The real maps", findings, tables, data, SEED_MAPS)
+    return Section("maps", 5, "The real maps", _maps_findings(res, info, role_rows), _maps_tables(res, info, role_rows),
+                   data, SEED_MAPS)

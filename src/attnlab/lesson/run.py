@@ -31,7 +31,8 @@ class LessonConfig:
     """``attnlab lesson`` flags: where the report goes, which model, the cost limits, the seed.
 
     ``seed`` seeds the lesson's own random draws (the small X, the saturation draws, the
-    shuffle); the √d table always uses the seed document's ``default_rng(0)``, so it reproduces it.
+    shuffle); the √d table always draws from ``np.random.default_rng(0)``, as the lesson's own code does, so it
+    reproduces the lesson's table.
     ``model``: None for the bundled all-MiniLM-L6-v2, or a model folder / hub id.
     """
 

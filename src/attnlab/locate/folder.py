@@ -102,6 +102,8 @@ def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tup
         return folder, DEFAULT_MODEL_ID, rev
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be None, a folder path or a hub id string, got {type(model).__name__}")
+    if not str(model).strip():  # Path("") is the current folder: never what an empty name meant
+        raise ValueError("model is empty; give a model folder or a hub id, or None for the bundled default")
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -61,13 +61,17 @@ class Head(NamedTuple):
 
 def heads_of(values: Iterable[Any], num_layers: int, num_heads: int, argument: str = "heads") -> tuple[Head, ...]:
     """Heads from Heads or 0-based (layer, head) pairs, each checked as :meth:`Head.of` checks it
-    (the message names ``argument[i]``)."""
+    (the message names ``argument[i]``); a head named twice is refused."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{argument} must be a list of Heads or 0-based (layer, head) pairs, got {values!r}")
     values = list(values)
     if len(values) == 2 and all(isinstance(x, (int, np.integer)) for x in values):
         raise TypeError(f"{argument} must be a list of heads; for one head give [{tuple(values)}], got {values!r}")
-    return tuple(Head.of(v, num_layers, num_heads, f"{argument}[{i}]") for i, v in enumerate(values))
+    heads = tuple(Head.of(v, num_layers, num_heads, f"{argument}[{i}]") for i, v in enumerate(values))
+    for i, h in enumerate(heads):
+        if h in heads[:i]:
+            raise ValueError(f"{argument} names {h} ({tuple(h)}, 0-based) twice; name each head once")
+    return heads
 
 
 def check_layer(layer: Any, num_layers: int, argument: str = "layer") -> int:

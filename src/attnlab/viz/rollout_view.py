@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.analysis.rollout import DEFAULT_RESIDUAL, flow_one, rollout_one
+from attnlab.analysis.rollout import DEFAULT_RESIDUAL, check_residual, flow_one, rollout_one
 from attnlab.maps.records import Maps
 from attnlab.viz.payload import pack_weights
 
@@ -61,8 +61,7 @@ def check_request(maps: Maps, sentence: int, layer: int, residual: float, method
     [0, 1), an unknown method, or flow of a sentence longer than :data:`FLOW_MAX_POSITIONS`."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
-    if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0 <= residual < 1:
-        raise ValueError(f"residual must be a number in [0, 1), got {residual!r}")
+    check_residual(residual)
     if not 0 <= sentence < len(maps.weights):
         raise ValueError(f"sentence must be 0..{len(maps.weights) - 1}, got {sentence}")
     if not 0 <= layer < maps.num_layers:

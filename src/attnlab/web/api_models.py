@@ -5,12 +5,14 @@ Made by :func:`api_models` rather than at import, so that importing attnlab's mo
 pydantic (the web server's extra); the server calls it once per app.
 """
 
-# No `from __future__ import annotations`: pydantic and FastAPI read these models, local to
-# api_models, from their live annotations.
+# No `from __future__ import annotations`: pydantic and FastAPI read these models, local to the
+# functions below, from their live annotations.
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 MAX_WORD_CHARS = 100
+Level = Literal["word", "token"]
+Attention = Literal["encoder", "decoder", "cross"]  # attnlab.viz.payload.ATTENTIONS
 ATTENTION_HELP = ("encoder: the model's own self-attention (an encoder–decoder's encoder); decoder: an encoder–decoder's "
              "decoder self-attention; cross: its cross-attention (target rows, source columns)")
 
@@ -18,13 +20,24 @@ ATTENTION_HELP = ("encoder: the model's own self-attention (an encoder–decoder
 def api_models(max_sentences: int, max_chars: int, default_overview: int) -> SimpleNamespace:
     """Every request and answer model of the API, for sentences of at most ``max_chars``
     characters, at most ``max_sentences`` at a time."""
+    return SimpleNamespace(**_requests(max_sentences, max_chars, default_overview), **_map_answers(),
+                           **_head_answers(), **_scene_answers())
+
+
+def _models(names: dict[str, Any]) -> dict[str, type]:
+    """The pydantic models among a function's local ``names``."""
+    from pydantic import BaseModel
+
+    return {k: v for k, v in names.items() if isinstance(v, type) and issubclass(v, BaseModel) and v is not BaseModel}
+
+
+def _requests(max_sentences: int, max_chars: int, default_overview: int) -> dict[str, type]:
+    """What each endpoint takes: strict (no extra keys, no type coercion), sizes bounded."""
     from pydantic import BaseModel, ConfigDict, Field
 
     Sentence = Annotated[str, Field(min_length=1, max_length=max_chars, pattern=r"\S")]
     Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS, pattern=r"\S")]
     Occurrence = Annotated[int, Field(ge=1, le=1000)]
-    Level = Literal["word", "token"]
-    Attention = Literal["encoder", "decoder", "cross"]  # attnlab.viz.payload.ATTENTIONS
     Sentences = Annotated[list[Sentence], Field(
         min_length=1, max_length=max_sentences,
         description="sentences; a tab makes a pair: segments A and B, or an encoder–decoder's source and target")]
@@ -69,6 +82,13 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         occurrence: Occurrence | Annotated[list[Occurrence | None], Field(min_length=1, max_length=max_sentences)] | None = Field(
             None, description="where the target occurs more than once: which occurrence to search, 1-based; one "
             "number for every sentence, or one per sentence (null: the first); default the first")
+
+    return _models(locals())
+
+
+def _map_answers() -> dict[str, type]:
+    """What /api/info, /api/maps and /api/roles answer, and the error body."""
+    from pydantic import BaseModel, Field
 
     class ErrorOut(BaseModel):
         detail: str
@@ -132,6 +152,13 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         roles: RolesOut
         seq2seq: Seq2SeqOut | None = Field(None, description="an encoder–decoder's decoder and cross-attention labels")
 
+    return _models(locals())
+
+
+def _head_answers() -> dict[str, type]:
+    """What /api/head, /api/neuron, /api/rollout and /api/find-head answer."""
+    from pydantic import BaseModel, Field
+
     class HeadOut(BaseModel):
         sentence: int
         layer: int
@@ -193,6 +220,13 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         note: str | None = Field(None, description="which occurrence was searched, where the target occurs more "
                                  "than once and none was asked for")
 
+    return _models(locals())
+
+
+def _scene_answers() -> dict[str, type]:
+    """What /api/scene answers: the lesson's scene, unscaled and scaled."""
+    from pydantic import BaseModel
+
     class SceneRun(BaseModel):
         scaled: bool
         scale: float
@@ -210,4 +244,4 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         unscaled: SceneRun
         scaled: SceneRun
 
-    return SimpleNamespace(**{k: v for k, v in locals().items() if isinstance(v, type) and issubclass(v, BaseModel)})
+    return _models(locals())

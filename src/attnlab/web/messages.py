@@ -8,7 +8,17 @@ the input is never echoed, and every string is made encodable first.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# A field that takes one of several forms (pydantic's union) fails once per form, each error's loc
+# naming the form by a tag of pydantic's ("constrained-int", "list[nullable[constrained-int]]"): such
+# a field gets one sentence saying every form it takes, and the tags never reach the reader.
+FORMS = {
+    "occurrence": ("occurrence: which occurrence of the target to search, a whole number from 1 (the first) to 1000, "
+                   "or a list with one such number (or null) per sentence; leave it out to search the first"),
+}
+_TAG = re.compile(r"[\[\]-]")  # the request's own field names are identifiers; pydantic's tags are not
 
 
 def encodable(text: str) -> str:
@@ -45,8 +55,27 @@ def friendly(error: dict, max_sentences: int, max_chars: int) -> str:
     return f"{field}: {encodable(str(error.get('msg', 'invalid value')))}"
 
 
+def _is_tag(part: Any) -> bool:
+    return isinstance(part, str) and bool(_TAG.search(part))
+
+
 def validation_detail(errors: list[dict], max_sentences: int, max_chars: int) -> list[dict[str, Any]]:
-    """FastAPI's ``detail`` list (``loc``, ``msg``, ``type``) without the echoed input, every string encodable."""
-    return [{"loc": [p if isinstance(p, int) else encodable(str(p)) for p in e.get("loc", ())],
-             "msg": friendly(e, max_sentences, max_chars), "type": encodable(str(e.get("type", "")))}
-            for e in errors]
+    """FastAPI's ``detail`` list (``loc``, ``msg``, ``type``) without the echoed input, every string
+    encodable; a field of several forms gets one entry (:data:`FORMS`), without pydantic's tags."""
+    out: list[dict[str, Any]] = []
+    forms_said: set[tuple] = set()
+    for e in errors:
+        loc = tuple(p for p in e.get("loc", ()) if not _is_tag(p))
+        if any(_is_tag(p) for p in e.get("loc", ())):
+            field = loc[: 2 if loc[:1] == ("body",) else 1]
+            if field in forms_said:
+                continue
+            forms_said.add(field)
+            name = str(field[-1]) if field else "body"
+            said = friendly({**e, "loc": loc}, max_sentences, max_chars)
+            msg = FORMS.get(name, f"{encodable(name)}: none of the forms it takes ({said})")
+            out.append({"loc": [encodable(str(p)) for p in field], "msg": msg, "type": "value_error"})
+            continue
+        out.append({"loc": [p if isinstance(p, int) else encodable(str(p)) for p in loc],
+                    "msg": friendly(e, max_sentences, max_chars), "type": encodable(str(e.get("type", "")))})
+    return out

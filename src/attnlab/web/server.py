@@ -22,21 +22,23 @@ host names and refuses cross-origin POSTs (:mod:`attnlab.web.guard`), and binds 
 told otherwise.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the endpoints' request models, made in
-# create_app by api_models, from the live annotations.
+# No `from __future__ import annotations`: FastAPI reads the endpoints' request models, made by
+# api_models when the app is made, from the signatures :func:`_post` gives the endpoints.
+import inspect
 import json
 import logging
 from collections.abc import Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from attnlab.viz import payload
-from attnlab.web.attentions import attention_head
-from attnlab.web.api_models import api_models
 from attnlab.viz.assets import STATIC_FILES, read_static
-from attnlab.web.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
 from attnlab.viz.neuron import head_qk
 from attnlab.viz.rollout_view import served_rollout
+from attnlab.web.attentions import attention_head
+from attnlab.web.api_models import api_models
+from attnlab.web.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
 from attnlab.web.work import CACHE_MB, QUEUE, WORKERS, Busy, MapsCache, WorkerPool
 
 __all__ = ["MapsCache", "check_port", "create_app", "serve"]
@@ -47,6 +49,177 @@ MAX_SENTENCES = 2  # the viewer compares at most two sentences
 MAX_CHARS = 4000  # per sentence: room for 512 tokens of ordinary text, no more
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+CLIENT_ERRORS = (ValueError, LookupError)  # raised by attnlab for what the model cannot take: a 400
+
+
+@dataclass
+class Viewer:
+    """What every endpoint works with: the model's cache, the worker pool, the lesson's scene."""
+
+    cache: MapsCache
+    pool: WorkerPool
+    scene: dict | None
+    info: dict = field(default_factory=dict)
+
+    def maps(self, sentences: list[str], level: str) -> Any:
+        """The captured maps (``level`` "qk": token level with queries and keys); an encoder–decoder's
+        sentence must be a source<TAB>target pair."""
+        lm = self.cache.loaded()
+        for i, s in enumerate(sentences):
+            if lm.config.get("is_encoder_decoder") and (tabs := s.count("\t")) != 1:
+                raise ValueError(f"sentences[{i}] has {tabs} tabs; {lm.model_id!r} is an encoder–decoder model: "
+                                 f"give each sentence as its source and its target, separated by one tab")
+        return self.cache.get_qk(sentences) if level == "qk" else self.cache.get(sentences, level)
+
+    def info_now(self) -> dict:
+        lm = self.cache.loaded()
+        return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
+                "num_heads": lm.num_heads, "max_tokens": lm.max_tokens, "max_sentences": MAX_SENTENCES,
+                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder"))}
+
+
+# The POST endpoints: each a small function from the request to its answer, run on the worker pool
+# (the big answers, a 512 x 512 map is 262,144 numbers, skip the response model's validation, which
+# costs a second there; the schema documents them and the fuzz tests check the bodies against it).
+
+def maps_answer(v: Viewer, req: Any) -> bytes:
+    """Labels, marks, downsampled maps of every head and the role badges (an encoder's, or an
+    encoder–decoder's encoder's), and for an encoder–decoder what the head view's decoder and
+    cross choices need (``seq2seq``: the decoder's shape, the level served, source and target
+    labels and marks); full maps: /api/head."""
+    m = v.maps(req.sentences, req.level)
+
+    def make() -> bytes:
+        body = payload.maps_payload(m, overview=req.overview)
+        pairs = payload.seq2seq_labels(m)
+        if pairs is not None:
+            body["seq2seq"] = pairs
+        return to_json(body)
+
+    return v.cache.computed((tuple(req.sentences), req.level, req.overview), make)
+
+
+def head_answer(v: Viewer, req: Any) -> dict:
+    """One head's full map (0-based layer and head) of one sentence: of the model's own attention
+    (``attention`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
+    rows, source columns), at the level asked for (``level`` says which)."""
+    got = attention_head(v.maps(req.sentences, req.level), req.attention, req.sentence, req.layer, req.head)
+    return {"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention,
+            **got, "weights": payload.round_weights(got["weights"])}
+
+
+def neuron_answer(v: Viewer, req: Any) -> dict:
+    """One head's queries and keys (0-based layer and head) of one sentence, its tokens, the
+    position bias where the model adds one (T5), and that layer's scale, softcap, causal and
+    window: what the Neuron view turns into weights. ``attention`` as in /api/head; token level."""
+    data = head_qk(v.maps(req.sentences, "qk"), req.sentence, req.layer, req.head, req.attention)
+    return {"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention, **data}
+
+
+def rollout_answer(v: Viewer, req: Any) -> dict:
+    """Attention rollout (Abnar & Zuidema 2020), or attention flow, of one sentence through layers
+    0..``layer`` (0-based) at ``residual``: row i, how much of each input position reaches position i."""
+    m = v.maps(req.sentences, req.level)
+    got = served_rollout(v.cache, m, (tuple(req.sentences), req.level), req.sentence, req.layer, req.residual,
+                         req.method)
+    return {"sentence": req.sentence, "level": req.level, "layer": req.layer, "residual": req.residual,
+            "method": req.method, **got, "weights": payload.round_weights(got["weights"])}
+
+
+def roles_answer(v: Viewer, req: Any) -> dict:
+    """Role scores ([layer][head] per role) over the sentences' word-level maps, and the badges."""
+    return payload.roles_payload(v.maps(req.sentences, "word"))
+
+
+def find_head_answer(v: Viewer, req: Any) -> dict:
+    """The lesson's search: heads where the target's largest weight falls on each sentence's decider."""
+    return payload.find_head_payload(v.maps(req.sentences, "word"), req.target, req.deciders, req.exclude_self,
+                                     req.exclude_marks, req.occurrence)
+
+
+POSTS = (  # path, request model, answer model, answer
+    ("/api/maps", "MapsIn", "MapsOut", maps_answer),
+    ("/api/head", "HeadIn", "HeadOut", head_answer),
+    ("/api/neuron", "NeuronIn", "NeuronOut", neuron_answer),
+    ("/api/rollout", "RolloutIn", "RolloutOut", rollout_answer),
+    ("/api/roles", "MapsIn", "RolesOut", roles_answer),
+    ("/api/find-head", "FindHeadIn", "FindHeadOut", find_head_answer),
+)
+
+
+def to_json(data: dict) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def answered(v: Viewer, answer: Callable[[Viewer, Any], Any], req: Any) -> bytes:
+    """``answer`` as JSON bytes, on the worker; attnlab's refusals (:data:`CLIENT_ERRORS`: too many
+    tokens, a word not in the sentence, a layer out of range) become one 400 with their message."""
+    from fastapi import HTTPException
+
+    from attnlab.web.messages import encodable
+
+    try:
+        got = answer(v, req)
+    except CLIENT_ERRORS as e:
+        raise HTTPException(status_code=400, detail=encodable(str(e))) from None
+    return got if isinstance(got, bytes) else to_json(got)
+
+
+def _post(app: Any, v: Viewer, path: str, body: type, out: type, answer: Callable, responses: dict) -> None:
+    """Route POST ``path``: its body read as ``body``, documented as answering ``out``, computed by ``answer``."""
+    from fastapi.responses import Response
+
+    async def endpoint(req: Any) -> Response:
+        return Response(await v.pool.run(lambda: answered(v, answer, req)), media_type="application/json")
+
+    param = inspect.Parameter("req", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body)
+    endpoint.__signature__ = inspect.Signature([param], return_annotation=Response)  # FastAPI reads the model here
+    endpoint.__name__ = answer.__name__.removesuffix("_answer")
+    app.add_api_route(path, endpoint, methods=["POST"], response_model=out, responses=responses,
+                      description=inspect.cleandoc(answer.__doc__ or ""))
+
+
+def _gets(app: Any, v: Viewer, M: Any, busy_doc: dict) -> None:
+    """The page's files, /api/info and /api/scene: answered at once, whatever the workers are doing."""
+    from fastapi import HTTPException
+    from fastapi.responses import Response
+
+    def page_route(text: str, media: str):
+        async def page() -> Response:
+            return Response(text, media_type=media)
+        return page
+
+    for path, (name, media) in STATIC_FILES.items():  # read once, from the package, when the app is made
+        app.add_api_route(path, page_route(read_static(name), media), methods=["GET"], include_in_schema=False)
+
+    async def info() -> dict:
+        if not v.info:  # only a first call before the model is loaded waits, for the loading
+            v.info.update(v.info_now() if v.cache.is_loaded else await v.pool.run(v.info_now))
+        return v.info
+
+    async def scene_out() -> dict:
+        if v.scene is None:
+            raise HTTPException(404, "this viewer was made without the lesson's scene")
+        return v.scene
+
+    app.add_api_route("/api/info", info, methods=["GET"], response_model=M.InfoOut, responses=busy_doc)
+    app.add_api_route("/api/scene", scene_out, methods=["GET"], response_model=M.SceneOut,
+                      responses={404: {"description": "this viewer was made without the scene"}})
+
+
+async def _invalid(_request: Any, exc: Any) -> Any:
+    """A 422 whose every message says in words what is wrong (:mod:`attnlab.web.messages`)."""
+    from fastapi.responses import JSONResponse
+
+    from attnlab.web.messages import validation_detail
+
+    return JSONResponse(status_code=422, content={"detail": validation_detail(exc.errors(), MAX_SENTENCES, MAX_CHARS)})
+
+
+async def _busy(_request: Any, exc: Busy) -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(status_code=503, content={"detail": str(exc)}, headers={"Retry-After": str(exc.retry_after)})
 
 
 def create_app(model: Any = None, revision: str | None = None, *, preload: bool = False, scene: dict | None = None,
@@ -62,27 +235,18 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     :func:`attnlab.web.guard.allowed_hosts` makes the set for a bind address). ``workers`` threads do
     the model's work, ``queue`` more requests may wait for them, the cache keeps ``cache_mb`` MB.
     """
-    from fastapi import FastAPI, HTTPException, Request
+    from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.middleware.gzip import GZipMiddleware
-    from fastapi.responses import JSONResponse, Response
 
-    from attnlab.web.messages import encodable, validation_detail
-
-    cache = MapsCache(model, revision, max_mb=cache_mb)
-    pool = WorkerPool(workers, queue)
+    v = Viewer(MapsCache(model, revision, max_mb=cache_mb), WorkerPool(workers, queue), scene)
     if preload:
-        cache.loaded()
-    pages = {path: (read_static(name), media) for path, (name, media) in STATIC_FILES.items()}
-
-    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW)
-    bad_request = {400: {"model": M.ErrorOut, "description": "Well-formed, but the model cannot take it (too many "
-                         "tokens, a word not in the sentence, a layer out of range)"}}
+        v.cache.loaded()
 
     @asynccontextmanager
     async def lifespan(_app):
         yield
-        pool.shutdown()
+        v.pool.shutdown()
 
     app = FastAPI(
         title="attnlab viewer",
@@ -92,156 +256,22 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         redoc_url=None,
         lifespan=lifespan,
     )
-    app.state.pool, app.state.cache = pool, cache  # for tests and benchmarks to look at
+    app.state.pool, app.state.cache = v.pool, v.cache  # for tests and benchmarks to look at
     # Level 1: weights as JSON compress well at the fastest level, and the higher levels save a little
     # more for several times the time (measured by benchmarks/bench_viewer.py: benchmarks/README.md).
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=1)
     app.add_middleware(LocalOnly, hosts=allowed_hosts() if hosts is None else hosts)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(Busy, _busy)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": validation_detail(exc.errors(), MAX_SENTENCES, MAX_CHARS)})
-
-    @app.exception_handler(Busy)
-    async def busy(_request: Request, exc: Busy) -> JSONResponse:
-        return JSONResponse(status_code=503, content={"detail": str(exc)}, headers={"Retry-After": str(exc.retry_after)})
-
-    def to_json(data: dict) -> bytes:
-        return json.dumps(data, separators=(",", ":")).encode()
-
-    def client_error(e: Exception) -> HTTPException:
-        return HTTPException(status_code=400, detail=encodable(str(e)))
-
-    def maps_for(sentences: list[str], level: str) -> Any:
-        """The captured maps (``level`` "qk": token level with queries and keys); what the model
-        refuses (too many tokens, an empty sentence, an encoder–decoder's sentence that is not a
-        source<TAB>target pair) is a 400."""
-        try:
-            lm = cache.loaded()
-            for i, s in enumerate(sentences):
-                if lm.config.get("is_encoder_decoder") and (tabs := s.count("\t")) != 1:
-                    raise ValueError(f"sentences[{i}] has {tabs} tabs; {lm.model_id!r} is an encoder–decoder model: "
-                                     f"give each sentence as its source and its target, separated by one tab")
-            return cache.get_qk(sentences) if level == "qk" else cache.get(sentences, level)
-        except (ValueError, LookupError) as e:  # the client's to fix
-            raise client_error(e) from None
-
-    async def heavy(fn: Callable[[], bytes]) -> Response:
-        # The big answers (a 512 x 512 map is 262,144 numbers) skip the response model's
-        # validation, which costs a second there; the schema still documents them and the fuzz
-        # tests check that the bodies conform to it. They are serialized on the worker too.
-        return Response(await pool.run(fn), media_type="application/json")
-
-    busy_doc = {503: {"model": M.ErrorOut, "description": "Every worker is busy and the queue is full; see Retry-After"}}
-    heavy_doc = {**bad_request, **busy_doc}
-
-    def page_route(text: str, media: str):
-        async def page() -> Response:
-            return Response(text, media_type=media)
-        return page
-
-    for path, (text, media) in pages.items():
-        app.add_api_route(path, page_route(text, media), methods=["GET"], include_in_schema=False)
-
-    info_cache: dict = {}
-
-    def info_now() -> dict:
-        lm = cache.loaded()
-        return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
-                "num_heads": lm.num_heads, "max_tokens": lm.max_tokens, "max_sentences": MAX_SENTENCES,
-                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder"))}
-
-    @app.get("/api/info", response_model=M.InfoOut, responses=busy_doc)
-    async def info() -> dict:
-        if not info_cache:  # only a first call before the model is loaded waits, for the loading
-            info_cache.update(info_now() if cache.is_loaded else await pool.run(info_now))
-        return info_cache
-
-    @app.get("/api/scene", response_model=M.SceneOut, responses={404: {"description": "this viewer was made without the scene"}})
-    async def scene_out() -> dict:
-        if scene is None:
-            raise HTTPException(404, "this viewer was made without the lesson's scene")
-        return scene
-
-    @app.post("/api/maps", response_model=M.MapsOut, responses=heavy_doc)
-    async def maps(req: M.MapsIn) -> Response:
-        """Labels, marks, downsampled maps of every head and the role badges (an encoder's, or an
-        encoder–decoder's encoder's), and for an encoder–decoder what the head view's decoder and
-        cross choices need (``seq2seq``: the decoder's shape, the level served, source and target
-        labels and marks); full maps: /api/head."""
-        def work() -> bytes:
-            m = maps_for(req.sentences, req.level)
-
-            def make() -> bytes:
-                body = payload.maps_payload(m, overview=req.overview)
-                pairs = payload.seq2seq_labels(m)
-                if pairs is not None:
-                    body["seq2seq"] = pairs
-                return to_json(body)
-            return cache.computed((tuple(req.sentences), req.level, req.overview), make)
-        return await heavy(work)
-
-    @app.post("/api/head", response_model=M.HeadOut, responses=heavy_doc)
-    async def head(req: M.HeadIn) -> Response:
-        """One head's full map (0-based layer and head) of one sentence: of the model's own attention
-        (``attention`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
-        rows, source columns), at the level asked for (``level`` says which)."""
-        def work() -> bytes:
-            m = maps_for(req.sentences, req.level)
-            try:
-                got = attention_head(m, req.attention, req.sentence, req.layer, req.head)
-            except ValueError as e:
-                raise client_error(e) from None
-            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention,
-                            **got, "weights": payload.round_weights(got["weights"])})
-        return await heavy(work)
-
-    @app.post("/api/neuron", response_model=M.NeuronOut, responses=heavy_doc)
-    async def neuron(req: M.NeuronIn) -> Response:
-        """One head's queries and keys (0-based layer and head) of one sentence, its tokens, the
-        position bias where the model adds one (T5), and that layer's scale, softcap, causal and
-        window: what the Neuron view turns into weights. ``attention`` as in /api/head; token level."""
-        def work() -> bytes:
-            m = maps_for(req.sentences, "qk")
-            try:
-                data = head_qk(m, req.sentence, req.layer, req.head, req.attention)
-            except ValueError as e:
-                raise client_error(e) from None
-            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention, **data})
-        return await heavy(work)
-
-    @app.post("/api/rollout", response_model=M.RolloutOut, responses=heavy_doc)
-    async def rollout(req: M.RolloutIn) -> Response:
-        """Attention rollout (Abnar & Zuidema 2020), or attention flow, of one sentence through layers
-        0..``layer`` (0-based) at ``residual``: row i, how much of each input position reaches position i."""
-        def work() -> bytes:
-            m = maps_for(req.sentences, req.level)
-            try:
-                got = served_rollout(cache, m, (tuple(req.sentences), req.level), req.sentence, req.layer,
-                                     req.residual, req.method)
-            except ValueError as e:
-                raise client_error(e) from None
-            return to_json({"sentence": req.sentence, "level": req.level, "layer": req.layer, "residual": req.residual,
-                            "method": req.method, **got, "weights": payload.round_weights(got["weights"])})
-        return await heavy(work)
-
-    @app.post("/api/roles", response_model=M.RolesOut, responses=heavy_doc)
-    async def roles(req: M.MapsIn) -> Response:
-        """Role scores ([layer][head] per role) over the sentences' word-level maps, and the badges."""
-        return await heavy(lambda: to_json(payload.roles_payload(maps_for(req.sentences, "word"))))
-
-    @app.post("/api/find-head", response_model=M.FindHeadOut, responses=heavy_doc)
-    async def find_head(req: M.FindHeadIn) -> Response:
-        """The lesson's search: heads where the target's largest weight falls on each sentence's decider."""
-        def work() -> bytes:
-            words = maps_for(req.sentences, "word")
-            try:
-                return to_json(payload.find_head_payload(words, req.target, req.deciders, req.exclude_self,
-                                                         req.exclude_marks, req.occurrence))
-            except (ValueError, LookupError) as e:
-                raise client_error(e) from None
-        return await heavy(work)
-
+    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW)
+    busy_doc = {503: {"model": M.ErrorOut,
+                      "description": "Every worker is busy and the queue is full; see Retry-After"}}
+    heavy_doc = {400: {"model": M.ErrorOut, "description": "Well-formed, but the model cannot take it (too many "
+                       "tokens, a word not in the sentence, a layer out of range)"}, **busy_doc}
+    _gets(app, v, M, busy_doc)
+    for path, body, out, answer in POSTS:
+        _post(app, v, path, getattr(M, body), getattr(M, out), answer, heavy_doc)
     return app
 
 
