@@ -1,0 +1,203 @@
+"""This machine, measured: the rates the planner's time model needs, at the model's own shapes, cached.
+
+For a model and a dtype it times, once (cached as JSON beside auto's table, keyed by the same
+machine facts: another CPU, thread count or library version measures anew; ``attnlab plan
+--calibrate`` measures again):
+
+- the matmul rate: one layer's matrices (torch ``linear`` at the model's (d_in, d_out)) at
+  several row counts, as (FLOPs, seconds) points;
+- the read bandwidth: one matrix-vector product over a set of the model's matrices as large as its
+  layers (capped at :data:`BANDWIDTH_BYTES`, far beyond the caches), as a decode step reads them;
+- the attention kernels' rate: :func:`attnlab.attention`, causal, at the model's head dim and k/v
+  grouping, for the prefill (FLOPs → seconds) and for one decode query over a cache (KV bytes → seconds),
+  by the backend attnlab's transformer uses;
+- the per-layer overhead: a decode step of a tiny model of the same kind divided by its layers,
+  which is dispatch and Python (its arithmetic is negligible);
+- the memory available is read at each plan (it changes), never cached.
+
+Every time is the fastest of :data:`REPEATS` runs after a warm call: a busy machine only adds time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnlab.backends.calibrate import cache_path as auto_cache_path
+from attnlab.backends.calibrate import machine_facts
+from attnlab.planner.formulas import layer_matmul_params, matmul_shapes
+from attnlab.planner.hardware import Hardware, Rate
+from attnlab.planner.models import DTYPE_BYTES, Architecture
+
+log = logging.getLogger(__name__)
+
+REPEATS = 3
+ROWS = (16, 128, 512)  # matmul row counts measured (fewer where a point would exceed MAX_MATMUL_FLOPS)
+MAX_MATMUL_FLOPS = 1e11
+BANDWIDTH_BYTES = 512 * 2**20
+PREFILL_N = (256, 1024, 4096)  # attention lengths measured (fewer where a point would exceed MAX_ATTENTION_FLOPS)
+MAX_ATTENTION_FLOPS = 6e10
+DECODE_T = (1024, 8192, 32768)  # cache lengths for one decode query
+MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
+BACKEND = "auto"  # attnlab's transformer's default backend
+OVERHEAD_LAYERS, OVERHEAD_STEPS = 4, 16
+
+
+def cache_file() -> Path:
+    return auto_cache_path().with_name(auto_cache_path().name.replace("calibration-", "planner-"))
+
+
+def _load() -> dict:
+    try:
+        data = json.loads(cache_file().read_text())
+        if data.get("machine") == machine_facts():
+            return data.get("profiles", {})
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def _save(profiles: dict) -> None:
+    path = cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump({"machine": machine_facts(), "profiles": profiles}, f, indent=1)
+        os.replace(f.name, path)
+    except OSError as e:  # a read-only home: the measurements live for this process only
+        log.warning("could not save the planner's calibration to %s: %s", path, e)
+
+
+def _best(fn: Callable[[], Any]) -> float:
+    fn()  # warm: first-call costs are not the rate's
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _matmul_points(a: Architecture, dtype: Any) -> list[list[float]]:
+    """(FLOPs, seconds) of one layer's matmuls at each row count of :data:`ROWS`."""
+    import torch
+    import torch.nn.functional as F
+
+    layer = sum(layer_matmul_params(a).values())
+    rows = [r for r in ROWS if 2 * r * layer <= MAX_MATMUL_FLOPS] or [ROWS[0]]
+    points = []
+    weights = {(i, o): torch.randn(o, i, dtype=dtype) for i, o, _ in matmul_shapes(a)}
+    for r in rows:
+        seconds = 0.0
+        for i, o, many in matmul_shapes(a):
+            x = torch.randn(r, i, dtype=dtype)
+            seconds += many * _best(lambda: F.linear(x, weights[(i, o)]))
+        points.append([2.0 * r * layer, seconds])
+    return points
+
+
+def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> float:
+    """Bytes/s of matrix-vector products over the model's matrices, cycled until they hold what the
+    layers do (at most :data:`BANDWIDTH_BYTES`): a decode step's weight reads."""
+    import torch
+    import torch.nn.functional as F
+
+    target = min(a.num_layers * sum(layer_matmul_params(a).values()) * nbytes, BANDWIDTH_BYTES)
+    mats, total = [], 0
+    while total < target:
+        for i, o, many in matmul_shapes(a):
+            for _ in range(many):
+                mats.append((torch.randn(1, i, dtype=dtype), torch.randn(o, i, dtype=dtype)))
+                total += i * o * nbytes
+
+    def sweep() -> None:
+        for x, w in mats:
+            F.linear(x, w)
+
+    return total / _best(sweep)
+
+
+def _heads(a: Architecture) -> tuple[int, int]:
+    """Query and k/v heads to measure with: at most MAX_HEADS query heads, the model's grouping kept."""
+    g = a.num_heads // a.num_kv_heads
+    h = max(g, min(a.num_heads, MAX_HEADS) // g * g)
+    return h, h // g
+
+
+def _attention_points(a: Architecture, dtype: Any, nbytes: int) -> tuple[list, list]:
+    """Prefill (FLOPs, s) and decode (KV bytes, s) points of :func:`attnlab.attention`, causal."""
+    import torch
+
+    from attnlab.backends.api import attention
+
+    h, kv, d = *_heads(a), a.head_dim
+    prefill, decode = [], []
+    for n in PREFILL_N:
+        flops = 4.0 * h * d * n * (n + 1) / 2
+        if prefill and flops > MAX_ATTENTION_FLOPS:
+            break
+        q, k, v = (torch.randn(1, heads, n, d, dtype=dtype) for heads in (h, kv, kv))
+        prefill.append([flops, _best(lambda: attention(q, k, v, causal=True, backend=BACKEND))])
+    for t in DECODE_T:
+        q = torch.randn(1, h, 1, d, dtype=dtype)
+        k, v = (torch.randn(1, kv, t, d, dtype=dtype) for _ in range(2))
+        decode.append([2.0 * kv * t * d * nbytes, _best(lambda: attention(q, k, v, causal=True, backend=BACKEND))])
+    return prefill, decode
+
+
+def _layer_overhead(a: Architecture, dtype: Any) -> float:
+    """Seconds per layer of one token's pass through a tiny model of the same kind: dispatch and Python."""
+    import torch
+
+    from attnlab.transformer import Transformer, TransformerConfig
+
+    cfg = TransformerConfig(vocab_size=64, d_model=32, n_layers=OVERHEAD_LAYERS, n_heads=2,
+                            n_kv_heads=1 if a.num_kv_heads < a.num_heads else 2, positions="rotary", norm="rmsnorm",
+                            ffn="gated" if a.gated else "mlp", activation="silu", bias=False, ffn_bias=False,
+                            max_positions=256)
+    model = Transformer(cfg).to(dtype).eval()
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    with torch.no_grad():
+        return _best(lambda: model(ids)) / OVERHEAD_LAYERS
+
+
+def profile_key(a: Architecture, dtype: str) -> str:
+    return (f"{dtype}/d{a.hidden_size}/h{a.num_heads}/kv{a.num_kv_heads}/D{a.head_dim}/ff{a.intermediate_size}"
+            f"/{'gated' if a.gated else 'mlp'}/L{a.num_layers}")
+
+
+def measure(a: Architecture, dtype: str) -> dict:
+    """Every measurement for ``a`` in ``dtype`` on this machine (seconds to a minute)."""
+    import torch
+
+    tdtype, nbytes = getattr(torch, dtype), DTYPE_BYTES[dtype]
+    prefill, decode = _attention_points(a, tdtype, nbytes)
+    return {"matmul": _matmul_points(a, tdtype), "bandwidth": _bandwidth(a, tdtype, nbytes),
+            "attention": prefill, "decode_attention": decode, "layer_overhead_s": _layer_overhead(a, tdtype),
+            "torch_threads": torch.get_num_threads(), "backend": BACKEND, "measured_at": time.time()}
+
+
+def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware:
+    """This machine's :class:`Hardware` for ``a`` in ``dtype``: cached measurements, measured when missing."""
+    from attnlab.bench.sweep import memory_available
+
+    if dtype not in ("float32", "bfloat16", "float16", "float64"):
+        raise ValueError(f"dtype {dtype!r} cannot be measured on this machine; use float32, bfloat16, float16 or float64")
+    profiles, key = _load(), profile_key(a, dtype)
+    if refresh or key not in profiles:
+        log.info("planner: measuring %s on this machine (once; cached in %s)", key, cache_file())
+        profiles[key] = measure(a, dtype)
+        _save(profiles)
+    m, facts = profiles[key], machine_facts()
+    pts = lambda name: tuple(tuple(p) for p in m[name])  # noqa: E731
+    return Hardware(
+        f"this machine ({facts['cpu']}, {m['torch_threads']} torch threads)", Rate(points=pts("matmul")),
+        Rate(m["bandwidth"]), Rate(points=pts("attention")), Rate(points=pts("decode_attention")),
+        float(memory_available() or 0), m["layer_overhead_s"], True, f"measured, cached in {cache_file()}",
+        details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"]})
