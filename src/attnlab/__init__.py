@@ -33,6 +33,7 @@ _LAZY = {
     "head_importance": "attnlab.analysis.ablation",
     "Ablation": "attnlab.analysis.ablation",
     "Importance": "attnlab.analysis.ablation",
+    "plan": "attnlab.planner.api",
 }
 
 
@@ -71,6 +72,7 @@ __all__ = [
     "hide_mask",
     "logsumexp",
     "padding_mask",
+    "plan",
     "softmax",
     "softmax_jacobian",
     "window_mask",

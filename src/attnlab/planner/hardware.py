@@ -3,7 +3,8 @@ and this machine (measured, :mod:`attnlab.planner.machine`), both as one :class:
 
 A :class:`Rate` turns work into seconds: a constant (work / per-second rate) or, on this machine,
 measured (work, seconds) points interpolated log-log (:func:`attnlab.backends.calibrate.estimate`,
-the same rule auto's table uses), so fixed per-call costs at small sizes are part of the figure.
+the same rule auto's table uses), so fixed per-call costs at small sizes are part of the figure;
+past the largest point the time grows in proportion to the work (the largest point's rate).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class Rate:
         if work <= 0:
             return 0.0
         if self.points:
+            top_work, top_s = max(self.points)
+            if work >= top_work:  # past the largest point the rate holds: the work only repeats
+                return top_s * work / top_work
             return estimate([list(p) for p in self.points], work)
         return work / self.per_s
 

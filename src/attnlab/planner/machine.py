@@ -15,13 +15,15 @@ machine facts: another CPU, thread count or library version measures anew; ``att
   which is dispatch and Python (its arithmetic is negligible);
 - the memory available is read at each plan (it changes), never cached.
 
-Every time is the fastest of :data:`REPEATS` runs after a warm call: a busy machine only adds time.
+Every time is the fastest of :data:`REPEATS` samples after a warm call (a busy machine only adds time),
+a sample of a short call being several calls in a row.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -37,7 +39,8 @@ from attnlab.planner.models import DTYPE_BYTES, Architecture
 
 log = logging.getLogger(__name__)
 
-REPEATS = 3
+REPEATS = 5
+MIN_SAMPLE_S = 0.02  # a sample shorter than this is several calls in a row
 ROWS = (16, 128, 512)  # matmul row counts measured (fewer where a point would exceed MAX_MATMUL_FLOPS)
 MAX_MATMUL_FLOPS = 1e11
 BANDWIDTH_BYTES = 512 * 2**20
@@ -75,13 +78,17 @@ def _save(profiles: dict) -> None:
 
 
 def _best(fn: Callable[[], Any]) -> float:
+    """Seconds per call: the fastest of REPEATS samples, each over enough calls in a row to last MIN_SAMPLE_S."""
+    t0 = time.perf_counter()
     fn()  # warm: first-call costs are not the rate's
-    times = []
+    calls = max(1, int(MIN_SAMPLE_S / max(time.perf_counter() - t0, 1e-7)))
+    best = math.inf
     for _ in range(REPEATS):
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
 
 
 def _matmul_points(a: Architecture, dtype: Any) -> list[list[float]]:
@@ -168,7 +175,9 @@ def _layer_overhead(a: Architecture, dtype: Any) -> float:
 
 
 def profile_key(a: Architecture, dtype: str) -> str:
-    return (f"{dtype}/d{a.hidden_size}/h{a.num_heads}/kv{a.num_kv_heads}/D{a.head_dim}/ff{a.intermediate_size}"
+    import torch
+
+    return (f"t{torch.get_num_threads()}/{dtype}/d{a.hidden_size}/h{a.num_heads}/kv{a.num_kv_heads}/D{a.head_dim}/ff{a.intermediate_size}"
             f"/{'gated' if a.gated else 'mlp'}/L{a.num_layers}")
 
 

@@ -51,12 +51,13 @@ def _term(seconds: float, limited_by: str) -> dict:
     return {"seconds": seconds, "limited_by": limited_by}
 
 
-def _matmuls(s: Setup, rows: int, layer_bytes_read: float) -> dict:
-    """The layers' and the LM head's matmuls for ``rows`` tokens: the slower of compute and reading the weights."""
+def _matmuls(s: Setup, rows: int, batch: int) -> dict:
+    """The layers' matmuls for ``rows`` tokens and the LM head's for the last token of each of ``batch``
+    sequences: the slower of computing them and reading their weights."""
     a, g = s.a, s.gpus
     layer_flops = 2 * rows * sum(f.layer_matmul_params(a).values()) / g
-    compute = a.num_layers * s.hw.matmul.seconds(layer_flops) + s.hw.matmul.seconds(2 * rows * a.hidden_size * a.vocab_size / g)
-    memory = s.hw.bandwidth.seconds(layer_bytes_read / g)
+    compute = a.num_layers * s.hw.matmul.seconds(layer_flops) + s.hw.matmul.seconds(2 * batch * a.hidden_size * a.vocab_size / g)
+    memory = s.hw.bandwidth.seconds(f.decode_weight_bytes(a, s.nbytes) / g)
     return _term(max(compute, memory), "compute" if compute >= memory else "memory bandwidth")
 
 
@@ -70,7 +71,7 @@ def _allreduce(s: Setup, tokens: int, batch: int) -> dict | None:
 
 def prefill_terms(s: Setup, n: int, batch: int) -> dict[str, dict]:
     a = s.a
-    terms = {"matmuls": _matmuls(s, batch * n, f.decode_weight_bytes(a, s.nbytes))}
+    terms = {"matmuls": _matmuls(s, batch * n, batch)}
     heads_share = 1 / s.gpus
     attention = sum(count * s.hw.attention.seconds(4 * batch * a.num_heads * heads_share * a.head_dim * f.causal_pairs(n, w))
                     for w, count in Counter(a.windows).items())
@@ -84,7 +85,7 @@ def prefill_terms(s: Setup, n: int, batch: int) -> dict[str, dict]:
 def decode_terms(s: Setup, keys: int, batch: int) -> dict[str, dict]:
     """One decode step whose attention reads ``keys`` keys per sequence (the cache and the new token)."""
     a = s.a
-    terms = {"weights": _matmuls(s, batch, f.decode_weight_bytes(a, s.nbytes))}
+    terms = {"weights": _matmuls(s, batch, batch)}
     per_token = 2 * a.num_kv_heads * s.kv_share * a.head_dim * batch * s.nbytes
     kv = sum(count * s.hw.decode_attention.seconds(per_token * (keys if w is None else min(keys, w)))
              for w, count in Counter(a.windows).items())
