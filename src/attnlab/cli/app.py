@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from attnlab.cli import ablate, lesson, longinputs, maps, measure, serve
+from attnlab.cli import plan as plan_cli
 from attnlab.cli.common import err
 
 app = typer.Typer(
@@ -35,7 +36,8 @@ def _root() -> None:
 COMMANDS = {  # in the order --help lists them
     "scene": lesson.scene, "maps": maps.maps, "heads": maps.heads, "find-head": maps.find_head,
     "stats": longinputs.stats, "rollout": longinputs.rollout, "ablate": ablate.ablate,
-    "serve": serve.serve, "lesson": lesson.lesson, "cost": lesson.cost, "check": measure.check, "bench": measure.bench,
+    "serve": serve.serve, "lesson": lesson.lesson, "cost": lesson.cost, "plan": plan_cli.plan, "check": measure.check,
+    "bench": measure.bench,
 }
 for _name, _handler in COMMANDS.items():
     app.command(_name)(_handler)
