@@ -22,6 +22,7 @@ from attnlab.backends.calibrate import estimate
 from attnlab.bench import Measurement
 from attnlab.lesson.fmt import big, mb, ms, num
 from attnlab.lesson.section import Section, table
+from attnlab.lesson.serving import serving_data, serving_findings, serving_table
 from attnlab.planner.search import largest_length
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,8 @@ def cost_section(cfg: CostConfig = CostConfig()) -> Section:
         f"BLAS thread(s), {DTYPE} inputs); peak memory is {MEMORY_SAYS} above what was allocated before it: the "
         "buffers the algorithm itself needs, counted to the byte; the inputs, and BLAS's or the interpreter's own "
         "memory, are not in it.")
+    serving = serving_data()
+    findings += serving_findings(serving)
     tables = (
         table("Table 1 of Vaswani et al. (2017)", ["layer", "compute per layer", "sequential steps", "path length"], TABLE_1),
         table(
@@ -237,11 +240,13 @@ def cost_section(cfg: CostConfig = CostConfig()) -> Section:
              for c in counts],
         ),
         *(_measured_table(name, p, cfg) for name, p in paths.items()),
+        serving_table(serving),
     )
     data = {
         "config": asdict(cfg),
         "table_1": [dict(zip(("layer", "compute", "sequential", "path"), row)) for row in TABLE_1],
         "counts": {"d": d, "rows": counts},
         "paths": paths,
+        "serving": serving,
     }
     return Section("cost", 6, "Cost", tuple(findings), tables, data)

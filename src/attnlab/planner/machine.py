@@ -1,8 +1,9 @@
 """This machine, measured: the rates the planner's time model needs, at the model's own shapes, cached.
 
 For a model and a dtype it times, once (cached as JSON beside auto's table, keyed by the same
-machine facts: another CPU, thread count or library version measures anew; ``attnlab plan
---calibrate`` measures again):
+machine facts and torch's thread count: another CPU, thread count or library version measures anew;
+``attnlab plan --calibrate`` measures again; with ``ATTNLAB_CALIBRATE=0`` nothing is written and the
+measurements last for the process):
 
 - the matmul rate: one layer's matrices (torch ``linear`` at the model's (d_in, d_out)) at
   several row counts, as (FLOPs, seconds) points;
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.backends.calibrate import cache_path as auto_cache_path
-from attnlab.backends.calibrate import machine_facts
+from attnlab.backends.calibrate import enabled, machine_facts
 from attnlab.planner.formulas import layer_matmul_params, matmul_shapes
 from attnlab.planner.hardware import Hardware, Rate
 from attnlab.planner.models import DTYPE_BYTES, Architecture
@@ -50,6 +51,7 @@ DECODE_T = (1024, 8192, 32768)  # cache lengths for one decode query
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS, OVERHEAD_STEPS = 4, 16
+_MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
 
 def cache_file() -> Path:
@@ -198,11 +200,13 @@ def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware
 
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"dtype {dtype!r} cannot be measured on this machine; use float32, bfloat16, float16 or float64")
-    profiles, key = _load(), profile_key(a, dtype)
+    key = profile_key(a, dtype)
+    profiles = {**_load(), **_MEMO}
     if refresh or key not in profiles:
         log.info("planner: measuring %s on this machine (once; cached in %s)", key, cache_file())
-        profiles[key] = measure(a, dtype)
-        _save(profiles)
+        profiles[key] = _MEMO[key] = measure(a, dtype)
+        if enabled():  # ATTNLAB_CALIBRATE=0 (the tests): measured for this process only, nothing written
+            _save(profiles)
     m, facts = profiles[key], machine_facts()
     pts = lambda name: tuple(tuple(p) for p in m[name])  # noqa: E731
     return Hardware(

@@ -58,7 +58,8 @@ def draw_plan(ax_time, ax_mem, curve: dict, asked: dict | None = None, label: st
     if curve.get("max_prompt_tokens"):
         for ax in (ax_time, ax_mem):
             ax.axvline(curve["max_prompt_tokens"], color="#2ca02c", lw=1, ls="-.",
-                       label=f"largest prompt meeting both: {curve['max_prompt_tokens']:,}")
+                       label=f"largest prompt {'meeting both' if curve.get('deadline_ms') else 'that fits'}: "
+                             f"{curve['max_prompt_tokens']:,}")
 
 
 def plan_figure(curve: dict, asked: dict | None = None) -> Figure:
