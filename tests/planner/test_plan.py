@@ -11,7 +11,7 @@ from attnlab.planner.hardware import Efficiencies, Rate, accelerator
 from attnlab.planner.models import load_model
 
 # round rates, so that every term can be computed by hand
-TOY = Hardware("toy", Rate(1e12), Rate(1e11), Rate(5e11), Rate(5e10), 100e9, 1e-4, True, "test", link=1e10,
+TOY = Hardware("toy", Rate(1e12), Rate(1e11), Rate(5e11), Rate(5e10), Rate(2e11), 100e9, 1e-4, True, "test", link=1e10,
                allreduce_latency_s=1e-5)
 
 
@@ -38,6 +38,8 @@ def test_ttft_and_tpot_term_by_term():
     assert p.rows[0].prefill["matmuls"]["seconds"] == pytest.approx(max(compute, read))
     assert p.rows[0].prefill["attention"]["seconds"] == pytest.approx(f.attention_flops(a, 1000, 1) / 5e11)
     assert p.rows[0].prefill["overhead"]["seconds"] == pytest.approx(32 * 1e-4)
+    per_token = 12 * 4096 + 12 * (4096 + 1024) + 2 * (2 * 4096 + 2 * 1024) + 5 * 14336 + 6 * 4096
+    assert p.rows[0].prefill["elementwise"]["seconds"] == pytest.approx(32 * per_token * 1000 * 2 / 2e11)
     # one decode step (new_tokens = 2): reads every weight and the KV of 1,001 keys
     decode = read + f.kv_bytes(a, 1001, 1, 2) / 5e10 + 32 * 1e-4
     assert p.tpot_s == pytest.approx(decode)

@@ -79,7 +79,7 @@ class Efficiencies:
     """What fraction of the datasheet a serving stack reaches: assumptions, printed with every prediction.
 
     matmul: the prefill's large GEMMs; attention: a FlashAttention-class prefill kernel; bandwidth: the
-    decode's weight reads; decode_attention: reading the KV cache (FlashDecoding-class); link: NCCL's
+    decode's weight reads and the elementwise work (counted unfused: an upper bound where kernels fuse it); decode_attention: reading the KV cache (FlashDecoding-class); link: NCCL's
     all-reduce bus bandwidth over the link; layer_overhead_s: kernel launches and host work per layer
     and pass; allreduce_latency_s: the fixed cost of one all-reduce.
     """
@@ -112,6 +112,7 @@ class Hardware:
     bandwidth: Rate  # bytes/s reading the weights
     attention: Rate  # FLOP/s of the prefill's attention, per layer call
     decode_attention: Rate  # bytes/s of KV cache read by one decode step's attention, per layer call
+    elementwise: Rate  # bytes/s of elementwise work (norms, rotary, activations), per layer and pass
     memory_bytes: float
     layer_overhead_s: float
     measured: bool
@@ -123,7 +124,7 @@ class Hardware:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name in ("matmul", "bandwidth", "attention", "decode_attention"):
+        for name in ("matmul", "bandwidth", "attention", "decode_attention", "elementwise"):
             d[name] = getattr(self, name).to_dict()
         return d
 
@@ -142,7 +143,7 @@ def accelerator(name: str, efficiencies: Efficiencies | None = None) -> Hardware
     a, e = ACCELERATORS[key], efficiencies or Efficiencies()
     return Hardware(
         a.name, Rate(a.peak_flops * e.matmul), Rate(a.bandwidth * e.bandwidth), Rate(a.peak_flops * e.attention),
-        Rate(a.bandwidth * e.decode_attention), a.memory_bytes, e.layer_overhead_s, False,
+        Rate(a.bandwidth * e.decode_attention), Rate(a.bandwidth * e.bandwidth), a.memory_bytes, e.layer_overhead_s, False,
         a.source, link=a.link * e.link, allreduce_latency_s=e.allreduce_latency_s, efficiencies=asdict(e),
         details={"peak_flops": a.peak_flops, "bandwidth": a.bandwidth, "memory_bytes": a.memory_bytes,
                  "link": a.link, "link_name": a.link_name})

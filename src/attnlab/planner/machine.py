@@ -12,6 +12,8 @@ measurements last for the process):
 - the attention kernels' rate: :func:`attnlab.attention`, causal, at the model's head dim and k/v
   grouping, for the prefill (FLOPs → seconds) and for one decode query over a cache (KV bytes → seconds),
   by the backend attnlab's transformer uses;
+- the elementwise rate: one product of two tensors into a third at sizes from the caches' to memory's
+  (bytes moved → seconds), for the norms, rotary and activations;
 - the per-layer overhead: a decode step of a tiny model of the same kind divided by its layers,
   which is dispatch and Python (its arithmetic is negligible);
 - the memory available is read at each plan (it changes), never cached.
@@ -42,15 +44,17 @@ log = logging.getLogger(__name__)
 
 REPEATS = 5
 MIN_SAMPLE_S = 0.02  # a sample shorter than this is several calls in a row
-ROWS = (16, 128, 512)  # matmul row counts measured (fewer where a point would exceed MAX_MATMUL_FLOPS)
+ROWS = (16, 128, 512, 2048)  # matmul row counts measured (fewer where a point would exceed MAX_MATMUL_FLOPS)
 MAX_MATMUL_FLOPS = 1e11
 BANDWIDTH_BYTES = 512 * 2**20
 PREFILL_N = (256, 1024, 4096)  # attention lengths measured (fewer where a point would exceed MAX_ATTENTION_FLOPS)
 MAX_ATTENTION_FLOPS = 6e10
-DECODE_T = (1024, 8192, 32768)  # cache lengths for one decode query
+DECODE_T = (1024, 8192, 32768)
+ELEMENTWISE = (1 << 16, 1 << 19, 1 << 22, 1 << 24)  # elements of the tensors multiplied  # cache lengths for one decode query
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS, OVERHEAD_STEPS = 4, 16
+PROFILE_VERSION = 2  # what a profile holds: a new field measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
 
@@ -132,6 +136,18 @@ def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> float:
     return total / _best(sweep)
 
 
+def _elementwise_points(dtype: Any, nbytes: int) -> list[list[float]]:
+    """(bytes moved, seconds) of one elementwise product into a new tensor (two read, one written), as the
+    model's norms, rotary and activations run, at sizes from the caches' to memory's."""
+    import torch
+
+    points = []
+    for size in ELEMENTWISE:
+        x, y = torch.randn(size, dtype=dtype), torch.randn(size, dtype=dtype)
+        points.append([3.0 * size * nbytes, _best(lambda: x * y)])
+    return points
+
+
 def _heads(a: Architecture) -> tuple[int, int]:
     """Query and k/v heads to measure with: at most MAX_HEADS query heads, the model's grouping kept."""
     g = a.num_heads // a.num_kv_heads
@@ -179,7 +195,7 @@ def _layer_overhead(a: Architecture, dtype: Any) -> float:
 def profile_key(a: Architecture, dtype: str) -> str:
     import torch
 
-    return (f"t{torch.get_num_threads()}/{dtype}/d{a.hidden_size}/h{a.num_heads}/kv{a.num_kv_heads}/D{a.head_dim}/ff{a.intermediate_size}"
+    return (f"v{PROFILE_VERSION}/t{torch.get_num_threads()}/{dtype}/d{a.hidden_size}/h{a.num_heads}/kv{a.num_kv_heads}/D{a.head_dim}/ff{a.intermediate_size}"
             f"/{'gated' if a.gated else 'mlp'}/L{a.num_layers}")
 
 
@@ -190,7 +206,8 @@ def measure(a: Architecture, dtype: str) -> dict:
     tdtype, nbytes = getattr(torch, dtype), DTYPE_BYTES[dtype]
     prefill, decode = _attention_points(a, tdtype, nbytes)
     return {"matmul": _matmul_points(a, tdtype), "bandwidth": _bandwidth(a, tdtype, nbytes),
-            "attention": prefill, "decode_attention": decode, "layer_overhead_s": _layer_overhead(a, tdtype),
+            "attention": prefill, "decode_attention": decode, "elementwise": _elementwise_points(tdtype, nbytes),
+            "layer_overhead_s": _layer_overhead(a, tdtype),
             "torch_threads": torch.get_num_threads(), "backend": BACKEND, "measured_at": time.time()}
 
 
@@ -212,5 +229,5 @@ def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware
     return Hardware(
         f"this machine ({facts['cpu']}, {m['torch_threads']} torch threads)", Rate(points=pts("matmul")),
         Rate(m["bandwidth"]), Rate(points=pts("attention")), Rate(points=pts("decode_attention")),
-        float(memory_available() or 0), m["layer_overhead_s"], True, f"measured, cached in {cache_file()}",
+        Rate(points=pts("elementwise")), float(memory_available() or 0), m["layer_overhead_s"], True, f"measured, cached in {cache_file()}",
         details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"]})
