@@ -53,7 +53,7 @@ DECODE_T = (1024, 8192, 32768)
 ELEMENTWISE = (1 << 16, 1 << 19, 1 << 22, 1 << 24)  # elements of the tensors multiplied  # cache lengths for one decode query
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
 BACKEND = "auto"  # attnlab's transformer's default backend
-OVERHEAD_LAYERS, OVERHEAD_STEPS = 4, 16
+OVERHEAD_LAYERS = 4
 PROFILE_VERSION = 2  # what a profile holds: a new field measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
@@ -182,11 +182,10 @@ def _layer_overhead(a: Architecture, dtype: Any) -> float:
 
     from attnlab.transformer import Transformer, TransformerConfig
 
-    cfg = TransformerConfig(vocab_size=64, d_model=32, n_layers=OVERHEAD_LAYERS, n_heads=2,
-                            n_kv_heads=1 if a.num_kv_heads < a.num_heads else 2, positions="rotary", norm="rmsnorm",
-                            ffn="gated" if a.gated else "mlp", activation="silu", bias=False, ffn_bias=False,
-                            max_positions=256)
-    model = Transformer(cfg).to(dtype).eval()
+    tiny = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": OVERHEAD_LAYERS, "num_attention_heads": 2,
+            "num_key_value_heads": 1 if a.num_kv_heads < a.num_heads else 2, "intermediate_size": 64,
+            "vocab_size": 64, "max_position_embeddings": 256}
+    model = Transformer(TransformerConfig.from_hf(tiny)).to(dtype).eval()
     ids = torch.zeros(1, 1, dtype=torch.long)
     with torch.no_grad():
         return _best(lambda: model(ids)) / OVERHEAD_LAYERS
