@@ -27,6 +27,8 @@ def _one_error(capsys, text):
     (["--hardware", "h100", "--efficiency", "matmul=3"], "--efficiency: efficiency matmul must be in (0, 1]"),
     (["--hardware", "this", "--efficiency", "matmul=0.5"], "--efficiency applies to a named accelerator"),
     (["--deadline-on", "first"], "--deadline-on must be"),
+    (["--hardware", "h100", "--dtype", "float12"], "--dtype must be one of"),
+    (["--dtype", "fp8"], "--dtype must be one of float32, bfloat16, float16, float64 on this machine"),
     (["--hardware", "h100", "--calibrate"], "--calibrate measures this machine"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(capsys, args, text):

@@ -42,6 +42,16 @@ def _positive(flag: str, value: Any, whole: bool = False) -> None:
         raise ValueError(f"{flag} must be {'an integer >= 1' if whole else 'a positive number'}, got {value!r}")
 
 
+def _dtype(dtype: str | None, hardware: str) -> None:
+    from attnlab.planner.machine import MEASURABLE
+    from attnlab.planner.models import DTYPE_BYTES
+
+    here = hardware.strip().lower() == "this"
+    allowed = MEASURABLE if here else tuple(DTYPE_BYTES)
+    if dtype is not None and dtype not in allowed:
+        raise ValueError(f"--dtype must be one of {', '.join(allowed)}{' on this machine' if here else ''}, got {dtype!r}")
+
+
 def _hardware(hardware: str, efficiency: str | None) -> Any:
     """'this' (resolved later, at the model's shapes), or the named accelerator with any --efficiency."""
     from attnlab.planner.hardware import Efficiencies, accelerator
@@ -99,6 +109,7 @@ def plan(
         _positive(flag, value, whole)
     if deadline_on not in ("total", "ttft"):
         raise ValueError(f"--deadline-on must be total or ttft, got {deadline_on!r}")
+    _dtype(dtype, hardware)
     from attnlab.planner import plan as run_plan
     from attnlab.planner.predict import resolve_hardware
 

@@ -54,6 +54,7 @@ ELEMENTWISE = (1 << 16, 1 << 19, 1 << 22, 1 << 24)  # elements of the tensors mu
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS = 4
+MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch computes in on a CPU
 PROFILE_VERSION = 2  # what a profile holds: a new field measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
@@ -214,8 +215,8 @@ def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware
     """This machine's :class:`Hardware` for ``a`` in ``dtype``: cached measurements, measured when missing."""
     from attnlab.bench.sweep import memory_available
 
-    if dtype not in ("float32", "bfloat16", "float16", "float64"):
-        raise ValueError(f"dtype {dtype!r} cannot be measured on this machine; use float32, bfloat16, float16 or float64")
+    if dtype not in MEASURABLE:
+        raise ValueError(f"dtype {dtype!r} cannot be measured on this machine; use {', '.join(MEASURABLE)}")
     key = profile_key(a, dtype)
     profiles = {**_load(), **_MEMO}
     if refresh or key not in profiles:
