@@ -187,9 +187,11 @@ def _field(cfg: Any, *names: str) -> Any:
 def from_transformer_config(cfg: Any) -> Architecture:
     """From attnlab's own :class:`~attnlab.transformer.TransformerConfig` (it computes in float32)."""
     layers = _field(cfg, "num_layers", "n_layers")
+    window = getattr(cfg, "layer_window", None)  # a config with sliding windows says each layer's
+    windows = tuple(window(i) for i in range(layers)) if callable(window) else (None,) * layers
     return Architecture(
         f"attnlab transformer ({getattr(cfg, 'family', 'custom')})", layers, _field(cfg, "num_heads", "n_heads"),
-        cfg.heads_kv, cfg.head_dim, cfg.d_model, cfg.hidden_ff, cfg.vocab_size, cfg.max_positions, (None,) * layers,
+        cfg.heads_kv, cfg.head_dim, cfg.d_model, cfg.hidden_ff, cfg.vocab_size, cfg.max_positions, windows,
         gated=cfg.ffn == "gated", tied=cfg.tie_embeddings, learned_positions=cfg.positions == "learned",
         qkv_bias=cfg.bias, dtype="float32", source="attnlab TransformerConfig")
 
