@@ -18,6 +18,21 @@ def test_llama_3_1_8b_kv_cache_at_128000_tokens_is_the_published_15_6_gib():
     assert round(f.kv_bytes(a, 128000, 1, 2) / 2**30, 1) == 15.6
 
 
+@pytest.mark.parametrize("name, tokens, gib", [
+    # Hugging Face's Llama 3.1 release post, its table of KV cache memory in 16 bits (1k and 128k tokens)
+    ("llama-3.1-8b", 1024, 0.125), ("llama-3.1-8b", 128000, 15.62),
+    ("llama-3.1-70b", 1024, 0.313), ("llama-3.1-70b", 128000, 39.06),
+])
+def test_kv_cache_matches_published_tables(name, tokens, gib):
+    assert f.kv_bytes(load_model(name), tokens, 1, 2) / 2**30 == pytest.approx(gib, abs=0.006)
+
+
+def test_mistral_rolling_buffer_is_eight_times_smaller_at_32k():
+    # Mistral 7B (Jiang et al. 2023, §2): the rolling buffer of W = 4,096 saves 8× the cache at 32k tokens
+    a, full = load_model("mistral-7b-v0.1"), 32 * 2 * 8 * 128 * 2 * 32768
+    assert full / f.kv_bytes(a, 32768, 1, 2) == 8
+
+
 @pytest.mark.parametrize("name, billions", [
     ("gpt2", 0.124), ("llama-3.1-8b", 8.03), ("llama-3.1-70b", 70.55), ("mistral-7b-v0.1", 7.24),
     ("qwen2.5-7b", 7.62), ("gemma-2-9b", 9.24),
