@@ -1,15 +1,16 @@
 """The context planner against measurement: predicted ÷ measured TTFT and TPOT of attnlab's generate.
 
     .venv/bin/python benchmarks/bench_planner.py [--prompts 512,1024,2048,4096,8192,16384]
-        [--new-tokens 32] [--configs narrow,wide] [--threads N] [--calibrate] [--no-transformers]
+        [--new-tokens 32] [--configs narrow,wide] [--threads N] [--repeats 3] [--calibrate] [--no-transformers]
         [--deadline-search] [--json F]
 
 For two Llama-style configs of different shapes (random weights, float32, attnlab's default backend):
 
 1. ``attnlab.plan(config, "this", …)`` predicts TTFT and TPOT from this machine's calibration (the
    planner's measurements of the rates at the config's shapes; ``--calibrate`` measures them again).
-2. ``Transformer.generate`` runs each prompt length once (``on_token`` stamps each new token: TTFT is
-   the first stamp, TPOT the mean gap between the later ones, as vLLM defines it); transformers'
+2. ``Transformer.generate`` runs each prompt length ``--repeats`` times, medians reported (``on_token``
+   stamps each new token: TTFT is the first stamp, TPOT the mean gap between the later ones, as vLLM
+   defines it); transformers'
    ``LlamaForCausalLM.generate`` (SDPA, the same config, greedy, no early stop) is measured beside it
    with a streamer stamping its tokens.
 3. Each row: predicted, measured and predicted ÷ measured for TTFT and TPOT (target: within ±15 %),
@@ -78,6 +79,14 @@ def measure_transformers(model, n: int, new: int, vocab: int) -> dict:  # noqa: 
     return {"ttft_s": tokens[0] - t0, "tpot_s": sum(gaps) / len(gaps) if gaps else None, "total_s": tokens[-1] - t0}
 
 
+def median_of(repeats: int, run) -> dict:  # noqa: ANN001
+    """Each figure the median of ``repeats`` runs (attnlab's and transformers' runs alternate by row)."""
+    import statistics
+
+    runs = [run() for _ in range(repeats)]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
 def search_measured(model, lo: int, hi: int, deadline_s: float, new: int, vocab: int) -> int:  # noqa: ANN001
     """The largest prompt (multiple of 64) whose measured total meets the deadline, between lo (meets) and hi."""
     while hi - lo > 64:
@@ -111,8 +120,9 @@ def run_config(name: str, args: argparse.Namespace) -> dict:
         theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf, attn_implementation="sdpa")).eval()
     rows = []
     for n, p in zip(args.prompts, predicted.rows):
-        m = measure_attnlab(ours, n, args.new_tokens, hf["vocab_size"])
-        t = measure_transformers(theirs, n, args.new_tokens, hf["vocab_size"]) if theirs is not None else None
+        m = median_of(args.repeats, lambda: measure_attnlab(ours, n, args.new_tokens, hf["vocab_size"]))
+        t = (median_of(args.repeats, lambda: measure_transformers(theirs, n, args.new_tokens, hf["vocab_size"]))
+             if theirs is not None else None)
         rows.append({"prompt": n, "predicted": {"ttft_s": p.ttft_s, "tpot_s": p.tpot_s, "total_s": p.total_s},
                      "attnlab": m, "transformers": t, "limited_by": p.limited_by,
                      "ttft_ratio": p.ttft_s / m["ttft_s"], "tpot_ratio": p.tpot_s / m["tpot_s"],
@@ -163,6 +173,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per row (medians)")
     ap.add_argument("--calibrate", action="store_true", help="measure the planner's rates again first")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--deadline-search", action="store_true")

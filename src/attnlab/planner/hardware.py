@@ -81,7 +81,8 @@ class Efficiencies:
     matmul: the prefill's large GEMMs; attention: a FlashAttention-class prefill kernel; bandwidth: the
     decode's weight reads and the elementwise work (counted unfused: an upper bound where kernels fuse it); decode_attention: reading the KV cache (FlashDecoding-class); link: NCCL's
     all-reduce bus bandwidth over the link; layer_overhead_s: kernel launches and host work per layer
-    and pass; allreduce_latency_s: the fixed cost of one all-reduce.
+    and pass; allreduce_latency_s: the fixed cost of one all-reduce; step_overhead_s: the host's work per
+    step beside the layers (sampling, scheduling), left at 0 unless known.
     """
 
     matmul: float = 0.7
@@ -91,13 +92,14 @@ class Efficiencies:
     link: float = 0.7
     layer_overhead_s: float = 15e-6
     allreduce_latency_s: float = 10e-6
+    step_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("matmul", "attention", "bandwidth", "decode_attention", "link"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ValueError(f"efficiency {name} must be in (0, 1], got {value!r}")
-        for name in ("layer_overhead_s", "allreduce_latency_s"):
+        for name in ("layer_overhead_s", "allreduce_latency_s", "step_overhead_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -121,6 +123,7 @@ class Hardware:
     allreduce_latency_s: float = 0.0
     efficiencies: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
+    step_overhead_s: float = 0.0  # per pass, beside the layers': the decoding loop, sampling
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -145,6 +148,7 @@ def accelerator(name: str, efficiencies: Efficiencies | None = None) -> Hardware
         a.name, Rate(a.peak_flops * e.matmul), Rate(a.bandwidth * e.bandwidth), Rate(a.peak_flops * e.attention),
         Rate(a.bandwidth * e.decode_attention), Rate(a.bandwidth * e.bandwidth), a.memory_bytes, e.layer_overhead_s, False,
         a.source, link=a.link * e.link, allreduce_latency_s=e.allreduce_latency_s, efficiencies=asdict(e),
+        step_overhead_s=e.step_overhead_s,
         details={"peak_flops": a.peak_flops, "bandwidth": a.bandwidth, "memory_bytes": a.memory_bytes,
                  "link": a.link, "link_name": a.link_name})
 

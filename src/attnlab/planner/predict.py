@@ -6,10 +6,12 @@ Per device, for a prompt of n tokens, batch B, on G devices in tensor parallelis
   weight bytes / bandwidth) over the layers, plus the LM head on the last token + attention:
   4·B·H·D·pairs per layer / the attention kernel's rate, pairs = Σ_i min(i, w_l) (causal halves n²; a
   window bounds it) + elementwise: the bytes norms, rotary and activations move
-  (:func:`attnlab.planner.formulas.elementwise_bytes`) / their rate + L · the per-layer overhead + (G > 1) 2·L ring all-reduces of B·n·d.
+  (:func:`attnlab.planner.formulas.elementwise_bytes`) / their rate + L · the per-layer overhead + the
+  per-step one + (G > 1) 2·L ring all-reduces of B·n·d.
 - **TPOT** (each token after the first, the mean over the new tokens, as vLLM defines it) =
   max(decode matmul FLOPs / rate, weight bytes / bandwidth) + the KV bytes read / the decode attention's
-  rate + L · overhead (one token's elementwise work is part of it) + (G > 1) 2·L all-reduces of B·d. **total** = TTFT + (new_tokens − 1) · TPOT.
+  rate + L · overhead + the per-step one (one token's elementwise work is part of them) + (G > 1) 2·L
+  all-reduces of B·d. **total** = TTFT + (new_tokens − 1) · TPOT.
 - **memory** = weights + max(KV of the prompt + the prefill's largest live activations, KV after the
   last new token) (:func:`attnlab.planner.formulas.prefill_activation_bytes` says which activations).
 
@@ -79,7 +81,7 @@ def prefill_terms(s: Setup, n: int, batch: int) -> dict[str, dict]:
     terms["attention"] = _term(attention, "compute")
     per_layer = f.elementwise_bytes(a, n, batch, s.nbytes) / s.gpus
     terms["elementwise"] = _term(a.num_layers * s.hw.elementwise.seconds(per_layer), "memory bandwidth")
-    terms["overhead"] = _term(a.num_layers * s.hw.layer_overhead_s, "dispatch and host")
+    terms["overhead"] = _term(a.num_layers * s.hw.layer_overhead_s + s.hw.step_overhead_s, "dispatch and host")
     if (ar := _allreduce(s, n, batch)) is not None:
         terms["all-reduce"] = ar
     return terms
@@ -93,7 +95,7 @@ def decode_terms(s: Setup, keys: int, batch: int) -> dict[str, dict]:
     kv = sum(count * s.hw.decode_attention.seconds(per_token * (keys if w is None else min(keys, w)))
              for w, count in Counter(a.windows).items())
     terms["KV cache read"] = _term(kv, "memory bandwidth")
-    terms["overhead"] = _term(a.num_layers * s.hw.layer_overhead_s, "dispatch and host")
+    terms["overhead"] = _term(a.num_layers * s.hw.layer_overhead_s + s.hw.step_overhead_s, "dispatch and host")
     if (ar := _allreduce(s, 1, batch)) is not None:
         terms["all-reduce"] = ar
     return terms
