@@ -158,6 +158,12 @@ def _png(path: str, result: Any, model: str, kw: dict) -> None:
     err.print(f"wrote {path}", highlight=False)
 
 
+def _per_s(rate: Any, unit: str) -> str:
+    """A rate as tables print it: the largest measured point's (or the constant), in G or T."""
+    x = rate.at_largest
+    return f"{x / 1e12:,.2f} T{unit}" if x >= 1e12 else f"{x / 1e9:,.2f} G{unit}"
+
+
 def _seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
 
@@ -171,6 +177,10 @@ def _print(p: Any) -> None:
     console.print(f"{a.name}: {shape} ({a.source})", highlight=False)
     kind = "measured" if hw.measured else "PREDICTED (datasheet × assumed efficiencies, not measured)"
     console.print(f"hardware: {hw.name}{f' × {p.gpus}' if p.gpus > 1 else ''}: {kind}", highlight=False)
+    console.print(f"  rates: matmul {_per_s(hw.matmul, 'FLOP/s')}, weights read {_per_s(hw.bandwidth, 'B/s')}, attention "
+                  f"{_per_s(hw.attention, 'FLOP/s')}, KV read {_per_s(hw.decode_attention, 'B/s')}, elementwise "
+                  f"{_per_s(hw.elementwise, 'B/s')}; overhead {hw.layer_overhead_s * 1e6:,.0f} µs per layer + "
+                  f"{hw.step_overhead_s * 1e6:,.0f} µs per step ({hw.source})", highlight=False)
     limits = [f"memory {p.memory_bytes / 1e9:,.1f} GB ({p.memory_bytes / 2**30:,.1f} GiB) per device"]
     if p.deadline_ms is not None:
         limits.insert(0, f"deadline {p.deadline_ms:g} ms on {p.deadline_on}")
