@@ -144,10 +144,12 @@ def deadline_search(cfg, hw, model, rows: list[dict], args: argparse.Namespace, 
     measured = search_measured(model, a["prompt"], b["prompt"], deadline_s, args.new_tokens, vocab)
     p = plan(cfg, hw, prompt_tokens=a["prompt"], new_tokens=args.new_tokens, dtype="float32",
              deadline_ms=deadline_s * 1000)
-    result = {"deadline_ms": deadline_s * 1000, "measured_max_prompt": measured,
-              "predicted_max_prompt": p.max_prompt_tokens, "ratio": p.max_prompt_tokens / measured}
+    best = p.max_prompt_tokens
+    result = {"deadline_ms": deadline_s * 1000, "measured_max_prompt": measured, "predicted_max_prompt": best,
+              "ratio": None if best is None else best / measured}
+    said = "none meets it" if best is None else f"{best:,} (ratio {result['ratio']:.3f})"
     print(f"  deadline {deadline_s * 1000:,.0f} ms on the total: largest prompt measured {measured:,}, predicted "
-          f"{p.max_prompt_tokens:,} (ratio {result['ratio']:.3f}, target within ±{TARGET_SEARCH:.0%})", flush=True)
+          f"{said}; target within ±{TARGET_SEARCH:.0%}", flush=True)
     return result
 
 

@@ -54,12 +54,18 @@ def _term(seconds: float, limited_by: str) -> dict:
     return {"seconds": seconds, "limited_by": limited_by}
 
 
-def _matmuls(s: Setup, rows: int, batch: int) -> dict:
+def _matmuls(s: Setup, rows: int, batch: int, decode: bool = False) -> dict:
     """The layers' matmuls for ``rows`` tokens and the LM head's for the last token of each of ``batch``
-    sequences: the slower of computing them and reading their weights."""
+    sequences: the slower of computing them and reading their weights. A prefill's compute is timed at its
+    row count (measured points carry the lower efficiency of few rows); a decode step's at the full rate,
+    since what few rows cost beyond that is reading the weights and the per-call overhead, both counted."""
     a, g = s.a, s.gpus
     layer_flops = 2 * rows * sum(f.layer_matmul_params(a).values()) / g
-    compute = a.num_layers * s.hw.matmul.seconds(layer_flops) + s.hw.matmul.seconds(2 * batch * a.hidden_size * a.vocab_size / g)
+    head_flops = 2 * batch * a.hidden_size * a.vocab_size / g
+    if decode:
+        compute = (a.num_layers * layer_flops + head_flops) / s.hw.matmul.at_largest
+    else:
+        compute = a.num_layers * s.hw.matmul.seconds(layer_flops) + s.hw.matmul.seconds(head_flops)
     memory = s.hw.bandwidth.seconds(f.decode_weight_bytes(a, s.nbytes) / g)
     return _term(max(compute, memory), "compute" if compute >= memory else "memory bandwidth")
 
@@ -90,7 +96,7 @@ def prefill_terms(s: Setup, n: int, batch: int) -> dict[str, dict]:
 def decode_terms(s: Setup, keys: int, batch: int) -> dict[str, dict]:
     """One decode step whose attention reads ``keys`` keys per sequence (the cache and the new token)."""
     a = s.a
-    terms = {"weights": _matmuls(s, batch, batch)}
+    terms = {"weights": _matmuls(s, batch, batch, decode=True)}
     per_token = 2 * a.num_kv_heads * s.kv_share * a.head_dim * batch * s.nbytes
     kv = sum(count * s.hw.decode_attention.seconds(per_token * (keys if w is None else min(keys, w)))
              for w, count in Counter(a.windows).items())
