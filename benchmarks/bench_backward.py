@@ -26,7 +26,6 @@ import statistics
 import sys
 from typing import Any
 
-import numpy as np
 import torch
 
 from attnlab.backends import kernel

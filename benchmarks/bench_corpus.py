@@ -38,9 +38,9 @@ def make_sentences(n: int, seed: int = 0) -> list[str]:
 def main() -> None:
     import torch
 
-    from attnlab.analysis.corpus import corpus_roles
-    from attnlab.models.capture import iter_capture
-    from attnlab.models.loading import load_model
+    from attnlab.interventions.corpus import corpus_roles
+    from attnlab.hf.capture import iter_capture
+    from attnlab.hf.loading import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sentences", type=int, default=1000)

@@ -71,7 +71,7 @@ def measure(mode: str, folder: Path, tokens: int) -> dict:
     """One measurement, in this process (run by the parent in a fresh one)."""
     import torch
 
-    from attnlab.models.loading import load_model
+    from attnlab.hf.loading import load_model
 
     words = text(tokens)
     if mode == "ratio":
@@ -92,12 +92,12 @@ def measure(mode: str, folder: Path, tokens: int) -> dict:
         base = rss_mib()
         start = time.perf_counter()
         if mode == "stats":
-            from attnlab.analysis.stats import head_stats
+            from attnlab.interventions.stats import head_stats
 
             found = head_stats(words, lm)
             assert found.received[0].shape == (LAYERS, HEADS, tokens)
         else:
-            from attnlab.models.capture import capture
+            from attnlab.hf.capture import capture
 
             maps = capture([words], lm)
             assert maps.weights[0].shape == (LAYERS, HEADS, tokens, tokens)
@@ -114,8 +114,8 @@ def ratio(folder: Path, words: str, tokens: int, rounds: int = 3) -> dict:
     import torch
     from transformers import AutoModel
 
-    from attnlab.analysis.stats import head_stats
-    from attnlab.models.loading import load_model
+    from attnlab.interventions.stats import head_stats
+    from attnlab.hf.loading import load_model
 
     lm = load_model(folder)
     net = AutoModel.from_pretrained(folder, attn_implementation="sdpa").eval()

@@ -41,7 +41,7 @@ def main() -> None:
     import torch
     from transformers import AutoModel
 
-    from attnlab.models.loading import resolve
+    from attnlab.locate.folder import resolve
     from attnlab.transformer import Transformer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -61,14 +61,14 @@ def server_side(client, tokenizer, repeats: int) -> dict:
     text = sentence_of(512, tokenizer, 999)
     client.post("/api/maps", json={"sentences": [text]})
     warm, _ = timed(lambda: client.post("/api/maps", json={"sentences": [text]}), repeats)
-    head, hres = timed(lambda: client.post("/api/head", json={"sentences": [text], "layer": 3, "head": 11}), repeats)
+    head, hres = timed(lambda: client.post("/api/head", json={"sentences": [text], "layer": 2, "head": 10}), repeats)
     raw = lambda path, body: len(client.post(path, json=body, headers={"Accept-Encoding": "identity"}).content)  # noqa: E731
     return {
         "maps_new_sentence_s": cold, "maps_cached_s": warm, "head_s": head,
         "maps_bytes_gzip": int(res.headers.get("content-length", len(res.content))),
         "maps_bytes_raw": raw("/api/maps", {"sentences": [text]}),
         "head_bytes_gzip": int(hres.headers.get("content-length", len(hres.content))),
-        "head_bytes_raw": raw("/api/head", {"sentences": [text], "layer": 3, "head": 11}),
+        "head_bytes_raw": raw("/api/head", {"sentences": [text], "layer": 2, "head": 10}),
     }
 
 
@@ -117,7 +117,7 @@ def browser_side(base: str, text: str, repeats: int) -> dict:
 SERVER = """
 import sys, uvicorn
 from attnlab.lesson.scene import scene
-from attnlab.viz.server import create_app
+from attnlab.web.server import create_app
 uvicorn.run(create_app(preload=True, scene=scene()), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
@@ -140,7 +140,7 @@ def load_test(clients: int, tokens: int, seconds: float) -> dict:
     import httpx
     from transformers import AutoTokenizer
 
-    from attnlab.models.loading import load_model
+    from attnlab.hf.loading import load_model
 
     tokenizer = AutoTokenizer.from_pretrained(load_model().path)
     with socket.socket() as s:
@@ -229,8 +229,8 @@ def main() -> None:
     import uvicorn
     from fastapi.testclient import TestClient
 
-    from attnlab.models.loading import load_model
-    from attnlab.viz.server import create_app
+    from attnlab.hf.loading import load_model
+    from attnlab.web.server import create_app
 
     lm = load_model()
     app = create_app(lm)

@@ -21,7 +21,8 @@ import sys
 import numpy as np
 import pytest
 
-from attnlab.models.maps import AttentionMaps
+from attnlab.maps.records import Attention, Tokens
+from attnlab.maps.tokens import AttentionMaps
 
 # auto must not time the backends during the tests (each new call shape would be measured, in
 # tests that check something else, on a shared machine): it ranks them by their priors. auto's
@@ -49,9 +50,9 @@ MODEL_NEEDS = ("torch", "transformers", "default_model")  # what the default_mod
 FIXTURE_NEEDS = {
     "default_model": MODEL_NEEDS,
     "bank_maps": MODEL_NEEDS,
-    "viewer_app": ("fastapi",),  # tests/viz/conftest.py
-    "tiny_folder": ("torch", "transformers"),  # tests/models/conftest.py: tiny models built from transformers' configs
-    "tiny_llama": ("torch", "transformers"),  # tests/analysis/conftest.py
+    "viewer_app": ("fastapi",),  # tests/web/conftest.py
+    "tiny_folder": ("torch", "transformers"),  # tiny_models.py: tiny models built from transformers' configs
+    "tiny_llama": ("torch", "transformers"),  # a tiny_folder
 }
 
 
@@ -93,7 +94,7 @@ def pytest_runtest_setup(item):
 def default_model():
     """all-MiniLM-L6-v2 from the installed package, with attnlab's capturing attention (a LoadedModel)."""
     require(*MODEL_NEEDS)
-    from attnlab.models.loading import load_model
+    from attnlab.hf.loading import load_model
 
     return load_model()
 
@@ -101,7 +102,7 @@ def default_model():
 @pytest.fixture(scope="session")
 def bank_maps(default_model):
     """AttentionMaps of the lesson's two "bank" sentences on the default model."""
-    from attnlab.models.capture import capture
+    from attnlab.hf.capture import capture
 
     return capture(list(BANK_SENTENCES), default_model)
 
@@ -151,7 +152,7 @@ def page(browser):
     assert not errors, f"the page logged errors: {errors}"
 
 
-# Synthetic maps for the models/ and analysis/ tests: no model needed, heads planted by hand.
+# Synthetic maps for the maps/ and analysis/ tests: no model needed, heads planted by hand.
 def _kind(text: str) -> str:
     if text == "[CLS]":
         return "cls"
@@ -182,11 +183,10 @@ def make_maps():
             weights.append(w.astype(np.float32))
             word_of.append(wo)
             kinds.append([_kind(x) for x in words])
-        return AttentionMaps(
-            sentences=[" ".join(w) for w in word_lists], tokens=tokens, weights=weights, word_of=word_of,
-            words=[list(w) for w in word_lists], kinds=kinds, model_id="synthetic", revision=None,
-            num_layers=num_layers, num_heads=num_heads, config={"num_hidden_layers": num_layers},
-        )
+        side = Tokens(tokens=tokens, word_of=word_of, words=[list(w) for w in word_lists], kinds=kinds)
+        own = Attention(weights=weights, query_side=side, key_side=side, num_layers=num_layers, num_heads=num_heads)
+        return AttentionMaps(sentences=[" ".join(w) for w in word_lists], self_attention=own, model_id="synthetic",
+                             revision=None, config={"num_hidden_layers": num_layers})
 
     return build
 
@@ -201,3 +201,25 @@ def one_hot_rows(t: int, columns) -> np.ndarray:
 @pytest.fixture
 def plant():
     return one_hot_rows
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """tiny_folder(arch) → the folder of a tiny ``arch`` model (one of tiny_models.ARCHS), built once per session."""
+    import tiny_models
+
+    built: dict = {}
+
+    def get(arch: str):
+        if arch not in built:
+            built[arch] = tmp_path_factory.mktemp(f"tiny-{arch}")
+            tiny_models.build(arch, built[arch])
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_folder):
+    """A tiny Llama-style decoder (2 layers × 4 heads, RoPE, grouped-query attention) in a folder."""
+    return tiny_folder("llama")

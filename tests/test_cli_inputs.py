@@ -16,10 +16,10 @@ def no_model(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the command did its work before checking its input")
 
-    monkeypatch.setattr("attnlab.models.loading.load_model", refuse)
-    monkeypatch.setattr("attnlab.models.capture.load_model", refuse)
+    monkeypatch.setattr("attnlab.hf.loading.load_model", refuse)
+    monkeypatch.setattr("attnlab.hf.capture.load_model", refuse)
     monkeypatch.setattr("attnlab.lesson.run.run_lesson", refuse)
-    monkeypatch.setattr("attnlab.analysis.corpus.corpus_roles", refuse)
+    monkeypatch.setattr("attnlab.interventions.corpus.corpus_roles", refuse)
 
 
 def _one_error(capsys, text):
@@ -90,7 +90,7 @@ def test_error_text_is_not_taken_for_markup(capsys):
 
 def test_a_tab_makes_a_pair_in_the_library_as_in_the_cli():
     from attnlab.cli.maps import _as_items
-    from attnlab.models.encoding import check_sentences
+    from attnlab.hf.encoding import check_sentences
 
     assert check_sentences(["A man.\tHe sat.", ("A man.", "He sat.")]) == [("A man.", "He sat.")] * 2
     assert _as_items(["A man.\tHe sat."]) == check_sentences(["A man.\tHe sat."])

@@ -5,34 +5,48 @@ models, teach it (``attnlab lesson``) and measure its cost. ``import attnlab`` n
 torch, transformers and the web server are imported inside the functions that use them.
 """
 
-from attnlab.spec.additive import AdditiveAttention
-from attnlab.spec.masks import causal_mask, combine, hide_mask, padding_mask, window_mask
-from attnlab.spec.multihead import MultiHeadAttention, MultiHeadResult
+from attnlab.reference.additive import AdditiveAttention
+from attnlab.reference.masks import causal_mask, combine, hide_mask, padding_mask, window_mask
+from attnlab.reference.multihead import MultiHeadAttention, MultiHeadResult
 from attnlab.backends.api import attention
-from attnlab.spec.reference import logsumexp, softmax, softmax_jacobian
+from attnlab.reference.attention import logsumexp, softmax, softmax_jacobian
+from attnlab.maps.heads import Head, ScoredHead
 
 __version__ = "0.1.0"
 
+
+def _notebook_html(maps) -> str:
+    from attnlab.viz.page import notebook_html
+
+    return notebook_html(maps)
+
+
+# Captured maps show themselves in a notebook as the viewer: registered here, from above, so that
+# the maps data never import the viewer (attnlab.maps.display).
+from attnlab.maps import display as _display  # noqa: E402
+
+_display.register_html(_notebook_html)
+
 # Real maps need torch and transformers: these names load their modules on first use (PEP 562).
 _LAZY = {
-    "capture": "attnlab.models.capture",
-    "load_maps": "attnlab.models.maps",
-    "AttentionMaps": "attnlab.models.maps",
-    "WordMaps": "attnlab.models.words",
+    "capture": "attnlab.hf.capture",
+    "load_maps": "attnlab.maps.tokens",
+    "AttentionMaps": "attnlab.maps.tokens",
+    "WordMaps": "attnlab.maps.words",
     "head_roles": "attnlab.analysis.roles",
     "HeadRoles": "attnlab.analysis.roles",
     "find_heads": "attnlab.analysis.search",
     "HeadSearch": "attnlab.analysis.search",
-    "corpus_roles": "attnlab.analysis.corpus",
-    "head_stats": "attnlab.analysis.stats",
-    "HeadStats": "attnlab.analysis.stats",
+    "corpus_roles": "attnlab.interventions.corpus",
+    "head_stats": "attnlab.interventions.stats",
+    "HeadStats": "attnlab.interventions.stats",
     "rollout": "attnlab.analysis.rollout",
     "flow": "attnlab.analysis.rollout",
-    "induction_scores": "attnlab.analysis.induction",
-    "ablate": "attnlab.analysis.ablation",
-    "head_importance": "attnlab.analysis.ablation",
-    "Ablation": "attnlab.analysis.ablation",
-    "Importance": "attnlab.analysis.ablation",
+    "induction_scores": "attnlab.interventions.induction",
+    "ablate": "attnlab.interventions.ablation",
+    "head_importance": "attnlab.interventions.ablation",
+    "Ablation": "attnlab.interventions.ablation",
+    "Importance": "attnlab.interventions.ablation",
     "plan": "attnlab.planner.api",
 }
 
@@ -48,6 +62,7 @@ __all__ = [
     "Ablation",
     "AdditiveAttention",
     "AttentionMaps",
+    "Head",
     "HeadRoles",
     "HeadSearch",
     "Importance",
@@ -66,6 +81,7 @@ __all__ = [
     "load_maps",
     "MultiHeadAttention",
     "MultiHeadResult",
+    "ScoredHead",
     "attention",
     "causal_mask",
     "combine",

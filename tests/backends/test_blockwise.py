@@ -10,7 +10,7 @@ import pytest
 from attnlab.backends import online, tiling
 from attnlab.backends.agreement import reference_of
 from attnlab.backends.api import attention
-from attnlab.spec import reference
+from attnlab.reference import attention as reference
 
 try:
     import torch

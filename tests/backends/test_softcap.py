@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab.spec.reference import attention as reference
+from attnlab.reference.attention import attention as reference
 
 rng = np.random.default_rng(0)
 Q, K, V = (rng.standard_normal((2, 3, 7, 8)) * 4 for _ in range(3))

@@ -23,8 +23,8 @@ from attnlab.backends import agreement, kernel, online
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import NoBackendError
 from attnlab.backends.tiling import Tiling
-from attnlab.spec import reference
-from attnlab.spec.masks import causal_mask, window_mask
+from attnlab.reference import attention as reference
+from attnlab.reference.masks import causal_mask, window_mask
 
 if kernel.isa() is None:
     if os.environ.get("CI"):  # CI builds it: a missing kernel there is a broken set-up, not a skip

@@ -69,8 +69,8 @@ def corpus_scores(rank: int, world: int, sentences: list, fail_on: int | None = 
 
     With ``fail_on``, that rank names a model that does not exist, and each rank returns the error it raised.
     """
-    from attnlab.analysis.corpus import corpus_roles
-    from attnlab.models.loading import load_model
+    from attnlab.interventions.corpus import corpus_roles
+    from attnlab.hf.loading import load_model
 
     if fail_on is not None:
         try:
@@ -97,8 +97,8 @@ def cli_heads(rank: int, world: int, corpus: str, json_path: str) -> dict:
 
 def head_stats_result(rank: int, world: int, texts: list) -> dict:
     """head_stats over the group (each rank loads the bundled model): means, received, tokens."""
-    from attnlab.analysis.stats import head_stats
-    from attnlab.models.loading import load_model
+    from attnlab.interventions.stats import head_stats
+    from attnlab.hf.loading import load_model
 
     found = head_stats(texts, load_model(), distributed=True)
     return {"means": found.means, "received": found.received, "tokens": found.tokens}

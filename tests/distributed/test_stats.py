@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dist_workers
-from attnlab.analysis.stats import ROW_STATS, head_stats
+from attnlab.interventions.stats import ROW_STATS, head_stats
 from attnlab.distributed import run_local
 
 pytestmark = [pytest.mark.needs("transformers", "torch"), pytest.mark.gloo]

@@ -108,7 +108,7 @@ def test_the_readme_stands_alone():
 
 
 def test_the_example_corpus_ships_and_reads():
-    from attnlab.analysis.corpus import read_corpus
+    from attnlab.interventions.corpus import read_corpus
 
     items = read_corpus(ROOT / "examples/sentences.txt")
     assert len(items) >= 30 and len(set(items)) == len(items)

@@ -40,7 +40,7 @@ def _max_diff(ours, theirs, mask) -> float:
 def test_default_model_hidden_state_equals_transformers(default_transformer, backend):
     import torch
 
-    from attnlab.models.loading import resolve
+    from attnlab.locate.folder import resolve
 
     ref, enc = _reference(resolve(None)[0], "eager", SENTENCES)
     assert len(set(enc["attention_mask"].sum(-1).tolist())) == len(SENTENCES)  # unequal lengths: padding
@@ -56,7 +56,7 @@ def test_default_model_hidden_state_equals_transformers(default_transformer, bac
 def test_default_model_embeddings_equal_mean_pooled_transformers(default_transformer, backend):
     import torch
 
-    from attnlab.models.loading import resolve
+    from attnlab.locate.folder import resolve
 
     ref, enc = _reference(resolve(None)[0], "sdpa", SENTENCES)
     m = enc["attention_mask"][..., None].float()

@@ -1,78 +1,64 @@
-"""The induction probe: a seeded random token sequence repeated once (Olsson et al. 2022; as in
-TransformerLens and ARENA). An induction head at position i of the second copy attends to the
-token that followed the same token in the first copy: position i − n + 1 for a sequence of n
-tokens. Its score is the mean weight on that position over the second copy and the batch."""
+"""The induction score, one definition for every place that measures it (Olsson et al. 2022).
+
+An induction head at a token that occurred before attends to the token that *followed* the earlier
+occurrence. Given a head's weights and an *induction pattern* (1 on the key(s) each query row would
+attend to as an induction head), a row's induction weight is the weight it puts on the pattern, and
+a head's induction score is the mean of that weight over the rows that count:
+
+- the ``induction`` role (:mod:`attnlab.analysis.roles`) counts every row of a sentence's word maps,
+  as TransformerLens's ``detect_head`` ("mul" measure) does, with :func:`induction_pattern` of its words;
+- the induction probe (:mod:`attnlab.interventions.induction`) counts the rows of the repeated copy
+  of a random sequence, whose pattern is one key each (:func:`source_pattern`);
+- the lesson's trained model (:mod:`attnlab.lesson.transformer`) counts the rows on a repeated
+  segment, likewise one key each.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-DEFAULT_LENGTH = 50  # random tokens per copy
-DEFAULT_BATCH = 4
-INDUCTION_PROBE_THRESHOLD = 0.4  # a head scoring this or more counts as an induction head
+
+def duplicate_pattern(texts: list[str]) -> np.ndarray:
+    """[W, W] 1 where word j < i is the same word as i (case-insensitive): TransformerLens's duplicate pattern."""
+    folded = np.array([t.casefold() for t in texts], dtype=object)
+    same = folded[:, None] == folded[None, :]
+    return np.tril(same, k=-1).astype(np.float64)
 
 
-@dataclass(frozen=True)
-class InductionScores:
-    """``scores`` [L, H]: mean weight of each head on the induction position over the repeated copy."""
-
-    scores: np.ndarray
-    length: int
-    batch: int
-    seed: int
-    prefix: str | None  # the token that opens each sequence (BOS / [CLS]), if the model has one
-    model_id: str
-    revision: str | None
-
-    def heads(self, threshold: float = INDUCTION_PROBE_THRESHOLD) -> list[tuple[int, int]]:
-        """Heads (layer0, head0) scoring at least ``threshold``, best first."""
-        found = [(int(l), int(h)) for l, h in zip(*np.nonzero(self.scores >= threshold))]
-        return sorted(found, key=lambda lh: -self.scores[lh])
-
-    def to_dict(self) -> dict:
-        """JSON-ready; layers and heads 1-based."""
-        return {
-            "model_id": self.model_id, "revision": self.revision, "length": self.length, "batch": self.batch,
-            "seed": self.seed, "prefix": self.prefix, "threshold": INDUCTION_PROBE_THRESHOLD,
-            "induction_heads": [{"layer": l + 1, "head": h + 1, "score": round(float(self.scores[l, h]), 6)}
-                                for l, h in self.heads()],
-            "scores": np.round(self.scores, 6).tolist(),
-        }
+def induction_pattern(texts: list[str]) -> np.ndarray:
+    """[W, W] 1 where word j − 1 is an earlier copy of word i (j < i): the duplicate pattern shifted one right."""
+    shifted = np.zeros((len(texts), len(texts)))
+    shifted[:, 1:] = duplicate_pattern(texts)[:, :-1]
+    return np.tril(shifted, k=-1)
 
 
-def repeated_tokens(vocab: int, special: set[int], length: int, batch: int, seed: int, prefix: int | None) -> np.ndarray:
-    """(batch, [1 +] 2·length) ids: ``prefix``, then ``length`` random non-special tokens, twice."""
-    if length < 2:
-        raise ValueError(f"length must be at least 2 tokens, got {length}")
-    pool = np.setdiff1d(np.arange(vocab), np.fromiter(special, dtype=np.int64, count=len(special)))
-    if pool.size < 2:
-        raise ValueError(f"the vocabulary has {pool.size} ordinary tokens; the probe needs at least 2")
-    rand = np.random.default_rng(seed).choice(pool, size=(batch, length))
-    head = np.full((batch, 1 if prefix is not None else 0), prefix if prefix is not None else 0, dtype=np.int64)
-    return np.concatenate([head, rand, rand], axis=1)
+def source_pattern(source: np.ndarray, num_keys: int) -> np.ndarray:
+    """[..., T, num_keys] 1 at key ``source[..., t]`` of each row t, none where ``source`` is −1:
+    the pattern of a sequence whose rows each have at most one induction target."""
+    source = np.asarray(source)
+    keys = np.arange(num_keys)
+    return (source[..., None] == keys).astype(np.float64)  # −1 matches no key
 
 
-def induction_scores(model: Any = None, revision: str | None = None, *, length: int = DEFAULT_LENGTH,
-                     batch: int = DEFAULT_BATCH, seed: int = 0) -> InductionScores:
-    """Each head's induction score on the standard probe (see the module docstring)."""
-    from attnlab.models.capture import capture_ids
-    from attnlab.models.loading import LoadedModel, load_model
+def induction_weight(weights: np.ndarray, pattern: np.ndarray, rows: np.ndarray | None = None,
+                     axis: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """The total induction weight and the number of rows it is over, so that totals add up over
+    batches: (Σ over counted rows of the weight on ``pattern``, count).
 
-    lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
-    tok = lm.tokenizer
-    prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.cls_token_id
-    limit = lm.config.get("max_position_embeddings") or 10**9
-    if 2 * length + (prefix is not None) > limit:
-        raise ValueError(f"length={length} makes {2 * length + 1} tokens; {lm.model_id!r} takes at most {limit}")
-    ids = repeated_tokens(len(tok), set(tok.all_special_ids), length, batch, seed, prefix)
-    w = capture_ids(ids, lm)  # (B, L, H, T, T)
-    start = ids.shape[1] - length  # first position of the second copy
-    rows = np.arange(start, ids.shape[1])
-    cols = rows - length + 1
-    scores = w[:, :, :, rows, cols].mean(axis=(0, -1))  # (L, H)
-    return InductionScores(scores=scores.astype(np.float64), length=length, batch=batch, seed=seed,
-                           prefix=None if prefix is None else tok.convert_ids_to_tokens(prefix),
-                           model_id=lm.model_id, revision=lm.revision)
+    ``weights`` [..., Tq, Tk] (leading dims e.g. layer and head, or batch, layer and head);
+    ``pattern`` broadcastable to it; ``rows`` boolean, broadcastable to [..., Tq], the rows that count
+    (None: every row); ``axis``: leading axes pooled as well (e.g. the batch), as negative or
+    non-negative indices of ``weights``.
+    """
+    on = (np.asarray(weights, dtype=np.float64) * pattern).sum(-1)  # [..., Tq]: each row's weight on its targets
+    counted = np.ones(on.shape, dtype=bool) if rows is None else np.broadcast_to(rows, on.shape)
+    pooled = tuple(axis) + (-1,)
+    return np.where(counted, on, 0.0).sum(pooled), counted.sum(pooled)
+
+
+def induction_score(weights: np.ndarray, pattern: np.ndarray, rows: np.ndarray | None = None,
+                    axis: tuple[int, ...] = ()) -> np.ndarray:
+    """Each head's induction score: :func:`induction_weight`'s total over its row count (0 where no
+    row counts)."""
+    total, count = induction_weight(weights, pattern, rows, axis)
+    return total / np.maximum(count, 1)

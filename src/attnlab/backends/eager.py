@@ -11,7 +11,7 @@ from typing import Any
 
 from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
 from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
-from attnlab.spec.validate import FLOAT_DTYPES
+from attnlab.reference.validate import FLOAT_DTYPES
 
 # A rough prior for auto where nothing was measured: matmul + softmax + matmul per score.
 PRIOR_NS_PER_SCORE = 7.5
@@ -23,7 +23,7 @@ class TorchBackend(Backend):
     summary = "PyTorch eager, materialises the scores: every mask, weights, LSE, gradients, any device"
 
     supports = Supports(
-        kinds=frozenset({"numpy", "torch"}),
+        libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "lse", "grad", "bias_grad",

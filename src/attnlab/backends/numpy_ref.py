@@ -6,7 +6,7 @@ from typing import Any
 
 from attnlab.backends.base import Backend, Supports
 from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
-from attnlab.spec import reference
+from attnlab.reference import attention as reference
 
 # A rough prior for auto where nothing was measured: float64 matmuls + exp + softmax per score.
 PRIOR_NS_PER_SCORE = 10.0
@@ -17,7 +17,7 @@ class NumpyBackend(Backend):
     name = "numpy"
     summary = "float64 NumPy reference (the spec): every mask, weights; NumPy in, no LSE, no gradients"
     supports = Supports(
-        kinds=frozenset({"numpy"}),
+        libraries=frozenset({"numpy"}),
         devices="cpu",
         dtypes=frozenset({"float16", "float32", "float64"}),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "softcap"}),

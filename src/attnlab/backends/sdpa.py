@@ -13,7 +13,7 @@ from typing import Any
 
 from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
 from attnlab.backends.request import Call, Request, dense_mask
-from attnlab.spec.validate import FLOAT_DTYPES
+from attnlab.reference.validate import FLOAT_DTYPES
 
 # A rough prior for auto where nothing was measured. Why the masked figure is larger: with an
 # explicit mask SDPA leaves its fused kernels and materialises (Tq, Tk).
@@ -38,7 +38,7 @@ class SdpaBackend(Backend):
 
     # Fused kernels keep no weights and no LSE (blockwise gives rows of weights and the LSE; torch all of them).
     supports = Supports(
-        kinds=frozenset({"numpy", "torch"}),
+        libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "grad", "bias_grad"}),

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.spec.masks import band_mask
-from attnlab.spec.validate import is_torch
+from attnlab.reference.masks import band_mask
+from attnlab.reference.validate import is_torch
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2 (s·log2 e): exp2 is ~3x cheaper than exp on CPUs
 # Scores per tile, all heads together: 4 MB in float32. Not an L2-sized 1 MB tile: every operation

@@ -9,7 +9,7 @@ from attnlab.cli.common import console, status, write_json
 
 def show_induction(model: str | None, revision: str | None, length: int, seed: int, json_path: str | None) -> None:
     """Run the probe and print every head's induction score (layers as columns, heads as rows)."""
-    from attnlab.analysis.induction import INDUCTION_PROBE_THRESHOLD, induction_scores
+    from attnlab.interventions.induction import INDUCTION_PROBE_THRESHOLD, induction_scores
 
     with status("running the induction probe"):
         found = induction_scores(model, revision, length=length, seed=seed)
@@ -28,4 +28,4 @@ def show_induction(model: str | None, revision: str | None, length: int, seed: i
     console.print(table)
     best = found.heads()
     console.print(f"induction heads (score ≥ {INDUCTION_PROBE_THRESHOLD:g}): "
-                  + (", ".join(f"layer {l + 1} head {h + 1}" for l, h in best) or "none"), highlight=False)
+                  + (", ".join(head.label() for head in best) or "none"), highlight=False)

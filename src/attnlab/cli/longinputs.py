@@ -29,11 +29,11 @@ def stats(
 ) -> None:
     """Per-head statistics of the full attention of long inputs, without T × T memory: weight on the
     previous token, itself, the next and the first token, mean distance, entropy, attention received."""
-    from attnlab.analysis.stats import ROW_STATS, head_stats
+    from attnlab.interventions.stats import ROW_STATS, head_stats
     from attnlab.distributed import rank_and_world
     from attnlab.cli.common import progress
 
-    from attnlab.analysis.corpus import read_text
+    from attnlab.interventions.corpus import read_text
 
     text = read_text(file)
     texts = [line for line in text.splitlines() if line.strip()] if lines else [text]
@@ -78,19 +78,19 @@ def rollout(
     with --flow: how much of each input word reaches each position."""
     from attnlab.analysis.rollout import flow, rollout as roll
     from attnlab.cli.maps import _as_items
-    from attnlab.models.capture import capture
+    from attnlab.hf.capture import capture
 
     maps = capture(_as_items([sentence]), model, revision)
     view = maps if tokens else maps.to_words()
-    labels = view.tokens[0] if tokens else view.words[0]
+    labels = view.labels(0)
     rolled = roll(view, residual)[0]  # (L, T, T)
     flowed = flow(view, residual)[0] if with_flow else None
     result = {"model_id": maps.model_id, "revision": maps.revision, "residual": residual,
-              "level": "token" if tokens else "word", "labels": labels, "rollout": rolled.round(6).tolist()}
+              "level": view.level, "labels": labels, "rollout": rolled.round(6).tolist()}
     if flowed is not None:
         result["flow"] = flowed.round(6).tolist()
     if png is not None:
-        from attnlab.viz.figures import heatmap_grid
+        from attnlab.viz.heatmap import heatmap_grid
 
         panels = [{"weights": rolled[-1], "rows": labels, "cols": labels, "title": f"rollout, layers 1-{len(rolled)}"}]
         if flowed is not None:

@@ -15,6 +15,6 @@ def serve(
 ) -> None:
     """The web viewer: type one or two sentences and explore every head in the browser, offline."""
     from attnlab.lesson.scene import scene
-    from attnlab.viz.server import serve as run_server
+    from attnlab.web.server import serve as run_server
 
     run_server(model, revision, host, port, announce=lambda line: err.print(line, highlight=False), scene=scene())

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.spec.validate import is_torch
+from attnlab.reference.validate import is_torch
 
 LAYOUTS = ("contiguous", "zigzag")
 

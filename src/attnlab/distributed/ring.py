@@ -31,7 +31,7 @@ from attnlab.backends.blockwise import work_dtype
 from attnlab.backends.tiling import Tiling
 from attnlab.distributed import env
 from attnlab.distributed.layout import LAYOUTS, Rect, check_layout, plan_block, positions
-from attnlab.spec import validate
+from attnlab.reference import validate
 
 BACKENDS = ("auto", "kernel", "blockwise")
 TAG_KV, TAG_DKV = 0, 1  # the blocks and their gradient accumulators travel side by side in the backward
@@ -150,7 +150,6 @@ def _forward(q: Any, k: Any, v: Any, ring: Ring, scale: float, block: Any) -> tu
 
 def _backward(q, k, v, out, lse, dout, dlse, ring: Ring, scale: float, block: Any) -> tuple[Any, Any, Any]:  # noqa: ANN001
     """dq of this rank's queries, dk and dv of its keys; the accumulators of dk/dv travel with the blocks."""
-    import torch
 
     plan = ring.plans[0]
     if ring.world == 1 and len(plan) == 1 and (plan[0].q0, plan[0].q1, plan[0].keys) == (0, q.shape[2], k.shape[1]):
@@ -258,7 +257,7 @@ def ring_attention(
         :func:`~attnlab.distributed.layout.shard` cuts a whole tensor so): "contiguous" (rank r holds
         the r-th run of rows; shards may differ in length) or "zigzag" (rank r holds chunk r then
         chunk 2p − 1 − r of 2p, even shard lengths; balances causal work).
-    causal: over global positions, bottom-right aligned when the whole Tq ≠ Tk (DESIGN.md).
+    causal: over global positions, bottom-right aligned when the whole Tq ≠ Tk (docs/design.md).
     backend: "kernel" (compiled, float32 CPU), "blockwise" (the loop, any dtype and device) or
         "auto" (the kernel where it fits). float16/bfloat16 are computed and sent in float32.
     Outside a distributed job (or with one rank) this is plain attention. A collective that waits
@@ -287,12 +286,9 @@ def ring_attention(
         row = np.array([1, p.tq, p.tk, b, groups, p.d, p.dv, dtype, bool(causal), LAYOUTS.index(layout), p.scale])
     except (TypeError, ValueError) as e:
         failure = e
+    # One gather says both whether every rank's input was valid (column 0) and what each rank holds.
     rows = env.all_gather_rows(row, group, timeout_s) if world > 1 else row[None]
-    if failure is not None:
-        raise failure
-    bad = [r for r in range(world) if rows[r, 0] != 1]
-    if bad:
-        raise RuntimeError(f"ring_attention: rank(s) {bad} of the group rejected their input (their own errors say why)")
+    env.raise_failures(failure, [r for r in range(world) if rows[r, 0] != 1], "ring_attention: checking the input")
     for i, name in enumerate(_FIELDS):
         if len(set(rows[:, 3 + i].tolist())) > 1:
             raise ValueError(f"ring_attention: every rank must have the same {name}, got " +

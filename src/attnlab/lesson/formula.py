@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from attnlab.spec.additive import AdditiveAttention
-from attnlab.spec.multihead import MultiHeadAttention
-from attnlab.spec.reference import attention, softmax
+from attnlab.reference.additive import AdditiveAttention
+from attnlab.reference.multihead import MultiHeadAttention
+from attnlab.reference.attention import attention, softmax
 from attnlab.lesson.fmt import num, pct, vec
 from attnlab.lesson.listing import run_listing
 from attnlab.lesson.scene import scene

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from attnlab.spec.multihead import MultiHeadAttention
+from attnlab.reference.multihead import MultiHeadAttention
 from attnlab.lesson.fmt import big, compact
 from attnlab.lesson.section import Section, table
 

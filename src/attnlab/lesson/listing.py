@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnlab.spec.multihead import MultiHeadAttention, MultiHeadResult
-from attnlab.spec.reference import attention
+from attnlab.reference.multihead import MultiHeadAttention, MultiHeadResult
+from attnlab.reference.attention import attention
 
 X = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]])  # (3 tokens, 4)
 W_QUERY = np.array([[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]], dtype=float)  # (4, 3)

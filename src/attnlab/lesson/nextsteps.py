@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnlab.spec.masks import causal_mask, hide_mask
-from attnlab.spec.multihead import MultiHeadAttention
+from attnlab.reference.masks import causal_mask, hide_mask
+from attnlab.reference.multihead import MultiHeadAttention
 from attnlab.lesson.fmt import pct
 from attnlab.lesson.scene import TOKENS
 from attnlab.lesson.section import Section, table

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnlab.spec.reference import softmax, softmax_jacobian
+from attnlab.reference.attention import softmax, softmax_jacobian
 from attnlab.lesson.fmt import num
 from attnlab.lesson.scene import compute_scene
 from attnlab.lesson.section import Section, table

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from attnlab.spec.reference import attention
+from attnlab.reference.attention import attention
 
 TOKENS = ("I", "sat", "on", "the", "bank", "of", "the", "river")
 QUERY_TOKEN = "bank"

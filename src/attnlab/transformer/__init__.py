@@ -1,12 +1,15 @@
 """A transformer built from attnlab's parts (embeddings, positions, blocks, norms, FFN), loading real weights from safetensors.
 
 ``from attnlab.transformer import Transformer, TransformerConfig``: the model (torch) loads on first
-use of its name, so importing this package needs NumPy only.
+use of its name, so importing this package needs NumPy only. Its hook points
+(:mod:`attnlab.transformer.hooks`: ``run_with_cache``, ``run_with_hooks``) are TransformerLens's;
+it generates with a :class:`KVCache` (``Transformer.generate`` → :class:`Generation`).
 """
 
 from attnlab.transformer.config import TransformerConfig
 
-_LAZY = {"Transformer": "attnlab.transformer.model", "Trace": "attnlab.transformer.model"}
+_LAZY = {"Transformer": "attnlab.transformer.model", "KVCache": "attnlab.transformer.cache",
+         "Generation": "attnlab.transformer.generate"}
 
 
 def __getattr__(name: str):
@@ -17,4 +20,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'attnlab.transformer' has no attribute {name!r}")
 
 
-__all__ = ["Trace", "Transformer", "TransformerConfig"]
+__all__ = ["Generation", "KVCache", "Transformer", "TransformerConfig"]

@@ -1,0 +1,2 @@
+"""Loading transformers models and capturing their attention maps (encoders, decoders and
+encoder-decoders), with their tokenizers' words."""

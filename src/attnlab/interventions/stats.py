@@ -1,0 +1,325 @@
+"""Per-head statistics of the full attention of long inputs, without any T × T array.
+
+The model's forward runs with attnlab's attention observed (:func:`attnlab.hf.capture_attention.observing`):
+each layer's attention goes through the compiled blockwise kernel, which keeps each row's
+log-sum-exp (LSE), and hands over the queries and keys it was given. A second tiled pass over the
+same q and k then recomputes the exact weights, α_ij = exp(s_ij − LSE_i), and accumulates:
+
+    prev, self, next, first   the weight on key i − 1, i, i + 1 and 0 (mean over the rows that have it)
+    distance                  Σ_j α_ij |i − j|, mean over rows
+    entropy                   −Σ_j α_ij log α_ij = LSE_i − Σ_j α_ij s_ij, nats, mean over rows
+    entropy_norm              entropy / log(keys row i sees), mean over rows that see more than one key
+    received                  Σ_i α_ij: the attention each token receives, [L, H, T] per text
+
+Memory grows as L · H · T, never T². The pass is compiled beside the kernel
+(:func:`attnlab.backends.kernel.stats`: one cache-sized tile at a time, every statistic from it in
+one sweep); where the kernel was not built, :func:`layer_stats` does the same in PyTorch, a block
+of rows × every key at a time (the masks touch only the columns near the band's edges).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from attnlab.backends import kernel
+
+ROW_STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")
+BLOCK_BYTES = 16 * 2**20  # the scores of one block of rows, all heads together: bounds the pass's memory
+DEFAULT_TOP = 10
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    """Statistics per layer and head over every row of every text: ``means[name]`` is [L, H] for
+    each name of :data:`ROW_STATS`; ``received[i]`` is [L, H, T_i] (column sums of text i)."""
+
+    means: dict[str, np.ndarray]
+    received: list[np.ndarray] = field(repr=False)
+    tokens: list[list[str]] = field(repr=False)
+    model_id: str
+    revision: str | None
+    causal: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    def top_received(self, i: int = 0, k: int = DEFAULT_TOP) -> list[tuple[int, str, float]]:
+        """The ``k`` tokens of text ``i`` that receive the most attention, summed over layers and heads
+        and divided by L · H: (position, token, mean attention received)."""
+        r = self.received[i].mean(axis=(0, 1))  # (T,)
+        order = np.argsort(-r, kind="stable")[:k]
+        return [(int(j), self.tokens[i][j], float(r[j])) for j in order]
+
+    def to_dict(self, top: int = DEFAULT_TOP) -> dict:
+        """JSON-ready: the [L][H] means, and per text its length and top receiving tokens (layers,
+        heads and positions as arrays are 0-based; printed ones 1-based)."""
+        return {
+            "model_id": self.model_id, "revision": self.revision, "causal": self.causal,
+            "num_layers": int(self.received[0].shape[0]), "num_heads": int(self.received[0].shape[1]),
+            "means": {k: np.round(v, 6).tolist() for k, v in self.means.items()},
+            "texts": [{"tokens": len(t), "top_received": [
+                {"position": j, "token": tok, "received": round(r, 6)} for j, tok, r in self.top_received(i, top)]}
+                for i, t in enumerate(self.tokens)],
+        }
+
+
+class _Accumulator:
+    """Running sums of one text's row statistics, layer by layer (the observing callback)."""
+
+    def __init__(self, t: int, block_rows: int | None) -> None:
+        self.t, self.block_rows = t, block_rows
+        self.sums: list[dict[str, np.ndarray]] = []  # per layer: name → (H,) sums over rows
+        self.counts: list[dict[str, int]] = []
+        self.received: list[np.ndarray] = []  # per layer (H, T)
+
+    def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None) -> None:
+        stats = compiled_layer_stats if kernel.isa() is not None else layer_stats
+        sums, counts, received = stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window,
+                                       block_rows=self.block_rows)
+        self.sums.append(sums)
+        self.counts.append(counts)
+        self.received.append(received)
+        release_free_memory()
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (OSError, AttributeError, TypeError):  # another C library, or Windows
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    glibc keeps freed chunks below its mmap threshold (which rises to 32 MiB as large blocks are
+    freed) in the heap, so a long input's per-layer tensors of 16–32 MiB, freed after one layer,
+    stay resident under the next layer's: the process's peak then depends on the order of frees
+    and differs between identical runs. Trimmed after each layer, the peak is what one layer needs.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _block_rows(h: int, t: int) -> int:
+    return max(8, min(t, BLOCK_BYTES // (4 * h * max(t, 1))))
+
+
+def _masked_columns(rows: Any, cols: Any, left: int | None, right: int | None) -> list:
+    """Where a block of rows has hidden keys: only near its band's edges, so the masks touch a
+    few columns, not the whole block. [(column slice, (b, width) bool, True = hidden)]."""
+    out = []
+    i0, i1, j0, j1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+    if right is not None and i0 + right + 1 < j1:  # keys after the first row's reach
+        c0 = i0 + right + 1 - j0
+        rel = cols[c0:][None, :] - rows[:, None]
+        out.append((slice(c0, None), rel > right))
+    if left is not None and i1 - 1 - left > j0:  # keys before the last row's reach
+        c1 = i1 - 1 - left - j0
+        rel = cols[:c1][None, :] - rows[:, None]
+        out.append((slice(0, c1), rel < -left))
+    return out
+
+
+def _band(causal: bool, window: tuple | None) -> tuple[int | None, int | None]:
+    """The keys a row sees, as (left, right) reaches (None: unbounded)."""
+    left = None if window is None else window[0]
+    right = 0 if causal else (None if window is None else window[1])
+    return left, right
+
+
+def _counts(t: int, left: int | None, right: int | None) -> dict[str, int]:
+    """The rows each statistic is a mean over: all, but prev and next (t − 1), entropy_norm (rows seeing > 1 key)."""
+    counts = {name: t for name in ROW_STATS}
+    counts["prev"] = counts["next"] = t - 1
+    lo_all = np.clip(np.arange(t) - left, 0, None) if left is not None else np.zeros(t, dtype=int)
+    hi_all = np.clip(np.arange(t) + right, None, t - 1) if right is not None else np.full(t, t - 1)
+    counts["entropy_norm"] = int(((hi_all - lo_all) > 0).sum())
+    return counts
+
+
+def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
+                         block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+    """:func:`layer_stats` by the compiled pass (:func:`attnlab.backends.kernel.stats`); ``block_rows``
+    the query rows per tile (None: the kernel's)."""
+    h, t, d = q.shape
+    hkv = k.shape[0]
+    left, right = _band(causal, window)
+    sums, received = kernel.stats(q.reshape(hkv, h // hkv, t, d), k, lse.reshape(hkv, h // hkv, t), scale=scale,
+                                  left=left, right=right, block_size=None if block_rows is None else (block_rows, 512))
+    sums = sums.reshape(h, len(kernel.STATS))
+    return ({name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}, _counts(t, left, right),
+            received.reshape(h, t).astype(np.float32))
+
+
+def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
+                block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+    """One layer's row-statistic sums (name → (H,), float64), their row counts, and the attention
+    each key receives (H, T), from q (H, T, D), k (H_kv, T, D) and the rows' LSE (H, T) (torch tensors).
+
+    ``window`` (left, right) as attnlab.attention's band; with ``causal`` right is 0.
+    """
+    import torch
+
+    h, t, d = q.shape
+    hkv = k.shape[0]
+    g = h // hkv
+    q, k, lse = q.float(), k.float(), lse.float()
+    left, right = _band(causal, window)
+    rows_per = block_rows or _block_rows(h, t)
+    sums = {name: torch.zeros(h, dtype=torch.float64) for name in ROW_STATS}
+    received = torch.zeros(h, t, dtype=torch.float64)
+    # Two buffers for the block's scores and weights, reused: a fresh block-sized allocation each time
+    # would be mapped and faulted in page by page.
+    size = h * min(rows_per, t) * t
+    buf_x, buf_a = torch.empty(size), torch.empty(size)
+    for i0 in range(0, t, rows_per):
+        i1 = min(t, i0 + rows_per)
+        b = i1 - i0
+        j0 = 0 if left is None else max(0, i0 - left)  # the keys any row of the block may see
+        j1 = t if right is None else min(t, i1 + right)
+        rows = torch.arange(i0, i1)
+        cols = torch.arange(j0, j1)
+        qb = q[:, i0:i1].reshape(hkv, g * b, d)  # (H_kv, G·b, D): query head h = kv head h // G
+        n = h * b * (j1 - j0)
+        # log α = scale · q·k − LSE, rounded as attention rounds its scores: the product, then the scale
+        # (baddbmm's fused alpha and the LSE folded into the product both lose 1e-5 of sharp rows' weights)
+        x = torch.matmul(qb, k[:, j0:j1].transpose(-1, -2), out=buf_x[:n].view(hkv, g * b, j1 - j0))
+        x = x.mul_(scale).view(h, b, j1 - j0).sub_(lse[:, i0:i1, None])  # (H, b, Tk)
+        hidden = _masked_columns(rows, cols, left, right)  # [(column slice, (b, width) bool: hidden)]
+        for cut, off in hidden:
+            x[:, :, cut].masked_fill_(off, -math.inf)
+        a = torch.exp(x, out=buf_a[:n].view(h, b, j1 - j0))  # (H, b, Tk): the exact weights
+        for cut, off in hidden:
+            x[:, :, cut].masked_fill_(off, 0.0)  # so that α log α is 0, not NaN, where α = 0
+        received[:, j0:j1] += torch.matmul(torch.ones(h, 1, b), a)[:, 0]  # column sums as a product: one pass
+        # Σ α |i − j| with positions counted from the block's first row, so local heads sum small numbers
+        rel = (cols - i0).float()
+        if right == 0:  # every key at or before the row: |i − j| = i − j
+            dist = (rows - i0).float() - torch.matmul(a, rel)
+        else:
+            dist = (a * (cols[None, :] - rows[:, None]).abs().float()).sum(-1)
+        # −Σ α log α term by term (LSE − Σ α s would cancel badly for sharp rows); x is not needed after
+        ent = -x.mul_(a).sum(-1)
+        lo = torch.clamp(rows - left, min=0) if left is not None else torch.zeros_like(rows)
+        hi = torch.clamp(rows + right, max=t - 1) if right is not None else torch.full_like(rows, t - 1)
+        seen = (hi - lo + 1).float()  # (b,): keys each row sees
+        many = seen > 1
+        sums["entropy"] += ent.sum(-1, dtype=torch.float64)
+        sums["entropy_norm"] += (ent[:, many] / torch.log(seen[many])).sum(-1, dtype=torch.float64)
+        sums["distance"] += dist.sum(-1, dtype=torch.float64)
+        for name, offset in (("prev", -1), ("self", 0), ("next", 1)):
+            j = rows + offset
+            ok = (j >= j0) & (j < j1)
+            sums[name] += a[:, ok.nonzero()[:, 0], (j[ok] - j0)].sum(-1, dtype=torch.float64)
+        if j0 == 0:
+            sums["first"] += a[:, :, 0].sum(-1, dtype=torch.float64)
+    return {n: v.numpy() for n, v in sums.items()}, _counts(t, left, right), received.float().numpy()
+
+
+def head_stats(
+    texts: Any,
+    model: str | os.PathLike | Any = None,
+    revision: str | None = None,
+    *,
+    max_tokens: int | None = None,
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    distributed: bool | str = "auto",
+    group: Any = None,
+) -> HeadStats:
+    """Statistics of every layer's and head's full attention over each text, at any length.
+
+    ``texts``: a str or a list of them, each run alone (no padding), tokenized with the model's
+    special tokens and cut to ``max_tokens`` when given. ``model``: as :func:`attnlab.capture`;
+    encoders and decoders (causal, sliding windows); not encoder–decoders or softcapping.
+    ``progress(done, total)`` after each text (of this rank's share). ``distributed``: True shares
+    the texts between the ranks of ``group`` (joining torchrun's job from its environment if no group
+    exists yet), sums the statistics with one all-reduce and gathers each text's attention received;
+    "auto" does so under a job of more than one process; False computes everything here. Every rank
+    returns the same result, equal to one process's.
+    """
+    items = [texts] if isinstance(texts, str) else list(texts)
+    if not items or not all(isinstance(x, str) and x.strip() for x in items):
+        raise ValueError("texts must be a non-empty string or a non-empty list of non-empty strings")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
+        raise ValueError(f"max_tokens must be an int >= 2 or None, got {max_tokens!r}")
+    from attnlab.distributed import env
+
+    rank, world = env.join(distributed, group)
+    if world == 1:
+        return _head_stats(items, 0, model, revision, max_tokens, block_rows, progress).stats
+    first = sum(len(env.shard_items(items, r, world)) for r in range(rank))
+    part = env.on_every_rank(lambda: _head_stats(env.shard_items(items, rank, world), first, model, revision,
+                                                 max_tokens, block_rows, progress), "head_stats", group)
+    totals = env.all_reduce_sum([part.totals[n] for n in ROW_STATS] + [[part.counts[n] for n in ROW_STATS]], group)
+    counts = dict(zip(ROW_STATS, totals.pop()))
+    shares = env.all_gather_objects((part.stats.received, part.stats.tokens), group)
+    return replace(part.stats, means={n: s / max(counts[n], 1) for n, s in zip(ROW_STATS, totals)},
+                   received=[r for rec, _ in shares for r in rec], tokens=[t for _, tok in shares for t in tok])
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One process's share: its statistics, and the sums and counts behind its means."""
+
+    stats: HeadStats
+    totals: dict[str, np.ndarray]
+    counts: dict[str, int]
+
+
+def _head_stats(items: list[str], first: int, model: Any, revision: str | None, max_tokens: int | None,
+                block_rows: int | None, progress: Callable[[int, int], None] | None) -> _Part:
+    """head_stats of ``items`` in this process (texts numbered from ``first`` in errors), with the sums
+    and counts behind its means, which add up over the ranks."""
+    import torch
+
+    from attnlab.hf.capture_attention import observing
+    from attnlab.hf.loading import LoadedModel, load_model
+
+    lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
+    if lm.config.get("is_encoder_decoder"):
+        raise ValueError(f"head_stats serves encoders and decoders; {lm.model_id!r} is an encoder–decoder")
+    limit = lm.max_tokens
+    totals: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    received, tokens = [], []
+    for n, text in enumerate(items):
+        ids = lm.tokenizer(text, add_special_tokens=True)["input_ids"][:max_tokens]
+        if len(ids) > limit:
+            raise ValueError(f"texts[{first + n}] has {len(ids)} tokens; {lm.model_id!r} takes at most {limit} "
+                             f"(pass max_tokens to cut it)")
+        acc = _Accumulator(len(ids), block_rows)
+        x = torch.tensor([ids])
+        with torch.inference_mode(), observing(acc):
+            lm.model(input_ids=x, attention_mask=torch.ones_like(x))
+        if len(acc.sums) != lm.num_layers:
+            raise RuntimeError(f"model {lm.model_id!r} made {len(acc.sums)} attention calls for {lm.num_layers} layers")
+        for name in ROW_STATS:
+            layer = np.stack([s[name] for s in acc.sums])  # (L, H)
+            totals[name] = totals.get(name, 0) + layer
+            counts[name] = counts.get(name, 0) + acc.counts[0][name]
+        received.append(np.stack(acc.received))  # (L, H, T)
+        tokens.append(lm.tokenizer.convert_ids_to_tokens(ids))
+        if progress is not None:
+            progress(n + 1, len(items))
+    means = {name: totals.get(name, 0) / max(counts.get(name, 0), 1) for name in ROW_STATS}
+    found = HeadStats(means=means, received=received, tokens=tokens, model_id=lm.model_id, revision=lm.revision,
+                      causal=_is_causal(lm))
+    return _Part(found, {n: np.asarray(totals.get(n, np.zeros((lm.num_layers, lm.num_heads)))) for n in ROW_STATS},
+                 {n: counts.get(n, 0) for n in ROW_STATS})
+
+
+def _is_causal(lm: Any) -> bool:
+    """Whether the model's attention is causal (its attention modules say so)."""
+    return any(getattr(m, "is_causal", False) for m in lm.model.modules() if hasattr(m, "is_causal"))

@@ -1,1 +1,0 @@
-"""Loading pretrained transformers and capturing their attention maps."""

@@ -1,0 +1,266 @@
+"""The local web viewer: a FastAPI app over the maps API, and the page in ``static/``.
+
+The model is fixed when the app is made (``create_app(model, revision)``) and loaded once, on first
+use. The model's work (captures, roles, the head search, big JSON answers) runs in a bounded worker
+pool off the event loop (:mod:`attnlab.web.work`): the page, ``/api/info`` and ``/api/scene`` answer
+at once while it runs, and a request that finds the queue full gets 503 with ``Retry-After``.
+Captures and answers are kept in a cache bounded in MB, so another head of the same sentences costs
+no model call.
+
+Full maps travel one head at a time (/api/head), and so do the Neuron view's queries and keys
+(/api/neuron, from a capture with ``qk=True`` cached beside the others). One head's q and k are
+2·T·D numbers, a quarter of its map at 512 tokens and D = 64, so the server serves them up to the
+model's maximum length, where a self-contained page, which embeds every head, keeps them only for
+sentences of up to :data:`attnlab.viz.neuron.NEURON_MAX_TOKENS` tokens.
+
+Safety: input sizes are bounded (characters per sentence, number of sentences, tokens up to the
+model's maximum) and text must be valid Unicode; a malformed request gets a 422 whose message says
+what is wrong in words, a well-formed one the model cannot take (too many tokens, a word not in the
+sentence) a 400 with a message; no endpoint reads or writes a file on the client's behalf (the page's
+files are read once, from the package, when the app is made). The server answers only to its own
+host names and refuses cross-origin POSTs (:mod:`attnlab.web.guard`), and binds to 127.0.0.1 unless
+told otherwise.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoints' request models, made in
+# create_app by api_models, from the live annotations.
+import json
+import logging
+from collections.abc import Iterable
+from contextlib import asynccontextmanager
+from typing import Any, Callable
+
+from attnlab.viz import payload
+from attnlab.web.attentions import attention_head
+from attnlab.web.api_models import api_models
+from attnlab.viz.assets import STATIC_FILES, read_static
+from attnlab.web.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
+from attnlab.viz.neuron import head_qk
+from attnlab.viz.rollout_view import served_rollout
+from attnlab.web.work import CACHE_MB, QUEUE, WORKERS, Busy, MapsCache, WorkerPool
+
+__all__ = ["MapsCache", "check_port", "create_app", "serve"]
+
+log = logging.getLogger(__name__)
+
+MAX_SENTENCES = 2  # the viewer compares at most two sentences
+MAX_CHARS = 4000  # per sentence: room for 512 tokens of ordinary text, no more
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+
+def create_app(model: Any = None, revision: str | None = None, *, preload: bool = False, scene: dict | None = None,
+               hosts: Iterable[str] | None = None, workers: int = WORKERS, queue: int = QUEUE,
+               cache_mb: float = CACHE_MB):
+    """The viewer's ASGI app for one model: None (the bundled all-MiniLM-L6-v2), a folder, a hub id
+    (with ``revision``), or a :class:`~attnlab.hf.loading.LoadedModel` already in memory.
+
+    ``preload=True`` loads the model now, so a bad ``model`` fails here rather than on the first
+    request (``attnlab serve`` does this). ``scene``: the lesson's scene (``attnlab.lesson.scene.scene()``)
+    that /api/scene serves, handed in by the caller (the viewer sits below the lesson); None hides it.
+    ``hosts``: the Host names to answer to (default: 127.0.0.1, localhost, [::1];
+    :func:`attnlab.web.guard.allowed_hosts` makes the set for a bind address). ``workers`` threads do
+    the model's work, ``queue`` more requests may wait for them, the cache keeps ``cache_mb`` MB.
+    """
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.middleware.gzip import GZipMiddleware
+    from fastapi.responses import JSONResponse, Response
+
+    from attnlab.web.messages import encodable, validation_detail
+
+    cache = MapsCache(model, revision, max_mb=cache_mb)
+    pool = WorkerPool(workers, queue)
+    if preload:
+        cache.loaded()
+    pages = {path: (read_static(name), media) for path, (name, media) in STATIC_FILES.items()}
+
+    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW)
+    bad_request = {400: {"model": M.ErrorOut, "description": "Well-formed, but the model cannot take it (too many "
+                         "tokens, a word not in the sentence, a layer out of range)"}}
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        pool.shutdown()
+
+    app = FastAPI(
+        title="attnlab viewer",
+        description="Attention maps of one pretrained model, the lesson's scene, head roles and the head search.",
+        version="1",
+        docs_url=None,  # FastAPI's /docs and /redoc load their scripts from a CDN; the schema is /openapi.json
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.pool, app.state.cache = pool, cache  # for tests and benchmarks to look at
+    # Level 1: weights as JSON compress well at the fastest level, and the higher levels save a little
+    # more for several times the time (measured by benchmarks/bench_viewer.py: benchmarks/README.md).
+    app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=1)
+    app.add_middleware(LocalOnly, hosts=allowed_hosts() if hosts is None else hosts)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": validation_detail(exc.errors(), MAX_SENTENCES, MAX_CHARS)})
+
+    @app.exception_handler(Busy)
+    async def busy(_request: Request, exc: Busy) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": str(exc)}, headers={"Retry-After": str(exc.retry_after)})
+
+    def to_json(data: dict) -> bytes:
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    def client_error(e: Exception) -> HTTPException:
+        return HTTPException(status_code=400, detail=encodable(str(e)))
+
+    def maps_for(sentences: list[str], level: str) -> Any:
+        """The captured maps (``level`` "qk": token level with queries and keys); what the model
+        refuses (too many tokens, an empty sentence, an encoder–decoder's sentence that is not a
+        source<TAB>target pair) is a 400."""
+        try:
+            lm = cache.loaded()
+            for i, s in enumerate(sentences):
+                if lm.config.get("is_encoder_decoder") and (tabs := s.count("\t")) != 1:
+                    raise ValueError(f"sentences[{i}] has {tabs} tabs; {lm.model_id!r} is an encoder–decoder model: "
+                                     f"give each sentence as its source and its target, separated by one tab")
+            return cache.get_qk(sentences) if level == "qk" else cache.get(sentences, level)
+        except (ValueError, LookupError) as e:  # the client's to fix
+            raise client_error(e) from None
+
+    async def heavy(fn: Callable[[], bytes]) -> Response:
+        # The big answers (a 512 x 512 map is 262,144 numbers) skip the response model's
+        # validation, which costs a second there; the schema still documents them and the fuzz
+        # tests check that the bodies conform to it. They are serialized on the worker too.
+        return Response(await pool.run(fn), media_type="application/json")
+
+    busy_doc = {503: {"model": M.ErrorOut, "description": "Every worker is busy and the queue is full; see Retry-After"}}
+    heavy_doc = {**bad_request, **busy_doc}
+
+    def page_route(text: str, media: str):
+        async def page() -> Response:
+            return Response(text, media_type=media)
+        return page
+
+    for path, (text, media) in pages.items():
+        app.add_api_route(path, page_route(text, media), methods=["GET"], include_in_schema=False)
+
+    info_cache: dict = {}
+
+    def info_now() -> dict:
+        lm = cache.loaded()
+        return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
+                "num_heads": lm.num_heads, "max_tokens": lm.max_tokens, "max_sentences": MAX_SENTENCES,
+                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder"))}
+
+    @app.get("/api/info", response_model=M.InfoOut, responses=busy_doc)
+    async def info() -> dict:
+        if not info_cache:  # only a first call before the model is loaded waits, for the loading
+            info_cache.update(info_now() if cache.is_loaded else await pool.run(info_now))
+        return info_cache
+
+    @app.get("/api/scene", response_model=M.SceneOut, responses={404: {"description": "this viewer was made without the scene"}})
+    async def scene_out() -> dict:
+        if scene is None:
+            raise HTTPException(404, "this viewer was made without the lesson's scene")
+        return scene
+
+    @app.post("/api/maps", response_model=M.MapsOut, responses=heavy_doc)
+    async def maps(req: M.MapsIn) -> Response:
+        """Labels, marks, downsampled maps of every head and the role badges (an encoder's, or an
+        encoder–decoder's encoder's), and for an encoder–decoder what the head view's decoder and
+        cross choices need (``seq2seq``: the decoder's shape, the level served, source and target
+        labels and marks); full maps: /api/head."""
+        def work() -> bytes:
+            m = maps_for(req.sentences, req.level)
+
+            def make() -> bytes:
+                body = payload.maps_payload(m, overview=req.overview)
+                pairs = payload.seq2seq_labels(m)
+                if pairs is not None:
+                    body["seq2seq"] = pairs
+                return to_json(body)
+            return cache.computed((tuple(req.sentences), req.level, req.overview), make)
+        return await heavy(work)
+
+    @app.post("/api/head", response_model=M.HeadOut, responses=heavy_doc)
+    async def head(req: M.HeadIn) -> Response:
+        """One head's full map (0-based layer and head) of one sentence: of the model's own attention
+        (``attention`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
+        rows, source columns), at the level asked for (``level`` says which)."""
+        def work() -> bytes:
+            m = maps_for(req.sentences, req.level)
+            try:
+                got = attention_head(m, req.attention, req.sentence, req.layer, req.head)
+            except ValueError as e:
+                raise client_error(e) from None
+            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention,
+                            **got, "weights": payload.round_weights(got["weights"])})
+        return await heavy(work)
+
+    @app.post("/api/neuron", response_model=M.NeuronOut, responses=heavy_doc)
+    async def neuron(req: M.NeuronIn) -> Response:
+        """One head's queries and keys (0-based layer and head) of one sentence, its tokens, the
+        position bias where the model adds one (T5), and that layer's scale, softcap, causal and
+        window: what the Neuron view turns into weights. ``attention`` as in /api/head; token level."""
+        def work() -> bytes:
+            m = maps_for(req.sentences, "qk")
+            try:
+                data = head_qk(m, req.sentence, req.layer, req.head, req.attention)
+            except ValueError as e:
+                raise client_error(e) from None
+            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention, **data})
+        return await heavy(work)
+
+    @app.post("/api/rollout", response_model=M.RolloutOut, responses=heavy_doc)
+    async def rollout(req: M.RolloutIn) -> Response:
+        """Attention rollout (Abnar & Zuidema 2020), or attention flow, of one sentence through layers
+        0..``layer`` (0-based) at ``residual``: row i, how much of each input position reaches position i."""
+        def work() -> bytes:
+            m = maps_for(req.sentences, req.level)
+            try:
+                got = served_rollout(cache, m, (tuple(req.sentences), req.level), req.sentence, req.layer,
+                                     req.residual, req.method)
+            except ValueError as e:
+                raise client_error(e) from None
+            return to_json({"sentence": req.sentence, "level": req.level, "layer": req.layer, "residual": req.residual,
+                            "method": req.method, **got, "weights": payload.round_weights(got["weights"])})
+        return await heavy(work)
+
+    @app.post("/api/roles", response_model=M.RolesOut, responses=heavy_doc)
+    async def roles(req: M.MapsIn) -> Response:
+        """Role scores ([layer][head] per role) over the sentences' word-level maps, and the badges."""
+        return await heavy(lambda: to_json(payload.roles_payload(maps_for(req.sentences, "word"))))
+
+    @app.post("/api/find-head", response_model=M.FindHeadOut, responses=heavy_doc)
+    async def find_head(req: M.FindHeadIn) -> Response:
+        """The lesson's search: heads where the target's largest weight falls on each sentence's decider."""
+        def work() -> bytes:
+            words = maps_for(req.sentences, "word")
+            try:
+                return to_json(payload.find_head_payload(words, req.target, req.deciders, req.exclude_self,
+                                                         req.exclude_marks, req.occurrence))
+            except (ValueError, LookupError) as e:
+                raise client_error(e) from None
+        return await heavy(work)
+
+    return app
+
+
+def serve(model: Any = None, revision: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          announce: Callable[[str], None] | None = None, scene: dict | None = None) -> None:
+    """Load the model, then serve the viewer with uvicorn until interrupted.
+
+    ``announce`` gets a warning first when ``host`` is reachable from other machines, a line when
+    loading starts (the address is known to be free by then), and one with the viewer's URL when it
+    is ready. A host or port that cannot be bound is an OSError before anything loads.
+    """
+    import uvicorn
+
+    say = announce or log.info
+    check_port(host, port)
+    warning = host_warning(host)
+    if warning:
+        say(warning)
+    say(f"loading {model or 'the bundled all-MiniLM-L6-v2'}…")
+    app = create_app(model, revision, preload=True, scene=scene, hosts=allowed_hosts(host))
+    say(f"attnlab viewer at http://{url_name(host)}:{port}/ (Ctrl+C to stop)")
+    uvicorn.run(app, host=host.strip("[]"), port=port, log_level="warning")
