@@ -117,10 +117,34 @@ def test_unknown_model_lists_the_bundled_ones():
         load_model("no-such-model")
 
 
-def test_transformer_config_either_field_name():
+def test_transformer_config_and_its_windows():
     from attnlab.transformer import TransformerConfig
 
-    c = TransformerConfig(vocab_size=50, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn="gated",
-                          positions="rotary", norm="rmsnorm", activation="silu", d_ff=96, max_positions=128)
+    c = TransformerConfig(vocab_size=50, d_model=64, num_layers=3, num_heads=4, num_kv_heads=2, ffn="gated",
+                          positions="rotary", norm="rmsnorm", activation="silu", d_ff=96, max_positions=128,
+                          sliding_window=16, layer_types=("sliding_attention", "full_attention", "sliding_attention"))
     a = load_model(c)
     assert (a.num_layers, a.num_heads, a.num_kv_heads, a.head_dim, a.intermediate_size) == (3, 4, 2, 16, 96)
+    assert a.windows == (16, None, 16) and a.dtype == "float32"
+
+
+def test_the_older_field_names_are_read_too():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Older:  # a TransformerConfig from before the num_layers / num_heads rename
+        vocab_size: int = 50
+        d_model: int = 64
+        n_layers: int = 2
+        n_heads: int = 4
+        heads_kv: int = 4
+        head_dim: int = 16
+        hidden_ff: int = 256
+        max_positions: int = 128
+        ffn: str = "mlp"
+        tie_embeddings: bool = True
+        positions: str = "learned"
+        bias: bool = True
+
+    a = load_model(Older())
+    assert (a.num_layers, a.num_heads, a.windows) == (2, 4, (None, None))

@@ -15,7 +15,7 @@ def small(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
     monkeypatch.setattr(machine, "ROWS", (4, 16))
     monkeypatch.setattr(machine, "PREFILL_N", (32, 64))
-    monkeypatch.setattr(machine, "DECODE_T", (64, 256))
+    monkeypatch.setattr(machine, "DECODE_T", (16, 64, 256))  # decode points: the steps beyond the first
     monkeypatch.setattr(machine, "ELEMENTWISE", (1024, 4096))
     monkeypatch.setattr(machine, "BANDWIDTH_BYTES", 1 << 20)
     monkeypatch.setattr(machine, "REPEATS", 1)
@@ -32,7 +32,7 @@ def test_measures_once_caches_and_measures_again_when_asked(small, monkeypatch):
     assert hw.measured and machine.cache_file().exists()
     assert [p[0] for p in hw.matmul.points] == [2.0 * r * (32 * 32 * 2 + 32 * 16 * 2 + 3 * 32 * 48) for r in (4, 16)]
     assert len(hw.attention.points) == 2 and len(hw.decode_attention.points) == 2 and hw.bandwidth.per_s > 0
-    assert hw.layer_overhead_s > 0 and hw.memory_bytes > 0
+    assert hw.layer_overhead_s >= 0 and hw.step_overhead_s >= 0 and hw.memory_bytes > 0
     monkeypatch.setattr(machine, "_MEMO", {})
     monkeypatch.setattr(machine, "measure", lambda a, dtype: pytest.fail("measured although it was cached"))
     assert machine.this_machine(small, "float32").matmul == hw.matmul  # read back from the file

@@ -9,13 +9,16 @@ measurements last for the process):
   several row counts, as (FLOPs, seconds) points;
 - the read bandwidth: one matrix-vector product over a set of the model's matrices as large as its
   layers (capped at :data:`BANDWIDTH_BYTES`, far beyond the caches), as a decode step reads them;
-- the attention kernels' rate: :func:`attnlab.attention`, causal, at the model's head dim and k/v
-  grouping, for the prefill (FLOPs → seconds) and for one decode query over a cache (KV bytes → seconds),
-  by the backend attnlab's transformer uses;
+- the prefill attention's rate: :func:`attnlab.attention`, causal, at the model's head dim and k/v
+  grouping (FLOPs → seconds), by the backend attnlab's transformer uses;
+- the decode attention's: a one-layer model of that head dim and grouping decoding after prompts of
+  several lengths through ``Transformer.generate`` (the extra KV bytes → the extra seconds per step):
+  the path generate takes, whichever kernel serves it;
 - the elementwise rate: one product of two tensors into a third at sizes from the caches' to memory's
   (bytes moved → seconds), for the norms, rotary and activations;
-- the per-layer overhead: a decode step of a tiny model of the same kind divided by its layers,
-  which is dispatch and Python (its arithmetic is negligible);
+- the fixed costs of a step through ``Transformer.generate``: per layer (the growth of a tiny model's
+  step from one layer to several: dispatch and Python, its arithmetic negligible) and per step (the
+  rest: the loop, sampling);
 - the memory available is read at each plan (it changes), never cached.
 
 Every time is the fastest of :data:`REPEATS` samples after a warm call (a busy machine only adds time),
@@ -49,13 +52,14 @@ MAX_MATMUL_FLOPS = 1e11
 BANDWIDTH_BYTES = 512 * 2**20
 PREFILL_N = (256, 1024, 4096)  # attention lengths measured (fewer where a point would exceed MAX_ATTENTION_FLOPS)
 MAX_ATTENTION_FLOPS = 6e10
-DECODE_T = (1024, 8192, 32768)
+DECODE_T = (256, 2048, 8192)  # prompts of the one-layer model whose decode steps give the KV read's cost
+GEN_NEW = 9  # new tokens per generate run: 8 decode steps timed
 ELEMENTWISE = (1 << 16, 1 << 19, 1 << 22, 1 << 24)  # elements of the tensors multiplied  # cache lengths for one decode query
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS = 4
 MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch computes in on a CPU
-PROFILE_VERSION = 2  # what a profile holds: a new field measures anew
+PROFILE_VERSION = 3  # what a profile holds: a new field measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
 
@@ -156,40 +160,67 @@ def _heads(a: Architecture) -> tuple[int, int]:
     return h, h // g
 
 
-def _attention_points(a: Architecture, dtype: Any, nbytes: int) -> tuple[list, list]:
-    """Prefill (FLOPs, s) and decode (KV bytes, s) points of :func:`attnlab.attention`, causal."""
+def _attention_points(a: Architecture, dtype: Any) -> list[list[float]]:
+    """Prefill (FLOPs, s) points of :func:`attnlab.attention`, causal, at the model's head dim and grouping."""
     import torch
 
     from attnlab.backends.api import attention
 
     h, kv, d = *_heads(a), a.head_dim
-    prefill, decode = [], []
+    prefill = []
     for n in PREFILL_N:
         flops = 4.0 * h * d * n * (n + 1) / 2
         if prefill and flops > MAX_ATTENTION_FLOPS:
             break
         q, k, v = (torch.randn(1, heads, n, d, dtype=dtype) for heads in (h, kv, kv))
         prefill.append([flops, _best(lambda: attention(q, k, v, causal=True, backend=BACKEND))])
-    for t in DECODE_T:
-        q = torch.randn(1, h, 1, d, dtype=dtype)
-        k, v = (torch.randn(1, kv, t, d, dtype=dtype) for _ in range(2))
-        decode.append([2.0 * kv * t * d * nbytes, _best(lambda: attention(q, k, v, causal=True, backend=BACKEND))])
-    return prefill, decode
+    return prefill
 
 
-def _layer_overhead(a: Architecture, dtype: Any) -> float:
-    """Seconds per layer of one token's pass through a tiny model of the same kind: dispatch and Python."""
-    import torch
-
+def _model(a: Architecture, dtype: Any, layers: int, heads: int, kv: int, head_dim: int, positions: int) -> Any:
+    """A Llama-style model of random weights with these attention shapes and the smallest everything else."""
     from attnlab.transformer import Transformer, TransformerConfig
 
-    tiny = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": OVERHEAD_LAYERS, "num_attention_heads": 2,
-            "num_key_value_heads": 1 if a.num_kv_heads < a.num_heads else 2, "intermediate_size": 64,
-            "vocab_size": 64, "max_position_embeddings": 256}
-    model = Transformer(TransformerConfig.from_hf(tiny)).to(dtype).eval()
-    ids = torch.zeros(1, 1, dtype=torch.long)
-    with torch.no_grad():
-        return _best(lambda: model(ids)) / OVERHEAD_LAYERS
+    config = {"model_type": "llama", "hidden_size": heads * head_dim, "num_hidden_layers": layers,
+              "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim, "intermediate_size": 32,
+              "vocab_size": 64, "max_position_embeddings": positions}
+    return Transformer(TransformerConfig.from_hf(config)).to(dtype).eval()
+
+
+def _generate(model: Any, prompt: int, repeats: int) -> tuple[float, float]:
+    """(TTFT, TPOT) of ``model.generate`` on a prompt of ``prompt`` tokens, each the fastest of ``repeats`` runs:
+    TTFT the first new token's time, TPOT the mean gap between the later ones (vLLM's definitions)."""
+    import torch
+
+    ids = torch.randint(0, 64, (1, prompt), generator=torch.Generator().manual_seed(0))
+    ttft = tpot = math.inf
+    for _ in range(repeats + 1):  # the first run warms up
+        stamps: list[float] = []
+        t0 = time.perf_counter()
+        model.generate(ids, GEN_NEW, on_token=lambda step, tok: stamps.append(time.perf_counter()))
+        ttft, tpot = min(ttft, stamps[0] - t0), min(tpot, (stamps[-1] - stamps[0]) / (len(stamps) - 1))
+    return ttft, tpot
+
+
+def _overheads(a: Architecture, dtype: Any) -> dict:
+    """The decode step's fixed costs through ``generate``: per layer, the growth from a tiny model of one
+    layer to one of OVERHEAD_LAYERS (their arithmetic is negligible); per step, the rest (sampling, the loop)."""
+    g = a.num_heads // a.num_kv_heads
+    steps = [_generate(_model(a, dtype, layers, 2 * g, 2, 16, 64), 8, REPEATS)[1]
+             for layers in (1, OVERHEAD_LAYERS)]
+    per_layer = max((steps[1] - steps[0]) / (OVERHEAD_LAYERS - 1), 0.0)
+    return {"layer_overhead_s": per_layer, "step_overhead_s": max(steps[0] - per_layer, 0.0)}
+
+
+def _decode_points(a: Architecture, dtype: Any, nbytes: int) -> list[list[float]]:
+    """(KV bytes read, seconds) of one decode step's attention through ``generate``: a one-layer model of the
+    model's head dim and grouping, its step time at each prompt of DECODE_T less its time at the first (what
+    more cache costs: the path generate takes, whatever kernel it uses)."""
+    h, kv, d = *_heads(a), a.head_dim
+    model = _model(a, dtype, 1, h, kv, d, max(DECODE_T) + GEN_NEW + 1)
+    steps = [_generate(model, t, 1 if t > 4096 else REPEATS)[1] for t in DECODE_T]
+    per_token = 2.0 * kv * d * nbytes
+    return [[per_token * (t - DECODE_T[0]), max(s - steps[0], 1e-9)] for t, s in zip(DECODE_T[1:], steps[1:])]
 
 
 def profile_key(a: Architecture, dtype: str) -> str:
@@ -204,10 +235,9 @@ def measure(a: Architecture, dtype: str) -> dict:
     import torch
 
     tdtype, nbytes = getattr(torch, dtype), DTYPE_BYTES[dtype]
-    prefill, decode = _attention_points(a, tdtype, nbytes)
     return {"matmul": _matmul_points(a, tdtype), "bandwidth": _bandwidth(a, tdtype, nbytes),
-            "attention": prefill, "decode_attention": decode, "elementwise": _elementwise_points(tdtype, nbytes),
-            "layer_overhead_s": _layer_overhead(a, tdtype),
+            "attention": _attention_points(a, tdtype), "decode_attention": _decode_points(a, tdtype, nbytes),
+            "elementwise": _elementwise_points(tdtype, nbytes), **_overheads(a, tdtype),
             "torch_threads": torch.get_num_threads(), "backend": BACKEND, "measured_at": time.time()}
 
 
@@ -229,5 +259,5 @@ def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware
     return Hardware(
         f"this machine ({facts['cpu']}, {m['torch_threads']} torch threads)", Rate(points=pts("matmul")),
         Rate(m["bandwidth"]), Rate(points=pts("attention")), Rate(points=pts("decode_attention")),
-        Rate(points=pts("elementwise")), float(memory_available() or 0), m["layer_overhead_s"], True, f"measured, cached in {cache_file()}",
-        details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"]})
+        Rate(points=pts("elementwise")), float(memory_available() or 0), m["layer_overhead_s"], True,
+        f"measured, cached in {cache_file()}", step_overhead_s=m["step_overhead_s"], details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"]})
