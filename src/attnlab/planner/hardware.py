@@ -124,6 +124,13 @@ class Hardware:
     efficiencies: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
     step_overhead_s: float = 0.0  # per pass, beside the layers': the decoding loop, sampling
+    prefill_overhead_s: tuple[float, float] | None = None  # the prefill's (per layer, per pass), if not the same
+
+    def overhead(self, layers: int, prefill: bool) -> float:
+        """The fixed seconds of one pass of ``layers`` layers: the prefill's where measured apart, else a step's."""
+        per_layer, per_pass = (self.prefill_overhead_s if prefill and self.prefill_overhead_s
+                               else (self.layer_overhead_s, self.step_overhead_s))
+        return layers * per_layer + per_pass
 
     def to_dict(self) -> dict:
         d = asdict(self)

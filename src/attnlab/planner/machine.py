@@ -18,7 +18,7 @@ measurements last for the process):
   (bytes moved → seconds), for the norms, rotary and activations;
 - the fixed costs of a step through ``Transformer.generate``: per layer (the growth of a tiny model's
   step from one layer to several: dispatch and Python, its arithmetic negligible) and per step (the
-  rest: the loop, sampling);
+  rest: the loop, sampling), for the first token (with the cache's set-up) and the later ones apart;
 - the memory available is read at each plan (it changes), never cached.
 
 Every time is the fastest of :data:`REPEATS` samples after a warm call (a busy machine only adds time),
@@ -59,7 +59,7 @@ MAX_HEADS = 8  # attention is measured on at most this many query heads (the rat
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS = 4
 MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch computes in on a CPU
-PROFILE_VERSION = 3  # what a profile holds: a new field measures anew
+PROFILE_VERSION = 4  # what a profile holds: a new field measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
 
@@ -203,13 +203,16 @@ def _generate(model: Any, prompt: int, repeats: int) -> tuple[float, float]:
 
 
 def _overheads(a: Architecture, dtype: Any) -> dict:
-    """The decode step's fixed costs through ``generate``: per layer, the growth from a tiny model of one
-    layer to one of OVERHEAD_LAYERS (their arithmetic is negligible); per step, the rest (sampling, the loop)."""
+    """The fixed costs of ``generate`` through tiny models of one and OVERHEAD_LAYERS layers (their arithmetic
+    is negligible): per layer, the growth from one to the other; per step, the rest (the loop, sampling). The
+    first token's (the prefill's set-up: the cache, the checks) apart from the later tokens'."""
     g = a.num_heads // a.num_kv_heads
-    steps = [_generate(_model(a, dtype, layers, 2 * g, 2, 16, 64), 8, REPEATS)[1]
-             for layers in (1, OVERHEAD_LAYERS)]
-    per_layer = max((steps[1] - steps[0]) / (OVERHEAD_LAYERS - 1), 0.0)
-    return {"layer_overhead_s": per_layer, "step_overhead_s": max(steps[0] - per_layer, 0.0)}
+    runs = [_generate(_model(a, dtype, layers, 2 * g, 2, 16, 64), 8, REPEATS) for layers in (1, OVERHEAD_LAYERS)]
+    out = {}
+    for i, name in ((1, ""), (0, "prefill_")):  # (TTFT, TPOT): index 0 the prefill, 1 a decode step
+        per_layer = max((runs[1][i] - runs[0][i]) / (OVERHEAD_LAYERS - 1), 0.0)
+        out[f"{name}layer_overhead_s"], out[f"{name}step_overhead_s"] = per_layer, max(runs[0][i] - per_layer, 0.0)
+    return out
 
 
 def _decode_points(a: Architecture, dtype: Any, nbytes: int) -> list[list[float]]:
@@ -260,4 +263,5 @@ def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware
         f"this machine ({facts['cpu']}, {m['torch_threads']} torch threads)", Rate(points=pts("matmul")),
         Rate(m["bandwidth"]), Rate(points=pts("attention")), Rate(points=pts("decode_attention")),
         Rate(points=pts("elementwise")), float(memory_available() or 0), m["layer_overhead_s"], True,
-        f"measured, cached in {cache_file()}", step_overhead_s=m["step_overhead_s"], details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"]})
+        f"measured, cached in {cache_file()}", step_overhead_s=m["step_overhead_s"],
+        prefill_overhead_s=(m["prefill_layer_overhead_s"], m["prefill_step_overhead_s"]), details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"]})

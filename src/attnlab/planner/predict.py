@@ -87,7 +87,7 @@ def prefill_terms(s: Setup, n: int, batch: int) -> dict[str, dict]:
     terms["attention"] = _term(attention, "compute")
     per_layer = f.elementwise_bytes(a, n, batch, s.nbytes) / s.gpus
     terms["elementwise"] = _term(a.num_layers * s.hw.elementwise.seconds(per_layer), "memory bandwidth")
-    terms["overhead"] = _term(a.num_layers * s.hw.layer_overhead_s + s.hw.step_overhead_s, "dispatch and host")
+    terms["overhead"] = _term(s.hw.overhead(a.num_layers, prefill=True), "dispatch and host")
     if (ar := _allreduce(s, n, batch)) is not None:
         terms["all-reduce"] = ar
     return terms
@@ -101,7 +101,7 @@ def decode_terms(s: Setup, keys: int, batch: int) -> dict[str, dict]:
     kv = sum(count * s.hw.decode_attention.seconds(per_token * (keys if w is None else min(keys, w)))
              for w, count in Counter(a.windows).items())
     terms["KV cache read"] = _term(kv, "memory bandwidth")
-    terms["overhead"] = _term(a.num_layers * s.hw.layer_overhead_s + s.hw.step_overhead_s, "dispatch and host")
+    terms["overhead"] = _term(s.hw.overhead(a.num_layers, prefill=False), "dispatch and host")
     if (ar := _allreduce(s, 1, batch)) is not None:
         terms["all-reduce"] = ar
     return terms
