@@ -47,6 +47,7 @@ _LAZY = {
     "head_importance": "attnlab.interventions.ablation",
     "Ablation": "attnlab.interventions.ablation",
     "Importance": "attnlab.interventions.ablation",
+    "plan": "attnlab.planner.api",
 }
 
 
@@ -87,6 +88,7 @@ __all__ = [
     "hide_mask",
     "logsumexp",
     "padding_mask",
+    "plan",
     "softmax",
     "softmax_jacobian",
     "window_mask",

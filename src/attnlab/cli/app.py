@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from attnlab.cli import ablate, lesson, longinputs, maps, measure, serve
+from attnlab.cli import plan as plan_cli
 from attnlab.cli.common import console, err
 from attnlab.cli.errors import (INTERNAL, REPORT, USAGE, click_error, command_flags, in_flags, is_input_error,
                                 non_utf8_argument)
@@ -38,7 +39,8 @@ def _root() -> None:
 COMMANDS = {  # in the order --help lists them
     "scene": lesson.scene, "maps": maps.maps, "heads": maps.heads, "find-head": maps.find_head,
     "stats": longinputs.stats, "rollout": longinputs.rollout, "ablate": ablate.ablate,
-    "serve": serve.serve, "lesson": lesson.lesson, "cost": lesson.cost, "check": measure.check, "bench": measure.bench,
+    "serve": serve.serve, "lesson": lesson.lesson, "cost": lesson.cost, "plan": plan_cli.plan, "check": measure.check,
+    "bench": measure.bench,
 }
 for _name, _handler in COMMANDS.items():
     app.command(_name)(_handler)

@@ -18,9 +18,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from attnlab import bench
+from attnlab.backends.calibrate import estimate
 from attnlab.bench import Measurement
 from attnlab.lesson.fmt import big, mb, ms, num
 from attnlab.lesson.section import Section, table
+from attnlab.lesson.serving import serving_data, serving_findings, serving_table
+from attnlab.planner.search import largest_length
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +38,8 @@ MODEL_D = 512  # d for the worked operation counts (the transformer base model)
 COUNT_SIZES = (128, 512, 2048, 8192)
 SEARCH_STEPS = 4  # bisection steps between the last n that met the limits and the first that did not
 SEARCH_GRAIN = 64  # contexts searched are multiples of this
-MAX_RUN_S = 2.0  # never start a run predicted to take longer than this (one run, not the repeats)
+SEARCH_CAP = 65536  # the largest context searched (attnlab bench's largest size)
+MAX_RUN_S = 2.0  # never start a run predicted to take longer than this (one run, not the repeats): the search's cap
 # Peak extra memory of a call, as tracemalloc sees it: chosen, not defaulted. Both paths are NumPy,
 # and every buffer they allocate goes through NumPy, which reports it to tracemalloc; so it is the
 # call's peak extra memory to the byte, the same on every run and on every OS. The other measure,
@@ -97,50 +101,57 @@ def growth_exponent(ns, values) -> float:
     return float(np.polyfit(np.log(ns), np.log(values), 1)[0])
 
 
-def _predict(points: list[Measurement], n: int, attr: str) -> float:
-    """Power-law prediction from the measured points (used only to avoid hopeless runs)."""
-    ns = [p.n for p in points]
-    vals = [max(getattr(p, attr), 1e-12) for p in points]
-    slope, icpt = np.polyfit(np.log(ns), np.log(vals), 1)
-    return float(np.exp(icpt + slope * np.log(n)))
+def _predict(points: list[dict], n: int, attr: str) -> float:
+    """``attr`` at n from every size measured so far: log-log between the nearest measured sizes
+    (:func:`attnlab.backends.calibrate.estimate`, the rule of auto's table) and, past the largest, along
+    the last measured segment's slope, at least 1 for time (every score costs work) and at least 0 for
+    memory (a fixed tile buffer that dominates small n makes it nearly flat: a power law fitted on the
+    sweep, or a slope of 1, would overshoot the memory the search goes on to measure)."""
+    pts = sorted((p["n"], max(p[attr], 1e-12)) for p in points)
+    if n <= pts[-1][0] or len(pts) < 2:
+        return estimate([list(p) for p in pts], n)
+    (n1, y1), (n2, y2) = pts[-2], pts[-1]
+    slope = max(np.log(y2 / y1) / np.log(n2 / n1), 1.0 if attr == "time_s" else 0.0)
+    return float(y2 * (n / n2) ** slope)
+
+
+def meets(cfg: CostConfig, time_s: float, peak_bytes: float) -> bool:
+    return time_s * 1000 <= cfg.deadline_ms and peak_bytes <= cfg.memory_mb * 1e6
 
 
 def largest_context(method: str, cfg: CostConfig, points: list[Measurement]) -> dict:
-    """The largest n (a multiple of SEARCH_GRAIN) whose measured time and memory meet the limits.
+    """The largest n (a multiple of SEARCH_GRAIN, at most SEARCH_CAP) whose measured time and memory meet
+    the limits, by the planner's search (:func:`attnlab.planner.search.largest_length`): doubling past the
+    sweep while n fits, then SEARCH_STEPS bisections.
 
-    Doubles n past the sweep while it fits, then bisects. A size whose predicted memory exceeds
-    twice the budget, or whose predicted time exceeds MAX_RUN_S, is not run: it counts as failing,
-    and the result says so.
+    A size is measured unless its predicted memory exceeds twice the budget (it fails the budget: not run)
+    or its predicted time exceeds MAX_RUN_S (the search's cap on one run: not run, and its limits unknown).
+    The result says which sizes were not run and why; ``capped`` is True when a size failed only because of
+    the cap, so that the limit may lie beyond n.
     """
-    deadline_s, budget = cfg.deadline_ms / 1000, cfg.memory_mb * 1e6
+    measured = [dict(p.to_dict(), measured=True, fits=meets(cfg, p.time_s, p.peak_bytes)) for p in points]
     tried: dict[int, dict] = {}
 
     def fits(n: int) -> bool:
-        if n in tried:
-            return tried[n]["fits"]
-        mem_pred, time_pred = _predict(points, n, "peak_bytes"), _predict(points, n, "time_s")
-        if mem_pred > 2 * budget or time_pred > MAX_RUN_S:
-            tried[n] = {"n": n, "measured": False, "fits": False, "time_s": time_pred, "peak_bytes": mem_pred}
-            return False
-        m = next((p for p in points if p.n == n), None) or _measure(method, (n,), cfg)[0]
-        ok = m.time_s <= deadline_s and m.peak_bytes <= budget
-        tried[n] = dict(m.to_dict(), measured=True, fits=ok)
-        return ok
+        have = next((r for r in measured if r["n"] == n), None)
+        if have is None:
+            mem_pred, time_pred = _predict(measured, n, "peak_bytes"), _predict(measured, n, "time_s")
+            if mem_pred > 2 * cfg.memory_mb * 1e6 or time_pred > MAX_RUN_S:
+                why = "memory" if mem_pred > 2 * cfg.memory_mb * 1e6 else "cap"
+                tried[n] = {"n": n, "measured": False, "fits": False, "not_run": why, "time_s": time_pred,
+                            "peak_bytes": mem_pred}
+                return False
+            m = _measure(method, (n,), cfg)[0]
+            have = dict(m.to_dict(), measured=True, fits=meets(cfg, m.time_s, m.peak_bytes))
+            measured.append(have)
+        tried[n] = have
+        return have["fits"]
 
-    lo, hi = 0, None
-    n = min(p.n for p in points)
-    while hi is None:
-        if fits(n):
-            lo, n = n, 2 * n
-        else:
-            hi = n
-    for _ in range(SEARCH_STEPS):
-        mid = (lo + hi) // 2 // SEARCH_GRAIN * SEARCH_GRAIN
-        if mid <= lo or mid >= hi:
-            break
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    best = tried.get(lo)
-    return {"n": lo, "first_failing_n": hi, "at_best": best, "tried": sorted(tried.values(), key=lambda r: r["n"])}
+    found = largest_length(fits, start=min(p.n for p in points), cap=SEARCH_CAP, grain=SEARCH_GRAIN,
+                           steps=SEARCH_STEPS)
+    capped = found.capped or any(r.get("not_run") == "cap" for r in tried.values())
+    return {"n": found.n, "first_failing_n": found.first_failing, "at_best": tried.get(found.n), "capped": capped,
+            "max_run_s": MAX_RUN_S, "cap_n": SEARCH_CAP, "tried": sorted(tried.values(), key=lambda r: r["n"])}
 
 
 def _measured_table(name: str, path: dict, cfg: CostConfig):
@@ -150,13 +161,15 @@ def _measured_table(name: str, path: dict, cfg: CostConfig):
         rows.setdefault(r["n"], r)
     out = []
     for r in sorted(rows.values(), key=lambda r: r["n"]):
-        fits = r["time_s"] * 1000 <= cfg.deadline_ms and r["peak_bytes"] <= cfg.memory_mb * 1e6
+        fits = r["fits"] if "fits" in r else meets(cfg, r["time_s"], r["peak_bytes"])
         half = rows.get(r["n"] // 2) if r["n"] % 2 == 0 else None
         slope = (f"{np.log2(r['time_s'] / half['time_s']):.2f} / {np.log2(r['peak_bytes'] / max(half['peak_bytes'], 1)):.2f}"
                  if half and half.get("measured") and r.get("measured") else "")
         approx = "" if r.get("measured") else "≈ "
-        out.append([r["n"], approx + ms(r["time_s"]), approx + mb(r["peak_bytes"]), slope,
-                    ("yes" if fits else "no") + ("" if r.get("measured") else " (predicted, not run)")])
+        verdict = ("yes" if fits else "no") if r.get("measured") else {
+            "memory": "no (not run: predicted over twice the budget)",
+            "cap": f"not run: predicted over the search's cap of {MAX_RUN_S:g} s per run"}[r["not_run"]]
+        out.append([r["n"], approx + ms(r["time_s"]), approx + mb(r["peak_bytes"]), slope, verdict])
     return table(
         f"Measured: {name}, d = {cfg.d}, {DTYPE} inputs (time: median of {cfg.repeats} runs, the sweep's sizes "
         f"interleaved, {'all' if cfg.blas_threads is None else cfg.blas_threads} BLAS thread(s); memory: {MEMORY_SAYS})",
@@ -204,15 +217,19 @@ def cost_section(cfg: CostConfig = CostConfig()) -> Section:
             f"n^{p['memory_exponent']:.2f}"
             + (f" (at these sizes a fixed tile buffer dominates; from n = {ns_of(p)[-2]} to {ns_of(p)[-1]} each token "
                f"added {p['bytes_per_token_last_step'] / 1e3:.2g} kB)" if p["memory_exponent"] < 1.5 else "")
-            + f"; the largest context meeting {limits} is n = {best['n']}"
-            + (f" ({ms(best['at_best']['time_s'])}, {mb(best['at_best']['peak_bytes'])})." if best["at_best"] else
-               f": even n = {best['first_failing_n']} does not fit.")
+            + f"; the largest context measured to meet {limits} is n = {best['n']}"
+            + (f" ({ms(best['at_best']['time_s'])}, {mb(best['at_best']['peak_bytes'])})" if best["at_best"] else
+               f": even n = {best['first_failing_n']} does not fit")
+            + (f"; larger n were not run (the search runs nothing predicted over {MAX_RUN_S:g} s, and stops at "
+               f"n = {SEARCH_CAP}), so the limit may lie beyond." if best["capped"] else ".")
         )
     findings.append(
         f"Time is the median of {cfg.repeats} runs of one call ({'all' if cfg.blas_threads is None else cfg.blas_threads} "
         f"BLAS thread(s), {DTYPE} inputs); peak memory is {MEMORY_SAYS} above what was allocated before it: the "
         "buffers the algorithm itself needs, counted to the byte; the inputs, and BLAS's or the interpreter's own "
         "memory, are not in it.")
+    serving = serving_data()
+    findings += serving_findings(serving)
     tables = (
         table("Table 1 of Vaswani et al. (2017)", ["layer", "compute per layer", "sequential steps", "path length"], TABLE_1),
         table(
@@ -222,11 +239,13 @@ def cost_section(cfg: CostConfig = CostConfig()) -> Section:
              for c in counts],
         ),
         *(_measured_table(name, p, cfg) for name, p in paths.items()),
+        serving_table(serving),
     )
     data = {
         "config": asdict(cfg),
         "table_1": [dict(zip(("layer", "compute", "sequential", "path"), row)) for row in TABLE_1],
         "counts": {"d": d, "rows": counts},
         "paths": paths,
+        "serving": serving,
     }
     return Section("cost", 6, "Cost", tuple(findings), tables, data)

@@ -31,7 +31,7 @@ FIGURES: dict[str, list[tuple[str, str]]] = {
     "scaling": [("3_scaling.png", "scaling")],
     "heads": [("4_head_costs.png", "head_costs")],
     "maps": [("5_bank_head.png", "bank_head"), ("5_role_heads.png", "role_heads")],
-    "cost": [("6_cost.png", "cost_curves")],
+    "cost": [("6_cost.png", "cost_curves"), ("6_serving.png", "planplot:serving_figure")],
     "next": [("7_next.png", "next_maps")],
     "transformer": [("8_induction.png", "induction:induction_training")],  # "module:function" in attnlab.viz
 }

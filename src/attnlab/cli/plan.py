@@ -1,0 +1,250 @@
+"""`attnlab plan`: time to first token, time per token and memory of serving a model, per context length."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from attnlab.cli.common import console, err, json_option, names, out_file, write_json
+
+PROMPT_HELP = "Prompt lengths in tokens, comma-separated; k = 1,000 (4k = 4,000 tokens)."
+MODEL_HELP = ("A transformers config.json (file or folder) or a bundled name (attnlab plan --list); "
+              "nothing is downloaded.")
+HARDWARE_HELP = "'this' (measured here once, cached) or a bundled accelerator (attnlab plan --list): a prediction."
+EFFICIENCY_HELP = ("Override an accelerator's assumed efficiencies, e.g. matmul=0.6,bandwidth=0.85 "
+                   "(names: matmul, attention, bandwidth, decode_attention, link, layer_overhead_s, allreduce_latency_s).")
+CURVE_POINTS = 33  # prompt lengths on the PNG's curves, log-spaced
+
+
+def _tokens(text: str) -> tuple[int, ...]:
+    out = []
+    for part in names(text):
+        scale = 1000 if part[-1] in "kK" else 1
+        try:
+            value = float(part[:-1] if scale > 1 else part) * scale
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 1 and value == int(value)):
+            raise ValueError(f"--prompt takes comma-separated token counts >= 1 such as 4k,8k,32k (k = 1,000), got {part!r}")
+        out.append(int(value))
+    if not out:
+        raise ValueError(f"--prompt takes comma-separated token counts such as 4k,8k,32k, got {text!r}")
+    return tuple(out)
+
+
+def _positive(flag: str, value: Any, whole: bool = False) -> None:
+    if value is None:
+        return
+    if not (math.isfinite(value) and value > 0 and (not whole or value == int(value))):
+        raise ValueError(f"{flag} must be {'an integer >= 1' if whole else 'a positive number'}, got {value!r}")
+
+
+def _dtype(dtype: str | None, hardware: str) -> None:
+    from attnlab.planner.machine import MEASURABLE
+    from attnlab.planner.models import DTYPE_BYTES
+
+    here = hardware.strip().lower() == "this"
+    allowed = MEASURABLE if here else tuple(DTYPE_BYTES)
+    if dtype is not None and dtype not in allowed:
+        raise ValueError(f"--dtype must be one of {', '.join(allowed)}{' on this machine' if here else ''}, got {dtype!r}")
+
+
+def _hardware(hardware: str, efficiency: str | None) -> Any:
+    """'this' (resolved later, at the model's shapes), or the named accelerator with any --efficiency."""
+    from attnlab.planner.hardware import Efficiencies, accelerator
+
+    if hardware.strip().lower() == "this":
+        if efficiency is not None:
+            raise ValueError("--efficiency applies to a named accelerator; --hardware this is measured, not assumed")
+        return "this"
+    fields = Efficiencies.__dataclass_fields__
+    values = {}
+    for part in names(efficiency or ""):
+        key, _, val = (x.strip() for x in part.partition("="))
+        if key not in fields:
+            raise ValueError(f"--efficiency: unknown name {key!r}; names: {', '.join(fields)}")
+        try:
+            values[key] = float(val)
+        except ValueError:
+            raise ValueError(f"--efficiency {key} takes a number, got {val!r}") from None
+    try:
+        eff = Efficiencies(**values)
+    except ValueError as e:
+        raise ValueError(f"--efficiency: {e}") from None
+    try:
+        return accelerator(hardware, eff)
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
+
+
+def plan(
+    model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
+    hardware: str = typer.Option("this", "--hardware", help=HARDWARE_HELP),
+    prompt: str = typer.Option("4k,8k,32k,128k", "--prompt", help=PROMPT_HELP),
+    new_tokens: int = typer.Option(256, "--new-tokens", help="Tokens generated after the prompt."),
+    batch: int = typer.Option(1, "--batch", help="Sequences served together."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Weights' and cache's dtype (default: the config's)."),
+    deadline_ms: float | None = typer.Option(None, "--deadline-ms", help="Latency deadline in ms, on --deadline-on."),
+    deadline_on: str = typer.Option("total", "--deadline-on", help="What the deadline bounds: total or ttft."),
+    memory_gb: float | None = typer.Option(None, "--memory-gb", help="Memory per device in GB (10^9 bytes); default: the device's."),
+    gpus: int = typer.Option(1, "--gpus", help="Devices in tensor parallelism (named accelerators)."),
+    efficiency: str | None = typer.Option(None, "--efficiency", help=EFFICIENCY_HELP),
+    calibrate: bool = typer.Option(False, "--calibrate", help="Measure this machine again for the model (not the cache)."),
+    list_all: bool = typer.Option(False, "--list", help="List the bundled models and accelerators."),
+    png_path: str | None = typer.Option(None, "--png", metavar="PATH", help="Write latency and memory against context to this PNG.",
+                                        callback=out_file("--png")),
+    json_path: str | None = json_option(),
+) -> None:
+    """Will this model, at these context lengths, on this hardware, meet the deadline and fit in memory?"""
+    if list_all:
+        return _list(json_path)
+    if model is None or not model.strip():
+        raise ValueError("--model is required (a config.json path or a bundled name; attnlab plan --list)")
+    lengths = _tokens(prompt)
+    for flag, value, whole in (("--new-tokens", new_tokens, True), ("--batch", batch, True), ("--gpus", gpus, True),
+                               ("--deadline-ms", deadline_ms, False), ("--memory-gb", memory_gb, False)):
+        _positive(flag, value, whole)
+    if deadline_on not in ("total", "ttft"):
+        raise ValueError(f"--deadline-on must be total or ttft, got {deadline_on!r}")
+    _dtype(dtype, hardware)
+    from attnlab.planner import plan as run_plan
+    from attnlab.planner.predict import resolve_hardware
+
+    hw = _hardware(hardware, efficiency)
+    if calibrate:
+        if hardware.strip().lower() != "this":
+            raise ValueError("--calibrate measures this machine; it goes with --hardware this")
+        from attnlab.planner.machine import this_machine
+        from attnlab.planner.models import load_model
+
+        a = load_model(model)
+        with _status("measuring this machine at the model's shapes…"):
+            hw = this_machine(a, dtype or a.dtype, refresh=True)
+    elif hw == "this":
+        from attnlab.planner.models import load_model
+
+        a = load_model(model)
+        with _status("reading (or measuring, once) this machine at the model's shapes…"):
+            hw = resolve_hardware("this", a, dtype or a.dtype)
+    kw = dict(new_tokens=new_tokens, batch=batch, dtype=dtype, deadline_ms=deadline_ms, memory_gb=memory_gb,
+              gpus=gpus, deadline_on=deadline_on)
+    result = run_plan(model, hw, prompt_tokens=list(lengths), **kw)
+    if png_path:
+        _png(png_path, result, model, kw)
+    if write_json(json_path, result.to_dict()):
+        return
+    _print(result)
+
+
+def _status(text: str) -> Any:
+    from attnlab.cli.common import status
+
+    return status(text)
+
+
+def _png(path: str, result: Any, model: str, kw: dict) -> None:
+    import numpy as np
+
+    from attnlab.planner import plan as run_plan
+    from attnlab.viz.planplot import plan_figure
+
+    top = max(result.model.max_positions - result.new_tokens, 2)
+    grid = sorted({int(x) for x in np.geomspace(min(256, top), top, CURVE_POINTS)} | {r.prompt_tokens for r in result.rows})
+    curve = run_plan(result.model, result.hardware, prompt_tokens=grid, **kw)
+    plan_figure(curve.to_dict(), result.to_dict()).savefig(path, dpi=110)
+    err.print(f"wrote {path}", highlight=False)
+
+
+def _per_s(rate: Any, unit: str) -> str:
+    """A rate as tables print it: the largest measured point's (or the constant), in G or T."""
+    x = rate.at_largest
+    return f"{x / 1e12:,.2f} T{unit}" if x >= 1e12 else f"{x / 1e9:,.2f} G{unit}"
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
+
+
+def _print(p: Any) -> None:
+    a, hw = p.model, p.hardware
+    windows = sorted({w for w in a.windows if w})
+    shape = (f"{a.num_layers} layers, {a.num_heads} heads ({a.num_kv_heads} k/v) of {a.head_dim}, d = {a.hidden_size}, "
+             f"{a.max_positions:,} positions" + (f", windows {', '.join(map(str, windows))} on "
+                                                 f"{sum(w is not None for w in a.windows)} layers" if windows else ""))
+    console.print(f"{a.name}: {shape} ({a.source})", highlight=False)
+    kind = "measured" if hw.measured else "PREDICTED (datasheet × assumed efficiencies, not measured)"
+    console.print(f"hardware: {hw.name}{f' × {p.gpus}' if p.gpus > 1 else ''}: {kind}", highlight=False)
+    console.print(f"  rates: matmul {_per_s(hw.matmul, 'FLOP/s')}, weights read {_per_s(hw.bandwidth, 'B/s')}, attention "
+                  f"{_per_s(hw.attention, 'FLOP/s')}, KV read {_per_s(hw.decode_attention, 'B/s')}, elementwise "
+                  f"{_per_s(hw.elementwise, 'B/s')}; overhead {hw.layer_overhead_s * 1e6:,.0f} µs per layer + "
+                  f"{hw.step_overhead_s * 1e6:,.0f} µs per step ({hw.source})", highlight=False)
+    limits = [f"memory {p.memory_bytes / 1e9:,.1f} GB ({p.memory_bytes / 2**30:,.1f} GiB) per device"]
+    if p.deadline_ms is not None:
+        limits.insert(0, f"deadline {p.deadline_ms:g} ms on {p.deadline_on}")
+    console.print(f"{p.dtype}, batch {p.batch}, {p.new_tokens} new tokens; {'; '.join(limits)}", highlight=False)
+    table = Table(title="per prompt length (TPOT: mean over the new tokens; total = TTFT + (new − 1) · TPOT)",
+                  title_justify="left")
+    for col in ("prompt", "TTFT", "TPOT", "total", "KV GiB", "peak GB", "max batch", "fits?", "limited by"):
+        table.add_column(col, justify="left" if col in ("fits?", "limited by") else "right")
+    for r in p.rows:
+        why = ("beyond positions" if r.beyond_positions else "no: memory" if not r.fits_memory
+               else "no: deadline" if r.meets_deadline is False else "yes")
+        table.add_row(f"{r.prompt_tokens:,}", _seconds(r.ttft_s), _seconds(r.tpot_s), _seconds(r.total_s),
+                      f"{r.kv_bytes / 2**30:,.2f}", f"{r.peak_bytes / 1e9:,.1f}", f"{r.max_batch:,}", why, r.limited_by)
+    console.print(table)
+    console.print(_terms(p))
+    best = p.max_prompt_tokens
+    meets = "the deadline and the memory" if p.deadline_ms is not None else "the memory"
+    console.print(f"largest prompt meeting {meets}: " + (f"{best:,} tokens" if best else "none")
+                  + (" (the model's positions less the new tokens)" if p.search.capped else ""), highlight=False)
+    for note in p.notes:
+        console.print(f"note: {note}", highlight=False)
+
+
+def _terms(p: Any) -> Table:
+    names_ = list(dict.fromkeys([f"prefill {k}" for r in p.rows for k in r.prefill]
+                                + [f"decode {k}" for r in p.rows for k in r.decode]))
+    table = Table(title="the model of time, term by term (prefill: once; decode: per token)", title_justify="left")
+    table.add_column("prompt", justify="right")
+    for n in names_:
+        table.add_column(n, justify="right")
+    for r in p.rows:
+        cells = [(r.prefill if n.startswith("prefill") else r.decode).get(n.split(" ", 1)[1]) for n in names_]
+        table.add_row(f"{r.prompt_tokens:,}", *[_seconds(c["seconds"]) if c else "" for c in cells])
+    return table
+
+
+def _list(json_path: str | None) -> None:
+    from attnlab.planner.hardware import ACCELERATORS, Efficiencies
+    from attnlab.planner.models import BUNDLED, load_model
+
+    models = {k: dict(load_model(k).to_dict(), version=b.version, url=b.source) for k, b in BUNDLED.items()}
+    accels = {k: vars(a) for k, a in ACCELERATORS.items()}
+    if write_json(json_path, {"models": models, "accelerators": accels, "efficiencies": vars(Efficiencies())}):
+        return
+    t = Table(title="bundled models (numbers transcribed from each published config.json)", title_justify="left")
+    for col in ("name", "layers", "heads (k/v)", "head dim", "d", "ff", "positions", "windows", "dtype"):
+        t.add_column(col, justify="left" if col in ("name", "windows", "dtype") else "right")
+    for k, m in models.items():
+        w = sorted({x for x in m["windows"] if x})
+        t.add_row(k, str(m["num_layers"]), f"{m['num_heads']} ({m['num_kv_heads']})", str(m["head_dim"]),
+                  str(m["hidden_size"]), str(m["intermediate_size"]), f"{m['max_positions']:,}",
+                  (f"{w[0]} on {sum(1 for x in m['windows'] if x)} layers" if w else "none"), m["dtype"])
+    console.print(t)
+    for k, m in models.items():
+        console.print(f"  {k}: {m['url']} ({m['version']})", highlight=False, soft_wrap=True)
+    t = Table(title="bundled accelerators (dense 16-bit peaks; --hardware NAME)", title_justify="left")
+    for col in ("name", "TFLOP/s", "TB/s", "GB", "link per direction"):
+        t.add_column(col, justify="left" if col in ("name", "link per direction") else "right")
+    for k, a in ACCELERATORS.items():
+        t.add_row(f"{k} ({a.name})", f"{a.peak_flops / 1e12:g}", f"{a.bandwidth / 1e12:g}", f"{a.memory_bytes / 1e9:g}",
+                  f"{a.link / 1e9:g} GB/s, {a.link_name}")
+    console.print(t)
+    for k, a in ACCELERATORS.items():
+        console.print(f"  {k}: {a.source}", highlight=False, soft_wrap=True)
+    e = vars(Efficiencies())
+    console.print("assumed efficiencies (override with --efficiency): " + ", ".join(f"{k} {v:g}" for k, v in e.items()),
+                  highlight=False)

@@ -1,0 +1,172 @@
+"""``attnlab.plan``: will this model, at this context length, on this hardware, meet the deadline and fit?"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnlab.planner import predict as P
+from attnlab.planner.hardware import Hardware
+from attnlab.planner.models import Architecture, load_model
+from attnlab.planner.search import Search
+
+MEMORY_SAYS = ("weights + max(KV of the prompt + the prefill's largest live activations (one sublayer's "
+               "inputs and outputs; the attention kernels never hold n × n), KV after the last new token)")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One prompt length: latency by term, memory by part, what limits it, and whether it fits."""
+
+    prompt_tokens: int
+    ttft_s: float
+    tpot_s: float
+    total_s: float
+    prefill: dict
+    decode: dict
+    kv_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    peak_bytes: float
+    fits_memory: bool
+    meets_deadline: bool | None
+    beyond_positions: bool
+    max_batch: int
+    limited_by: str
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_memory and self.meets_deadline is not False and not self.beyond_positions
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return dict(asdict(self), fits=self.fits)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The rows of a plan and the largest prompt meeting both limits. ``ttft_s``, ``tpot_s``, ``total_s``,
+    ``kv_bytes``, ``peak_bytes``, ``max_batch``: the one row's value when one length was asked, else a list."""
+
+    model: Architecture
+    hardware: Hardware
+    dtype: str
+    batch: int
+    new_tokens: int
+    gpus: int
+    deadline_ms: float | None
+    deadline_on: str
+    memory_bytes: float
+    rows: tuple[Row, ...]
+    max_prompt_tokens: int | None
+    search: Search
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def predicted(self) -> bool:
+        """True on a named accelerator: datasheet figures and assumed efficiencies, not measurements."""
+        return not self.hardware.measured
+
+    def _each(self, name: str) -> Any:
+        values = [getattr(r, name) for r in self.rows]
+        return values[0] if len(values) == 1 else values
+
+    ttft_s = property(lambda self: self._each("ttft_s"))
+    tpot_s = property(lambda self: self._each("tpot_s"))
+    total_s = property(lambda self: self._each("total_s"))
+    kv_bytes = property(lambda self: self._each("kv_bytes"))
+    peak_bytes = property(lambda self: self._each("peak_bytes"))
+    max_batch = property(lambda self: self._each("max_batch"))
+    weight_bytes = property(lambda self: self.rows[0].weight_bytes)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model.to_dict(), "hardware": self.hardware.to_dict(), "predicted": self.predicted,
+            "dtype": self.dtype, "batch": self.batch, "new_tokens": self.new_tokens, "gpus": self.gpus,
+            "deadline_ms": self.deadline_ms, "deadline_on": self.deadline_on, "memory_bytes": self.memory_bytes,
+            "memory_model": MEMORY_SAYS, "rows": [r.to_dict() for r in self.rows],
+            "max_prompt_tokens": self.max_prompt_tokens, "search": self.search.to_dict(), "notes": list(self.notes),
+        }
+
+
+def _positive(name: str, value: Any, kind: type = float) -> None:
+    ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
+        expected = "an int >= 1" if kind is int else "a positive number"
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _lengths(prompt_tokens: Any) -> tuple[int, ...]:
+    many = isinstance(prompt_tokens, (list, tuple))
+    values = tuple(prompt_tokens) if many else (prompt_tokens,)
+    if not values:
+        raise ValueError("prompt_tokens must hold at least one length")
+    for v in values:
+        _positive("prompt_tokens", v, int)
+    return values
+
+
+def _row(s: P.Setup, n: int, batch: int, budget: float, deadline_s: float | None, on: str) -> Row:
+    pre, dec = P.prefill_terms(s, n, batch), P.mean_decode_terms(s, n, batch)
+    ttft, tpot = P.seconds(pre), P.seconds(dec)
+    total = ttft + (s.new_tokens - 1) * tpot
+    mem = P.memory(s, n, batch)
+    spans = {f"prefill {k}": t["seconds"] for k, t in pre.items()}
+    spans.update({f"decode {k}": t["seconds"] * (s.new_tokens - 1) for k, t in dec.items()})
+    top = max(spans, key=spans.get)
+    kind = (pre if top.startswith("prefill") else dec)[top.split(" ", 1)[1]]["limited_by"]
+    return Row(n, ttft, tpot, total, pre, dec, mem["kv_bytes"], mem["weight_bytes"], mem["activation_bytes"],
+               mem["peak_bytes"], mem["peak_bytes"] <= budget,
+               None if deadline_s is None else (ttft if on == "ttft" else total) <= deadline_s,
+               n + s.new_tokens > s.a.max_positions, P.max_batch(s, n, budget).n, f"{top} ({kind})")
+
+
+def _notes(a: Architecture, hw: Hardware, lengths: tuple[int, ...], new_tokens: int) -> list[str]:
+    notes = []
+    if not hw.measured:
+        notes.append(f"predicted for {hw.name}: datasheet figures ({hw.source}) times the assumed efficiencies "
+                     + ", ".join(f"{k} {v:g}" for k, v in hw.efficiencies.items()) + ", not measured")
+    beyond = [n for n in lengths if n + new_tokens > a.max_positions]
+    if beyond:
+        window = (f"; its sliding window ({max(w for w in a.windows if w)} tokens) bounds the KV cache, "
+                  "not the positions" if a.windowed else "")
+        notes.append(f"prompt_tokens {', '.join(map(str, beyond))} + new_tokens {new_tokens} exceed {a.name}'s "
+                     f"{a.max_positions:,} positions{window}")
+    return notes
+
+
+def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_tokens: int = 256, batch: int = 1,
+         dtype: str | None = None, deadline_ms: float | None = None, memory_gb: float | None = None, gpus: int = 1,
+         deadline_on: str = "total") -> Plan:
+    """Predict TTFT, TPOT, total time and memory of serving ``model`` on ``hardware``, per prompt length.
+
+    model: a config.json path (file or folder), a bundled name (:data:`attnlab.planner.models.BUNDLED`),
+    or a TransformerConfig. hardware: "this" (measured here, cached), a bundled accelerator name, or a
+    :class:`~attnlab.planner.hardware.Hardware`. prompt_tokens: one length or a list (one row each).
+    dtype: of weights and cache (default: the config's). deadline_ms on ``deadline_on`` ("total" or "ttft").
+    memory_gb: the budget per device in 10⁹ bytes (default: the device's memory; here, what is available).
+    gpus: devices in tensor parallelism (named accelerators only).
+    """
+    lengths = _lengths(prompt_tokens)
+    for name, value in (("new_tokens", new_tokens), ("batch", batch), ("gpus", gpus)):
+        _positive(name, value, int)
+    for name, value in (("deadline_ms", deadline_ms), ("memory_gb", memory_gb)):
+        if value is not None:
+            _positive(name, value)
+    if deadline_on not in ("total", "ttft"):
+        raise ValueError(f"deadline_on must be 'total' or 'ttft', got {deadline_on!r}")
+    a = load_model(model)
+    dtype = dtype or a.dtype
+    nbytes = P.nbytes_of(dtype)
+    hw = P.resolve_hardware(hardware, a, dtype)
+    if gpus > 1 and hw.link is None:
+        raise ValueError(f"gpus={gpus}: tensor parallelism needs a named accelerator (with its link), not {hw.name}")
+    budget = memory_gb * 1e9 if memory_gb is not None else hw.memory_bytes
+    s = P.Setup(a, hw, nbytes, gpus, new_tokens)
+    deadline_s = None if deadline_ms is None else deadline_ms / 1000
+    rows = tuple(_row(s, n, batch, budget, deadline_s, deadline_on) for n in lengths)
+    search = P.largest_prompt(s, batch, budget, deadline_s, deadline_on)
+    return Plan(a, hw, dtype, batch, new_tokens, gpus, deadline_ms, deadline_on, budget, rows,
+                search.n or None, search, tuple(_notes(a, hw, lengths, new_tokens)))

@@ -1,0 +1,98 @@
+"""The planner's figures: latency and memory against context, with the deadline and the budget drawn.
+
+Built without pyplot (like :mod:`attnlab.viz.figures`): the caller saves the returned Figure. Each
+function takes plain dicts (:meth:`attnlab.planner.Plan.to_dict`), never the planner's objects.
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+COLORS = {"ttft": "#4c72b0", "total": "#c44e52", "tpot": "#55a868", "weights": "#8c8c8c", "kv": "#dd8452",
+          "activations": "#8172b3"}
+
+
+def _tokens(x: float, _: object = None) -> str:
+    return f"{x / 1000:g}k" if x >= 1000 else f"{x:g}"
+
+
+TICKS = (128, 256, 512, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 512000, 1000000)
+
+
+def _axes(ax, xlabel: bool = True) -> None:  # noqa: ANN001
+    ax.set_xscale("log", base=2)
+    lo, hi = ax.get_xlim()
+    ax.set_xticks([t for t in TICKS if lo <= t <= hi])
+    ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.grid(True, which="major", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    if xlabel:
+        ax.set_xlabel("prompt (tokens)")
+
+
+def draw_plan(ax_time, ax_mem, curve: dict, asked: dict | None = None, label: str = "") -> None:  # noqa: ANN001
+    """One plan's curves on two axes: TTFT and total (log seconds), and memory stacked by part (GB)."""
+    rows = curve["rows"]
+    ns = [r["prompt_tokens"] for r in rows]
+    tag = f"{label}: " if label else ""
+    ax_time.plot(ns, [r["ttft_s"] for r in rows], color=COLORS["ttft"], label=f"{tag}first token (TTFT)")
+    ax_time.plot(ns, [r["total_s"] for r in rows], color=COLORS["total"],
+                 label=f"{tag}total ({curve['new_tokens']} new tokens)")
+    ax_time.plot(ns, [r["tpot_s"] * 100 for r in rows], color=COLORS["tpot"], ls="--", label=f"{tag}100 × TPOT")
+    ax_time.set_yscale("log")
+    ax_time.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g} s"))
+    parts = ([r["weight_bytes"] / 1e9 for r in rows], [r["kv_bytes"] / 1e9 for r in rows],
+             [(r["peak_bytes"] - r["weight_bytes"] - r["kv_bytes"]) / 1e9 for r in rows])
+    ax_mem.stackplot(ns, *parts, colors=[COLORS["weights"], COLORS["kv"], COLORS["activations"]], alpha=0.8,
+                     labels=["weights", "KV cache (after the last token)", "prefill activations (at the peak)"])
+    if asked:
+        for r in asked["rows"]:
+            ax_time.plot([r["prompt_tokens"]] * 2, [r["ttft_s"], r["total_s"]], "o", color="#222", ms=3.5)
+            ax_mem.plot(r["prompt_tokens"], r["peak_bytes"] / 1e9, "o", color="#222", ms=3.5)
+    if curve.get("deadline_ms"):
+        ax_time.axhline(curve["deadline_ms"] / 1000, color="#222", lw=1, ls=":",
+                        label=f"deadline {curve['deadline_ms']:g} ms ({curve['deadline_on']})")
+    ax_mem.axhline(curve["memory_bytes"] / 1e9, color="#222", lw=1, ls=":", label=f"budget {curve['memory_bytes'] / 1e9:,.1f} GB")
+    if curve.get("max_prompt_tokens"):
+        for ax in (ax_time, ax_mem):
+            ax.axvline(curve["max_prompt_tokens"], color="#2ca02c", lw=1, ls="-.",
+                       label=f"largest prompt {'meeting both' if curve.get('deadline_ms') else 'that fits'}: "
+                             f"{curve['max_prompt_tokens']:,}")
+
+
+def plan_figure(curve: dict, asked: dict | None = None) -> Figure:
+    """``curve``: a plan over many prompt lengths; ``asked``: the plan of the lengths asked (marked as dots)."""
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    ax_time, ax_mem = fig.subplots(1, 2)
+    draw_plan(ax_time, ax_mem, curve, asked)
+    for ax in (ax_time, ax_mem):
+        _axes(ax)
+        ax.legend(frameon=False, fontsize=8, loc="upper left")
+    ax_time.set_ylabel("seconds")
+    ax_mem.set_ylabel("GB (10⁹ bytes) per device")
+    hw = curve["hardware"]
+    kind = "measured here" if hw["measured"] else "predicted: datasheet × assumed efficiencies"
+    fig.suptitle(f"{curve['model']['name']} on {hw['name']}{' × %d' % curve['gpus'] if curve['gpus'] > 1 else ''} "
+                 f"({kind}), {curve['dtype']}, batch {curve['batch']}", fontsize=10)
+    return fig
+
+
+def serving_figure(data: dict) -> Figure:
+    """The lesson's cost section: the planner's curves for one model here and on one accelerator."""
+    serving = data["serving"]
+    plans = serving["curves"]
+    fig = Figure(figsize=(11, 4.0 * len(plans)), layout="constrained")
+    axes = fig.subplots(len(plans), 2, squeeze=False)
+    for (ax_time, ax_mem), (where, curve) in zip(axes, plans.items()):
+        draw_plan(ax_time, ax_mem, curve, serving["plans"][where])
+        for ax in (ax_time, ax_mem):
+            _axes(ax)
+            ax.legend(frameon=False, fontsize=7, loc="upper left")
+        kind = "measured here" if curve["hardware"]["measured"] else "predicted"
+        ax_time.set_title(f"{curve['model']['name']} on {curve['hardware']['name']} ({kind}): latency", fontsize=9)
+        ax_mem.set_title("memory", fontsize=9)
+        ax_time.set_ylabel("seconds")
+        ax_mem.set_ylabel("GB (10⁹ bytes)")
+    return fig

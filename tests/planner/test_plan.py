@@ -1,0 +1,121 @@
+"""plan(): the time and memory model term by term against hand computations, the searches, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+import attnlab
+from attnlab.planner import Hardware, largest_length, plan
+from attnlab.planner import formulas as f
+from attnlab.planner.hardware import Efficiencies, Rate, accelerator
+from attnlab.planner.models import load_model
+
+# round rates, so that every term can be computed by hand
+TOY = Hardware("toy", Rate(1e12), Rate(1e11), Rate(5e11), Rate(5e10), Rate(2e11), 100e9, 1e-4, True, "test", link=1e10,
+               allreduce_latency_s=1e-5)
+
+
+def test_search_by_hand():
+    s = largest_length(lambda n: n <= 1000, start=1)
+    assert (s.n, s.first_failing, s.capped) == (1000, 1001, False)
+    s = largest_length(lambda n: n <= 1000, start=64, grain=64)
+    assert (s.n, s.first_failing) == (960, 1024)
+    s = largest_length(lambda n: True, start=1, cap=300)
+    assert (s.n, s.capped, s.tried[-1]) == (300, True, 300)
+    s = largest_length(lambda n: n < 5, start=8)
+    assert s.n == 4
+    assert largest_length(lambda n: False, start=1).n == 0
+    s = largest_length(lambda n: n <= 1000, start=512, steps=1, grain=64)
+    assert (s.n, s.first_failing, s.tried) == (768, 1024, (512, 1024, 768))
+
+
+def test_ttft_and_tpot_term_by_term():
+    a = load_model("llama-3.1-8b")
+    p = plan("llama-3.1-8b", TOY, prompt_tokens=1000, new_tokens=2, dtype="bfloat16")
+    layer = sum(f.layer_matmul_params(a).values())
+    compute = 32 * 2 * 1000 * layer / 1e12 + 2 * 4096 * 128256 / 1e12
+    read = f.decode_weight_bytes(a, 2) / 1e11
+    assert p.rows[0].prefill["matmuls"]["seconds"] == pytest.approx(max(compute, read))
+    assert p.rows[0].prefill["attention"]["seconds"] == pytest.approx(f.attention_flops(a, 1000, 1) / 5e11)
+    assert p.rows[0].prefill["overhead"]["seconds"] == pytest.approx(32 * 1e-4)
+    per_token = 12 * 4096 + 12 * (4096 + 1024) + 2 * (2 * 4096 + 2 * 1024) + 5 * 14336 + 6 * 4096
+    assert p.rows[0].prefill["elementwise"]["seconds"] == pytest.approx(32 * per_token * 1000 * 2 / 2e11)
+    # one decode step (new_tokens = 2): reads every weight and the KV of 1,001 keys
+    decode = read + f.kv_bytes(a, 1001, 1, 2) / 5e10 + 32 * 1e-4
+    assert p.tpot_s == pytest.approx(decode)
+    assert p.rows[0].decode["weights"]["limited_by"] == "memory bandwidth"
+    assert p.total_s == pytest.approx(p.ttft_s + p.tpot_s)
+
+
+def test_memory_and_max_batch_by_hand():
+    a = load_model("llama-3.1-8b")
+    p = plan("llama-3.1-8b", TOY, prompt_tokens=8000, new_tokens=100, dtype="bfloat16", memory_gb=40)
+    weights = f.weight_bytes(a, 2)
+    kv_end = f.kv_bytes(a, 8100, 1, 2)
+    acts = f.prefill_activation_bytes(a, 8000, 1, 2)
+    peak = weights + max(f.kv_bytes(a, 8000, 1, 2) + max(acts["attention"], acts["feed_forward"]) + acts["logits"], kv_end)
+    assert p.peak_bytes == pytest.approx(peak) and p.kv_bytes == kv_end and p.weight_bytes == weights
+    # the most sequences whose caches (and prefill activations) fit beside the weights
+    per_seq = f.kv_bytes(a, 8000, 1, 2) + acts["feed_forward"]
+    assert p.max_batch == int((40e9 - weights - acts["logits"]) // (per_seq + acts["logits"]))
+
+
+def test_max_prompt_tokens_is_the_largest_meeting_both():
+    p = plan("llama-3.1-8b", "h100", prompt_tokens=[4000, 32000], new_tokens=64, deadline_ms=2000)
+    n = p.max_prompt_tokens
+    at = plan("llama-3.1-8b", "h100", prompt_tokens=[n, n + 1], new_tokens=64, deadline_ms=2000)
+    assert at.rows[0].meets_deadline and not at.rows[1].meets_deadline
+    assert p.predicted and "predicted for H100 SXM" in p.notes[0]
+    ttft = plan("llama-3.1-8b", "h100", prompt_tokens=4000, new_tokens=64, deadline_ms=2000, deadline_on="ttft")
+    assert ttft.max_prompt_tokens > n  # the first token alone meets the deadline at longer prompts
+
+
+def test_memory_budget_alone_caps_at_the_positions():
+    p = plan("gpt2", "h100", prompt_tokens=512, new_tokens=24)
+    assert p.max_prompt_tokens == 1024 - 24 and p.search.capped
+
+
+def test_tensor_parallel_splits_weights_and_adds_all_reduces():
+    one = plan("llama-3.1-70b", "h100", prompt_tokens=8000, new_tokens=16)
+    four = plan("llama-3.1-70b", "h100", prompt_tokens=8000, new_tokens=16, gpus=4)
+    assert four.weight_bytes == pytest.approx(one.weight_bytes / 4)
+    assert "all-reduce" in four.rows[0].decode and four.rows[0].decode["all-reduce"]["limited_by"] == "interconnect"
+    assert not one.rows[0].fits_memory and four.rows[0].fits_memory
+
+
+def test_efficiencies_are_stated_and_overridable():
+    base, slow = accelerator("h100"), accelerator("h100", Efficiencies(bandwidth=0.4))
+    assert base.efficiencies["bandwidth"] == 0.8
+    assert slow.bandwidth.per_s == pytest.approx(base.bandwidth.per_s / 2)
+
+
+def test_beyond_the_positions_says_so_with_the_window():
+    p = plan("mistral-7b-v0.1", "h100", prompt_tokens=[8000, 40000], new_tokens=16)
+    assert p.rows[1].beyond_positions and not p.rows[1].fits
+    assert "32,768 positions" in p.notes[-1] and "window (4096 tokens) bounds the KV cache" in p.notes[-1]
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"prompt_tokens": 0}, "prompt_tokens must be an int >= 1"),
+    ({"prompt_tokens": []}, "prompt_tokens must hold"),
+    ({"batch": -1}, "batch must be an int >= 1"),
+    ({"new_tokens": 1.5}, "new_tokens must be an int >= 1"),
+    ({"deadline_ms": 0}, "deadline_ms must be a positive number"),
+    ({"memory_gb": float("nan")}, "memory_gb must be a positive number"),
+    ({"gpus": 0}, "gpus must be an int >= 1"),
+    ({"deadline_on": "first"}, "deadline_on must be"),
+    ({"dtype": "float12"}, "dtype must be one of"),
+    ({"hardware": "tpu"}, "known: this, h100"),
+])
+def test_bad_input_names_the_argument(kw, match):
+    with pytest.raises(ValueError, match=match):
+        plan(**{"model": "gpt2", "hardware": "h100", **kw})
+
+
+def test_plan_is_exported_lazily_and_to_dict_is_json():
+    import json
+
+    assert attnlab.plan is plan and "plan" in attnlab.__all__
+    d = plan("qwen2.5-7b", "a100", prompt_tokens=[1000, 2000]).to_dict()
+    json.dumps(d)
+    assert d["predicted"] and len(d["rows"]) == 2 and d["rows"][0]["limited_by"]
