@@ -15,7 +15,7 @@ import sys
 import typer
 from rich.markup import escape
 
-from attnlab.cli import ablate, lesson, longinputs, maps, measure, serve
+from attnlab.cli import ablate, generate, lesson, longinputs, maps, measure, serve
 from attnlab.cli.common import err
 
 app = typer.Typer(
@@ -34,7 +34,7 @@ def _root() -> None:
 
 COMMANDS = {  # in the order --help lists them
     "scene": lesson.scene, "maps": maps.maps, "heads": maps.heads, "find-head": maps.find_head,
-    "stats": longinputs.stats, "rollout": longinputs.rollout, "ablate": ablate.ablate,
+    "generate": generate.generate, "stats": longinputs.stats, "rollout": longinputs.rollout, "ablate": ablate.ablate,
     "serve": serve.serve, "lesson": lesson.lesson, "cost": lesson.cost, "check": measure.check, "bench": measure.bench,
 }
 for _name, _handler in COMMANDS.items():

@@ -17,4 +17,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'attnlab.transformer' has no attribute {name!r}")
 
 
-__all__ = ["Trace", "Transformer", "TransformerConfig"]
+__all__ = ["DEFAULT_DECODER", "Trace", "Transformer", "TransformerConfig"]

@@ -15,9 +15,9 @@ KIND_HELP = ("encoder: the model's own self-attention (an encoder–decoder's en
              "decoder self-attention; cross: its cross-attention (target rows, source columns)")
 
 
-def api_models(max_sentences: int, max_chars: int, default_overview: int) -> SimpleNamespace:
+def api_models(max_sentences: int, max_chars: int, default_overview: int, max_new_tokens: int = 128) -> SimpleNamespace:
     """Every request and answer model of the API, for sentences of at most ``max_chars``
-    characters, at most ``max_sentences`` at a time."""
+    characters, at most ``max_sentences`` at a time, and generations of at most ``max_new_tokens``."""
     from pydantic import BaseModel, ConfigDict, Field
 
     Sentence = Annotated[str, Field(min_length=1, max_length=max_chars, pattern=r"\S")]
@@ -70,6 +70,15 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
             None, description="where the target occurs more than once: which occurrence to search, 1-based; one "
             "number for every sentence, or one per sentence (null: the first); default the first")
 
+    class GenerateIn(Strict):
+        prompt: Sentence
+        max_new_tokens: int = Field(16, ge=1, le=max_new_tokens)
+        temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
+                                          description="sampling is on when temperature, top_k or top_p is given")
+        top_k: int | None = Field(None, ge=1, le=1_000_000)
+        top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+        seed: int | None = Field(None, ge=0, le=2**63 - 1, description="with sampling only")
+
     class ErrorOut(BaseModel):
         detail: str
 
@@ -78,6 +87,10 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         revision: str | None
         num_layers: int
         num_heads: int
+
+    class GenerateInfoOut(BaseModel):
+        refusal: str | None = Field(description="why this model cannot generate (an encoder); null: it can")
+        max_new_tokens: int
 
     class InfoOut(BaseModel):
         model_id: str
@@ -88,6 +101,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         max_sentences: int
         max_chars: int
         encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; kinds decoder and cross exist")
+        generate: GenerateInfoOut = Field(description="what /api/generate can do with this model")
 
     class OverviewOut(BaseModel):
         size: int
@@ -192,6 +206,26 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int) -> Sim
         shown: ShownOut | None
         note: str | None = Field(None, description="which occurrence was searched, where the target occurs more "
                                  "than once and none was asked for")
+
+    class GenModelOut(BaseModel):
+        id: str
+        num_layers: int
+        num_heads: int
+
+    class StepOut(BaseModel):
+        step: int = Field(description="0-based")
+        position: int = Field(description="0-based position of the query: the token fed at this step")
+        token: int = Field(description="the id this step chose (at position + 1)")
+        rows: list[list[list[float]]] = Field(description="[layer][head][position + 1]: its attention over positions "
+                                                          "0..position, post-softmax (0-based layers and heads)")
+
+    class GenerateOut(BaseModel):
+        model: GenModelOut
+        labels: list[str] = Field(description="every token's text: the prompt's, then the new ones")
+        prompt_length: int
+        prompt: str | None
+        text: str | None = Field(description="the new tokens decoded")
+        steps: list[StepOut]
 
     class SceneRun(BaseModel):
         scaled: bool

@@ -7,6 +7,10 @@ at once while it runs, and a request that finds the queue full gets 503 with ``R
 Captures and answers are kept in a cache bounded in MB, so another head of the same sentences costs
 no model call.
 
+/api/generate runs attnlab's own transformer on the same weights, generating with its KV cache and
+keeping each step's attention row (:mod:`attnlab.web.generation`); for an encoder /api/info says why
+it cannot, and the Generation view shows that reason.
+
 Full maps travel one head at a time (/api/head), and so do the Neuron view's queries and keys
 (/api/neuron, from a capture with ``qk=True`` cached beside the others). One head's q and k are
 2·T·D numbers, a quarter of its map at 512 tokens and D = 64, so the server serves them up to the
@@ -33,6 +37,7 @@ from typing import Any, Callable
 from attnlab.viz import payload
 from attnlab.web import kinds
 from attnlab.web.api_models import api_models
+from attnlab.web.generation import MAX_NEW_TOKENS, Generator
 from attnlab.viz.assets import STATIC_FILES, read_static
 from attnlab.web.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
 from attnlab.viz.neuron import head_qk
@@ -70,12 +75,13 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     from attnlab.web.messages import encodable, validation_detail
 
     cache = MapsCache(model, revision, max_mb=cache_mb)
+    generator = Generator(cache)
     pool = WorkerPool(workers, queue)
     if preload:
         cache.loaded()
     pages = {path: (read_static(name), media) for path, (name, media) in STATIC_FILES.items()}
 
-    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW)
+    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW, MAX_NEW_TOKENS)
     bad_request = {400: {"model": M.ErrorOut, "description": "Well-formed, but the model cannot take it (too many "
                          "tokens, a word not in the sentence, a layer out of range)"}}
 
@@ -150,7 +156,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
         return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
                 "num_heads": lm.num_heads, "max_tokens": int(limit), "max_sentences": MAX_SENTENCES,
-                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder"))}
+                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder")),
+                "generate": generator.info()}
 
     @app.get("/api/info", response_model=M.InfoOut, responses=busy_doc)
     async def info() -> dict:
@@ -241,6 +248,19 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
                                                          req.exclude_marks, req.occurrence))
             except (ValueError, LookupError) as e:
                 raise client_error(e) from None
+        return await heavy(work)
+
+    @app.post("/api/generate", response_model=M.GenerateOut, responses=heavy_doc)
+    async def generate(req: M.GenerateIn) -> Response:
+        """Generate up to ``max_new_tokens`` after ``prompt`` with attnlab's transformer and its KV cache
+        (greedy, or sampled when temperature, top_k or top_p is given) and every step's attention row:
+        the Generation view. A model that cannot generate (an encoder) is a 400 saying so."""
+        def work() -> bytes:
+            try:
+                got = generator.run(req.prompt, req.max_new_tokens, req.temperature, req.top_k, req.top_p, req.seed)
+            except (ValueError, LookupError) as e:
+                raise client_error(e) from None
+            return to_json(got)
         return await heavy(work)
 
     return app

