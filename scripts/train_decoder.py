@@ -149,7 +149,7 @@ def loss_of(model, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
 
-def evaluate(model, stream, batch: int = 16) -> float:
+def held_out(model, stream, batch: int = 16) -> float:
     """Mean loss in nats per token over the held-out stream, in windows of CONTEXT tokens."""
     import torch
 
@@ -172,15 +172,27 @@ def unigram_nats(train, held) -> float:
     return float(-logp[held].mean())
 
 
-def train(steps: int, seed: int = 0, batch: int = 16, lr: float = 3e-3, log=print):
-    """(model, tokenizer, report): the tokenizer and the model trained for ``steps`` AdamW steps."""
+def train(steps: int, seed: int = 0, batch: int = 16, lr: float = 3e-3, evaluate: bool = True, log=print):
+    """(model, tokenizer, report): the tokenizer and the model trained for ``steps`` AdamW steps
+    (``evaluate``: with the held-out figures in the report)."""
     import torch
 
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
-    torch.manual_seed(seed)
+    try:
+        return _train(steps, seed, batch, lr, evaluate, log)
+    finally:  # a caller (a test) gets its settings back
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _train(steps: int, seed: int, batch: int, lr: float, evaluate: bool, log):
+    import torch
+
     from attnlab.transformer import Transformer, TransformerConfig
 
+    torch.manual_seed(seed)
     docs = docstrings()
     corpus = "\n".join(docs)
     train_docs, held_docs = split(docs)
@@ -207,7 +219,9 @@ def train(steps: int, seed: int = 0, batch: int = 16, lr: float = 3e-3, log=prin
         if step % 100 == 0 or step == steps - 1:
             log(f"step {step:5d}  loss {loss.item():.3f}  {time.perf_counter() - start:6.0f} s")
     model.eval()
-    held_nats, uni = evaluate(model, held_ids), unigram_nats(train_ids, held_ids)
+    if not evaluate:
+        return model, tok, {}
+    held_nats, uni = held_out(model, held_ids), unigram_nats(train_ids, held_ids)
     chars_per_token = sum(len(d) + 1 for d in held_docs) / len(held_ids)
     report = {
         "python": sys.version.split()[0], "modules": len(MODULES), "docstrings": len(docs),

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.needs("fastapi")  # every test runs the viewer's app
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 OPERATIONS = [("POST", "/api/maps"), ("POST", "/api/head"), ("POST", "/api/neuron"), ("POST", "/api/roles"),
               ("POST", "/api/rollout"),
-              ("POST", "/api/find-head"), ("GET", "/api/info"), ("GET", "/api/scene")]
+              ("POST", "/api/find-head"), ("POST", "/api/generate"), ("GET", "/api/info"), ("GET", "/api/scene")]
 EXAMPLES = 15  # per operation and mode
 
 
@@ -122,5 +122,24 @@ def test_lone_surrogates_get_a_4xx_never_a_server_error(tiny_schema, tiny_app, m
         assert 400 <= res.status_code < 500, res.text
         detail = res.json()["detail"]
         assert detail and all(isinstance(e["msg"], str) and isinstance(e["loc"], list) for e in detail)
+
+    run()
+
+
+@pytest.mark.needs("torch", "transformers")
+def test_a_decoder_gets_no_server_error_when_generating(tiny_llama):
+    """/api/generate on a tiny Llama-style decoder, where it generates (valid bodies): every prompt,
+    length and sampling option is served or refused with a documented status, never a 5xx."""
+    from attnlab.web.guard import allowed_hosts
+    from attnlab.web.server import create_app
+
+    app = create_app(str(tiny_llama), hosts={*allowed_hosts(), "testserver"})
+    operation = schemathesis.openapi.from_asgi("/openapi.json", app)["/api/generate"]["POST"]
+
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    def run(case):
+        case.call_and_validate(checks=CHECKS)
 
     run()
