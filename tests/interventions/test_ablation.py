@@ -12,7 +12,7 @@ try:
 except ImportError:  # the needs mark skips every test here (on CI: fails them)
     torch = None
 
-from attnlab.interventions.ablation import _spearman, ablate, head_importance, lm_loss  # noqa: E402
+from attnlab.interventions.ablation import _spearman, ablate, head_importance, knockout, lm_loss  # noqa: E402
 from attnlab.transformer import Transformer, TransformerConfig  # noqa: E402
 
 SENTENCES = ["the bank of the river", "money in the bank", "a river bank, steep"]
@@ -31,7 +31,7 @@ class CharTokenizer:
 
 def tiny(causal: bool, seed: int = 0, dtype=torch.float32) -> Transformer:
     kw = dict(norm_eps=1e-12, post_norm=True, embed_norm=True, type_vocab_size=2) if not causal else {}
-    c = TransformerConfig(vocab_size=V, d_model=16, n_layers=2, n_heads=4, d_ff=32, max_positions=64,
+    c = TransformerConfig(vocab_size=V, d_model=16, num_layers=2, num_heads=4, d_ff=32, max_positions=64,
                           causal=causal, **kw)
     torch.manual_seed(seed)
     net = Transformer(c, backend="torch").to(dtype).eval().requires_grad_(False)
@@ -72,8 +72,8 @@ def test_a_whole_layer_out_is_its_attention_output_bias_by_hand():
     keep = torch.ones(2, 4)
     keep[1] = 0.0
     with torch.no_grad():
-        ours = net(enc["input_ids"], enc["attention_mask"], keep=keep)
-    first = Transformer(TransformerConfig(**{**net.config.__dict__, "n_layers": 1}), backend="torch").eval()
+        ours = net.run_with_hooks(enc["input_ids"], enc["attention_mask"], fwd_hooks=knockout(net.config, keep))
+    first = Transformer(TransformerConfig(**{**net.config.__dict__, "num_layers": 1}), backend="torch").eval()
     first.load_state_dict({k: v for k, v in net.state_dict().items() if not k.startswith("blocks.1.")})
     with torch.no_grad():
         x = first(enc["input_ids"], enc["attention_mask"])  # (B, T, d) after layer 1
@@ -88,7 +88,8 @@ def test_mean_ablation_fills_the_heads_mean():
     """With a head replaced by its mean, ablating it again changes nothing more: its output is that mean."""
     net = tiny(causal=True)
     enc = net.tokenizer(SENTENCES)
-    heads = net.trace(enc["input_ids"], enc["attention_mask"], heads=True).heads  # L × (B, H, T, Dh)
+    _, cache = net.run_with_cache(enc["input_ids"], enc["attention_mask"], names=["blocks.0.attn.hook_z"])
+    heads = [cache["blocks.0.attn.hook_z"]]  # layer 1's heads (B, H, T, Dh)
     real = enc["attention_mask"].bool()
     want = heads[0][:, 1].permute(0, 1, 2)[real].mean(0)  # layer 1, head 2: mean over real tokens (Dh,)
     from attnlab.interventions.ablation import head_means
@@ -100,7 +101,7 @@ def test_mean_ablation_fills_the_heads_mean():
 
 def _by_heads(f, eps=1e-6):
     """∂f/∂ξ_h by central differences for every head of the tiny model (2 layers × 4 heads): [layer][head],
-    ξ the head's gate (``keep``), 1 for every head but the one moved by ±eps."""
+    ξ the head's gate (``keep`` of :func:`knockout`), 1 for every head but the one moved by ±eps."""
     out = []
     for layer in range(2):
         row = []
@@ -116,7 +117,8 @@ def test_lm_gradient_importance_is_michels_derivative_by_finite_differences():
     net = tiny(causal=True, dtype=torch.float64)
     imp = head_importance(SENTENCES, model=net)
     enc = net.tokenizer(SENTENCES)
-    d = _by_heads(lambda keep: lm_loss(net, enc["input_ids"], enc["attention_mask"], keep=keep))  # (B,) each
+    d = _by_heads(lambda keep: lm_loss(net, enc["input_ids"], enc["attention_mask"],
+                                       fwd_hooks=knockout(net.config, keep)))  # (B,) each
     fd = np.array([[float(x.abs().mean()) for x in row] for row in d])  # E_x |∂L(x)/∂ξ_h|
     np.testing.assert_allclose(imp.gradient, fd, rtol=1e-5, atol=1e-9)
 
@@ -127,7 +129,8 @@ def test_encoder_gradient_is_the_jacobian_norm_by_finite_differences():
     net = tiny(causal=False, dtype=torch.float64)
     imp = head_importance(SENTENCES, model=net, probes=None)
     enc = net.tokenizer(SENTENCES)
-    d = _by_heads(lambda keep: _embed(net, enc["input_ids"], enc["attention_mask"], keep=keep))  # (B, d) each
+    d = _by_heads(lambda keep: _embed(net, enc["input_ids"], enc["attention_mask"],
+                                      fwd_hooks=knockout(net.config, keep)))  # (B, d) each
     fd = np.array([[float(x.norm(dim=-1).mean()) for x in row] for row in d])
     np.testing.assert_allclose(imp.gradient, fd, rtol=1e-5)
 

@@ -11,7 +11,7 @@ def test_from_bert_dict_reads_the_default_models_shape():
     c = TransformerConfig.from_hf({"model_type": "bert", "vocab_size": 30522, "hidden_size": 384,
                                    "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536,
                                    "max_position_embeddings": 512, "hidden_act": "gelu", "type_vocab_size": 2})
-    assert (c.n_layers, c.n_heads, c.head_dim, c.hidden_ff) == (6, 12, 32, 1536)
+    assert (c.num_layers, c.num_heads, c.head_dim, c.hidden_ff) == (6, 12, 32, 1536)
     assert c.post_norm and c.embed_norm and not c.causal and c.norm_eps == 1e-12
 
 
@@ -35,14 +35,14 @@ def test_refuses_what_it_would_compute_differently(config, match):
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"n_heads": 5}, "multiple of n_heads"),
-    ({"n_kv_heads": 3}, "n_kv_heads"),
+    ({"num_heads": 5}, "multiple of num_heads"),
+    ({"num_kv_heads": 3}, "num_kv_heads"),
     ({"positions": "alibi"}, "positions must be one of"),
-    ({"n_layers": 0}, "n_layers must be an int"),
+    ({"num_layers": 0}, "num_layers must be an int"),
 ])
 def test_bad_values_name_the_field(kw, match):
     with pytest.raises(ValueError, match=match):
-        TransformerConfig(**{"vocab_size": 10, "d_model": 16, "n_layers": 1, "n_heads": 4, **kw})
+        TransformerConfig(**{"vocab_size": 10, "d_model": 16, "num_layers": 1, "num_heads": 4, **kw})
 
 
 @pytest.mark.needs("torch")
@@ -50,7 +50,7 @@ def test_model_errors_name_the_argument():
     import torch
     from attnlab.transformer import Transformer
 
-    m = Transformer(TransformerConfig(vocab_size=10, d_model=16, n_layers=1, n_heads=4, causal=False))
+    m = Transformer(TransformerConfig(vocab_size=10, d_model=16, num_layers=1, num_heads=4, causal=False))
     with pytest.raises(ValueError, match="input_ids must be"):
         m(torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="attention_mask"):
@@ -66,7 +66,7 @@ def test_numpy_backend_refuses_gradients_rather_than_dropping_them():
     import torch
     from attnlab.transformer import Transformer
 
-    m = Transformer(TransformerConfig(vocab_size=10, d_model=16, n_layers=1, n_heads=4), backend="numpy")
+    m = Transformer(TransformerConfig(vocab_size=10, d_model=16, num_layers=1, num_heads=4), backend="numpy")
     ids = torch.tensor([[1, 2, 3]])
     with pytest.raises(ValueError, match="without gradients"):
         m(ids)

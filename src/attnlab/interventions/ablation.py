@@ -110,32 +110,56 @@ def _encode(net: Any, sentences: Any) -> tuple[tuple[str, ...], Any, Any]:
     return sentences, enc["input_ids"], enc["attention_mask"]
 
 
-def _heads(heads: Any, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ...]:
+def _heads(heads: Any, num_layers: int, num_heads: int) -> tuple[tuple[int, int], ...]:
     out = []
     for h in heads:
         if (not isinstance(h, (tuple, list)) or len(h) != 2 or not all(isinstance(x, (int, np.integer)) for x in h)
-                or not (1 <= h[0] <= n_layers and 1 <= h[1] <= n_heads)):
-            raise ValueError(f"heads must be (layer, head) pairs, 1-based, layer 1..{n_layers}, head 1..{n_heads}; "
+                or not (1 <= h[0] <= num_layers and 1 <= h[1] <= num_heads)):
+            raise ValueError(f"heads must be (layer, head) pairs, 1-based, layer 1..{num_layers}, head 1..{num_heads}; "
                              f"got {h!r}")
         out.append((int(h[0]), int(h[1])))
     return tuple(out)
 
 
-def lm_loss(net: Any, ids: Any, mask: Any, targets: Any = None, **kw: Any) -> Any:
+def knockout(c: Any, keep: Any, fill: Any = None) -> list[tuple[str, Any]]:
+    """``fwd_hooks`` that knock heads out at each layer's ``hook_z``: z ← keep·z + (1 − keep)·fill, per head.
+
+    keep [L, H] (or [B, L, H], one per sequence): 0 takes a head out, 1 leaves it in; as a gate its
+    gradient is the head importance of Michel et al. 2019. fill [L, H, Dh] takes the place of what is
+    taken out (None: zeros; each head's mean output, :func:`head_means`: a mean ablation).
+    """
+    L, H = c.num_layers, c.num_heads
+    if keep.dim() not in (2, 3) or tuple(keep.shape[-2:]) != (L, H):
+        raise ValueError(f"keep must be [L, H] = {[L, H]} or [B, L, H], got {list(keep.shape)}")
+    if fill is not None and tuple(fill.shape) != (L, H, c.head_dim):
+        raise ValueError(f"fill must be [L, H, Dh] = {[L, H, c.head_dim]}, got {list(fill.shape)}")
+
+    def gate(layer: int) -> Any:
+        def fn(z: Any, name: str) -> Any:  # z (B, H, T, Dh)
+            k = keep[..., layer, :].to(z.dtype).reshape(-1, H, 1, 1)  # (1 or B, H, 1, 1)
+            f = 0.0 if fill is None else fill[layer].to(z.dtype)[None, :, None, :]  # (1, H, 1, Dh)
+            return k * z + (1 - k) * f
+        return fn
+
+    return [(f"blocks.{layer}.attn.hook_z", gate(layer)) for layer in range(L)]
+
+
+def lm_loss(net: Any, ids: Any, mask: Any, targets: Any = None, *, fwd_hooks: Any = (),
+            backend: str | None = None) -> Any:
     """Mean next-token cross-entropy of each sequence (B,) over its real targets (or ``targets`` (B, T),
-    true where the token at t is to be scored); ``kw`` go to the model's trace (keep, fill, backend)."""
+    true where the token at t is to be scored), with ``fwd_hooks`` run (e.g. :func:`knockout`)."""
     import torch.nn.functional as F
 
-    logits = net.logits(net(ids, mask, **kw))[:, :-1]  # (B, T−1, V): position t predicts token t+1
+    logits = net.run_with_hooks(ids, mask, fwd_hooks=fwd_hooks, backend=backend)[:, :-1]  # (B, T−1, V)
     nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T−1)
     scored = (mask if targets is None else targets)[:, 1:].to(nll.dtype)  # (B, T−1)
     return (nll * scored).sum(-1) / scored.sum(-1).clamp(min=1)
 
 
-def _embed(net: Any, ids: Any, mask: Any, **kw: Any) -> Any:
+def _embed(net: Any, ids: Any, mask: Any, *, fwd_hooks: Any = (), backend: str | None = None) -> Any:
     import torch.nn.functional as F
 
-    h = net(ids, mask, **kw)  # (B, T, d)
+    h = net.run_with_hooks(ids, mask, fwd_hooks=fwd_hooks, backend=backend)  # (B, T, d)
     m = mask[..., None].to(h.dtype)  # (B, T, 1)
     return F.normalize((h * m).sum(1) / m.sum(1), dim=-1)  # (B, d)
 
@@ -145,18 +169,19 @@ def head_means(net: Any, ids: Any, mask: Any, backend: str | None = None) -> Any
     import torch
 
     with torch.no_grad():
-        heads = net.trace(ids, mask, heads=True, backend=backend).heads  # L × (B, H, T, Dh)
+        _, cache = net.run_with_cache(ids, mask, names=lambda n: n.endswith(".attn.hook_z"), backend=backend)
+    heads = [cache[f"blocks.{layer}.attn.hook_z"] for layer in range(net.config.num_layers)]  # L × (B, H, T, Dh)
     m = mask.to(heads[0].dtype)[:, None, :, None]  # (B, 1, T, 1)
     return torch.stack([(h * m).sum((0, 2)) / m.sum((0, 2)) for h in heads])  # (L, H, Dh)
 
 
-def _run(net: Any, ids: Any, mask: Any, keep: Any, fill: Any, backend: str | None) -> Any:
+def _run(net: Any, ids: Any, mask: Any, fwd_hooks: Any, backend: str | None) -> Any:
     import torch
 
     with torch.no_grad():
         if net.config.causal:
-            return lm_loss(net, ids, mask, keep=keep, fill=fill, backend=backend)
-        return _embed(net, ids, mask, keep=keep, fill=fill, backend=backend)
+            return lm_loss(net, ids, mask, fwd_hooks=fwd_hooks, backend=backend)
+        return _embed(net, ids, mask, fwd_hooks=fwd_hooks, backend=backend)
 
 
 def ablate(sentences: Any, heads: Any, model: Any = None, how: str = "zero", backend: str = "auto") -> Ablation:
@@ -171,13 +196,13 @@ def ablate(sentences: Any, heads: Any, model: Any = None, how: str = "zero", bac
         raise ValueError(f"how must be one of {', '.join(HOWS)}, got {how!r}")
     net, name = _load(model, backend)
     c = net.config
-    picked = _heads(heads, c.n_layers, c.n_heads)
+    picked = _heads(heads, c.num_layers, c.num_heads)
     sentences, ids, mask = _encode(net, sentences)
-    keep = torch.ones(c.n_layers, c.n_heads)
+    keep = torch.ones(c.num_layers, c.num_heads)
     for layer, head in picked:
         keep[layer - 1, head - 1] = 0.0
     fill = head_means(net, ids, mask, backend) if how == "mean" else None
-    clean, hit = _run(net, ids, mask, None, None, backend), _run(net, ids, mask, keep, fill, backend)
+    clean, hit = _run(net, ids, mask, (), backend), _run(net, ids, mask, knockout(c, keep, fill), backend)
     if c.causal:
         loss, ablated = clean.numpy().astype(np.float64), hit.numpy().astype(np.float64)
         return Ablation(name, picked, how, "loss", sentences, None, loss, ablated, float((ablated - loss).mean()))
@@ -200,8 +225,8 @@ def head_importance(sentences: Any, model: Any = None, how: str = "zero", backen
     c = net.config
     sentences, ids, mask = _encode(net, sentences)
     fill = head_means(net, ids, mask, backend) if how == "mean" else None
-    clean = _run(net, ids, mask, None, None, backend)  # (B,) losses or (B, d) embeddings
-    L, H, B = c.n_layers, c.n_heads, ids.shape[0]
+    clean = _run(net, ids, mask, (), backend)  # (B,) losses or (B, d) embeddings
+    L, H, B = c.num_layers, c.num_heads, ids.shape[0]
     effect = np.zeros(L * H)
     per_pass = _copies(ids)
     for start in range(0, L * H, per_pass):  # several heads per pass: each copy of the batch loses one head
@@ -209,7 +234,8 @@ def head_importance(sentences: Any, model: Any = None, how: str = "zero", backen
         keep = torch.ones(len(group), B, L, H)
         for j, g in enumerate(group):
             keep[j, :, g // H, g % H] = 0.0
-        hit = _run(net, ids.repeat(len(group), 1), mask.repeat(len(group), 1), keep.reshape(-1, L, H), fill, backend)
+        hooks = knockout(c, keep.reshape(-1, L, H), fill)
+        hit = _run(net, ids.repeat(len(group), 1), mask.repeat(len(group), 1), hooks, backend)
         hit = hit.reshape(len(group), B, *clean.shape[1:])  # (G, B) or (G, B, d)
         change = (hit - clean).mean(1) if c.causal else 1.0 - (hit * clean).sum(-1).mean(1)  # (G,)
         effect[start:start + len(group)] = change.numpy()
@@ -230,10 +256,10 @@ def _gradient(net: Any, ids: Any, mask: Any, backend: str | None, probes: int | 
     import torch
 
     c, B, dtype = net.config, ids.shape[0], net.tok_emb.weight.dtype
-    gates = torch.ones(B, c.n_layers, c.n_heads, dtype=dtype, requires_grad=True)
+    gates = torch.ones(B, c.num_layers, c.num_heads, dtype=dtype, requires_grad=True)
     with torch.enable_grad():
         if c.causal:
-            (g,) = torch.autograd.grad(lm_loss(net, ids, mask, keep=gates, backend=backend).sum(), gates)
+            (g,) = torch.autograd.grad(lm_loss(net, ids, mask, fwd_hooks=knockout(c, gates), backend=backend).sum(), gates)
             return g.abs().mean(0).numpy().astype(np.float64)
         d = c.d_model
         if probes is None:
@@ -244,15 +270,16 @@ def _gradient(net: Any, ids: Any, mask: Any, backend: str | None, probes: int | 
             rng = np.random.default_rng(seed)
             q, _ = np.linalg.qr(rng.standard_normal((d, probes)))  # (d, probes), orthonormal columns
             basis, weight = torch.from_numpy(q.T.copy()).to(dtype), d / probes  # (probes, d)
-        sq = torch.zeros(B, c.n_layers, c.n_heads, dtype=dtype)
+        sq = torch.zeros(B, c.num_layers, c.num_heads, dtype=dtype)
         per_pass = _copies(ids)
         for start in range(0, len(basis), per_pass):  # R copies of the batch, each projected on its own direction
             u = basis[start:start + per_pass]  # (R, d)
             r = len(u)
-            copies = torch.ones(r * B, c.n_layers, c.n_heads, dtype=dtype, requires_grad=True)
-            e = _embed(net, ids.repeat(r, 1), mask.repeat(r, 1), keep=copies, backend=backend)  # (R·B, d)
+            copies = torch.ones(r * B, c.num_layers, c.num_heads, dtype=dtype, requires_grad=True)
+            e = _embed(net, ids.repeat(r, 1), mask.repeat(r, 1), fwd_hooks=knockout(c, copies),
+                       backend=backend)  # (R·B, d)
             (g,) = torch.autograd.grad((e.reshape(r, B, -1) * u[:, None, :]).sum(), copies)  # (R·B, L, H)
-            sq += (g.detach() ** 2).reshape(r, B, c.n_layers, c.n_heads).sum(0)
+            sq += (g.detach() ** 2).reshape(r, B, c.num_layers, c.num_heads).sum(0)
     return (sq * weight).sqrt().mean(0).numpy().astype(np.float64)
 
 

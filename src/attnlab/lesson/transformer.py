@@ -93,7 +93,7 @@ def _model(c: InductionConfig) -> Any:
     from attnlab.transformer.config import TransformerConfig
     from attnlab.transformer.model import Transformer
 
-    config = TransformerConfig(vocab_size=c.vocab, d_model=c.d_model, n_layers=2, n_heads=c.heads, ffn="none",
+    config = TransformerConfig(vocab_size=c.vocab, d_model=c.d_model, num_layers=2, num_heads=c.heads, ffn="none",
                                positions="rotary", max_positions=c.seq_len, causal=True, bias=False,
                                tie_embeddings=False, family="induction")
     return Transformer(config, backend=c.backend)
@@ -103,11 +103,15 @@ def _evaluate(net: Any, x: Any, targets: Any, source: Any, keep: Any = None) -> 
     import torch
     import torch.nn.functional as F
 
-    with torch.no_grad():  # weights need a materialising backend: this pass is "torch"'s
-        run = net.trace(x, keep=keep, weights=True, backend="torch")
-        nll = F.cross_entropy(net.logits(run.hidden)[:, :-1].transpose(1, 2), x[:, 1:], reduction="none")  # (B, T−1)
+    from attnlab.interventions.ablation import knockout
+
+    hooks = () if keep is None else knockout(net.config, keep)  # the heads knocked out at hook_z
+    with torch.no_grad():  # the patterns are hooked: the model computes them with backend "torch"'s math
+        logits, cache = net.run_with_cache(x, names=lambda n: n.endswith(".hook_pattern"), fwd_hooks=hooks,
+                                           backend="torch")
+        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:], reduction="none")  # (B, T−1)
         rep = float((nll * targets[:, 1:]).sum() / targets[:, 1:].sum())  # the loss on the repeat
-    weights = run.weights
+    weights = tuple(cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(net.config.num_layers))
     prev, ind = head_scores(weights, source)
     return {"repeat_loss": rep, "previous_token": prev, "induction": ind, "weights": weights}
 

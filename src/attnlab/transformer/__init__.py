@@ -1,12 +1,18 @@
 """A transformer built from attnlab's parts (embeddings, positions, blocks, norms, FFN), loading real weights from safetensors.
 
 ``from attnlab.transformer import Transformer, TransformerConfig``: the model (torch) loads on first
-use of its name, so importing this package needs NumPy only.
+use of its name, so importing this package needs NumPy only. Its hook points
+(:mod:`attnlab.transformer.hooks`: ``run_with_cache``, ``run_with_hooks``) are TransformerLens's.
+
+``Transformer.from_pretrained(DEFAULT_DECODER)`` is the small decoder that ships with attnlab (a
+Llama-style model trained on the docstrings of Python's standard library, with its tokenizer): text
+in, text out, offline.
 """
 
+from attnlab.locate.folder import DECODER as DEFAULT_DECODER
 from attnlab.transformer.config import TransformerConfig
 
-_LAZY = {"Transformer": "attnlab.transformer.model", "Trace": "attnlab.transformer.model"}
+_LAZY = {"Transformer": "attnlab.transformer.model"}
 
 
 def __getattr__(name: str):
@@ -17,4 +23,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'attnlab.transformer' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_DECODER", "Trace", "Transformer", "TransformerConfig"]
+__all__ = ["DEFAULT_DECODER", "Transformer", "TransformerConfig"]

@@ -24,7 +24,7 @@ FAMILIES = ("bert", "roberta", "gpt2", "llama")
 class TransformerConfig:
     """The shape and kind of a transformer.
 
-    d_head defaults to d_model // n_heads, n_kv_heads to n_heads (fewer: grouped-query attention),
+    d_head defaults to d_model // num_heads, num_kv_heads to num_heads (fewer: grouped-query attention),
     d_ff to 4·d_model. ``post_norm`` puts the norm after each residual sum (BERT), else before each
     sublayer with a final norm (GPT-2, Llama). ``position_offset``: RoBERTa numbers real tokens from
     pad_token_id + 1. ``type_vocab_size``: BERT's segment embeddings (segment 0 is added).
@@ -32,9 +32,9 @@ class TransformerConfig:
 
     vocab_size: int
     d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int | None = None
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int | None = None
     d_head: int | None = None
     d_ff: int | None = None
     max_positions: int = 512
@@ -56,27 +56,27 @@ class TransformerConfig:
     family: str = "custom"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_positions"):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_positions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         for name, allowed in (("positions", POSITIONS), ("norm", NORMS), ("ffn", FFNS), ("activation", ACTIVATIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if self.d_head is None and self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}; give d_head")
-        if self.heads_kv < 1 or self.n_heads % self.heads_kv:
-            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.d_head is None and self.d_model % self.num_heads:
+            raise ValueError(f"d_model={self.d_model} is not a multiple of num_heads={self.num_heads}; give d_head")
+        if self.heads_kv < 1 or self.num_heads % self.heads_kv:
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary positions need an even d_head, got {self.head_dim}")
 
     @property
     def head_dim(self) -> int:
-        return self.d_head or self.d_model // self.n_heads
+        return self.d_head or self.d_model // self.num_heads
 
     @property
     def heads_kv(self) -> int:
-        return self.n_kv_heads or self.n_heads
+        return self.num_kv_heads or self.num_heads
 
     @property
     def hidden_ff(self) -> int:
@@ -102,8 +102,8 @@ def _bert(c: dict) -> TransformerConfig:
     roberta = c["model_type"] == "roberta"
     pad = c.get("pad_token_id", 1 if roberta else 0)
     return TransformerConfig(
-        vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_layers=c["num_hidden_layers"],
-        n_heads=c["num_attention_heads"], d_ff=c["intermediate_size"], max_positions=c["max_position_embeddings"],
+        vocab_size=c["vocab_size"], d_model=c["hidden_size"], num_layers=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"], d_ff=c["intermediate_size"], max_positions=c["max_position_embeddings"],
         positions="learned", type_vocab_size=c.get("type_vocab_size", 2), position_offset=pad + 1 if roberta else 0,
         pad_token_id=pad, norm="layernorm", norm_eps=c.get("layer_norm_eps", 1e-12), post_norm=True, embed_norm=True,
         ffn="mlp", activation=act, causal=False, family=c["model_type"],
@@ -121,7 +121,7 @@ def _gpt2(c: dict) -> TransformerConfig:
         raise ValueError("scale_attn_weights=False is not supported by attnlab's transformer")
     d = c["n_embd"]
     return TransformerConfig(
-        vocab_size=c["vocab_size"], d_model=d, n_layers=c["n_layer"], n_heads=c["n_head"], d_ff=c.get("n_inner") or 4 * d,
+        vocab_size=c["vocab_size"], d_model=d, num_layers=c["n_layer"], num_heads=c["n_head"], d_ff=c.get("n_inner") or 4 * d,
         max_positions=c["n_positions"], positions="learned", norm="layernorm", norm_eps=c.get("layer_norm_epsilon", 1e-5),
         ffn="mlp", activation=act, causal=True, tie_embeddings=c.get("tie_word_embeddings", True), family="gpt2",
     )
@@ -135,8 +135,8 @@ def _llama(c: dict) -> TransformerConfig:
     if c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {c.get('hidden_act')!r}")
     return TransformerConfig(
-        vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_layers=c["num_hidden_layers"],
-        n_heads=c["num_attention_heads"], n_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+        vocab_size=c["vocab_size"], d_model=c["hidden_size"], num_layers=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"], num_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
         d_head=c.get("head_dim"), d_ff=c["intermediate_size"], max_positions=c.get("max_position_embeddings", 2048),
         positions="rotary", rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))), norm="rmsnorm",
         norm_eps=c.get("rms_norm_eps", 1e-6), ffn="gated", activation="silu", bias=c.get("attention_bias", False),

@@ -6,9 +6,10 @@ The encoder (BERT, RoBERTa) puts the norm after each residual sum; the causal de
 Llama) before each sublayer, with a final norm. Rotary positions turn q and k; learned positions
 are added to the input. Weights come from :mod:`attnlab.transformer.weights`.
 
-Heads can be knocked out: ``keep`` [L, H] (or [B, L, H], one per sequence) multiplies each head's
-output (0: out, 1: in; its gradient is the head importance of Michel et al. 2019) and ``fill`` [L, H, Dh] takes the place of
-what is taken out (zeros, or each head's mean output for a mean ablation).
+Every intermediate tensor passes a named hook point (TransformerLens's names, attnlab's shapes:
+:mod:`attnlab.transformer.hooks`, tabled in docs/design.md): :meth:`Transformer.run_with_cache`
+hands them back, :meth:`Transformer.run_with_hooks` lets functions read or replace them. A hook
+point nobody watches costs one set lookup, so the plain forward is the hooked one with no hooks.
 
 torch is imported at module level: this file loads only when ``attnlab.transformer.Transformer``
 is first used (the package resolves the name lazily), so ``import attnlab`` needs NumPy only.
@@ -16,6 +17,7 @@ is first used (the package resolves the name lazily), so ``import attnlab`` need
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,38 +26,52 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.backends.api import attention
+from attnlab.backends.request import repeat_groups
 from attnlab.transformer.config import TransformerConfig
+from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
 
 ACT = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
-
-
-@dataclass(frozen=True)
-class Trace:
-    """One forward pass: ``hidden`` [B, T, d]; per layer, when asked, the attention ``weights``
-    [B, H, T, T] and each head's output before the output projection, ``heads`` [B, H, T, Dh]."""
-
-    hidden: Any
-    weights: tuple | None = None
-    heads: tuple | None = None
+# The backends whose math the model's own scores path is: the one a layer takes when its scores or
+# pattern are hooked ("auto" then means "torch" for that layer).
+EAGER_BACKENDS = ("torch", "auto")
 
 
 @dataclass(frozen=True)
 class Pass:
-    """What every layer of one forward pass shares."""
+    """One forward pass as every layer sees it."""
 
     backend: str
     causal: bool
     positions: Any  # (T,) or (B, T) position of each token
     lengths: Any  # (B,) real tokens when padding is on the right, else None
     key_mask: Any  # (B, 1, 1, T) bool when the padding is elsewhere, else None
-    keep: Any  # [L, H] or None
-    fill: Any  # [L, H, Dh] or None
-    weights: bool
-    heads: bool
+    hooks: Hooks
+
+    def allowed(self, t: int, device: Any) -> Any:
+        """Which keys each query may attend to, (B or 1, 1, T, T) bool, or None: every one."""
+        keys = self.key_mask
+        if self.lengths is not None:
+            keys = (torch.arange(t, device=device) < self.lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
+        if not self.causal:
+            return keys
+        tril = torch.ones(t, t, dtype=torch.bool, device=device).tril()  # (T, T)
+        return tril if keys is None else tril & keys
 
 
 def norm(c: TransformerConfig) -> nn.Module:
     return nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.norm == "layernorm" else nn.RMSNorm(c.d_model, eps=c.norm_eps)
+
+
+def normed(n: nn.Module, x: torch.Tensor, hooks: Hooks, at: str) -> torch.Tensor:
+    """n(x); with ``{at}.hook_scale`` watched, by hand, so the scale (B, T, 1) can be read or replaced."""
+    name = at + ".hook_scale"
+    if not hooks.wants(name):
+        return n(x)
+    if isinstance(n, nn.LayerNorm):
+        x = x - x.mean(-1, keepdim=True)  # (B, T, d): LayerNorm's scale is the centred input's RMS
+    scale = hooks(name, (x.pow(2).mean(-1, keepdim=True) + n.eps).sqrt())  # (B, T, 1)
+    y = x / scale * n.weight
+    return y if getattr(n, "bias", None) is None else y + n.bias
 
 
 def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
@@ -72,39 +88,38 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, c: TransformerConfig):
+    def __init__(self, c: TransformerConfig, at: str):
         super().__init__()
-        self.c = c
-        self.q = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=c.bias)
+        self.c, self.at = c, at  # at: "blocks.{l}.attn.", the prefix of this layer's hook points
+        self.q = nn.Linear(c.d_model, c.num_heads * c.head_dim, bias=c.bias)
         self.k = nn.Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
         self.v = nn.Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
-        self.o = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=c.bias)
+        self.o = nn.Linear(c.num_heads * c.head_dim, c.d_model, bias=c.bias)
 
-    def forward(self, x: torch.Tensor, p: Pass, layer: int) -> tuple:
-        c, (B, T, _) = self.c, x.shape
+    def forward(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
+        c, h, at, (B, T, _) = self.c, p.hooks, self.at, x.shape
         # 1. project and split heads: (B, T, d) → (B, H, T, Dh); k and v may have fewer heads (GQA)
-        q = self.q(x).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
-        k = self.k(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = self.v(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        q = h(at + "hook_q", self.q(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2))  # (B, H, T, Dh)
+        k = h(at + "hook_k", self.k(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
+        v = h(at + "hook_v", self.v(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
         # 2. rotary positions turn q and k by each token's position (relative positions in q·k)
         if c.positions == "rotary":
-            q, k = rotate(q, p.positions, c.rope_theta), rotate(k, p.positions, c.rope_theta)
-        # 3. attend: softmax(q kᵀ / √Dh) v by attnlab's backend → (B, H, T, Dh), weights (B, H, T, T)
-        y, w = attend(q, k, v, p)
-        # 4. knock heads out: keep·y + (1 − keep)·fill, per head
-        if p.keep is not None:
-            keep = p.keep[..., layer, :].to(y.dtype).reshape(-1, c.n_heads, 1, 1)  # (1 or B, H, 1, 1)
-            fill = 0.0 if p.fill is None else p.fill[layer].to(y.dtype)[None, :, None, :]  # (1, H, 1, Dh)
-            y = keep * y + (1 - keep) * fill
-        heads = y if p.heads else None
-        # 5. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
-        y = y.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim)
-        return self.o(y), w, heads
+            q = h(at + "hook_rot_q", rotate(q, p.positions, c.rope_theta))
+            k = h(at + "hook_rot_k", rotate(k, p.positions, c.rope_theta))
+        # 3. attend: softmax(q kᵀ / √Dh) v → each head's output z (B, H, T, Dh); by attnlab's backend,
+        #    or here, scores materialised, when a hook watches the scores or the pattern
+        if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
+            z = attend_eager(q, k, v, p, at)
+        else:
+            z = attend(q, k, v, p)
+        z = h(at + "hook_z", z)
+        # 4. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
+        return self.o(z.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass) -> tuple:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass) -> torch.Tensor:
     """attnlab.attention on torch tensors; the float64 NumPy reference gets NumPy copies (no gradients)."""
-    kw = dict(causal=p.causal, mask=p.key_mask, lengths=p.lengths, return_weights=p.weights, backend=p.backend)
+    kw = dict(causal=p.causal, mask=p.key_mask, lengths=p.lengths, backend=p.backend)
     if p.backend == "numpy":
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise ValueError("backend 'numpy' computes on float64 NumPy copies, without gradients; run under "
@@ -112,11 +127,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass) -> tuple:
         arrays = [t.detach().cpu().double().numpy() for t in (q, k, v)]
         mask = None if p.key_mask is None else p.key_mask.cpu().numpy()
         out = attention(*arrays, **dict(kw, mask=mask))
-        out = out if isinstance(out, tuple) else (out,)
-        back = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in out]
-        return back[0], (back[1] if p.weights else None)
-    out = attention(q, k, v, **kw)
-    return (out[0], out[1]) if p.weights else (out, None)
+        return torch.from_numpy(out).to(device=q.device, dtype=q.dtype)
+    return attention(q, k, v, **kw)
+
+
+def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str) -> torch.Tensor:
+    """Backend "torch"'s math written out, so ``hook_attn_scores`` (after scale and mask, before the
+    softmax) and ``hook_pattern`` can read or replace the scores and weights (B, H, T, T); z = pattern · v."""
+    g = q.shape[1] // k.shape[1]
+    k, v = repeat_groups(k, g), repeat_groups(v, g)  # (B, H, T, Dh): each query head's k/v head
+    s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, T, T)
+    allowed = p.allowed(q.shape[2], q.device)  # (B or 1, 1, T, T) or None
+    if allowed is not None:
+        s = s.masked_fill(~allowed, -math.inf)
+    s = p.hooks(at + "hook_attn_scores", s)
+    w = p.hooks(at + "hook_pattern", torch.softmax(s, dim=-1).nan_to_num(nan=0.0))  # a row with no key: zeros
+    return torch.matmul(w, v)  # (B, H, T, Dh)
 
 
 class FeedForward(nn.Module):
@@ -134,21 +160,32 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c: TransformerConfig):
+    def __init__(self, c: TransformerConfig, layer: int):
         super().__init__()
-        self.post = c.post_norm
-        self.attn, self.norm1 = Attention(c), norm(c)
+        self.post, self.at = c.post_norm, f"blocks.{layer}."
+        self.attn, self.norm1 = Attention(c, self.at + "attn."), norm(c)
         self.ffn = FeedForward(c) if c.ffn != "none" else None
         self.norm2 = norm(c) if self.ffn is not None else None
 
-    def forward(self, x: torch.Tensor, p: Pass, layer: int) -> tuple:
-        if self.post:  # BERT: x = norm(x + sublayer(x))
-            a, w, heads = self.attn(x, p, layer)
-            x = self.norm1(x + a)
-            return (x if self.ffn is None else self.norm2(x + self.ffn(x))), w, heads
-        a, w, heads = self.attn(self.norm1(x), p, layer)  # GPT-2, Llama: x = x + sublayer(norm(x))
-        x = x + a
-        return (x if self.ffn is None else x + self.ffn(self.norm2(x))), w, heads
+    def forward(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
+        h, at = p.hooks, self.at
+        x = h(at + "hook_resid_pre", x)  # (B, T, d)
+        if self.post:  # BERT: x = norm(x + sublayer(x)); the sums are hooked before their norm
+            a = h(at + "hook_attn_out", self.attn(x, p))
+            if self.ffn is None:
+                x = normed(self.norm1, h(at + "hook_resid_post", x + a), h, at + "ln1")
+                return h(at + "hook_normalized_resid_post", x)
+            x = normed(self.norm1, h(at + "hook_resid_mid", x + a), h, at + "ln1")
+            m = h(at + "hook_mlp_out", self.ffn(x))
+            x = normed(self.norm2, h(at + "hook_resid_post", x + m), h, at + "ln2")
+            return h(at + "hook_normalized_resid_post", x)
+        # GPT-2, Llama: x = x + sublayer(norm(x))
+        a = h(at + "hook_attn_out", self.attn(normed(self.norm1, x, h, at + "ln1"), p))
+        if self.ffn is None:
+            return h(at + "hook_resid_post", x + a)
+        x = h(at + "hook_resid_mid", x + a)
+        m = h(at + "hook_mlp_out", self.ffn(normed(self.norm2, x, h, at + "ln2")))
+        return h(at + "hook_resid_post", x + m)
 
 
 class Transformer(nn.Module):
@@ -167,7 +204,7 @@ class Transformer(nn.Module):
         self.pos_emb = nn.Embedding(c.max_positions, c.d_model) if c.positions == "learned" else None
         self.type_emb = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         self.emb_norm = norm(c) if c.embed_norm else None
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.blocks = nn.ModuleList(Block(c, layer) for layer in range(c.num_layers))
         self.final_norm = None if c.post_norm else norm(c)
         self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
 
@@ -178,24 +215,46 @@ class Transformer(nn.Module):
 
         return load_pretrained(cls, model, backend=backend, revision=revision)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: Any = None, **kw: Any) -> torch.Tensor:
-        """Last hidden state [B, T, d]; ``kw`` as :meth:`trace` takes them."""
-        return self.trace(input_ids, attention_mask, **kw).hidden
+    def hook_names(self) -> tuple[str, ...]:
+        """Every hook point of this model, in the order they fire."""
+        return hook_names(self.config)
 
-    def trace(self, input_ids: torch.Tensor, attention_mask: Any = None, *, backend: str | None = None,
-              keep: Any = None, fill: Any = None, weights: bool = False, heads: bool = False) -> Trace:
-        """A forward pass that can also hand back each layer's ``weights`` and ``heads`` (see :class:`Trace`)."""
-        c, ids = self.config, torch.as_tensor(input_ids)
+    def forward(self, input_ids: torch.Tensor, attention_mask: Any = None, *,
+                backend: str | None = None) -> torch.Tensor:
+        """The last hidden state [B, T, d] (no hooks)."""
+        return self._forward(input_ids, attention_mask, backend, Hooks())
+
+    def run_with_hooks(self, input_ids: torch.Tensor, attention_mask: Any = None, *, fwd_hooks: Any = (),
+                       backend: str | None = None) -> torch.Tensor:
+        """Logits [B, T, V] (a causal LM) or the last hidden state [B, T, d] (an encoder), with
+        ``fwd_hooks`` [(name, fn), …] run at their hook points: ``fn(tensor, name)`` returns None or a
+        replacement of the same shape (several at one name run in order, each on the last's result)."""
+        return self._output(self._forward(input_ids, attention_mask, backend, build(self.config, fwd_hooks)))
+
+    def run_with_cache(self, input_ids: torch.Tensor, attention_mask: Any = None, *, names: Any = None,
+                       fwd_hooks: Any = (), backend: str | None = None) -> tuple[torch.Tensor, dict]:
+        """(what :meth:`run_with_hooks` returns, {hook name: tensor}): the tensors of ``names`` (a list,
+        a predicate on the name, or None: every hook point), detached, after any ``fwd_hooks`` replaced them."""
+        hooks = build(self.config, fwd_hooks, names)
+        out = self._output(self._forward(input_ids, attention_mask, backend, hooks))
+        return out, hooks.cache
+
+    def _output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits(hidden) if self.config.causal else hidden
+
+    def _forward(self, input_ids: Any, attention_mask: Any, backend: str | None, hooks: Hooks) -> torch.Tensor:
+        c, h, ids = self.config, hooks, torch.as_tensor(input_ids)
         if ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(ids.shape)}")
         B, T = ids.shape
         mask = None if attention_mask is None else torch.as_tensor(attention_mask, device=ids.device).bool()
         if mask is not None and mask.shape != ids.shape:
             raise ValueError(f"attention_mask must have input_ids' shape {(B, T)}, got {tuple(mask.shape)}")
-        if keep is not None and tuple(keep.shape) not in ((c.n_layers, c.n_heads), (B, c.n_layers, c.n_heads)):
-            raise ValueError(f"keep must be [L, H] = {[c.n_layers, c.n_heads]} or [B, L, H], got {list(keep.shape)}")
-        if fill is not None and tuple(fill.shape) != (c.n_layers, c.n_heads, c.head_dim):
-            raise ValueError(f"fill must be [L, H, Dh] = {[c.n_layers, c.n_heads, c.head_dim]}, got {list(fill.shape)}")
+        backend = backend or self.backend
+        eager = sorted(n for n in h.watched if n.endswith(WEIGHT_HOOKS))
+        if eager and backend not in EAGER_BACKENDS:
+            raise ValueError(f"hook {eager[0]} needs the attention scores materialised, which the model computes "
+                             f"with backend 'torch''s math; got backend {backend!r}: pass backend 'torch' or 'auto'")
         # 1. which keys are padding: lengths when it is on the right (every backend serves it), else a mask
         arange = torch.arange(T, device=ids.device)  # (T,)
         lengths = key_mask = None
@@ -208,25 +267,22 @@ class Transformer(nn.Module):
         if c.position_offset:
             real = ids.ne(c.pad_token_id).long()  # (B, T)
             pos = real.cumsum(-1) * real + c.pad_token_id
-        p = Pass(backend or self.backend, c.causal, pos, lengths, key_mask, keep, fill, weights, heads)
+        p = Pass(backend=backend, causal=c.causal, positions=pos, lengths=lengths, key_mask=key_mask, hooks=h)
         # 3. embed: token (+ learned position + segment 0) → (B, T, d), normed in BERT
-        x = self.tok_emb(ids)
+        x = h("hook_embed", self.tok_emb(ids))  # (B, T, d)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(pos)
+            x = x + h("hook_pos_embed", self.pos_emb(pos).expand(B, T, -1))  # (T or B, T, d) → (B, T, d)
         if self.type_emb is not None:
-            x = x + self.type_emb.weight[0]
+            x = x + h("hook_token_type_embed", self.type_emb.weight[0].expand(B, T, -1))  # (d,) → (B, T, d)
         if self.emb_norm is not None:
-            x = self.emb_norm(x)
+            x = normed(self.emb_norm, x, h, "embed.ln")
         # 4. the blocks, each (B, T, d) → (B, T, d)
-        ws, hs = [], []
-        for layer, block in enumerate(self.blocks):
-            x, w, h = block(x, p, layer)
-            ws.append(w)
-            hs.append(h)
+        for block in self.blocks:
+            x = block(x, p)
         # 5. the final norm of pre-norm models
         if self.final_norm is not None:
-            x = self.final_norm(x)
-        return Trace(x, tuple(ws) if weights else None, tuple(hs) if heads else None)
+            x = normed(self.final_norm, x, h, "ln_final")
+        return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token scores [B, T, V] from the last hidden state (the tied embeddings or the LM head)."""

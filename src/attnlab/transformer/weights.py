@@ -73,11 +73,11 @@ def convert(tensors: dict, c: TransformerConfig) -> dict:
         base[name] = t
     layer_prefix, layer_names, top_names = LAYOUT[c.family]
     pairs = [(ours, theirs, *how) for ours, theirs, *how in top_names]
-    for i in range(c.n_layers):
+    for i in range(c.num_layers):
         pre = layer_prefix.format(i=i)
         pairs += [(f"blocks.{i}.{ours}", pre + theirs, *how) for ours, theirs, *how in layer_names]
     if c.family == "gpt2":
-        for i in range(c.n_layers):  # c_attn: [d, 3d] (Conv1D) → q, k, v Linear weights [d, d] each
+        for i in range(c.num_layers):  # c_attn: [d, 3d] (Conv1D) → q, k, v Linear weights [d, d] each
             for kind in ("weight", "bias"):
                 fused = base.get(f"h.{i}.attn.c_attn.{kind}")
                 if fused is not None:
