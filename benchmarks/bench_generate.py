@@ -117,7 +117,7 @@ def at_length(hf, ours, T: int, new: int, rounds: int) -> dict:  # noqa: ANN001
         out[f"ratio_{key}"] = out["attnlab"][key]["median"] / out["transformers"][key]["median"]
     c = ours.config
     out["cache"] = cache
-    out["cache_bytes_formula"] = 2 * c.n_layers * c.heads_kv * c.head_dim * (T + new - 1) * 4
+    out["cache_bytes_formula"] = 2 * c.num_layers * c.heads_kv * c.head_dim * (T + new - 1) * 4
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
 

@@ -1,6 +1,6 @@
 """Train attnlab's bundled offline decoder: a small Llama-style model on the docstrings of Python's standard library.
 
-    PYTHONPATH=src python scripts/train_decoder.py [--out src/attnlab/transformer/decoder] [--steps 1400]
+    PYTHONPATH=src python scripts/train_decoder.py [--out src/attnlab/transformer/decoder] [--steps 600]
 
 Why this corpus: every machine that runs attnlab has it (no download), it is English prose about
 code, and it is gathered the same way each time: the module list below is fixed and sorted, each
@@ -17,7 +17,7 @@ The tokenizer is a byte-level BPE of 1,024 tokens (any text encodes, nothing is 
 the ``tokenizers`` library on the training split.
 
 Reproducible: the same corpus and seed on one machine give the same tokenizer and the same weights
-(``torch.manual_seed``, one seeded generator for the batches, two threads, deterministic algorithms).
+(``torch.manual_seed``, one seeded generator for the batches, one thread, deterministic algorithms).
 Across machines the floating-point order of the matrix products (the CPU's vector width, the BLAS
 build) can differ, so the weights agree only to rounding, and the samples may differ after many steps.
 """
@@ -55,10 +55,13 @@ xml.etree.ElementTree zipfile zipimport zlib zoneinfo
 """.split())
 
 EOS = "<|endoftext|>"
+# One thread: on a machine whose cores are shared, a pool of two spins at every barrier (a step of this
+# model took 10x longer with two threads than with one there); one thread also fixes the order of sums.
+THREADS = 1
 VOCAB = 1024
-CONTEXT = 256
+CONTEXT = 128
 HELD_OUT_EVERY = 20
-CONFIG = dict(vocab_size=VOCAB, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512, max_positions=CONTEXT,
+CONFIG = dict(vocab_size=VOCAB, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, d_ff=384, max_positions=CONTEXT,
               positions="rotary", norm="rmsnorm", norm_eps=1e-5, ffn="gated", activation="silu", bias=False,
               ffn_bias=False, causal=True, tie_embeddings=True, family="llama")
 
@@ -136,7 +139,7 @@ def init(model) -> None:
     torch's defaults (N(0, 1) embeddings, tied to the output) start at a loss of ~180 nats instead of ln V."""
     import torch
 
-    resid = 0.02 / math.sqrt(2 * model.config.n_layers)
+    resid = 0.02 / math.sqrt(2 * model.config.num_layers)
     for name, p in model.named_parameters():
         if p.dim() == 2:
             torch.nn.init.normal_(p, 0.0, resid if name.endswith(("attn.o.weight", "ffn.down.weight")) else 0.02)
@@ -172,13 +175,13 @@ def unigram_nats(train, held) -> float:
     return float(-logp[held].mean())
 
 
-def train(steps: int, seed: int = 0, batch: int = 16, lr: float = 3e-3, evaluate: bool = True, log=print):
+def train(steps: int, seed: int = 0, batch: int = 16, lr: float = 4e-3, evaluate: bool = True, log=print):
     """(model, tokenizer, report): the tokenizer and the model trained for ``steps`` AdamW steps
     (``evaluate``: with the held-out figures in the report)."""
     import torch
 
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
     try:
         return _train(steps, seed, batch, lr, evaluate, log)
@@ -227,7 +230,7 @@ def _train(steps: int, seed: int, batch: int, lr: float, evaluate: bool, log):
         "python": sys.version.split()[0], "modules": len(MODULES), "docstrings": len(docs),
         "corpus_chars": len(corpus), "corpus_sha256": hashlib.sha256(corpus.encode()).hexdigest(),
         "train_tokens": len(train_ids), "held_out_tokens": len(held_ids), "held_out_every": HELD_OUT_EVERY,
-        "seed": seed, "steps": steps, "batch": batch, "context": CONTEXT, "lr": lr, "threads": 2,
+        "seed": seed, "steps": steps, "batch": batch, "context": CONTEXT, "lr": lr, "threads": THREADS,
         "train_seconds": round(time.perf_counter() - start, 1), "tokens_seen": steps * batch * CONTEXT,
         "held_out_nats_per_token": round(held_nats, 4), "unigram_nats_per_token": round(uni, 4),
         "held_out_bits_per_char": round(held_nats / math.log(2) / chars_per_token, 4),
@@ -245,7 +248,7 @@ def hf_state(model) -> dict:
     out = {}
     for ours, theirs in top_names:
         out[f"model.{theirs}.weight"] = state[f"{ours}.weight"]
-    for i in range(model.config.n_layers):
+    for i in range(model.config.num_layers):
         for ours, theirs in layer_names:
             out[f"model.{layer_prefix.format(i=i)}{theirs}.weight"] = state[f"blocks.{i}.{ours}.weight"]
     return {k: v.detach().half().contiguous() for k, v in out.items()}
@@ -254,8 +257,8 @@ def hf_state(model) -> dict:
 def hf_config(c) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
-        "hidden_size": c.d_model, "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads,
-        "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim, "intermediate_size": c.d_ff,
+        "hidden_size": c.d_model, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "intermediate_size": c.d_ff,
         "max_position_embeddings": c.max_positions, "rope_theta": c.rope_theta, "rms_norm_eps": c.norm_eps,
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True,
         "bos_token_id": None, "eos_token_id": 0, "pad_token_id": None, "torch_dtype": "float16",
@@ -278,10 +281,10 @@ def save(model, tok, report: dict, out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "src/attnlab/transformer/decoder")
-    ap.add_argument("--steps", type=int, default=1400)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    model, tok, report = train(args.steps, seed=args.seed)
+    model, tok, report = train(args.steps, seed=args.seed, log=lambda line: print(line, flush=True))
     save(model, tok, report, args.out)
     print(json.dumps(report, indent=2))
 

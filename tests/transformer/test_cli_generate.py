@@ -70,3 +70,23 @@ def test_an_encoder_is_refused_before_its_weights_load(capsys, monkeypatch):
     monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
     assert main(["generate", "The bank", "--model", pkg.get_model_path()]) == 2
     one_error(capsys, "is a bert encoder")
+
+
+def test_ctrl_c_keeps_what_was_printed_and_exits_130(decoder, capsys, monkeypatch):
+    """The tokens that came before Ctrl-C stay printed; then one line says so, and the status is 130."""
+    from attnlab.transformer.model import Transformer
+
+    ids = decoder.tokenizer(" the number of")["input_ids"]
+
+    def interrupted(self, prompt, max_new_tokens, *, on_token=None, **kw):
+        import torch
+
+        for step, i in enumerate(ids):
+            on_token(step, torch.tensor([i]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Transformer, "generate", interrupted, raising=False)
+    assert main(["generate", "Return", "--max-new-tokens", "8"]) == 130
+    out, err = capsys.readouterr()
+    assert out == " the number of\n"
+    assert f"interrupted after {len(ids)} new tokens" in err

@@ -37,7 +37,7 @@ def test_the_name_finds_the_bundled_folder_before_any_folder_or_hub_id(tmp_path,
     (tmp_path / DECODER).mkdir()  # a folder of the same name does not win
     monkeypatch.chdir(tmp_path)
     folder, model_id, revision = resolve(DECODER)
-    assert folder == decoder_folder() and model_id == DECODER and revision.startswith("attnlab==")
+    assert folder == decoder_folder() and model_id == DECODER and revision.startswith("sha256:")
     with pytest.raises(ValueError, match="no revisions"):
         resolve(DECODER, revision="main")
     from attnlab.transformer import DEFAULT_DECODER

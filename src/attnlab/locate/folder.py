@@ -110,7 +110,7 @@ def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tup
         folder, rev = _default_folder()
         return folder, DEFAULT_MODEL_ID, rev
     if model == DECODER:
-        from attnlab import __version__
+        import hashlib
 
         if revision is not None:
             raise ValueError(f"revision={revision!r} was given with {DECODER!r}; the bundled decoder has no revisions")
@@ -118,7 +118,8 @@ def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tup
         if not (folder / "model.safetensors").is_file():
             raise FileNotFoundError(f"the bundled decoder's weights are missing from {str(folder)!r}; reinstall attnlab "
                                     "or train them with scripts/train_decoder.py")
-        return folder, DECODER, f"attnlab=={__version__}"
+        # the revision names the weights themselves, as a hub commit would
+        return folder, DECODER, "sha256:" + hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be None, a folder path or a hub id string, got {type(model).__name__}")
     path = Path(model).expanduser()

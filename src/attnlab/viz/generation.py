@@ -6,7 +6,7 @@ whose output chose new token t) over every position before it. :func:`steps_payl
 rows to the viewer as they are (rounded for JSON); :func:`generation_maps` makes them the rows
 P − 1 … P + N − 2 of an ordinary :class:`~attnlab.maps.records.AttentionMaps` of the N + P − 1
 tokens the model read, the prompt's own rows taken from one pass over the prompt
-(``Transformer.trace(..., weights=True)``), so that the file loads and reads like any other maps.
+(``hook_pattern`` of ``Transformer.run_with_cache``), so that the file loads and reads like any other maps.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def steps_payload(model: Any, gen: Any, model_id: str, b: int = 0) -> dict:
     steps = [{"step": t, "position": int(gen.positions[b][t]), "token": int(seq[prompt_len + t]),
               "rows": np.round(r.astype(np.float64), DIGITS).tolist()} for t, r in enumerate(rows)]
     return {
-        "model": {"id": model_id, "num_layers": c.n_layers, "num_heads": c.n_heads},
+        "model": {"id": model_id, "num_layers": c.num_layers, "num_heads": c.num_heads},
         "labels": token_texts(model.tokenizer, seq), "prompt_length": prompt_len,
         "prompt": model.tokenizer.decode(seq[:prompt_len]) if model.tokenizer is not None else None,
         "text": gen.text[b] if gen.text is not None else None, "steps": steps,
@@ -82,11 +82,12 @@ def generation_maps(model: Any, gen: Any, model_id: str, revision: str | None = 
     rows, c = _rows(gen, b), model.config
     seq, P = gen.sequences[b], gen.prompt_lengths[b]
     T = P + len(rows) - 1
-    weights = np.zeros((c.n_layers, c.n_heads, T, T), dtype=np.float32)
+    weights = np.zeros((c.num_layers, c.num_heads, T, T), dtype=np.float32)
     if P > 1:
+        names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(c.num_layers)]
         with torch.no_grad():
-            trace = model.trace(torch.tensor([seq[:P]]), weights=True)
-        prompt = np.stack([w[0].float().cpu().numpy() for w in trace.weights])  # (L, H, P, P)
+            _, cache = model.run_with_cache(torch.tensor([seq[:P]]), names=names, backend="torch")
+        prompt = np.stack([cache[n][0].float().cpu().numpy() for n in names])  # (L, H, P, P)
         weights[:, :, : P - 1, :P] = prompt[:, :, : P - 1]
     for t, r in enumerate(rows):  # (L, H, P + t)
         weights[:, :, P - 1 + t, : P + t] = r
@@ -94,8 +95,8 @@ def generation_maps(model: Any, gen: Any, model_id: str, revision: str | None = 
               else [str(i) for i in seq[:T]])
     word_of, words, kinds = _words(token_texts(model.tokenizer, seq[:T]))
     text = model.tokenizer.decode(seq[:T]) if model.tokenizer is not None else " ".join(map(str, seq[:T]))
-    config = {"family": c.family, "num_layers": c.n_layers, "num_heads": c.n_heads,
+    config = {"family": c.family, "num_layers": c.num_layers, "num_heads": c.num_heads,
               "generated": {"prompt_length": P, "new_tokens": len(rows), "positions": gen.positions[b]}}
     return AttentionMaps(sentences=[text], tokens=[tokens], weights=[weights], word_of=[word_of], words=[words],
-                         kinds=[kinds], model_id=model_id, revision=revision, num_layers=c.n_layers,
-                         num_heads=c.n_heads, config=config)
+                         kinds=[kinds], model_id=model_id, revision=revision, num_layers=c.num_layers,
+                         num_heads=c.num_heads, config=config)

@@ -13,7 +13,7 @@
   const MAX_VIEW_H = 480;
   const TOP_K = 10;
   const st = {gen: null, source: null, served: false, info: null, step: 0, layer: 1, head: 1, display: "lines",
-    drawn: [], busy: false};
+    drawn: [], form: null};
 
   const steps = () => st.gen.steps;
   const cur = () => steps()[st.step];
@@ -25,21 +25,25 @@
     return Array.from({length: count}, (_, i) => el("option", {value: i + 1, selected: i + 1 === selected, text: i + 1}));
   }
 
+  // The prompt box, made once (what is typed stays while the step, layer or head change), again when
+  // the server's answer about the model arrives.
   function promptForm() {
     if (!st.served) return null;
+    if (st.form) return st.form;
     const g = st.info && st.info.generate;
     const refusal = g ? g.refusal : "asking the server what this model can do…";
     const max = g ? g.max_new_tokens : 1;
     const n = el("input", {id: "gen-n", type: "number", min: 1, max, value: Math.min(16, max), disabled: !!refusal});
-    const button = el("button", {id: "gen-run", type: "submit", disabled: !!refusal || st.busy,
+    const button = el("button", {id: "gen-run", type: "submit", disabled: !!refusal,
       text: `Generate ${n.value} tokens`});
     n.addEventListener("input", () => { button.textContent = `Generate ${n.value} tokens`; });
     const form = el("form", {id: "gen-form", class: "controls"},
       el("label", {}, "Prompt ", el("input", {id: "gen-prompt", size: 60, disabled: !!refusal,
-        value: st.gen && st.gen.prompt !== null ? st.gen.prompt : "Return the number of"})),
+        value: "Return the number of"})),
       el("label", {}, "New tokens ", n), button,
       el("span", {id: "gen-status", class: `status${refusal ? " error" : ""}`, role: "status", text: refusal || ""}));
     form.addEventListener("submit", (e) => { e.preventDefault(); run(); });
+    st.form = form;
     return form;
   }
 
@@ -167,25 +171,23 @@
   async function run() {
     const prompt = document.getElementById("gen-prompt").value;
     const n = Number(document.getElementById("gen-n").value);
-    st.busy = true;
-    document.getElementById("gen-run").disabled = true;
-    document.getElementById("gen-status").textContent = `generating ${n} tokens…`;
+    const button = document.getElementById("gen-run"), status = document.getElementById("gen-status");
+    button.disabled = true;
+    status.classList.remove("error");
+    status.textContent = `generating ${n} tokens…`;
     try {
       const t0 = performance.now();
       const gen = await st.source.generate({prompt, max_new_tokens: n});
       Object.assign(st, {gen, step: 0});
       st.layer = Math.min(st.layer, gen.model.num_layers);
       st.head = Math.min(st.head, gen.model.num_heads);
-      st.busy = false;
       render();
-      document.getElementById("gen-status").textContent =
-        `${gen.steps.length} tokens · ${(performance.now() - t0).toFixed(0)} ms`;
+      status.textContent = `${gen.steps.length} tokens · ${(performance.now() - t0).toFixed(0)} ms`;
     } catch (e) {
-      st.busy = false;
-      document.getElementById("gen-run").disabled = false;
-      const s = document.getElementById("gen-status");
-      s.textContent = e.message;
-      s.classList.add("error");
+      status.textContent = e.message;
+      status.classList.add("error");
+    } finally {
+      button.disabled = false;
     }
   }
 
@@ -195,6 +197,7 @@
     render();
     if (served) {
       st.info = await source.info().catch((e) => ({generate: {refusal: e.message, max_new_tokens: 1}}));
+      st.form = null;
       render();
     }
   }
