@@ -68,7 +68,19 @@ CONFIG = dict(vocab_size=VOCAB, d_model=128, num_layers=4, num_heads=4, num_kv_h
 
 def docstrings() -> list[str]:
     """Every docstring of :data:`MODULES` (the module, its classes, functions and methods, those of its
-    submodules included), each kept once, in order, then pydoc's help topics (the language reference)."""
+    submodules included), each kept once, in order, then pydoc's help topics (the language reference).
+
+    Gathered in a fresh interpreter that sees the standard library alone (``-I -S``): other packages
+    change it when they are imported (transformers adds methods to ``logging.Logger``), so the same
+    process would gather a different corpus after importing them."""
+    import subprocess
+
+    child = subprocess.run([sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--corpus"], check=True,
+                           capture_output=True, text=True, encoding="utf-8")
+    return json.loads(child.stdout)
+
+
+def _gather() -> list[str]:
     from pydoc_data.topics import topics
 
     seen, out = set(), []
@@ -283,7 +295,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "src/attnlab/transformer/decoder")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corpus", action="store_true", help="print the corpus as JSON (what docstrings() runs)")
     args = ap.parse_args()
+    if args.corpus:
+        sys.stdout.write(json.dumps(_gather()))
+        return
     model, tok, report = train(args.steps, seed=args.seed, log=lambda line: print(line, flush=True))
     save(model, tok, report, args.out)
     print(json.dumps(report, indent=2))

@@ -75,7 +75,8 @@ class Printer:
     def __call__(self, step: int, ids: Any) -> None:
         self.times.append(time.perf_counter())
         self.ids.append(int(ids[0]))
-        text = self.tokenizer.decode(self.ids) if self.tokenizer is not None else " ".join(map(str, self.ids))
+        text = (self.tokenizer.decode(self.ids, skip_special_tokens=True) if self.tokenizer is not None
+                else " ".join(map(str, self.ids)))
         if text.endswith("\ufffd"):  # half a character: wait for its other bytes
             return
         self.out.write(text[len(self.shown):] if text.startswith(self.shown) else "\n" + text)
@@ -141,10 +142,10 @@ def generate(
     out.write("\n")
     out.flush()
     figures = speed(start, printer, int(gen.prompt_lengths[0]))
-    err.print(_speed_line(figures), highlight=False)
+    err.print(_speed_line(figures), highlight=False, soft_wrap=True)
     _write_outputs(net, gen, model_id, maps_path, html_path)
-    write_json(json_path, {"model": model_id, "prompt": prompt, "text": gen.text[0], "speed": figures,
-                           "options": {k: v for k, v in kw.items() if k not in ("on_token",)}, **gen.to_dict()})
+    write_json(json_path, {**gen.to_dict(), "model": model_id, "prompt": prompt, "text": gen.text[0], "speed": figures,
+                           "options": {k: v for k, v in kw.items() if k != "on_token"}})
 
 
 def _speed_line(f: dict) -> str:

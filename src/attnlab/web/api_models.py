@@ -15,9 +15,9 @@ KIND_HELP = ("encoder: the model's own self-attention (an encoder–decoder's en
              "decoder self-attention; cross: its cross-attention (target rows, source columns)")
 
 
-def api_models(max_sentences: int, max_chars: int, default_overview: int, max_new_tokens: int = 128) -> SimpleNamespace:
+def api_models(max_sentences: int, max_chars: int, default_overview: int, max_new: int = 128) -> SimpleNamespace:
     """Every request and answer model of the API, for sentences of at most ``max_chars``
-    characters, at most ``max_sentences`` at a time, and generations of at most ``max_new_tokens``."""
+    characters, at most ``max_sentences`` at a time, and generations of at most ``max_new`` tokens."""
     from pydantic import BaseModel, ConfigDict, Field
 
     Sentence = Annotated[str, Field(min_length=1, max_length=max_chars, pattern=r"\S")]
@@ -72,7 +72,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
 
     class GenerateIn(Strict):
         prompt: Sentence
-        max_new_tokens: int = Field(16, ge=1, le=max_new_tokens)
+        max_new_tokens: int = Field(16, ge=1, le=max_new)
         temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
                                           description="sampling is on when temperature, top_k or top_p is given")
         top_k: int | None = Field(None, ge=1, le=1_000_000)
