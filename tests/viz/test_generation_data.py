@@ -25,7 +25,7 @@ def test_steps_payload_carries_every_row(decoder, steps):
     c, P = decoder.config, steps.prompt_lengths[0]
     assert got["model"] == {"id": "attnlab:decoder", "num_layers": c.num_layers, "num_heads": c.num_heads}
     assert got["prompt_length"] == P and len(got["labels"]) == P + 6 and len(got["steps"]) == 6
-    assert "".join(got["labels"][P:]) == steps.text[0].replace("\n", "↵")
+    assert "".join(got["labels"][P:]).replace("␣", " ") == steps.text[0].replace("\n", "↵")
     for t, s in enumerate(got["steps"]):
         assert s["position"] == P - 1 + t and s["token"] == steps.sequences[0][P + t]
         rows = np.array(s["rows"])
@@ -45,18 +45,19 @@ def test_generation_maps_is_the_full_map_and_loads(decoder, steps, tmp_path):
     np.testing.assert_array_equal(back.weights[0], maps.weights[0])
     words = back.to_words()
     np.testing.assert_allclose(words.weights[0].sum(-1), 1, atol=1e-5)
-    assert " ".join(words.words[0]).replace(" ", "") == maps.sentences[0].replace(" ", "").replace("\n", "↵")
+    assert "".join(words.words[0]).replace("␣", "") == maps.sentences[0].replace(" ", "").replace("\n", "↵")
 
 
 def test_words_start_at_spaces_and_punctuation():
-    word_of, words, kinds = _words(["Return", " the", " num", "ber", ",", " items", ".)", "↵"])
-    assert words == ["Return", "the", "number", ",", "items", ".)", "↵"]
-    assert word_of == [0, 1, 2, 2, 3, 4, 5, 6] and kinds == ["word", "word", "word", "punct", "word", "punct", "word"]
+    word_of, words, kinds = _words(["Return", " the", " num", "ber", ",", " items", ".)", "↵", "␣", "x"])
+    assert words == ["Return", "the", "number", ",", "items", ".)", "↵", "␣x"]
+    assert word_of == [0, 1, 2, 2, 3, 4, 5, 6, 7, 7]
+    assert kinds == ["word", "word", "word", "punct", "word", "punct", "word", "word"]
 
 
 def test_token_texts_show_newlines(decoder):
-    ids = decoder.tokenizer("a\nb")["input_ids"]
-    assert "".join(token_texts(decoder.tokenizer, ids)) == "a↵b"
+    ids = decoder.tokenizer("a\nb")["input_ids"] + decoder.tokenizer.convert_tokens_to_ids(["Ġ"])
+    assert "".join(token_texts(decoder.tokenizer, ids)) == "a↵b␣"
 
 
 def test_rows_are_required():

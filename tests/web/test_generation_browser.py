@@ -61,7 +61,7 @@ def test_page_draws_the_rows_of_the_step_and_head_chosen(page, decoder, steps, t
                           ".getImageData(j, i, 1, 1).data.slice(0, 3))", [t, j])
     ramp = page.evaluate("(w) => window.attnlab.heatRGB(w)", float(want[j]))
     assert max(abs(a - b) for a, b in zip(pixel, ramp)) <= 1
-    page.screenshot(path=str((SHOTS or tmp_path) / "generation-page-heat.png"), full_page=True)
+    page.screenshot(path=str((SHOTS or tmp_path) / "generation-heat.png"), full_page=True)
 
 
 def test_an_encoders_viewer_shows_the_view_disabled_with_the_reason(page, live_server):
@@ -91,7 +91,7 @@ def test_served_view_generates_and_draws_the_librarys_rows(page, decoder, decode
     page.wait_for_selector("#gen-lines")
     labels = page.locator("#gen-tokens .gen-token").all_inner_texts()
     P = want.prompt_lengths[0]
-    assert len(labels) == P + 12 and "".join(labels[P:]) == want.text[0].replace("\n", "↵")
+    assert len(labels) == P + 12 and "".join(labels[P:]).replace("␣", " ") == want.text[0].replace("\n", "↵")
     choose(page, 9, 2, 3)
     check_lines(page, want.attention[0][8][1, 2])
     page.screenshot(path=str((SHOTS or tmp_path) / "generation.png"), full_page=True)

@@ -24,13 +24,13 @@ SHOWN = {"\n": "↵", "\t": "⇥"}
 
 def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
     """What each token reads as: its own text (a byte-level piece alone decodes to itself, a split
-    character to U+FFFD), newlines and tabs as visible signs."""
+    character to U+FFFD), newlines and tabs as visible signs, a token of spaces alone as ␣."""
     out = []
     for i in ids:
         text = tokenizer.decode([i]) if tokenizer is not None else str(i)
         for raw, sign in SHOWN.items():
             text = text.replace(raw, sign)
-        out.append(text or "∅")
+        out.append(text.replace(" ", "␣") if text and not text.strip() else text or "∅")
     return out
 
 
@@ -64,7 +64,7 @@ def _words(texts: list[str]) -> tuple[list[int], list[str], list[str]]:
     word_of, words, kinds, prev = [], [], [], None
     for text in texts:
         punct = is_punctuation(text.strip())
-        if prev is None or text[:1].isspace() or punct != prev or not text.strip():
+        if prev is None or text[:1].isspace() or punct != prev or not text.strip(" ␣"):
             words.append("")
             kinds.append("punct" if punct else "word")
         words[-1] += text
