@@ -88,5 +88,44 @@ def test_ctrl_c_keeps_what_was_printed_and_exits_130(decoder, capsys, monkeypatc
     monkeypatch.setattr(Transformer, "generate", interrupted, raising=False)
     assert main(["generate", "Return", "--max-new-tokens", "8"]) == 130
     out, err = capsys.readouterr()
-    assert out == " the number of\n"
+    assert out == "Return the number of\n"
     assert f"interrupted after {len(ids)} new tokens" in err
+
+
+def test_generate_prints_the_text_and_writes_json_maps_and_page(decoder, tmp_path, capsys):
+    """Greedy by default: the text is Transformer.generate's, stopped at the end of a docstring; --maps
+    loads as maps of the tokens read, --html embeds every step."""
+    import json
+
+    import attnlab
+
+    prompt = "Return the number of"
+    want = decoder.generate(prompt, 20, stop_ids=(decoder.tokenizer.eos_token_id,))
+    paths = {flag: tmp_path / name for flag, name in (("--json", "g.json"), ("--maps", "g.npz"), ("--html", "g.html"))}
+    args = [x for flag, p in paths.items() for x in (flag, str(p))]
+    assert main(["generate", prompt, "--max-new-tokens", "20", *args]) == 0
+    out, err = capsys.readouterr()
+    assert out == prompt + want.text[0] + "\n"
+    assert "new tokens after a prompt of 4 in" in err and "first token" in err
+    got = json.loads(paths["--json"].read_text())
+    assert got["text"] == want.text[0] and got["ids"] == want.ids.tolist() and got["options"]["sample"] is False
+    assert got["speed"]["new_tokens"] == int(want.lengths[0])
+    maps = attnlab.load_maps(paths["--maps"])
+    T = len(want.sequences[0]) - 1
+    assert maps.model_id == "attnlab:decoder" and maps.weights[0].shape == (4, 4, T, T)
+    page = paths["--html"].read_text()
+    assert '"generation":' in page and '"steps":' in page
+
+
+def test_sampling_with_a_seed_repeats(decoder, capsys):
+    run = ["generate", "Return a", "--max-new-tokens", "12", "--temperature", "0.8", "--top-p", "0.95", "--seed", "7"]
+    assert main(run) == 0
+    first = capsys.readouterr().out
+    assert main(run) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_past_the_models_positions_is_one_line_naming_the_cache(capsys):
+    assert main(["generate", "Return the number of", "--max-new-tokens", "500"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: max_new_tokens=500") and "cache='sink'" in err and err.count("\n") == 1

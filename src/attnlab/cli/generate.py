@@ -2,7 +2,7 @@
 
 Every flag is checked before the model loads; the model's own limits (the prompt and the new tokens
 past its positions with a dense cache, an encoder) are checked by ``Transformer.generate`` before
-any work. The text goes to stdout as it comes (stderr when ``--json -`` takes stdout), then the
+any work. The prompt, then the new text goes to stdout as it comes (stderr when ``--json -`` takes stdout), then the
 speed to stderr. Ctrl-C stops at the next token: what was generated so far stays printed, exit 130.
 """
 
@@ -132,6 +132,8 @@ def generate(
     kw = dict(sample=sample, temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
               seed=seed, cache=cache, window=window, sink=sink, maps=bool(maps_path or html_path), on_token=printer)
     eos = net.tokenizer.eos_token_id
+    out.write(prompt)  # the continuation reads on from it
+    out.flush()
     start = time.perf_counter()
     try:
         gen = net.generate(prompt, max_new_tokens, stop_ids=() if eos is None else (eos,), **kw)
