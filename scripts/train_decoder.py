@@ -273,7 +273,9 @@ def hf_config(c) -> dict:
         "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "intermediate_size": c.d_ff,
         "max_position_embeddings": c.max_positions, "rope_theta": c.rope_theta, "rms_norm_eps": c.norm_eps,
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True,
-        "bos_token_id": None, "eos_token_id": 0, "pad_token_id": None, "torch_dtype": "float16",
+        # stored in float16 (half the file), computed in float32: transformers loads a model in the dtype
+        # its config names, and a float16 forward on the CPU is slow and far from attnlab's
+        "bos_token_id": None, "eos_token_id": 0, "pad_token_id": None, "torch_dtype": "float32",
     }
 
 

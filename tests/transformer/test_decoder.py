@@ -104,3 +104,17 @@ def test_training_is_reproducible(script):
     assert a[1].to_str() == b[1].to_str()  # the tokenizer
     for (name, x), (_, y) in zip(a[0].state_dict().items(), b[0].state_dict().items()):
         assert torch.equal(x, y), name
+
+
+def test_capture_reads_it_by_name_to_attnlabs_own_maps(decoder):
+    """attnlab.capture (transformers' forward) by the name alone: its maps are attnlab's transformer's."""
+    import numpy as np
+
+    import attnlab
+    from generation_steps import full_map
+
+    text = "Return the number of items."
+    maps = attnlab.capture([text], model=DECODER)
+    assert maps.model_id == DECODER and maps.revision.startswith("sha256:")
+    ids = decoder.tokenizer(text)["input_ids"]
+    np.testing.assert_allclose(maps.weights[0], full_map(decoder, ids), atol=1e-5)
