@@ -61,14 +61,14 @@ def server_side(client, tokenizer, repeats: int) -> dict:
     text = sentence_of(512, tokenizer, 999)
     client.post("/api/maps", json={"sentences": [text]})
     warm, _ = timed(lambda: client.post("/api/maps", json={"sentences": [text]}), repeats)
-    head, hres = timed(lambda: client.post("/api/head", json={"sentences": [text], "layer": 3, "head": 11}), repeats)
+    head, hres = timed(lambda: client.post("/api/head", json={"sentences": [text], "layer": 2, "head": 10}), repeats)
     raw = lambda path, body: len(client.post(path, json=body, headers={"Accept-Encoding": "identity"}).content)  # noqa: E731
     return {
         "maps_new_sentence_s": cold, "maps_cached_s": warm, "head_s": head,
         "maps_bytes_gzip": int(res.headers.get("content-length", len(res.content))),
         "maps_bytes_raw": raw("/api/maps", {"sentences": [text]}),
         "head_bytes_gzip": int(hres.headers.get("content-length", len(hres.content))),
-        "head_bytes_raw": raw("/api/head", {"sentences": [text], "layer": 3, "head": 11}),
+        "head_bytes_raw": raw("/api/head", {"sentences": [text], "layer": 2, "head": 10}),
     }
 
 

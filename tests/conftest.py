@@ -21,7 +21,8 @@ import sys
 import numpy as np
 import pytest
 
-from attnlab.maps.records import AttentionMaps
+from attnlab.maps.records import Attention, Tokens
+from attnlab.maps.tokens import AttentionMaps
 
 # auto must not time the backends during the tests (each new call shape would be measured, in
 # tests that check something else, on a shared machine): it ranks them by their priors. auto's
@@ -191,11 +192,10 @@ def make_maps():
             weights.append(w.astype(np.float32))
             word_of.append(wo)
             kinds.append([_kind(x) for x in words])
-        return AttentionMaps(
-            sentences=[" ".join(w) for w in word_lists], tokens=tokens, weights=weights, word_of=word_of,
-            words=[list(w) for w in word_lists], kinds=kinds, model_id="synthetic", revision=None,
-            num_layers=num_layers, num_heads=num_heads, config={"num_hidden_layers": num_layers},
-        )
+        side = Tokens(tokens=tokens, word_of=word_of, words=[list(w) for w in word_lists], kinds=kinds)
+        own = Attention(weights=weights, query_side=side, key_side=side, num_layers=num_layers, num_heads=num_heads)
+        return AttentionMaps(sentences=[" ".join(w) for w in word_lists], self_attention=own, model_id="synthetic",
+                             revision=None, config={"num_hidden_layers": num_layers})
 
     return build
 

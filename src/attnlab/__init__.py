@@ -10,6 +10,7 @@ from attnlab.reference.masks import causal_mask, combine, hide_mask, padding_mas
 from attnlab.reference.multihead import MultiHeadAttention, MultiHeadResult
 from attnlab.backends.api import attention
 from attnlab.reference.attention import logsumexp, softmax, softmax_jacobian
+from attnlab.maps.heads import Head, ScoredHead
 
 __version__ = "0.1.0"
 
@@ -29,8 +30,8 @@ _display.register_html(_notebook_html)
 # Real maps need torch and transformers: these names load their modules on first use (PEP 562).
 _LAZY = {
     "capture": "attnlab.hf.capture",
-    "load_maps": "attnlab.maps.records",
-    "AttentionMaps": "attnlab.maps.records",
+    "load_maps": "attnlab.maps.tokens",
+    "AttentionMaps": "attnlab.maps.tokens",
     "WordMaps": "attnlab.maps.words",
     "head_roles": "attnlab.analysis.roles",
     "HeadRoles": "attnlab.analysis.roles",
@@ -60,6 +61,7 @@ __all__ = [
     "Ablation",
     "AdditiveAttention",
     "AttentionMaps",
+    "Head",
     "HeadRoles",
     "HeadSearch",
     "Importance",
@@ -78,6 +80,7 @@ __all__ = [
     "load_maps",
     "MultiHeadAttention",
     "MultiHeadResult",
+    "ScoredHead",
     "attention",
     "causal_mask",
     "combine",

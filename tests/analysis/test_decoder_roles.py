@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab.analysis.roles import duplicate_pattern, induction_pattern
+from attnlab.analysis.induction import duplicate_pattern, induction_pattern
 
 WORDS = ["the", "cat", "sat", "on", "the", "cat", "."]
 
@@ -33,9 +33,9 @@ def _causal(make_maps, plant):
 
 def test_induction_duplicate_and_sink_are_found(make_maps, plant):
     roles = attnlab.head_roles(_causal(make_maps, plant).to_words())
-    assert roles.top("induction").index == (1, 2)
+    assert roles.top("induction").head == (1, 2)
     assert roles.scores["induction"][1, 2] == pytest.approx(2 / 7)  # TransformerLens "mul": 2 rows of 7
-    assert roles.top("sink")[:3] == (1, 2, pytest.approx(1.0))  # layer 1, head 2
+    assert roles.top("sink") == ((0, 1), pytest.approx(1.0))  # layer 1, head 2 (L1H2)
     assert roles.heads("sink") == [(0, 1)]
 
 

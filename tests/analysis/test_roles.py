@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import attnlab
+from attnlab.maps.heads import Head
 from attnlab.analysis.roles import ROLES, RoleAccumulator
 
 SENTENCES = [["[CLS]", "the", "cat", "sat", ".", "[SEP]"], ["[CLS]", "a", "dog", ",", "ran", "[SEP]"]]
@@ -25,7 +26,7 @@ def test_planted_head_is_top_and_over_threshold(make_maps, plant, role, columns)
         w[2, 1] = plant(w.shape[-1], columns(w.shape[-1]))
     roles = attnlab.head_roles(maps.to_words())
     top = roles.top(role)
-    assert (top.layer, top.head, top.index) == (3, 2, (2, 1))  # 1-based as printed, 0-based to index
+    assert top.head == Head(2, 1) and str(top.head) == "L3H2"  # 0-based; 1-based only in its label
     assert top.score > 0.8
     assert roles.heads(role)[0] == (2, 1)
 
@@ -36,7 +37,7 @@ def test_punct_and_marks(make_maps, plant):
     for w, p in zip(maps.weights, punct):
         w[1, 0] = plant(w.shape[-1], [p] * w.shape[-1])
     roles = attnlab.head_roles(maps.to_words())
-    assert roles.top("punct").index == (1, 0)
+    assert roles.top("punct").head == (1, 0)
     assert roles.scores["punct"][1, 0] == pytest.approx(1.0)
     assert roles.scores["marks"][1, 0] == pytest.approx(1.0)
 
@@ -46,7 +47,7 @@ def test_broad_is_entropy_in_nats(make_maps):
     for w in maps.weights:
         w[0, 1] = 1.0 / w.shape[-1]  # uniform rows: entropy ln(6)
     roles = attnlab.head_roles(maps.to_words())
-    assert roles.top("broad").index == (0, 1)
+    assert roles.top("broad").head == (0, 1)
     assert roles.scores["broad"][0, 1] == pytest.approx(np.log(6), abs=1e-5)
 
 
@@ -56,15 +57,15 @@ def test_previous_word_average_uses_rows_that_have_one(make_maps, plant):
     assert attnlab.head_roles(maps.to_words()).scores["prev"][0, 0] == pytest.approx(1.0)
 
 
-def test_to_dict_is_one_based_and_complete(make_maps):
+def test_to_dict_is_zero_based_and_complete(make_maps):
     d = attnlab.head_roles(make_maps(SENTENCES, num_layers=2, num_heads=3).to_words()).to_dict()
     assert set(d["roles"]) | set(d["not_applicable"]) == set(ROLES)
     assert set(d["not_applicable"]) == {"duplicate", "induction"}  # no word repeats within a sentence
     for r in d["roles"].values():
         scores = np.asarray(r["scores"])
         assert scores.shape == (2, 3)
-        layer, head = np.unravel_index(scores.argmax(), scores.shape)  # the top head, 1-based
-        assert (r["top"]["layer"], r["top"]["head"]) == (layer + 1, head + 1)
+        layer, head = np.unravel_index(scores.argmax(), scores.shape)  # the top head, 0-based as every field
+        assert (r["top"]["layer"], r["top"]["head"]) == (layer, head)
 
 
 def test_accumulating_in_parts_equals_all_at_once(make_maps):
@@ -74,7 +75,7 @@ def test_accumulating_in_parts_equals_all_at_once(make_maps):
     acc = RoleAccumulator(2, 3)
     for i in range(len(words)):
         part = make_maps([SENTENCES[i]], num_layers=2, num_heads=3)
-        object.__setattr__(part, "weights", [maps.weights[i]])
+        part.weights[0][...] = maps.weights[i]
         acc.add(part.to_words())
     parts = acc.result("synthetic", None)
     assert set(parts.scores) == set(whole.scores) and parts.not_applicable == whole.not_applicable

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab.analysis.roles import ROLES, RoleAccumulator, TopHead
+from attnlab.analysis.roles import ROLES, RoleAccumulator
+from attnlab.maps.heads import Head, ScoredHead
+from attnlab.maps.records import Words
 
 SHORT = ["[CLS]", "a", "b", "[SEP]"]  # 4 words
 LONG = ["[CLS]"] + [f"w{i}" for i in range(14)] + ["[SEP]"]  # 16 words
@@ -14,9 +16,10 @@ LONG = ["[CLS]"] + [f"w{i}" for i in range(14)] + ["[SEP]"]  # 16 words
 
 def _one(words, s):
     """Sentence s of ``words`` alone."""
-    pick = slice(s, s + 1)
-    return dataclasses.replace(words, sentences=words.sentences[pick], words=words.words[pick],
-                               weights=words.weights[pick], kinds=words.kinds[pick], is_mark=words.is_mark[pick])
+    pick, side = slice(s, s + 1), words.source
+    one = Words(words=side.words[pick], kinds=side.kinds[pick], is_mark=side.is_mark[pick])
+    own = dataclasses.replace(words.self_attention, weights=words.weights[pick], query_side=one, key_side=one)
+    return dataclasses.replace(words, sentences=words.sentences[pick], self_attention=own)
 
 
 def _self_in_short_prev_in_long(make_maps, plant):
@@ -76,12 +79,12 @@ def test_spread_of_a_causal_row_counts_only_the_words_it_may_see(make_maps):
     assert roles.scores["broad"][0, 0] == pytest.approx(by_hand, abs=1e-5)
 
 
-def test_top_is_one_based_with_the_zero_based_index(make_maps, plant):
+def test_top_is_a_scored_zero_based_head(make_maps, plant):
     maps = make_maps([SHORT], num_layers=2, num_heads=3)
     maps.weights[0][1, 2] = plant(4, [0, 0, 1, 2])  # layer 2, head 3 looks at the previous word
     roles = attnlab.head_roles(maps.to_words())
     top = roles.top("prev")
-    assert isinstance(top, TopHead)
-    assert (top.layer, top.head) == (2, 3) and top.index == (1, 2)
-    assert top.score == pytest.approx(roles.scores["prev"][top.index])
-    assert roles.to_dict()["roles"]["prev"]["top"] == {"layer": 2, "head": 3, "score": top.score}
+    assert isinstance(top, ScoredHead) and isinstance(top.head, Head)
+    assert top.head == Head(1, 2) and str(top.head) == "L2H3"
+    assert top.score == pytest.approx(roles.scores["prev"][top.head])
+    assert roles.to_dict()["roles"]["prev"]["top"] == {"layer": 1, "head": 2, "score": top.score}

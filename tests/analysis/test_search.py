@@ -42,7 +42,7 @@ def test_planted_heads_qualify_and_the_strongest_is_best(make_maps):
     assert res.summary() == f"2 of {L * H} heads; layer 2, head 3: 93 % and 60 %"
     assert res.closest == []
     d = res.to_dict()
-    assert d["best"]["layer"] == 2 and d["best"]["head"] == 3 and d["qualifying"][1] == {"layer": 3, "head": 1}
+    assert d["best"]["layer"] == 1 and d["best"]["head"] == 2 and d["qualifying"][1] == {"layer": 2, "head": 0}
 
 
 def test_a_head_that_wins_one_sentence_does_not_qualify(make_maps):
@@ -55,7 +55,7 @@ def test_a_head_that_wins_one_sentence_does_not_qualify(make_maps):
     assert res.qualifying == [] and res.best is None
     assert res.summary().startswith(f"No head of {L * H} qualifies")
     top = res.closest[0]
-    assert (top.layer, top.head, top.sentences_won) == (0, 1, 1)
+    assert (top.head, top.sentences_won) == ((0, 1), 1)
     assert top.winners == ("river", "[CLS]")
     assert "layer 1, head 2: river 90 % and money" in res.summary()
 

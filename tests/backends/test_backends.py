@@ -79,7 +79,7 @@ def test_every_backend_agrees_with_the_float64_reference(case, backend, kind, dt
 @case_ids
 def test_every_case_is_served_by_the_reference_and_a_fast_backend(case):
     assert not target(case, "numpy", "float64").refusals(REFERENCE)
-    for kind in agreement.kinds():
+    for kind in agreement.libraries():
         for dtype in agreement.dtypes(kind):
             t = target(case, kind, dtype)
             assert any(not t.refusals(n) for n in FAST), (kind, dtype, {n: t.refusals(n) for n in FAST})
@@ -132,7 +132,7 @@ def test_check_rows_give_the_error_or_the_reasons():
     assert served.passed and served.max_error <= served.tolerance == 1e-10
     assert refused.passed is None and refused.max_error is None
     assert "float64" in refused.note and "mask" in refused.note and "bias" in refused.note
-    assert set(served.to_dict()) == {"backend", "case", "kind", "dtype", "max_error", "tolerance", "passed", "note"}
+    assert set(served.to_dict()) == {"backend", "case", "library", "dtype", "max_error", "tolerance", "passed", "note"}
 
 
 # ------------------------------------------------------------------ the expected answer itself
@@ -201,7 +201,7 @@ def test_grouped_query_heads_must_divide():
 @pytest.mark.needs("torch")
 def test_mask_of_another_kind_is_refused():
     t = torch.zeros(1, 4, 8)
-    with pytest.raises(TypeError, match="mask must be of the same kind as q"):
+    with pytest.raises(TypeError, match="mask must be of the same array library as q"):
         attention(t, t, t, mask=np.ones((4, 4), bool))
 
 

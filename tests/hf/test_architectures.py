@@ -71,11 +71,11 @@ def test_encoder_decoders_equal_eager_in_a_padded_batch(tiny_folder, arch):
         dec = torch.cat([torch.tensor([[start]]), target], dim=1)
         with torch.inference_mode():
             out = net(**enc, decoder_input_ids=dec, output_attentions=True)
-        assert maps.decoder.tokens[i] == tok.convert_ids_to_tokens(dec[0].tolist())
+        assert maps.target.tokens[i] == tok.convert_ids_to_tokens(dec[0].tolist())
         np.testing.assert_allclose(maps.weights[i], _stack(out.encoder_attentions), rtol=0, atol=1e-5)
         np.testing.assert_allclose(maps.decoder.weights[i], _stack(out.decoder_attentions), rtol=0, atol=1e-5)
-        np.testing.assert_allclose(maps.cross_weights[i], _stack(out.cross_attentions), rtol=0, atol=1e-5)
-        assert maps.cross_weights[i].shape == (3, 4, len(maps.decoder.tokens[i]), len(maps.tokens[i]))
+        np.testing.assert_allclose(maps.cross.weights[i], _stack(out.cross_attentions), rtol=0, atol=1e-5)
+        assert maps.cross.weights[i].shape == (3, 4, len(maps.target.tokens[i]), len(maps.tokens[i]))
 
 
 @pytest.mark.parametrize("arch", ["llama", "t5"])
@@ -92,8 +92,8 @@ def test_sentencepiece_words_are_found_without_word_ids(tiny_folder, arch):
     assert len(split) >= 2, "the test needs words of several pieces"
     np.testing.assert_allclose(words.weights[0].sum(-1), 1.0, atol=1e-5)
     if arch == "t5":  # the decoder's words: its start token, then the target's
-        assert maps.decoder.words[0] == ["<pad>"] + text + ["</s>"]
-        assert maps.decoder.kinds[0][0] == "cls" and maps.decoder.kinds[0][-1] == "sep"
+        assert maps.target.words[0] == ["<pad>"] + text + ["</s>"]
+        assert maps.target.kinds[0][0] == "cls" and maps.target.kinds[0][-1] == "sep"
 
 
 def test_byte_level_words_qwen2(tiny_folder):
@@ -102,19 +102,18 @@ def test_byte_level_words_qwen2(tiny_folder):
     assert max(maps.word_of[0].count(w) for w in range(6)) > 1
 
 
-def _recompute(q, k, meta, layer):
-    """softmax(softcap(q·kᵀ·scale) + mask) for one layer, by hand in float64: q, k (H, T, D)."""
-    s = np.einsum("htd,hsd->hts", q.astype(np.float64), k.astype(np.float64)) * meta["scale"][layer]
-    if meta["softcap"][layer] is not None:
-        c = meta["softcap"][layer]
-        s = c * np.tanh(s / c)
+def _recompute(q, k, facts):
+    """softmax(softcap(q·kᵀ·scale) + mask) for one layer (its LayerFacts), by hand in float64: q, k (H, T, D)."""
+    s = np.einsum("htd,hsd->hts", q.astype(np.float64), k.astype(np.float64)) * facts.scale
+    if facts.softcap is not None:
+        s = facts.softcap * np.tanh(s / facts.softcap)
     t = s.shape[-1]
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     allowed = np.ones((t, t), dtype=bool)
-    if meta["causal"][layer]:
+    if facts.causal:
         allowed &= j <= i
-    if meta["window"][layer] is not None:
-        left, right = meta["window"][layer]
+    if facts.window is not None:
+        left, right = facts.window
         allowed &= (j >= i - left) & (j <= i + right)
     s = np.where(allowed, s, -np.inf)
     e = np.exp(s - s.max(-1, keepdims=True))
@@ -124,38 +123,42 @@ def _recompute(q, k, meta, layer):
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "mistral"])
 def test_queries_and_keys_reproduce_the_weights(tiny_folder, arch):
     maps = capture(SENTENCES, tiny_folder(arch), batch_size=3, qk=True)
+    own = maps.self_attention
     for i in range(len(SENTENCES)):
         t = len(maps.tokens[i])
-        assert maps.queries[i].shape == maps.keys[i].shape == (2, 4, t, 8)  # GQA keys repeated per query head
+        assert own.queries[i].shape == own.keys[i].shape == (2, 4, t, 8)  # GQA keys repeated per query head
         for layer in range(2):
-            want = _recompute(maps.queries[i][layer], maps.keys[i][layer], maps.qk_meta, layer)
+            want = _recompute(own.queries[i][layer], own.keys[i][layer], own.layers[layer])
             np.testing.assert_allclose(maps.weights[i][layer], want, rtol=0, atol=1e-5)
     if arch == "gemma2":
-        assert maps.qk_meta["softcap"] == [0.5, 0.5] and maps.qk_meta["window"][0] == [3, 0]
-    np.testing.assert_array_equal(maps.keys[0][0, 0], maps.keys[0][0, 1])  # heads 1, 2 share a key head
+        assert [f.softcap for f in own.layers] == [0.5, 0.5] and own.layers[0].window == (3, 0)
+    np.testing.assert_array_equal(own.keys[0][0, 0], own.keys[0][0, 1])  # heads 1, 2 share a key head
 
 
 def test_queries_and_keys_of_an_encoder_and_gpt2(default_model, tiny_folder):
     maps = capture(["I sat on the bank of the river."], default_model, qk=True)
-    assert maps.queries[0].shape == (6, 12, 11, 32) and maps.qk_meta["causal"] == [False] * 6
+    own = maps.self_attention
+    assert own.queries[0].shape == (6, 12, 11, 32) and [f.causal for f in own.layers] == [False] * 6
     for layer in (0, 5):
-        want = _recompute(maps.queries[0][layer], maps.keys[0][layer], maps.qk_meta, layer)
+        want = _recompute(own.queries[0][layer], own.keys[0][layer], own.layers[layer])
         np.testing.assert_allclose(maps.weights[0][layer], want, rtol=0, atol=1e-5)
 
 
 def test_qk_and_seq2seq_survive_a_file(tiny_folder, tmp_path):
-    from attnlab.maps.records import load_maps
+    from attnlab.maps.tokens import load_maps
 
     for arch, items, qk in (("llama", SENTENCES[:2], True), ("bart", PAIRS[:2], False)):
         maps = capture(items, tiny_folder(arch), qk=qk)
         back = load_maps(maps.save(tmp_path / arch))
-        assert back.sentences == maps.sentences and back.qk_meta == maps.qk_meta
-        for name in ("weights", "queries", "keys", "cross_weights"):
-            for a, b in zip(getattr(maps, name) or [], getattr(back, name) or []):
-                np.testing.assert_array_equal(a, b)
+        assert back.sentences == maps.sentences and back.self_attention.layers == maps.self_attention.layers
+        assert [name for name, _ in back.attentions()] == [name for name, _ in maps.attentions()]
+        for (_, a), (_, b) in zip(maps.attentions(), back.attentions()):
+            assert a.arrays().keys() == b.arrays().keys() and a.query_side == b.query_side
+            for kind, xs in a.arrays().items():
+                for x, y in zip(xs, b.arrays()[kind]):
+                    np.testing.assert_array_equal(x, y)
         if arch == "bart":
-            assert back.decoder.tokens == maps.decoder.tokens
-            np.testing.assert_array_equal(back.decoder.weights[1], maps.decoder.weights[1])
+            assert back.target.tokens == maps.target.tokens
 
 
 def test_seq2seq_needs_pairs(tiny_folder):

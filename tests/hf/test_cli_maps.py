@@ -21,7 +21,7 @@ def test_maps_one_head_words_png_json(tmp_path, capsys):
     assert rc == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and npz.is_file()
     data = json.loads(js.read_text())
-    assert (data["layer"], data["head"], data["unit"]) == (3, 11, "words")
+    assert (data["layer"], data["head"], data["unit"]) == (2, 10, "words")  # --layer 3 --head 11, 0-based in JSON
     first = data["sentences"][0]
     assert first["words"][5] == "bank" and len(first["weights"]) == len(first["words"]) == 11
     out = capsys.readouterr().out
@@ -45,7 +45,7 @@ def test_heads_on_a_corpus(tmp_path, capsys):
     assert main(["heads", "--corpus", str(corpus), "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)
     top = data["roles"]["prev"]["top"]
-    assert data["num_sentences"] == 3 and (top["layer"], top["head"]) == (1, 3) and top["score"] > 0.9
+    assert data["num_sentences"] == 3 and (top["layer"], top["head"]) == (0, 2) and top["score"] > 0.9
 
 
 def test_find_head_says_plainly_that_none_qualifies(capsys):

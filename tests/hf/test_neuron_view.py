@@ -17,7 +17,7 @@ def test_payload_holds_queries_keys_and_how_to_combine_them(tiny_folder):
     maps = capture([SENTENCE], tiny_folder("gemma2"), qk=True)
     data = neuron_payload(maps)
     s = data["sentences"][0]
-    assert np.asarray(s["q"]).shape == maps.queries[0].shape and data["meta"]["softcap"] == [0.5, 0.5]
+    assert np.asarray(s["q"]).shape == maps.self_attention.queries[0].shape and data["meta"]["softcap"] == [0.5, 0.5]
     assert neuron_payload(capture([SENTENCE], tiny_folder("gemma2"))) is None  # no qk: no view
 
 

@@ -31,17 +31,18 @@ def _by_pieces(w, q_word_of, k_word_of):
 def test_decoder_and_cross_attention_go_to_words_by_the_encoders_rule(arch, tiny_folder):
     maps = capture(PAIRS, tiny_folder(arch))
     words = maps.to_words()
-    dec = maps.decoder
-    assert words.decoder is not None and len(words.cross_weights) == len(PAIRS)
+    dec, tgt = maps.decoder, maps.target
+    assert words.is_word_level and words.decoder is not None and len(words.cross) == len(PAIRS)
+    assert words.cross.query_side is words.target and words.cross.key_side is words.source
     for i in range(len(PAIRS)):
-        assert words.decoder.words[i] == dec.words[i] and words.words[i] == maps.words[i]
-        cross = words.cross_weights[i]
-        assert cross.shape == (dec.num_layers, dec.num_heads, len(dec.words[i]), len(maps.words[i]))
-        np.testing.assert_allclose(cross, _by_pieces(maps.cross_weights[i], dec.word_of[i], maps.word_of[i]), atol=1e-6)
-        np.testing.assert_allclose(words.decoder.weights[i], _by_pieces(dec.weights[i], dec.word_of[i], dec.word_of[i]),
+        assert words.target.words[i] == tgt.words[i] and words.words[i] == maps.words[i]
+        cross = words.cross.weights[i]
+        assert cross.shape == (dec.num_layers, dec.num_heads, len(tgt.words[i]), len(maps.words[i]))
+        np.testing.assert_allclose(cross, _by_pieces(maps.cross.weights[i], tgt.word_of[i], maps.word_of[i]), atol=1e-6)
+        np.testing.assert_allclose(words.decoder.weights[i], _by_pieces(dec.weights[i], tgt.word_of[i], tgt.word_of[i]),
                                    atol=1e-6)
         np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-5)  # each target word's row still sums to 1
-    split = [len(w) < len(t) for w, t in zip(dec.words, dec.tokens)]
+    split = [len(w) < len(t) for w, t in zip(tgt.words, tgt.tokens)]
     assert any(split), "the test's sentences should split some target word into several pieces"
 
 

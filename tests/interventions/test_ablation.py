@@ -13,6 +13,7 @@ except ImportError:  # the needs mark skips every test here (on CI: fails them)
     torch = None
 
 from attnlab.interventions.ablation import _spearman, ablate, head_importance, knockout, lm_loss  # noqa: E402
+from attnlab.maps.heads import Head  # noqa: E402
 from attnlab.transformer import Transformer, TransformerConfig  # noqa: E402
 
 SENTENCES = ["the bank of the river", "money in the bank", "a river bank, steep"]
@@ -40,18 +41,18 @@ def tiny(causal: bool, seed: int = 0, dtype=torch.float32) -> Transformer:
 
 
 def _silence(net: Transformer, layer: int, head: int) -> None:
-    """Head (layer, head), 1-based, writes nothing: its columns of the output projection are zero."""
+    """Head (layer, head), 0-based, writes nothing: its columns of the output projection are zero."""
     d = net.config.head_dim
-    net.blocks[layer - 1].attn.o.weight[:, (head - 1) * d:head * d] = 0.0
+    net.blocks[layer].attn.o.weight[:, head * d:(head + 1) * d] = 0.0
 
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("how", ["zero", "mean"])
 def test_a_head_that_writes_nothing_changes_nothing(causal, how):
     net = tiny(causal)
-    _silence(net, 2, 3)
-    out = ablate(SENTENCES, [(2, 3)], model=net, how=how)
-    assert out.heads == ((2, 3),) and out.metric == ("loss" if causal else "cosine")
+    _silence(net, 1, 2)
+    out = ablate(SENTENCES, [(1, 2)], model=net, how=how)
+    assert out.heads == ((1, 2),) and isinstance(out.heads[0], Head) and out.metric == ("loss" if causal else "cosine")
     if causal:
         np.testing.assert_allclose(out.ablated_loss, out.loss, atol=1e-6)
     else:
@@ -146,7 +147,7 @@ def test_importance_is_deterministic_for_a_seed_and_exact_with_every_probe():
     exact = head_importance(SENTENCES, model=net, probes=None)
     full = head_importance(SENTENCES, model=net, probes=16, seed=7)  # 16 = d: a whole orthonormal basis
     np.testing.assert_allclose(full.gradient, exact.gradient, rtol=1e-4)
-    assert a.top(1)[0][:2] == tuple(int(i) + 1 for i in np.unravel_index(a.ablation.argmax(), (2, 4)))
+    assert a.top(1)[0].head == tuple(int(i) for i in np.unravel_index(a.ablation.argmax(), (2, 4)))
 
 
 def test_spearman_against_a_hand_ranking():
@@ -156,21 +157,22 @@ def test_spearman_against_a_hand_ranking():
     assert _spearman(np.array([5.0, 5.0, 9.0]), np.array([1.0, 2.0, 3.0])) == pytest.approx(np.sqrt(3) / 2)
 
 
-@pytest.mark.parametrize("heads, how, match", [
-    ([(0, 1)], "zero", "1-based"), ([(3, 1)], "zero", "layer 1..2"), ([(1, 5)], "zero", "head 1..4"),
-    ([(1, 1)], "half", "how must be one of"), (["1.1"], "zero", "pairs"),
+@pytest.mark.parametrize("heads, how, error, match", [
+    ([(-1, 0)], "zero", ValueError, r"heads\[0\] must be a 0-based"), ([(2, 0)], "zero", ValueError, "layer 0..1"),
+    ([(0, 4)], "zero", ValueError, "head 0..3"), ([(0, 0)], "half", ValueError, "how must be one of"),
+    (["1.1"], "zero", TypeError, "pair"),
 ])
-def test_bad_arguments_name_what_was_expected(heads, how, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_name_what_was_expected(heads, how, error, match):
+    with pytest.raises(error, match=match):
         ablate(SENTENCES, heads, model=tiny(causal=True), how=how)
 
 
 @pytest.mark.model
 def test_default_model_ablation_lowers_the_cosine():
     bank = ["I sat on the bank of the river.", "I put the money in the bank."]
-    one = ablate(bank, [(1, 1)])
-    every = ablate(bank, [(layer, head) for layer in range(1, 7) for head in range(1, 13)])
+    one = ablate(bank, [(0, 0)])
+    every = ablate(bank, [Head(layer, head) for layer in range(6) for head in range(12)])
     assert one.metric == "cosine" and one.cosine.shape == (2,)
     assert np.all(one.cosine <= 1.0 + 1e-6) and np.all(one.cosine > 0.9)
     assert np.all(every.cosine < one.cosine)  # all 72 heads out moves the embedding much further
-    assert one.to_dict()["heads"] == [[1, 1]]
+    assert one.to_dict()["heads"] == [{"layer": 0, "head": 0}]

@@ -72,7 +72,7 @@ def test_the_textbook_circuit_appears(section):
     assert section.key == "transformer" and section.number == 8
     assert d["induction_score"] >= 0.5
     assert d["previous_token_score"] >= 0.5  # a previous-token head in layer 1, not another route
-    assert d["induction_head"]["layer"] == 2 and d["previous_token_head"]["layer"] == 1
+    assert d["induction_head"]["layer"] == 1 and d["previous_token_head"]["layer"] == 0  # 0-based: layers 2 and 1
     assert d["steps_to_induction"] is not None and d["steps_to_induction"] <= d["config"]["steps"]
     assert d["history"]["repeat_loss"][0] > 0.9 * d["chance_loss"]  # before: near chance
     assert d["loss_with_induction_head"] < 0.5 * d["chance_loss"]  # after: copying works

@@ -90,3 +90,70 @@ def default_transformer():
     from attnlab.transformer import Transformer
 
     return Transformer.from_pretrained()
+
+
+# Tiny random decoders of every architecture generate() serves, from transformers' own config classes:
+# 2 layers, d = 32, GQA where the family has it, sliding windows (6) much smaller than the tests'
+# sequences, weights drawn wider than transformers' init (std 0.3) so that greedy choices are not
+# near-ties. Room for 256 decoded steps. No tokenizer except GPT-2's (its vocabulary: the tiny BPE's 300).
+WINDOW = 6
+DECODERS = {
+    "gpt2": lambda t: t.GPT2Config(vocab_size=300, n_positions=320, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+                                   eos_token_id=0),  # the tiny BPE's <|endoftext|>
+    "llama": lambda t: t.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=320),
+    "llama3": lambda t: t.LlamaConfig(  # Llama-3.1's rope scaling, its original length shorter than the tests
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=320,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "mistral": lambda t: t.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=320,
+                                         sliding_window=WINDOW),
+    "qwen2": lambda t: t.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=320,
+                                     use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "gemma2": lambda t: t.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                       max_position_embeddings=320, sliding_window=WINDOW, query_pre_attn_scalar=16,
+                                       attn_logit_softcapping=5.0, final_logit_softcapping=3.0, pad_token_id=0),
+}
+
+
+@pytest.fixture(scope="session")
+def decoder_folder(tmp_path_factory):
+    """decoder_folder(family) → a folder with config.json and safetensors (GPT-2's also a tokenizer)."""
+    import torch
+    import transformers
+
+    made: dict = {}
+
+    def make(family: str):
+        if family not in made:
+            folder = tmp_path_factory.mktemp(f"gen-{family}")
+            torch.manual_seed(0)
+            net = transformers.AutoModelForCausalLM.from_config(DECODERS[family](transformers))
+            with torch.no_grad():
+                for name, p in net.named_parameters():
+                    if p.dim() > 1 or "norm" not in name:
+                        p.normal_(0.0, 0.3)
+                    else:
+                        p.normal_(0.0 if family == "gemma2" else 1.0, 0.1)  # Gemma's norms scale by 1 + w
+            net.save_pretrained(folder)
+            if family == "gpt2":
+                _gpt2_tokenizer().save_pretrained(folder)
+            made[family] = folder
+        return made[family]
+
+    return make
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: the tiny models' steps are dominated by thread start-up on a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -20,7 +20,7 @@ def test_ablate_json_and_importance_png(gpt2_folder, tmp_path, capsys):
     assert main(["ablate", "The river runs past the bank.", "--heads", "2.1", "--how", "mean", "--model",
                  str(gpt2_folder), "--json", "-"]) == 0
     found = json.loads(capsys.readouterr().out)
-    assert found["heads"] == [[2, 1]] and found["how"] == "mean" and found["metric"] == "loss"
+    assert found["heads"] == [{"layer": 1, "head": 0}] and found["how"] == "mean" and found["metric"] == "loss"
     png = tmp_path / "importance.png"
     assert main(["ablate", "The river runs past the bank.", "--model", str(gpt2_folder), "--png", str(png),
                  "--json", str(tmp_path / "imp.json")]) == 0

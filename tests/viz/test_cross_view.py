@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +40,14 @@ def test_payload_packs_decoder_and_cross_attention(t5_maps):
     maps, _ = t5_maps
     data = page_data(maps)["maps"]["seq2seq"]
     s, dec = data["sentences"][0], maps.decoder
-    assert s["source"] == maps.tokens[0] and s["target"] == dec.tokens[0] and s["target"][0] == "<pad>"
+    assert s["source"] == maps.tokens[0] and s["target"] == maps.target.tokens[0] and s["target"][0] == "<pad>"
     assert data["model"] == {"num_layers": 3, "num_heads": 4}
-    np.testing.assert_allclose(_unpack(s["cross"], maps.cross_weights[0].shape), maps.cross_weights[0], atol=QUANTUM)
+    np.testing.assert_allclose(_unpack(s["cross"], maps.cross.weights[0].shape), maps.cross.weights[0], atol=QUANTUM)
     np.testing.assert_allclose(_unpack(s["decoder"], dec.weights[0].shape), dec.weights[0], atol=QUANTUM)
     words = payload.seq2seq_payload(maps.to_words())  # word level: the same maps over words
     assert words["level"] == "word" and data["level"] == "token"
-    assert words["sentences"][0]["source"] == maps.words[0] and words["sentences"][0]["target"] == dec.words[0]
-    assert payload.seq2seq_payload(dec) is None
+    assert words["sentences"][0]["source"] == maps.words[0] and words["sentences"][0]["target"] == maps.target.words[0]
+    assert payload.seq2seq_payload(replace(maps, decoder=None, cross=None)) is None  # the encoder's alone
 
 
 def test_cli_maps_html_of_a_pair_has_the_cross_attention(t5_maps, tmp_path):
@@ -61,8 +62,8 @@ def test_cli_maps_html_of_a_pair_has_the_cross_attention(t5_maps, tmp_path):
     text = page.read_text(encoding="utf-8")
     data = json.loads(re.search(r'<script type="application/json" id="attnlab-data">(.*?)</script>', text, re.S).group(1))
     s = data["maps"]["seq2seq"]["sentences"][0]
-    assert (s["source"], s["target"]) == (maps.tokens[0], maps.decoder.tokens[0])
-    np.testing.assert_allclose(_unpack(s["cross"], maps.cross_weights[0].shape), maps.cross_weights[0], atol=QUANTUM)
+    assert (s["source"], s["target"]) == (maps.tokens[0], maps.target.tokens[0])
+    np.testing.assert_allclose(_unpack(s["cross"], maps.cross.weights[0].shape), maps.cross.weights[0], atol=QUANTUM)
 
 
 @pytest.mark.browser
@@ -72,15 +73,15 @@ def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     layer, head, query = 3, 2, 4  # 1-based layer and head; the fifth target token
     page.goto(path.as_uri() + "#head")
     page.wait_for_selector("#head-lines")
-    page.select_option("#head-kind", "cross")
+    page.select_option("#head-attention", "cross")
     page.wait_for_selector("#head-caption:has-text('cross-attention')")
     page.select_option("#head-layer", str(layer))
     page.select_option("#head-head", str(head))
     page.wait_for_selector(f"#head-caption:has-text('layer {layer}, head {head} of 3 × 4')")
     page.wait_for_selector("#head-lines")
-    assert page.locator("#head-words .word").all_inner_texts() == maps.decoder.tokens[0]  # queries: the target
+    assert page.locator("#head-words .word").all_inner_texts() == maps.target.tokens[0]  # queries: the target
     assert page.locator("#head-keys .word").all_inner_texts() == maps.tokens[0]  # keys: the source
-    want = maps.cross_weights[0][layer - 1, head - 1]  # (T_target, T_source)
+    want = maps.cross.weights[0][layer - 1, head - 1]  # (T_target, T_source)
 
     # Nothing chosen: a line for every (target, source) pair on screen, weighted by the map.
     page.wait_for_function("window.attnlab.head.drawn().length > 0")
@@ -92,7 +93,7 @@ def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     # One target token chosen: its row of lines to every source token, and the list of the largest.
     page.click(f'#head-words .word[data-index="{query}"]')
     page.wait_for_selector("#head-query")
-    assert page.inner_text("#head-query") == f'"{maps.decoder.tokens[0][query]}" looks at'
+    assert page.inner_text("#head-query") == f'"{maps.target.tokens[0][query]}" looks at'
     page.wait_for_function(f"window.attnlab.head.drawn().every((d) => d[0] === {query})")
     drawn = np.array(page.evaluate("window.attnlab.head.drawn()"))
     np.testing.assert_array_equal(drawn[:, 1], np.arange(want.shape[1]))
@@ -110,7 +111,7 @@ def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     assert size == list(want.shape)  # one pixel per (target, source) cell
     page.screenshot(path=str(SHOTS / "cross-heat.png") if SHOTS else str(tmp_path / "cross-heat.png"))
 
-    page.select_option("#head-kind", "decoder")  # the decoder's own causal self-attention
+    page.select_option("#head-attention", "decoder")  # the decoder's own causal self-attention
     page.wait_for_selector("#head-caption:has-text('decoder self-attention')")
     page.select_option("#head-display", "lines")
     page.wait_for_selector("#head-lines")

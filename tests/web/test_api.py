@@ -32,7 +32,7 @@ def test_scene_endpoint_is_the_scene_of_attnlab_scene():
 def test_head_weights_equal_the_captured_maps(client, bank_maps):
     words = bank_maps.to_words()
     for level, maps in (("word", words), ("token", bank_maps)):
-        res = client.post("/api/head", json={"sentences": BANK, "level": level, "sentence": 1, "layer": 3, "head": 11})
+        res = client.post("/api/head", json={"sentences": BANK, "level": level, "sentence": 1, "layer": 2, "head": 10})
         assert res.status_code == 200, res.text
         body = res.json()
         assert body["labels"] == (words.words[1] if level == "word" else bank_maps.tokens[1])
@@ -53,7 +53,7 @@ def test_maps_carry_labels_marks_overview_and_role_badges(client, bank_maps):
     np.testing.assert_allclose(np.array(s["overview"]["maps"][2][10]).reshape(4, 4),
                                payload.downsample(words.weights[0][2, 10], 4), atol=1e-4)
     roles = head_roles(words)
-    want = sorted((r, l + 1, h + 1) for r in payload.BADGE_ROLES for l, h in roles.heads(r))
+    want = sorted((r, l, h) for r in payload.BADGE_ROLES for l, h in roles.heads(r))  # 0-based, as every field
     assert sorted((b["role"], b["layer"], b["head"]) for b in body["roles"]["badges"]) == want
     assert set(body["roles"]["legend"]) == set(payload.BADGE_ROLES)
 
@@ -73,8 +73,8 @@ def test_find_head_is_the_library_search(client, bank_maps):
     assert body["summary"] == want.summary()
     assert body["result"]["total_heads"] == 72
     shown = body["shown"]
-    layer0, head0 = want.best if want.best else (want.closest[0].layer, want.closest[0].head)
-    assert (shown["layer"], shown["head"], shown["qualifies"]) == (layer0 + 1, head0 + 1, want.best is not None)
+    layer0, head0 = want.best if want.best else want.closest[0].head
+    assert (shown["layer"], shown["head"], shown["qualifies"]) == (layer0, head0, want.best is not None)
     side = shown["sides"][0]
     assert side["words"][side["target_index"]] == "bank" and side["words"][side["decider_index"]] == "river"
     np.testing.assert_allclose(side["row"], words.weights[0][layer0, head0, side["target_index"]], atol=1e-6)
@@ -99,15 +99,15 @@ def test_malformed_maps_requests_get_422_naming_the_field(client, body, field):
 
 def test_wrong_types_and_bad_json_get_422(client):
     assert client.post("/api/head", json={"sentences": ["I sat."], "layer": "3", "head": 1}).status_code == 422
-    assert client.post("/api/head", json={"sentences": ["I sat."], "layer": 0, "head": 1}).status_code == 422
+    assert client.post("/api/head", json={"sentences": ["I sat."], "layer": -1, "head": 0}).status_code == 422  # 0-based
     assert client.post("/api/head", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
     assert client.post("/api/find-head", json={"sentences": BANK, "target": "bank", "deciders": "river"}).status_code == 422
 
 
 @pytest.mark.parametrize("path, body, words", [
     ("/api/maps", {"sentences": ["word " * 600]}, ["tokens", "512"]),
-    ("/api/head", {"sentences": BANK, "layer": 7, "head": 1}, ["layer", "1..6", "7"]),
-    ("/api/head", {"sentences": BANK[:1], "sentence": 1, "layer": 1, "head": 1}, ["sentence", "0..0"]),
+    ("/api/head", {"sentences": BANK, "layer": 6, "head": 0}, ["layer", "0..5", "6"]),
+    ("/api/head", {"sentences": BANK[:1], "sentence": 1, "layer": 0, "head": 0}, ["sentence", "0..0"]),
     ("/api/find-head", {"sentences": BANK, "target": "cat", "deciders": ["river", "money"]}, ["cat", "not in sentence 1"]),
     ("/api/find-head", {"sentences": BANK, "target": "bank", "deciders": ["river"]}, ["deciders", "one per sentence"]),
 ])
@@ -186,7 +186,7 @@ SURROGATE = "\ud800"  # valid in JSON ("\ud800"), not encodable as UTF-8
     ("/api/maps", {"sentences": [f"I sat {SURROGATE} there."]}),
     ("/api/maps", {"sentences": ["I sat."], "level": SURROGATE}),
     ("/api/maps", {"sentences": ["I sat."], SURROGATE: 1}),                       # an unknown key
-    ("/api/head", {"sentences": [SURROGATE], "layer": 1, "head": 1}),
+    ("/api/head", {"sentences": [SURROGATE], "layer": 0, "head": 0}),
     ("/api/find-head", {"sentences": BANK, "target": "bank" + SURROGATE, "deciders": ["river", "money"]}),
     ("/api/find-head", {"sentences": BANK, "target": "bank", "deciders": ["river", SURROGATE]}),
 ])

@@ -63,7 +63,7 @@ def test_head_view_shows_the_apis_weights(page, live_server, client, shots):
     shown = [(int(li.get_attribute("data-index")), li.locator(".pct").inner_text())
              for li in page.locator("#head-row li").all()]
 
-    api = client.post("/api/head", json={"sentences": [SENTENCE], "layer": 3, "head": 11}).json()
+    api = client.post("/api/head", json={"sentences": [SENTENCE], "layer": 2, "head": 10}).json()  # 0-based: L3H11
     assert api["labels"] == words
     row = api["weights"][bank]
     want = sorted(range(len(row)), key=lambda j: -row[j])[:10]
@@ -80,7 +80,7 @@ def test_token_level_clicking_a_piece_of_a_split_word(page, live_server, client)
     sentence = "Tokenization splits unusual words."
     show_sentence(page, live_server, sentence, level="token")
     tokens = page.locator("#head-words .word").all_inner_texts()
-    api = client.post("/api/head", json={"sentences": [sentence], "level": "token", "layer": 1, "head": 1}).json()
+    api = client.post("/api/head", json={"sentences": [sentence], "level": "token", "layer": 0, "head": 0}).json()
     assert tokens == api["labels"] and any(t.startswith("##") for t in tokens)
     j = next(i for i, t in enumerate(tokens) if t.startswith("##"))
     page.click(f'#head-words .word[data-index="{j}"]')
@@ -128,8 +128,8 @@ def test_model_view_badges_and_click_through(page, live_server, client, shots):
     assert "prev" in cell.inner_text()
     shoot(page, shots / "model.png")
     cell.click()
-    page.wait_for_selector(f"#head-caption:has-text('layer {prev['layer']}, head {prev['head']}')")
-    assert page.input_value("#head-layer") == str(prev["layer"])
+    page.wait_for_selector(f"#head-caption:has-text('layer {prev['layer'] + 1}, head {prev['head'] + 1}')")  # labels 1-based
+    assert page.input_value("#head-layer") == str(prev["layer"] + 1)
 
 
 def test_compare_shows_the_head_search(page, live_server, client, shots):
@@ -151,7 +151,7 @@ def test_compare_shows_the_head_search(page, live_server, client, shots):
     shoot(page, shots / "compare.png")
     shown = api["shown"]
     page.click("#compare-open")  # opens that head on the compared sentences
-    page.wait_for_selector(f"#head-caption:has-text('layer {shown['layer']}, head {shown['head']} of')")
+    page.wait_for_selector(f"#head-caption:has-text('layer {shown['layer'] + 1}, head {shown['head'] + 1} of')")
     page.wait_for_selector("#head-sentence")  # two sentences now: a sentence selector
     assert page.input_value("#sentence-b") == "I put the money in the bank."
     assert page.locator("#head-words .word").all_inner_texts() == shown["sides"][0]["words"]

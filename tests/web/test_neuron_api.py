@@ -35,32 +35,33 @@ def bank_qk(default_model):
 
 
 def test_one_heads_queries_and_keys_equal_capture_and_give_its_map(client, bank_qk):
-    layer, head, sentence = 3, 11, 1
+    layer, head, sentence = 2, 10, 1  # 0-based: L3H11
     res = client.post("/api/neuron", json={"sentences": BANK, "sentence": sentence, "layer": layer, "head": head})
     assert res.status_code == 200, res.text
     body = res.json()
-    assert (body["sentence"], body["layer"], body["head"], body["kind"]) == (sentence, layer, head, "encoder")
+    assert (body["sentence"], body["layer"], body["head"], body["attention"]) == (sentence, layer, head, "encoder")
     assert body["labels"] == body["key_labels"] == bank_qk.tokens[sentence]
     q, k = np.array(body["q"]), np.array(body["k"])
-    np.testing.assert_allclose(q, bank_qk.queries[sentence][layer - 1, head - 1], atol=1e-5)  # 5 decimals
-    np.testing.assert_allclose(k, bank_qk.keys[sentence][layer - 1, head - 1], atol=1e-5)
-    meta = {name: bank_qk.qk_meta[name][layer - 1] for name in ("scale", "softcap", "causal", "window")}
+    np.testing.assert_allclose(q, bank_qk.self_attention.queries[sentence][layer, head], atol=1e-5)  # 5 decimals
+    np.testing.assert_allclose(k, bank_qk.self_attention.keys[sentence][layer, head], atol=1e-5)
+    meta = bank_qk.self_attention.layers[layer].to_dict()
     assert body["meta"] == meta and body["bias"] is None and meta["scale"] == pytest.approx(32 ** -0.5)
     # The weights they make are the head view's, for every row.
     shown = client.post("/api/head", json={"sentences": BANK, "level": "token", "sentence": sentence,
                                            "layer": layer, "head": head}).json()
     np.testing.assert_allclose(softmax_rows(q, k, body["meta"]), np.array(shown["weights"]), atol=1e-4)
-    np.testing.assert_allclose(softmax_rows(q, k, body["meta"]), bank_qk.weights[sentence][layer - 1, head - 1],
+    np.testing.assert_allclose(softmax_rows(q, k, body["meta"]), bank_qk.weights[sentence][layer, head],
                                atol=1e-4)
 
 
 def test_the_qk_capture_is_cached_and_counted_in_bytes(viewer_app, client):
     sentences = ["The cache keeps queries and keys."]
-    for head in (1, 2):
-        assert client.post("/api/neuron", json={"sentences": sentences, "layer": 1, "head": head}).status_code == 200
+    for head in (0, 1):
+        assert client.post("/api/neuron", json={"sentences": sentences, "layer": 0, "head": head}).status_code == 200
     cache = viewer_app.state.cache
     maps, size = cache.entries[("qk", tuple(sentences))]
-    want = sum(a.nbytes for name in ("weights", "queries", "keys") for a in getattr(maps, name))
+    own = maps.self_attention
+    want = sum(a.nbytes for xs in (own.weights, own.queries, own.keys) for a in xs)
     assert size == want and size > sum(w.nbytes for w in maps.weights)
 
 
@@ -68,16 +69,16 @@ def test_sentences_longer_than_a_pages_limit_are_served(client):
     from attnlab.viz.neuron import NEURON_MAX_TOKENS
 
     long = "the river runs past the bank " * 30  # 182 tokens, over the embedded page's limit
-    body = client.post("/api/neuron", json={"sentences": [long], "layer": 6, "head": 12}).json()
+    body = client.post("/api/neuron", json={"sentences": [long], "layer": 5, "head": 11}).json()
     assert len(body["labels"]) > NEURON_MAX_TOKENS and np.array(body["q"]).shape == (len(body["labels"]), 32)
 
 
 @pytest.mark.parametrize("body, words", [
-    ({"sentences": BANK, "layer": 7, "head": 1}, ["layer", "1..6", "7"]),
-    ({"sentences": BANK, "layer": 1, "head": 13}, ["head", "1..12", "13"]),
-    ({"sentences": BANK[:1], "sentence": 1, "layer": 1, "head": 1}, ["sentence", "0..0"]),
-    ({"sentences": BANK, "layer": 1, "head": 1, "kind": "cross"}, ["cross", "not an encoder–decoder"]),
-    ({"sentences": ["word " * 600], "layer": 1, "head": 1}, ["tokens", "512"]),
+    ({"sentences": BANK, "layer": 6, "head": 0}, ["layer", "0..5", "6"]),
+    ({"sentences": BANK, "layer": 0, "head": 12}, ["head", "0..11", "12"]),
+    ({"sentences": BANK[:1], "sentence": 1, "layer": 0, "head": 0}, ["sentence", "0..0"]),
+    ({"sentences": BANK, "layer": 0, "head": 0, "attention": "cross"}, ["cross", "not an encoder–decoder"]),
+    ({"sentences": ["word " * 600], "layer": 0, "head": 0}, ["tokens", "512"]),
 ])
 def test_what_the_model_cannot_take_gets_400_with_a_message(client, body, words):
     res = client.post("/api/neuron", json=body)
@@ -87,12 +88,12 @@ def test_what_the_model_cannot_take_gets_400_with_a_message(client, body, words)
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"sentences": BANK, "layer": "3", "head": 1}, "layer"),        # a string, not an int
-    ({"sentences": BANK, "layer": 0, "head": 1}, "layer"),          # 1-based
-    ({"sentences": BANK, "head": 1}, "layer"),                      # missing
-    ({"sentences": BANK, "layer": 1, "head": 1, "kind": "side"}, "kind"),
-    ({"sentences": BANK, "layer": 1, "head": 1, "level": "word"}, "level"),  # token level only: not a field
-    ({"sentences": [], "layer": 1, "head": 1}, "sentences"),
+    ({"sentences": BANK, "layer": "3", "head": 0}, "layer"),        # a string, not an int
+    ({"sentences": BANK, "layer": -1, "head": 0}, "layer"),         # 0-based
+    ({"sentences": BANK, "head": 0}, "layer"),                      # missing
+    ({"sentences": BANK, "layer": 0, "head": 0, "attention": "side"}, "attention"),
+    ({"sentences": BANK, "layer": 0, "head": 0, "level": "word"}, "level"),  # token level only: not a field
+    ({"sentences": [], "layer": 0, "head": 0}, "sentences"),
 ])
 def test_malformed_neuron_requests_get_422_naming_the_field(client, body, field):
     res = client.post("/api/neuron", json=body)

@@ -52,7 +52,7 @@ def test_server_neuron_view_builds_the_head_views_weight(page, live_server, clie
     scaled = [float(t) for t in table.locator("td.scaled").all_inner_texts()]
     weights = table.locator("td.weight").all_inner_texts()
 
-    api = client.post("/api/neuron", json={"sentences": [SENTENCE], "layer": layer, "head": head}).json()
+    api = client.post("/api/neuron", json={"sentences": [SENTENCE], "layer": layer - 1, "head": head - 1}).json()  # 0-based
     q, k = np.array(api["q"]), np.array(api["k"])
     np.testing.assert_allclose(dots, k @ q[bank], atol=0.006)  # as printed, 2 decimals
     np.testing.assert_allclose(scaled, k @ q[bank] * api["meta"]["scale"], atol=0.006)

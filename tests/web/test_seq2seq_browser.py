@@ -37,8 +37,8 @@ def test_served_encoder_decoder_shows_cross_attention_side_by_side(page, t5_serv
     page.select_option("#level", "token")
     page.click("#run")
     page.wait_for_function("document.querySelector('#status').textContent.includes('ms')")
-    page.wait_for_selector("#head-kind")
-    page.select_option("#head-kind", "cross")
+    page.wait_for_selector("#head-attention")
+    page.select_option("#head-attention", "cross")
     page.wait_for_selector("#head-caption:has-text('cross-attention')")
     layer, head, query = 3, 2, 4
     page.select_option("#head-layer", str(layer))
@@ -47,11 +47,11 @@ def test_served_encoder_decoder_shows_cross_attention_side_by_side(page, t5_serv
     page.wait_for_selector("#head-lines")
 
     maps = capture([(SOURCE, TARGET)], tiny_seq2seq_dir)
-    assert page.locator("#head-words .word").all_inner_texts() == maps.decoder.tokens[0]  # the target looks
+    assert page.locator("#head-words .word").all_inner_texts() == maps.target.tokens[0]  # the target looks
     assert page.locator("#head-keys .word").all_inner_texts() == maps.tokens[0]  # at the source
     # side by side in the lines display: the target's tokens on the left, the source's on the right
     page.wait_for_function("window.attnlab.head.drawn().length > 0")
-    want = maps.cross_weights[0][layer - 1, head - 1]
+    want = maps.cross.weights[0][layer - 1, head - 1]
     drawn = np.array(page.evaluate("window.attnlab.head.drawn()"))
     assert len(drawn) == want.size
     np.testing.assert_allclose(drawn[:, 2], want[drawn[:, 0].astype(int), drawn[:, 1].astype(int)], atol=1e-6)
@@ -62,7 +62,7 @@ def test_served_encoder_decoder_shows_cross_attention_side_by_side(page, t5_serv
     assert [j for j, _ in listed] == list(np.argsort(-want[query], kind="stable")[:10])
     page.screenshot(path=str((SHOTS or tmp_path) / "serve-cross.png"), full_page=True)
 
-    page.select_option("#head-kind", "decoder")
+    page.select_option("#head-attention", "decoder")
     page.wait_for_selector("#head-caption:has-text('decoder self-attention')")
     page.wait_for_selector("#head-lines")
     assert page.locator("#head-keys").count() == 0
@@ -81,13 +81,13 @@ def neuron_weights(page) -> list[str]:
     return page.locator("#view-neuron td.weight").all_inner_texts()
 
 
-def choose(page, kind: str, layer: int, head: int, query: int) -> None:
+def choose(page, attention: str, layer: int, head: int, query: int) -> None:
     """In the Neuron view: the attention, layer and head, a query token, and the last step."""
     page.wait_for_selector("#view-neuron table.neuron")
-    page.select_option("#view-neuron select[aria-label=attention]", label=kind)
+    page.select_option("#view-neuron select[aria-label=attention]", label=attention)
     page.select_option("#view-neuron select[aria-label=layer]", str(layer))
     page.select_option("#view-neuron select[aria-label=head]", str(head))
-    about = {"cross": "Cross-attention, ", "decoder": "Decoder, "}.get(kind, "")
+    about = {"cross": "Cross-attention, ", "decoder": "Decoder, "}.get(attention, "")
     page.wait_for_selector(f"#neuron-step:has-text('{about}layer {layer}, head {head};')")
     page.click(f'#view-neuron .strip .word[data-index="{query}"]')
     page.locator("#view-neuron .controls button").last.click()
@@ -109,19 +109,19 @@ def test_neuron_view_of_the_three_attentions_with_t5s_position_bias(page, where,
         page.fill("#sentence-b", TARGET)
         page.click("#run")
         page.wait_for_function("document.querySelector('#status').textContent.includes('ms')")
-    n = len(maps.decoder.tokens[0])
-    for kind, layer, head, query, want, bias in (
-        ("cross", 3, 2, 4, maps.cross_weights[0], None),
+    n = len(maps.target.tokens[0])
+    for attention, layer, head, query, want, bias in (
+        ("cross", 3, 2, 4, maps.cross.weights[0], None),
         ("decoder", 2, 4, n - 1, maps.decoder.weights[0], maps.decoder.position_bias[0]),
-        ("encoder", 1, 3, 5, maps.weights[0], maps.position_bias[0]),
+        ("encoder", 1, 3, 5, maps.weights[0], maps.self_attention.position_bias[0]),
     ):
-        choose(page, kind, layer, head, query)
+        choose(page, attention, layer, head, query)
         row = want[layer - 1, head - 1, query]
-        assert neuron_weights(page) == [pct1(w) for w in row], kind
+        assert neuron_weights(page) == [pct1(w) for w in row], attention
         keys = page.locator("#view-neuron tbody tr td:first-child").all_inner_texts()
-        assert keys == (maps.tokens[0] if kind != "decoder" else maps.decoder.tokens[0])
+        assert keys == (maps.tokens[0] if attention != "decoder" else maps.target.tokens[0])
         steps = page.locator("#view-neuron .controls button")
-        assert steps.count() == (4 if bias is None else 5), kind
+        assert steps.count() == (4 if bias is None else 5), attention
         if bias is not None:
             shown = [float(t) for t in page.locator("#view-neuron td.bias").all_inner_texts()]
             np.testing.assert_allclose(shown, bias[layer - 1, head - 1, query], atol=0.006)

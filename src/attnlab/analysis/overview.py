@@ -6,9 +6,10 @@ alike: both have ``weights[i]`` of shape (L, H, T, T) and a label per position.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+from attnlab.maps.records import Maps
+from attnlab.maps.heads import Head
 
 
 def where_heads_look(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -25,22 +26,21 @@ def where_heads_look(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return top, np.take_along_axis(mean, top[..., None], axis=-1)[..., 0]
 
 
-def maps_record(maps: Any, pick: tuple[int, int] | None = None, words: Any = None, decimals: int = 6) -> dict:
-    """The maps as JSON-ready data: every layer and head of each sentence, or one head (0-based ``pick``).
-
-    ``words``: the word-level maps (``maps.to_words()``) to give instead of the tokens'. Layer and
-    head numbers in the result are 1-based, as the CLI takes and shows them.
-    """
-    view = maps if words is None else words
-    unit = "tokens" if words is None else "words"
-    labels = maps.tokens if words is None else words.words
+def maps_record(maps: Maps, pick: tuple[int, int] | None = None, decimals: int = 6) -> dict:
+    """The maps (token or word level) as JSON-ready data: every layer and head of each sentence, or
+    one head (``pick``, a :class:`~attnlab.maps.heads.Head` or 0-based (layer, head)). Layer and head
+    in the result are 0-based, as every field (docs/design.md); the labels are under ``tokens`` or
+    ``words`` (``unit``)."""
+    if pick is not None:
+        pick = Head.of(pick, maps.num_layers, maps.num_heads, "pick")
+    unit = f"{maps.level}s"
     return {
         "model_id": maps.model_id, "revision": maps.revision, "num_layers": maps.num_layers,
         "num_heads": maps.num_heads, "unit": unit,
-        "layer": None if pick is None else pick[0] + 1, "head": None if pick is None else pick[1] + 1,
+        "layer": None if pick is None else pick.layer, "head": None if pick is None else pick.head,
         "sentences": [
-            {"sentence": s if isinstance(s, str) else list(s), unit: labels[i],
-             "weights": (view.weights[i][pick] if pick else view.weights[i]).round(decimals).tolist()}
+            {"sentence": s if isinstance(s, str) else list(s), unit: maps.labels(i),
+             "weights": (maps.weights[i] if pick is None else maps.weights[i][pick]).round(decimals).tolist()}
             for i, s in enumerate(maps.sentences)
         ],
     }

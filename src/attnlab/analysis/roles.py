@@ -12,6 +12,11 @@ constant: a head "has" the role when its score passes it.
     marks   weight on all marks                    broad  mean row entropy, nats
     spread  row entropy / log(number of words the row may attend to): 0 on one word, 1 uniform
     sink    weight on the first position (the attention sink of StreamingLLM, Xiao et al. 2023)
+
+Roles are named for what a head does; the quantities behind three of them have the names that
+:func:`attnlab.head_stats` gives them on long inputs: ``sink`` is the mean of ``first`` (the weight
+on position 0), ``broad`` the mean ``entropy`` and ``spread`` the mean ``entropy_norm``. The entropy
+is exact, −Σ p log p with 0 · log 0 = 0 (:func:`entropy`), the same quantity head_stats computes.
     duplicate   weight on earlier copies of the word itself      } TransformerLens's detect_head
     induction   weight on the word after an earlier copy of it   } patterns, "mul" measure
 
@@ -19,7 +24,7 @@ constant: a head "has" the role when its score passes it.
 ``duplicate_token_head`` and ``induction_head`` detection patterns (``detect_head`` with its
 default "mul" measure: the share of a row's weight that falls on the pattern, averaged over all
 rows), on words; on token maps of a repeated random sequence, :mod:`attnlab.interventions.induction` is
-the standard probe. A role that cannot apply to the maps at hand (a causal decoder cannot look at
+the standard probe. Both score induction by :func:`attnlab.analysis.induction.induction_weight`. A role that cannot apply to the maps at hand (a causal decoder cannot look at
 the next word; marks-based roles are for encoders, whose special tokens collect attention; no word
 repeats) is not scored: :attr:`HeadRoles.not_applicable` says why.
 
@@ -37,9 +42,13 @@ same share of "uniform" at every length.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
+
+from attnlab.maps.records import Maps
+from attnlab.analysis.induction import duplicate_pattern, induction_pattern, induction_weight
+from attnlab.maps.heads import Head, ScoredHead, ranked
 
 # A head has a role when its average score reaches the role's threshold.
 PREV_THRESHOLD = 0.5
@@ -53,8 +62,7 @@ BROAD_THRESHOLD_NATS = 2.0  # as spread as a uniform row over e^2 ≈ 7.4 words
 SPREAD_THRESHOLD = 0.75  # entropy at least three quarters of a uniform row's over the same words
 SINK_THRESHOLD = 0.5
 DUPLICATE_THRESHOLD = 0.4
-INDUCTION_THRESHOLD = 0.4
-ENTROPY_EPS = 1e-10  # Clark et al.'s smoothing: −Σ p log(p + ε), so p = 0 adds nothing
+INDUCTION_THRESHOLD = 0.4  # the role's; the lesson's "an induction head has formed" is INDUCTION_FORMED_THRESHOLD
 
 # One sentence: (weights [L, H, W, W], word kinds, mark flags, word texts) → (row total [L, H], number of rows)
 Scorer = Callable[[np.ndarray, list[str], list[bool], list[str]], tuple[np.ndarray, int]]
@@ -107,36 +115,27 @@ def _marks(w, kinds, marks, texts):
     return _to_columns(w, marks)
 
 
+def entropy(w: np.ndarray) -> np.ndarray:
+    """Each row's entropy in nats, exact: −Σ_j p_j log p_j with 0 · log 0 = 0 (as head_stats
+    computes its ``entropy``), [..., Tq, Tk] → [..., Tq]."""
+    return -(w * np.log(np.where(w > 0, w, 1.0))).sum(axis=-1)
+
+
 def _broad(w, kinds, marks, texts):
-    entropy = -(w * np.log(w + ENTROPY_EPS)).sum(axis=-1)  # (L, H, W)
-    return entropy.sum(axis=-1), w.shape[-2]
+    return entropy(w).sum(axis=-1), w.shape[-2]  # the mean of head_stats' "entropy"
 
 
-def _spread(w, kinds, marks, texts):
-    entropy = -(w * np.log(w + ENTROPY_EPS)).sum(axis=-1)  # (L, H, W)
+def _spread(w, kinds, marks, texts):  # the mean of head_stats' "entropy_norm"
+    entropy_ = entropy(w)  # (L, H, W)
     n = w.shape[-1]
     causal = not np.triu(w, k=1).any()
     attendable = np.arange(1, n + 1) if causal else np.full(n, n)  # words row i may attend to
     rows = attendable > 1  # log 1 = 0: a row with one choice has no spread to measure
-    return (entropy[..., rows] / np.log(attendable[rows])).sum(axis=-1), int(rows.sum())
+    return (entropy_[..., rows] / np.log(attendable[rows])).sum(axis=-1), int(rows.sum())
 
 
 def _sink(w, kinds, marks, texts):
-    return w[..., 0].sum(axis=-1), w.shape[-2]  # column 0, whatever token sits there
-
-
-def duplicate_pattern(texts: list[str]) -> np.ndarray:
-    """[W, W] 1 where word j < i is the same word as i (case-insensitive): TransformerLens's duplicate pattern."""
-    folded = np.array([t.casefold() for t in texts], dtype=object)
-    same = folded[:, None] == folded[None, :]
-    return np.tril(same, k=-1).astype(np.float64)
-
-
-def induction_pattern(texts: list[str]) -> np.ndarray:
-    """[W, W] 1 where word j − 1 is an earlier copy of word i (j < i): the duplicate pattern shifted one right."""
-    shifted = np.zeros((len(texts), len(texts)))
-    shifted[:, 1:] = duplicate_pattern(texts)[:, :-1]
-    return np.tril(shifted, k=-1)
+    return w[..., 0].sum(axis=-1), w.shape[-2]  # column 0, whatever token sits there: head_stats' "first"
 
 
 def _duplicate(w, kinds, marks, texts):
@@ -144,7 +143,8 @@ def _duplicate(w, kinds, marks, texts):
 
 
 def _induction(w, kinds, marks, texts):
-    return (w * induction_pattern(texts)).sum(axis=(-1, -2)), w.shape[-2]
+    total, rows = induction_weight(w, induction_pattern(texts))  # every row counts, as in detect_head
+    return total, int(rows.flat[0])
 
 
 ROLES: dict[str, Role] = {
@@ -191,16 +191,6 @@ def not_applicable(names: list[str], causal: bool, kinds: set[str], repeats: boo
 AVERAGES = ("row", "sentence")
 
 
-class TopHead(NamedTuple):
-    """One head and its score: ``layer`` and ``head`` 1-based, as printed; ``index`` the 0-based
-    (layer, head) for indexing arrays such as ``scores[role][index]`` or ``maps.weights[i][index]``."""
-
-    layer: int
-    head: int
-    score: float
-    index: tuple[int, int]
-
-
 @dataclass(frozen=True)
 class HeadRoles:
     """Role scores per head: ``scores[role]`` is [L, H], averaged over every row of every sentence
@@ -231,33 +221,27 @@ class HeadRoles:
             raise LookupError(f"role {role!r} is unknown; roles: {', '.join(self.scores)}")
         return ROLES[role]
 
-    def top(self, role: str) -> TopHead:
-        """The head with the largest score for ``role``: layer and head 1-based, its score, and its
-        0-based ``index``."""
+    def top(self, role: str) -> ScoredHead:
+        """The head with the largest score for ``role`` (the first in (layer, head) order on a tie),
+        and its score."""
         self._role(role)
-        s = self.scores[role]
-        layer, head = (int(i) for i in np.unravel_index(int(np.argmax(s)), s.shape))
-        return TopHead(layer + 1, head + 1, float(s[layer, head]), (layer, head))
+        return ranked(self.scores[role], n=1)[0]
 
-    def heads(self, role: str) -> list[tuple[int, int]]:
-        """Heads (layer0, head0) whose score reaches the role's threshold, best first (none for a role
-        that does not apply)."""
+    def heads(self, role: str) -> list[Head]:
+        """Heads whose score reaches the role's threshold, best first (none for a role that does not apply)."""
         if role in self.not_applicable:
             return []
         r = self._role(role)
-        s = self.scores[role]
-        found = [(int(l), int(h)) for l, h in zip(*np.nonzero(s >= r.threshold))]
-        return sorted(found, key=lambda lh: -s[lh])
+        return [found.head for found in ranked(self.scores[role], at_least=r.threshold)]
 
     def to_dict(self) -> dict:
-        """JSON-ready; layers and heads in ``top`` are 1-based, as printed."""
+        """JSON-ready; layers and heads 0-based, as every field (docs/design.md)."""
         roles = {}
         for name, s in self.scores.items():
-            top = self.top(name)
             r = ROLES[name]
             roles[name] = {
                 "description": r.description, "unit": r.unit, "threshold": r.threshold,
-                "top": {"layer": top.layer, "head": top.head, "score": top.score},
+                "top": self.top(name).to_dict(),
                 "heads_over_threshold": len(self.heads(name)),
                 "scores": np.round(s, 6).tolist(),
             }
@@ -295,8 +279,9 @@ class RoleAccumulator:
         self.sentences = 0
         self.causal, self.kinds, self.repeats = True, set(), False  # what decides which roles apply
 
-    def add(self, words) -> None:
-        """Add every sentence of a :class:`~attnlab.maps.words.WordMaps`."""
+    def add(self, maps: Maps) -> None:
+        """Add every sentence of ``maps``, at word level (token-level maps are turned into words first)."""
+        words = maps.to_words()
         self.causal = self.causal and is_causal(words.weights)
         for w, kinds, marks, texts in zip(words.weights, words.kinds, words.is_mark, words.words):
             self.kinds.update(kinds)
@@ -321,14 +306,15 @@ class RoleAccumulator:
                          not_applicable=skip, average=self.average)
 
 
-def head_roles(words, roles: list[str] | None = None, average: str = "row") -> HeadRoles:
-    """Score every head of ``words`` (:class:`~attnlab.maps.words.WordMaps`) for each role.
+def head_roles(maps: Maps, roles: list[str] | None = None, average: str = "row") -> HeadRoles:
+    """Score every head of ``maps`` for each role, at word level: :class:`~attnlab.maps.words.WordMaps`,
+    or token-level maps, turned into words (``maps.to_words()``) first.
 
     ``average``: ``"row"`` (default: every row of every sentence weighs the same, as in Clark et
     al.) or ``"sentence"`` (every sentence weighs the same, whatever its length).
     """
-    if not len(words):
-        raise ValueError("words has no sentences; capture at least one")
-    acc = RoleAccumulator(words.num_layers, words.num_heads, roles, average)
-    acc.add(words)
-    return acc.result(words.model_id, words.revision)
+    if not len(maps):
+        raise ValueError("maps has no sentences; capture at least one")
+    acc = RoleAccumulator(maps.num_layers, maps.num_heads, roles, average)
+    acc.add(maps)
+    return acc.result(maps.model_id, maps.revision)

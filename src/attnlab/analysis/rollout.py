@@ -13,7 +13,7 @@ edge of capacity Ã_l[i, j]; the flow from output i to input j is the maximum fl
 maximum-flow problems over an (L + 1)·T-node graph, solved by SciPy's compiled Dinic algorithm
 (``scipy.sparse.csgraph.maximum_flow``), which takes integer capacities: Ã is rounded to multiples
 of 2⁻²⁴ (:data:`FLOW_UNITS`), so a flow is exact to T · 3·10⁻⁸. It is limited to
-:data:`MAX_FLOW_TOKENS` positions (a few seconds for 64 positions through 6 layers on 2 cores).
+:data:`MAX_FLOW_TOKENS` positions, since its time grows faster than T⁴.
 
 Both take token-level :class:`~attnlab.maps.records.AttentionMaps` or word-level
 :class:`~attnlab.maps.words.WordMaps` (``maps.to_words()``): word-level rollout rolls the word maps.
@@ -24,6 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from attnlab.maps.records import Maps
+from attnlab.maps.heads import check_layer
 
 DEFAULT_RESIDUAL = 0.5  # Abnar & Zuidema's choice: the residual carries as much as attention
 MAX_FLOW_TOKENS = 64  # T² max-flow problems on an (L + 1)·T-node graph: seconds at 64, minutes beyond
@@ -57,7 +60,7 @@ def rollout_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL) -> np.n
     return out
 
 
-def rollout(maps: Any, residual: float = DEFAULT_RESIDUAL) -> list[np.ndarray]:
+def rollout(maps: Maps, residual: float = DEFAULT_RESIDUAL) -> list[np.ndarray]:
     """Attention rollout of every sentence of ``maps``: a list of [L, T, T] (T tokens or words)."""
     return [rollout_one(w, residual) for w in maps.weights]
 
@@ -72,13 +75,11 @@ def flow_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL, layer: int
         raise ImportError("attention flow needs scipy, which is not installed (pip install 'attnlab[models]')") from e
 
     mixed = mixed_layers(weights, residual)
-    n_layers, t = mixed.shape[0], mixed.shape[-1]
+    num_layers, t = mixed.shape[0], mixed.shape[-1]
     if t > MAX_FLOW_TOKENS:
         raise ValueError(f"attention flow solves T² max-flow problems; {t} positions is more than "
                          f"{MAX_FLOW_TOKENS} (use rollout, or word-level maps, for longer inputs)")
-    top = n_layers - 1 if layer is None else layer
-    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top < n_layers:
-        raise ValueError(f"layer must be a 0-based layer index in 0..{n_layers - 1} or None, got {layer!r}")
+    top = num_layers - 1 if layer is None else check_layer(layer, num_layers)
     # node l·T + i is position i below layer l + 1; layer l + 1's attention: from (l + 1, i) to (l, j)
     units = np.rint(mixed[: top + 1] * FLOW_UNITS).astype(np.int32)
     l, i, j = np.nonzero(units)
@@ -89,6 +90,6 @@ def flow_one(weights: np.ndarray, residual: float = DEFAULT_RESIDUAL, layer: int
     return np.divide(out, total, out=np.zeros_like(out), where=total > 0)
 
 
-def flow(maps: Any, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> list[np.ndarray]:
+def flow(maps: Maps, residual: float = DEFAULT_RESIDUAL, layer: int | None = None) -> list[np.ndarray]:
     """Attention flow of every sentence of ``maps`` at ``layer`` (0-based, default the last): a list of [T, T]."""
     return [flow_one(w, residual, layer) for w in maps.weights]

@@ -23,16 +23,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnlab.maps.records import Maps
+from attnlab.maps.words import WordMaps, aggregate
+from attnlab.maps.heads import Head
+
 CLOSEST_COUNT = 5  # how many near misses to show when no head qualifies
 MARK_RULE = "the target's largest weight, over all words, falls on a mark in every sentence"
 
 
 @dataclass(frozen=True)
 class HeadStanding:
-    """How close one head (0-based ``layer``, ``head``) comes to qualifying."""
+    """How close one ``head`` comes to qualifying."""
 
-    layer: int
-    head: int
+    head: Head
     sentences_won: int  # sentences where the decider takes the largest eligible weight
     weights: tuple[float, ...]  # the decider's weight, per sentence
     winners: tuple[str, ...]  # the word that takes the largest eligible weight, per sentence
@@ -41,7 +44,7 @@ class HeadStanding:
 
     def to_dict(self) -> dict:
         return {
-            "layer": self.layer + 1, "head": self.head + 1, "sentences_won": self.sentences_won,
+            **self.head.to_dict(), "sentences_won": self.sentences_won,
             "decider_weights": list(self.weights), "winners": list(self.winners),
             "winner_weights": list(self.winner_weights), "margin": self.margin,
         }
@@ -53,8 +56,8 @@ class HeadSearch:
     deciders: list[str]
     exclude_self: bool
     exclude_marks: bool
-    qualifying: list[tuple[int, int]]
-    best: tuple[int, int] | None
+    qualifying: list[Head]
+    best: Head | None
     decider_weights: np.ndarray = field(repr=False)  # [L, H, S]
     mark_heads: int
     mark_heads_per_sentence: list[int]  # heads where the target's largest weight falls on a mark, per sentence
@@ -75,9 +78,8 @@ class HeadSearch:
         """One line the way the lesson prints it, or a plain statement that no head qualifies."""
         n = len(self.qualifying)
         if self.best is not None:
-            layer, head = self.best
-            ws = [f"{round(100 * float(x))} %" for x in self.decider_weights[layer, head]]
-            return f"{n} of {self.total_heads} heads; layer {layer + 1}, head {head + 1}: {_join(ws)}"
+            ws = [f"{round(100 * float(x))} %" for x in self.decider_weights[self.best]]
+            return f"{n} of {self.total_heads} heads; {self.best.label()}: {_join(ws)}"
         rule = f'the largest weight of "{self.target}" fall on {_join(self.deciders)}'
         lines = [f"No head of {self.total_heads} qualifies: in none of them does {rule} in every sentence."]
         if self.closest:
@@ -87,19 +89,18 @@ class HeadSearch:
                 for d, w, win, ww in zip(self.deciders, c.weights, c.winners, c.winner_weights):
                     won = win.casefold() == d.casefold()
                     parts.append(f"{d} {round(100 * w)} %" + ("" if won else f" ({win} {round(100 * ww)} %)"))
-                lines.append(f"  layer {c.layer + 1}, head {c.head + 1}: {_join(parts)}")
+                lines.append(f"  {c.head.label()}: {_join(parts)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        """JSON-ready; layers and heads are 1-based."""
+        """JSON-ready; layers and heads 0-based, as every field (``summary`` labels them 1-based)."""
         return {
             "model_id": self.model_id, "target": self.target, "deciders": self.deciders,
             "exclude_self": self.exclude_self, "exclude_marks": self.exclude_marks,
             "total_heads": self.total_heads,
-            "qualifying": [{"layer": l + 1, "head": h + 1} for l, h in self.qualifying],
+            "qualifying": [h.to_dict() for h in self.qualifying],
             "best": None if self.best is None else {
-                "layer": self.best[0] + 1, "head": self.best[1] + 1,
-                "decider_weights": self.decider_weights[self.best].tolist(),
+                **self.best.to_dict(), "decider_weights": self.decider_weights[self.best].tolist(),
             },
             "mark_heads": self.mark_heads, "mark_rule": MARK_RULE,
             "mark_heads_per_sentence": self.mark_heads_per_sentence,
@@ -114,11 +115,9 @@ def _join(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _merged(words, s: int, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[str], np.ndarray, list[int]]:
+def _merged(words: WordMaps, s: int, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[str], np.ndarray, list[int]]:
     """Sentence s's word maps with each span of ``spans`` made one word (rows mean, columns sum):
     (weights [L, H, W', W'], word texts, mark flags, the new position of each span)."""
-    from attnlab.maps.words import aggregate
-
     n = len(words.words[s])
     group, texts, marks, w = [], [], [], 0
     starts = {a: b for a, b in spans}
@@ -141,9 +140,10 @@ def _occurrence(occurrence, count: int) -> list:
     return occurrence
 
 
-def find_heads(words, target: str, deciders: list[str], exclude_self: bool = False,
+def find_heads(maps: Maps, target: str, deciders: list[str], exclude_self: bool = False,
                exclude_marks: bool = False, occurrence: int | list[int | None] | None = None) -> HeadSearch:
-    """Search every head of ``words`` (:class:`~attnlab.maps.words.WordMaps`) for the target's decider.
+    """Search every head of ``maps`` for the target's decider, at word level: word-level
+    :class:`~attnlab.maps.words.WordMaps`, or token-level maps turned into words (``maps.to_words()``) first.
 
     ``deciders[i]`` is the deciding word of sentence i. Words match case-insensitively, and may be
     runs of words ("sea-shells"; see the module's text). ``occurrence``: which occurrence of the
@@ -156,6 +156,7 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
     if isinstance(deciders, str):
         deciders = [deciders]
     deciders = list(deciders)
+    words = maps.to_words()
     if len(deciders) != len(words):
         raise ValueError(f"deciders has {len(deciders)} words for {len(words)} sentences; give one per sentence")
     L, H, S = words.num_layers, words.num_heads, len(words)
@@ -195,19 +196,19 @@ def find_heads(words, target: str, deciders: list[str], exclude_self: bool = Fal
         others = np.delete(masked, d, axis=-1).max(axis=-1, initial=-np.inf)  # best rival of the decider
         margin = np.minimum(margin, row[:, :, d] - others)
     qualifies = won.all(axis=-1)
-    qualifying = [(int(l), int(h)) for l, h in zip(*np.nonzero(qualifies))]
+    qualifying = [Head(int(l), int(h)) for l, h in zip(*np.nonzero(qualifies))]
     best = max(qualifying, key=lambda lh: dec_w[lh].sum()) if qualifying else None
     standing = sorted(
-        ((l, h) for l in range(L) for h in range(H) if not qualifies[l, h]),
+        (Head(l, h) for l in range(L) for h in range(H) if not qualifies[l, h]),
         key=lambda lh: (-won[lh].sum(), -margin[lh]),
     )
     closest = [] if qualifying else [
         HeadStanding(
-            layer=l, head=h, sentences_won=int(won[l, h].sum()), weights=tuple(float(x) for x in dec_w[l, h]),
-            winners=tuple(texts[s][winner[l, h, s]] for s in range(S)),
-            winner_weights=tuple(float(x) for x in winner_w[l, h]), margin=float(margin[l, h]),
+            head=lh, sentences_won=int(won[lh].sum()), weights=tuple(float(x) for x in dec_w[lh]),
+            winners=tuple(texts[s][winner[lh][s]] for s in range(S)),
+            winner_weights=tuple(float(x) for x in winner_w[lh]), margin=float(margin[lh]),
         )
-        for l, h in standing[:CLOSEST_COUNT]
+        for lh in standing[:CLOSEST_COUNT]
     ]
     return HeadSearch(
         target=target, deciders=deciders, exclude_self=exclude_self, exclude_marks=exclude_marks,

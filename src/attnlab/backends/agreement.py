@@ -148,8 +148,8 @@ def reference_of(
 # ------------------------------------------------------------------ running a case
 
 
-def kinds() -> list[str]:
-    """The kinds of input this machine runs: "numpy", and "torch:<device>" for every device torch has."""
+def libraries() -> list[str]:
+    """The array libraries (and devices) this machine runs: "numpy", and "torch:<device>" for every device torch has."""
     try:
         import torch
     except ImportError:
@@ -157,25 +157,25 @@ def kinds() -> list[str]:
     return ["numpy", "torch:cpu"] + (["torch:cuda"] if torch.cuda.is_available() else [])
 
 
-def dtypes(kind: str) -> list[str]:
-    """The dtypes a kind is checked in: float16/bfloat16 on tensors only (NumPy has no bfloat16)."""
-    return ["float64", "float32"] + (list(LOW_PRECISION) if kind != "numpy" else [])
+def dtypes(library: str) -> list[str]:
+    """The dtypes an array library is checked in: float16/bfloat16 on tensors only (NumPy has no bfloat16)."""
+    return ["float64", "float32"] + (list(LOW_PRECISION) if library != "numpy" else [])
 
 
-def _torch(x: np.ndarray, kind: str, dtype: str | None) -> Any:
+def _torch(x: np.ndarray, library: str, dtype: str | None) -> Any:
     import torch
 
-    t = torch.from_numpy(np.ascontiguousarray(x)).to(kind.split(":", 1)[1])
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(library.split(":", 1)[1])
     return t if dtype is None else t.to(getattr(torch, dtype))
 
 
-def _convert(x: Any, kind: str, dtype: str) -> Any:
-    """A case's array in the kind and dtype of a run: floats rounded to ``dtype``, masks as booleans, lengths as given."""
+def _convert(x: Any, library: str, dtype: str) -> Any:
+    """A case's array in the library and dtype of a run: floats rounded to ``dtype``, masks as booleans, lengths as given."""
     if not isinstance(x, np.ndarray) or np.issubdtype(x.dtype, np.integer):
         return x
-    if kind == "numpy":
+    if library == "numpy":
         return x if x.dtype == bool else x.astype(dtype)
-    return _torch(x, kind, None if x.dtype == bool else dtype)
+    return _torch(x, library, None if x.dtype == bool else dtype)
 
 
 def to_float64(x: Any) -> Any:
@@ -186,7 +186,7 @@ def to_float64(x: Any) -> Any:
 
 
 def _exact(args: tuple, kwargs: dict[str, Any], **flags: Any) -> Any:
-    """:func:`reference_of` on the exact values of inputs in any kind and dtype."""
+    """:func:`reference_of` on the exact values of inputs in any library and dtype."""
     return reference_of(*(to_float64(x) for x in args), **{n: to_float64(x) for n, x in kwargs.items()}, **flags)
 
 
@@ -204,10 +204,10 @@ def request_of(q: Any, k: Any, v: Any, **kwargs: Any) -> Request:
 
 @dataclass(frozen=True, eq=False)
 class Target:
-    """One case in one kind and dtype: the inputs as the backends get them, and what they must return."""
+    """One case in one library and dtype: the inputs as the backends get them, and what they must return."""
 
     case: Case
-    kind: str  # "numpy" or "torch:<device>"
+    library: str  # "numpy" or "torch:<device>"
     dtype: str
     args: tuple  # q, k, v
     kwargs: dict[str, Any]  # the case's options, converted
@@ -235,15 +235,15 @@ class Target:
         return attention(*self.args, backend=backend, **self.call_kwargs(backend), **extra)
 
     def mismatch(self, out: Any) -> str:
-        """What differs between ``out`` and a result of this target's kind, device, dtype and shape ("" if nothing)."""
+        """What differs between ``out`` and a result of this target's library, device, dtype and shape ("" if nothing)."""
         if isinstance(out, np.ndarray):
             got = ("numpy", "cpu", str(out.dtype), out.shape)
         elif hasattr(out, "device"):
             got = ("torch", out.device.type, str(out.dtype).removeprefix("torch."), tuple(out.shape))
         else:
             got = (type(out).__name__,)
-        want = (self.kind.split(":")[0], self.kind.split(":")[-1].replace("numpy", "cpu"), self.dtype, self.expected.shape)
-        return "" if got == want else f"returned {got}, expected {want} (kind, device, dtype, shape)"
+        want = (self.library.split(":")[0], self.library.split(":")[-1].replace("numpy", "cpu"), self.dtype, self.expected.shape)
+        return "" if got == want else f"returned {got}, expected {want} (library, device, dtype, shape)"
 
     def reference(self, **flags: Any) -> Any:
         """:func:`reference_of` on exactly these inputs (``flags``: return_weights, return_lse)."""
@@ -254,11 +254,11 @@ class Target:
         return float(np.abs(to_float64(out) - self.expected).max())
 
 
-def target(case: Case, kind: str, dtype: str) -> Target:
-    """``case`` in ``kind`` and ``dtype``, with its expected answer and tolerance."""
-    args = tuple(_convert(x, kind, dtype) for x in data(case))
-    kwargs = {n: _convert(x, kind, dtype) for n, x in case.options}
-    t = Target(case, kind, dtype, args, kwargs, _exact(args, kwargs), TOLERANCE.get(dtype, np.inf))
+def target(case: Case, library: str, dtype: str) -> Target:
+    """``case`` in ``library`` and ``dtype``, with its expected answer and tolerance."""
+    args = tuple(_convert(x, library, dtype) for x in data(case))
+    kwargs = {n: _convert(x, library, dtype) for n, x in case.options}
+    t = Target(case, library, dtype, args, kwargs, _exact(args, kwargs), TOLERANCE.get(dtype, np.inf))
     if dtype not in LOW_PRECISION:
         return t
     plain = t.error(t.run(PLAIN))
@@ -272,7 +272,7 @@ def target(case: Case, kind: str, dtype: str) -> Target:
 class CheckRow:
     backend: str
     case: str
-    kind: str  # "numpy" or "torch:<device>"
+    library: str  # "numpy" or "torch:<device>"
     dtype: str
     max_error: float | None
     tolerance: float | None
@@ -287,20 +287,20 @@ def check(backend: str, t: Target) -> CheckRow:
     """One backend on one target: its max error and whether it passes, or its reasons to refuse."""
     why = t.refusals(backend)
     if why:
-        return CheckRow(backend, t.case.name, t.kind, t.dtype, None, None, None, "; ".join(why))
+        return CheckRow(backend, t.case.name, t.library, t.dtype, None, None, None, "; ".join(why))
     out = t.run(backend)
     err, wrong = t.error(out), t.mismatch(out)
     note = "; ".join(x for x in (wrong, t.note) if x)
-    return CheckRow(backend, t.case.name, t.kind, t.dtype, err, t.tolerance, err <= t.tolerance and not wrong, note)
+    return CheckRow(backend, t.case.name, t.library, t.dtype, err, t.tolerance, err <= t.tolerance and not wrong, note)
 
 
 def run_check(tick: Callable[[str], None] | None = None) -> list[CheckRow]:
-    """Every (backend, case, kind, dtype): its max error against float64 and whether it passes."""
+    """Every (backend, case, library, dtype): its max error against float64 and whether it passes."""
     rows: list[CheckRow] = []
     for c in CASES:
-        for kind in kinds():
-            for dtype in dtypes(kind):
-                t = target(c, kind, dtype)
+        for library in libraries():
+            for dtype in dtypes(library):
+                t = target(c, library, dtype)
                 for name in BACKENDS:
                     if tick:
                         tick(name)

@@ -1,6 +1,6 @@
 """What a backend is: what it declares it supports, every reason it refuses a call, how it runs one.
 
-A backend declares its :class:`Supports` (the kinds of input, devices, dtypes and features it
+A backend declares its :class:`Supports` (the array libraries of its inputs, devices, dtypes and features it
 serves) and, where it needs more, adds its own reasons in :meth:`Backend.more_refusals`.
 :meth:`Backend.refusals` returns *all* the reasons at once, so an error can say everything that
 stands in the way, not only the first thing.
@@ -47,9 +47,9 @@ OVERFLOW_LIMIT = {"float16": 65504.0 / 4, "bfloat16": 3.39e38 / 4, "float32": 3.
 
 @dataclass(frozen=True)
 class Supports:
-    """What a backend serves: input kinds ("numpy", "torch"), devices ("cpu" or "any"), dtypes, features."""
+    """What a backend serves: array libraries ("numpy", "torch"), devices ("cpu" or "any"), dtypes, features."""
 
-    kinds: frozenset[str]
+    libraries: frozenset[str]
     devices: str
     dtypes: frozenset[str]
     features: frozenset[str]
@@ -62,7 +62,7 @@ class Backend:
     can); ``compute_dtype`` is the precision it computes a dtype in (auto keeps one precision per
     input dtype at every size); ``estimate`` is a rough prior of the seconds a call takes, used by
     ``auto`` only where nothing was measured on this machine (:mod:`attnlab.backends.calibrate`);
-    ``run`` returns (out, weights or None, LSE or None) of the same kind, device and dtype as q.
+    ``run`` returns (out, weights or None, LSE or None) in the same array library, device and dtype as q.
     """
 
     name: str = ""
@@ -71,8 +71,8 @@ class Backend:
 
     def refusals(self, r: Request) -> list[str]:
         s, reasons = self.supports, []
-        if r.kind not in s.kinds:
-            reasons.append(f"takes {' or '.join(sorted(s.kinds))} inputs, got {r.kind}")
+        if r.library not in s.libraries:
+            reasons.append(f"takes {' or '.join(sorted(s.libraries))} inputs, got {r.library}")
         if s.devices != "any" and r.device.split(":")[0] != s.devices:
             reasons.append(f"runs on {s.devices} only, got {r.device}")
         if r.dtype not in s.dtypes:
@@ -123,7 +123,7 @@ def as_torch(x: Any) -> Any:
 
 
 def like_input(x: Any, call: Call) -> Any:
-    """A result tensor in the kind, dtype (and device) of the call's inputs."""
-    if x is None or call.request.kind == "torch":
+    """A result tensor in the array library, dtype (and device) of the call's inputs."""
+    if x is None or call.request.library == "torch":
         return x
     return x.detach().numpy().astype(call.problem.dtype, copy=False)

@@ -47,7 +47,7 @@ class Canonical:
 
 
 def canonical(call: Call) -> Canonical:
-    p, torch_in = call.problem, call.request.kind == "torch"
+    p, torch_in = call.problem, call.request.library == "torch"
     xp = np
     if torch_in:
         import torch as xp
@@ -142,7 +142,7 @@ class BlockwiseBackend(Backend):
     name = "blockwise"
     summary = "online-softmax loop of NumPy or torch calls: O(T) memory, any mask, LSE, rows of weights, gradients"
     supports = Supports(
-        kinds=frozenset({"numpy", "torch"}),
+        libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size"}),
@@ -159,7 +159,7 @@ class BlockwiseBackend(Backend):
         return work_dtype(dtype)
 
     def estimate(self, r: Request) -> float:
-        extra = torch_overhead(r) if r.kind == "torch" else 0.0
+        extra = torch_overhead(r) if r.library == "torch" else 0.0
         return extra + PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:

@@ -2,7 +2,7 @@
 
 ``auto`` ranks the backends that fit a call by what they cost here, not by constants fitted on
 another machine. For a call of a common kind (no dense mask, bias or padding; full attention or
-square causal; on the CPU) it looks up the *profile* of the call (input kind, dtype, head dim,
+square causal; on the CPU) it looks up the *profile* of the call (input library, dtype, head dim,
 the number of (batch, head) pairs, causal, gradients) in a small table of timings measured at four
 sizes, the first time such a call is large enough for the choice to matter, and interpolates the
 time at the call's number of scores (log-log). The head count is the call's own: how the backends
@@ -56,7 +56,7 @@ MIN_TIMING_S = 0.005  # calls shorter than this are timed over several in a row
 class Profile:
     """The kind of call a timing table is for."""
 
-    kind: str
+    library: str
     dtype: str
     d: int
     heads: int  # (batch, head) pairs of the call
@@ -64,7 +64,7 @@ class Profile:
     grad: bool
 
     def key(self) -> str:
-        return f"{self.kind}/{self.dtype}/d{self.d}/h{self.heads}/{'causal' if self.causal else 'full'}/{'grad' if self.grad else 'fwd'}"
+        return f"{self.library}/{self.dtype}/d{self.d}/h{self.heads}/{'causal' if self.causal else 'full'}/{'grad' if self.grad else 'fwd'}"
 
 
 def enabled() -> bool:
@@ -80,7 +80,7 @@ def profile(r: Request) -> Profile | None:
         return None  # a window's cost depends on its width, which no table holds
     d = min(HEAD_DIMS, key=lambda h: abs(math.log(h / p.d)))
     heads = min(int(np.prod(p.batch, dtype=np.int64)), MAX_HEADS)
-    return Profile(r.kind, r.dtype, d, heads, r.causal, r.grad)
+    return Profile(r.library, r.dtype, d, heads, r.causal, r.grad)
 
 
 def sizes(heads: int) -> tuple[int, ...]:
@@ -206,7 +206,7 @@ def _inputs(prof: Profile, n: int) -> tuple[Any, Any, Any]:
     rng = np.random.default_rng(0)
     shape = (1, prof.heads, n, prof.d)
     qkv = [rng.standard_normal(shape).astype("float32" if prof.dtype == "bfloat16" else prof.dtype) for _ in range(3)]
-    if prof.kind == "torch":
+    if prof.library == "torch":
         import torch
 
         qkv = [torch.from_numpy(x).to(getattr(torch, prof.dtype)).requires_grad_(prof.grad) for x in qkv]

@@ -23,7 +23,7 @@ class TorchBackend(Backend):
     summary = "PyTorch eager, materialises the scores: every mask, weights, LSE, gradients, any device"
 
     supports = Supports(
-        kinds=frozenset({"numpy", "torch"}),
+        libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "lse", "grad", "bias_grad",

@@ -17,7 +17,7 @@ class NumpyBackend(Backend):
     name = "numpy"
     summary = "float64 NumPy reference (the spec): every mask, weights; NumPy in, no LSE, no gradients"
     supports = Supports(
-        kinds=frozenset({"numpy"}),
+        libraries=frozenset({"numpy"}),
         devices="cpu",
         dtypes=frozenset({"float16", "float32", "float64"}),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "softcap"}),

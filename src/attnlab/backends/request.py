@@ -1,7 +1,7 @@
 """One attention call, checked and described: what the dispatcher shows each backend.
 
 :func:`prepare` checks every argument once (:mod:`attnlab.reference.validate`) and returns the :class:`Call`: the
-normalised inputs plus a :class:`Request`, the plain facts (kind, device, dtype, masks, outputs,
+normalised inputs plus a :class:`Request`, the plain facts (library, device, dtype, masks, outputs,
 gradients) by which a backend accepts or refuses the call. Backends share the helpers here to
 turn the call's masks into one dense boolean mask when they materialise the scores anyway.
 """
@@ -22,7 +22,7 @@ from attnlab.reference.masks import band_mask, combine
 class Request:
     """What a call asks for, in the terms backends accept or refuse it by."""
 
-    kind: str  # "numpy" or "torch": what came in and what goes out
+    library: str  # "numpy" or "torch": the array library that came in and goes out
     device: str  # "cpu" for NumPy; the tensors' device otherwise ("cpu", "cuda:0", …)
     dtype: str  # the result's dtype
     problem: validate.Problem
@@ -178,7 +178,7 @@ def prepare(
         raise ValueError("pass return_weights=True (every row) or weights_rows= (chosen rows), not both")
     for name, x in (("mask", mask), ("bias", bias)):
         if x is not None and validate.is_torch(x) != validate.is_torch(q):
-            raise TypeError(f"{name} must be of the same kind as q (NumPy array or torch tensor), got {type(x).__name__}")
+            raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
     win = _window(window)
     left = None if win is None else win[0]
     right = 0 if causal else None
@@ -186,7 +186,7 @@ def prepare(
         right = win[1] if right is None else min(right, win[1])
     torch_in = validate.is_torch(q)
     request = Request(
-        kind="torch" if torch_in else "numpy",
+        library="torch" if torch_in else "numpy",
         device=str(q.device) if torch_in else "cpu",
         dtype=p.dtype,
         problem=p,

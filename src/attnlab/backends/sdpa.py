@@ -38,7 +38,7 @@ class SdpaBackend(Backend):
 
     # Fused kernels keep no weights and no LSE (blockwise gives rows of weights and the LSE; torch all of them).
     supports = Supports(
-        kinds=frozenset({"numpy", "torch"}),
+        libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "grad", "bias_grad"}),

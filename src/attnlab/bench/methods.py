@@ -1,7 +1,7 @@
 """The methods a benchmark compares, and a zero-argument call computing each on given inputs.
 
 =================  ==================================================================================
-naive              the seed's NumPy code as printed (seed 000, "In code"): one sequence, no mask
+naive              the textbook NumPy listing, softmax(Q Kᵀ / √d) V on whole arrays: one sequence, no mask
 numpy              the float64 NumPy reference, the specification (NumPy arrays in)
 torch              PyTorch eager (tensors in)
 sdpa               ``torch.nn.functional.scaled_dot_product_attention`` (tensors in)
@@ -61,7 +61,8 @@ def flops(n: int, d: int, heads: int, causal: bool) -> float:
 
 
 def naive_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The seed's code ("In code", seed 000), as printed: one sequence, no mask."""
+    """The textbook listing of attention in NumPy, line for line: one sequence, no mask, every score
+    and weight materialised (the baseline that the tiled methods are measured against)."""
 
     def softmax(x):  # noqa: ANN001, ANN202
         e = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -126,7 +127,7 @@ def runner(method: str, data: dict[str, Any], causal: bool) -> tuple[Callable[[]
     q, k, v = data["np"]
     if method == "naive":
         if causal:
-            return (lambda: None), "the seed's code has no mask"
+            return (lambda: None), "the naive listing has no mask"
         return (lambda: np.stack([naive_attention(q[h], k[h], v[h])[0] for h in range(q.shape[0])])), None
     if method in NUMPY_METHODS:
         args = (q, k, v)

@@ -56,7 +56,7 @@ def input_bytes(n: int, d: int, heads: int) -> int:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One sweep. The defaults finish in a few minutes on 2 cores; flags extend it to n = 65 536
+    """One sweep. The defaults are a short sweep; flags extend it to n = 65 536
     (:data:`MAX_SIZE`). A configuration whose inputs alone would not fit in the memory available
     is refused here, before anything is allocated."""
 

@@ -8,15 +8,11 @@ from rich.table import Table
 from attnlab.cli.common import MODEL_HELP, console, err, json_option, out_file, status, write_json
 
 
-def _pairs(text: str) -> list[tuple[int, int]]:
-    """"1.1,3.11" → [(1, 1), (3, 11)]: layer.head, 1-based as printed."""
-    out = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        layer, dot, head = item.partition(".")
-        if not dot or not layer.isdigit() or not head.isdigit():
-            raise ValueError(f"--heads takes layer.head pairs like 1.1,3.11 (1-based), got {item!r}")
-        out.append((int(layer), int(head)))
-    return out
+def _pairs(text: str) -> list:
+    """"1.1,3.11" → [Head(0, 0), Head(2, 10)]: layer.head, 1-based as printed, made 0-based here."""
+    from attnlab.maps.heads import Head
+
+    return [Head.parse(item, "--heads") for item in (x.strip() for x in text.split(",")) if item]
 
 
 def ablate(
@@ -44,7 +40,7 @@ def ablate(
             found = run_ablation(sentences, _pairs(heads), model=model, how=how, backend=backend)
         if write_json(json_path, found.to_dict()):
             return
-        named = ", ".join(f"layer {l}, head {h}" for l, h in found.heads)
+        named = ", ".join(h.label() for h in found.heads)
         table = Table(title=f"{found.model_id}: {named} out ({how})")
         table.add_column("sentence")
         if found.metric == "cosine":
@@ -72,8 +68,8 @@ def ablate(
     table = Table(title=f"{imp.model_id}: the {top} heads whose removal alone matters most ({how})")
     for col in ("head", f"{effect}, alone", "gradient score", "gradient rank"):
         table.add_column(col, justify="right")
-    order = {(l, h): r for r, (l, h, _) in enumerate(imp.top(imp.ablation.size, by="gradient"), 1)}
-    for l, h, score in imp.top(top):
-        table.add_row(f"layer {l}, head {h}", f"{score:.4g}", f"{imp.gradient[l - 1, h - 1]:.4g}", str(order[(l, h)]))
+    order = {found.head: r for r, found in enumerate(imp.top(imp.ablation.size, by="gradient"), 1)}
+    for head, score in imp.top(top):
+        table.add_row(head.label(), f"{score:.4g}", f"{imp.gradient[head]:.4g}", str(order[head]))
     console.print(table)
     console.print(f"rank correlation of the two scores over all heads (Spearman): {imp.spearman:.2f}", highlight=False)

@@ -28,4 +28,4 @@ def show_induction(model: str | None, revision: str | None, length: int, seed: i
     console.print(table)
     best = found.heads()
     console.print(f"induction heads (score ≥ {INDUCTION_PROBE_THRESHOLD:g}): "
-                  + (", ".join(f"layer {l + 1} head {h + 1}" for l, h in best) or "none"), highlight=False)
+                  + (", ".join(head.label() for head in best) or "none"), highlight=False)

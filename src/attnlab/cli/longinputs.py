@@ -82,15 +82,15 @@ def rollout(
 
     maps = capture(_as_items([sentence]), model, revision)
     view = maps if tokens else maps.to_words()
-    labels = view.tokens[0] if tokens else view.words[0]
+    labels = view.labels(0)
     rolled = roll(view, residual)[0]  # (L, T, T)
     flowed = flow(view, residual)[0] if with_flow else None
     result = {"model_id": maps.model_id, "revision": maps.revision, "residual": residual,
-              "level": "token" if tokens else "word", "labels": labels, "rollout": rolled.round(6).tolist()}
+              "level": view.level, "labels": labels, "rollout": rolled.round(6).tolist()}
     if flowed is not None:
         result["flow"] = flowed.round(6).tolist()
     if png is not None:
-        from attnlab.viz.figures import heatmap_grid
+        from attnlab.viz.heatmap import heatmap_grid
 
         panels = [{"weights": rolled[-1], "rows": labels, "cols": labels, "title": f"rollout, layers 1-{len(rolled)}"}]
         if flowed is not None:

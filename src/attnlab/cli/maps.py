@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
 from attnlab.cli.common import MODEL_HELP, REVISION_HELP, console, err, json_option, out_file, progress, write_json
 from attnlab.lesson.fmt import pct
+
+if TYPE_CHECKING:
+    from attnlab.maps.heads import Head
 
 LESSON_SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
 
@@ -21,8 +25,10 @@ def _as_items(sentences: list[str]) -> list[str | tuple[str, str]]:
     return check_sentences(sentences)
 
 
-def _head(layer: int | None, head: int | None, num_layers: int, num_heads: int) -> tuple[int, int] | None:
-    """1-based --layer/--head from the user → 0-based, checked against the model's counts."""
+def _head(layer: int | None, head: int | None, num_layers: int, num_heads: int) -> Head | None:
+    """1-based --layer/--head from the user → a (0-based) Head, checked against the model's counts."""
+    from attnlab.maps.heads import Head
+
     if layer is None and head is None:
         return None
     if layer is None or head is None:
@@ -31,7 +37,7 @@ def _head(layer: int | None, head: int | None, num_layers: int, num_heads: int) 
         raise ValueError(f"--layer {layer} is out of range; this model has layers 1 to {num_layers}")
     if not 1 <= head <= num_heads:
         raise ValueError(f"--head {head} is out of range; this model has heads 1 to {num_heads}")
-    return layer - 1, head - 1
+    return Head(layer - 1, head - 1)
 
 
 def maps(
@@ -73,7 +79,7 @@ def maps(
     if save:
         err.print(f"wrote {found.save(save)}", highlight=False)
     view = found.to_words() if words else found
-    labels = view.words if words else found.tokens
+    labels = [view.labels(i) for i in range(len(view))]
     if html:
         from attnlab.lesson.scene import scene
         from attnlab.viz.page import write_maps_html
@@ -85,14 +91,14 @@ def maps(
         from attnlab.viz.heatmap import plot_maps
 
         plot_maps([view.weights[i][pick] for i in range(len(found))], labels,
-                  title=f"{found.model_id}: layer {pick[0] + 1}, head {pick[1] + 1}").savefig(png, dpi=150)
+                  title=f"{found.model_id}: {pick.label()}").savefig(png, dpi=150)
         err.print(f"wrote {png}", highlight=False)
-    if write_json(json_path, maps_record(found, pick, view if words else None)):
+    if write_json(json_path, maps_record(view, pick)):
         return
     console.print(f"{found.model_id} ({found.revision}): {found.num_layers} layers × {found.num_heads} heads")
     for i, w in enumerate(view.weights):
         if pick is not None:
-            table = Table(title=f"sentence {i + 1}, layer {pick[0] + 1}, head {pick[1] + 1}: "
+            table = Table(title=f"sentence {i + 1}, {pick.label()}: "
                                 f"% of each row's attention per column")
             table.add_column("", no_wrap=True)
             for lab in labels[i]:
@@ -162,7 +168,7 @@ def heads(
         unit = {"nats": " nats", "ratio": ""}.get(role.unit)
         shown = pct(top.score) if unit is None else f"{top.score:.2f}{unit}"
         over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{unit or ''})"
-        table.add_row(name, role.description, f"layer {top.layer}, head {top.head}", shown, over)
+        table.add_row(name, role.description, top.head.label(), shown, over)
     console.print(table)
 
 

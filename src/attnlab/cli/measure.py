@@ -58,7 +58,7 @@ def _print_check(rows: list, told: dict, kernel: Any, calibration: dict | None) 
         table.add_column(col, justify="right" if col in ("max error", "tolerance") else "left", no_wrap=col != "case")
     for r in rows:
         if r.passed is not None:  # refusals are listed once below, not once per case
-            table.add_row(r.case, r.kind, r.dtype, r.backend, f"{r.max_error:.1e}", f"{r.tolerance:.1e}",
+            table.add_row(r.case, r.library, r.dtype, r.backend, f"{r.max_error:.1e}", f"{r.tolerance:.1e}",
                           "[green]pass[/]" if r.passed else "[red]FAIL[/]")
     console.print(table)
     for r in told["refused"]:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective waits this long for the slowest rank, then fails
 
@@ -143,3 +145,26 @@ def all_gather_objects(obj: Any, group: Any = None) -> list:
     out: list = [None] * _dist().get_world_size(group)
     _dist().all_gather_object(out, obj, group=group)
     return out
+
+
+def raise_failures(failure: BaseException | None, failed: list[int], what: str) -> None:
+    """After every rank has reached the collective that said which ranks ``failed``: this rank's own
+    ``failure`` if it had one, else a RuntimeError naming the ranks that did, else nothing."""
+    if failure is not None:
+        raise failure
+    if failed:
+        raise RuntimeError(f"{what}: rank(s) {failed} failed (their own errors say why)")
+
+
+def on_every_rank(work: Callable[[], T], what: str, group: Any = None) -> T:
+    """``work()`` on this rank, then one collective in which every rank says whether its work
+    failed, so that a rank whose work raised still reaches it and no other rank waits forever at
+    the next collective; :func:`raise_failures` then raises on every rank if any failed."""
+    failure, result = None, None
+    try:
+        result = work()
+    except Exception as e:  # every rank must reach the gather below whatever happens here
+        failure = e
+    flags = all_gather_rows(np.array([failure is not None], dtype=np.float64), group)[:, 0]
+    raise_failures(failure, [r for r, bad in enumerate(flags) if bad], what)
+    return result

@@ -286,12 +286,9 @@ def ring_attention(
         row = np.array([1, p.tq, p.tk, b, groups, p.d, p.dv, dtype, bool(causal), LAYOUTS.index(layout), p.scale])
     except (TypeError, ValueError) as e:
         failure = e
+    # One gather says both whether every rank's input was valid (column 0) and what each rank holds.
     rows = env.all_gather_rows(row, group, timeout_s) if world > 1 else row[None]
-    if failure is not None:
-        raise failure
-    bad = [r for r in range(world) if rows[r, 0] != 1]
-    if bad:
-        raise RuntimeError(f"ring_attention: rank(s) {bad} of the group rejected their input (their own errors say why)")
+    env.raise_failures(failure, [r for r in range(world) if rows[r, 0] != 1], "ring_attention: checking the input")
     for i, name in enumerate(_FIELDS):
         if len(set(rows[:, 3 + i].tolist())) > 1:
             raise ValueError(f"ring_attention: every rank must have the same {name}, got " +

@@ -7,10 +7,10 @@ a map never contains a padding position, and padding never changes a map (the ma
 registered with the attention function sees to that).
 
 Encoders (BERT, RoBERTa) and decoders (GPT-2, Llama, Qwen2, Mistral, Gemma-2) give one map per
-layer. An encoder–decoder (T5, BART) takes (source, target) pairs and gives three: ``weights``
-(the encoder's self-attention over the source), ``decoder.weights`` (the decoder's causal
-self-attention over its input: the start token, then the target) and ``cross_weights``
-(decoder → encoder, [L_dec, H, T_target, T_source]).
+layer. An encoder–decoder (T5, BART) takes (source, target) pairs and gives three records:
+``self_attention`` (the encoder's, over the source), ``decoder`` (the decoder's causal
+self-attention over its input: the start token, then the target) and ``cross`` (decoder → encoder,
+[L_dec, H, T_target, T_source]).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from attnlab.hf.encoding import Encoded, check_sentences, decoder_input, encode, is_punctuation  # noqa: F401
+from attnlab.hf.encoding import Encoded, check_sentences, decoder_input, encode
 from attnlab.hf.loading import LoadedModel, load_model
-from attnlab.maps.records import AttentionMaps
+from attnlab.maps.records import Attention, LayerFacts, Tokens
+from attnlab.maps.tokens import AttentionMaps, gather
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,10 @@ def _stack(per_layer: Any, r: int, tq: int, tk: int) -> np.ndarray:
     return np.ascontiguousarray(torch.stack([a[r, :, :tq, :tk] for a in per_layer]).float().numpy())
 
 
-def _qk_meta(calls: list[dict]) -> dict:
+def _facts(calls: list[dict]) -> tuple[LayerFacts, ...]:
     """What reproduces the weights from queries and keys: per layer scale, softcap, causal, window."""
-    return {name: [c[name] for c in calls] for name in ("scale", "softcap", "causal", "window")}
+    return tuple(LayerFacts(scale=c["scale"], softcap=c["softcap"], causal=c["causal"], window=c["window"])
+                 for c in calls)
 
 
 def _biases(calls: list[dict], tq: list[int], tk: list[int]) -> list[np.ndarray] | None:
@@ -71,15 +73,19 @@ def _biases(calls: list[dict], tq: list[int], tk: list[int]) -> list[np.ndarray]
     return [_stack(per_layer, r, tq[r], tk[r]) for r in range(len(tq))]
 
 
-def _qk(calls: list[dict], tq: list[int], tk: list[int], prefix: str = "") -> dict:
-    """The fields of AttentionMaps that hold one attention's queries [L, H, tq, D] and keys
-    [L, H, tk, D] per sentence, its position bias and its qk_meta, names under ``prefix``."""
+def _record(per_layer: Any, query_side: Tokens, key_side: Tokens, calls: list[dict] | None) -> Attention:
+    """One attention's record from the model's per-layer weights (B, H, Tq', Tk') and, with
+    ``capture(qk=True)``, its recorded calls: queries [L, H, tq, D], keys [L, H, tk, D], bias, facts."""
+    tq, tk = query_side.lengths(), key_side.lengths()
     rows = range(len(tq))
-    return {
-        f"{prefix}queries": [_stack([c["query"] for c in calls], r, tq[r], None) for r in rows],
-        f"{prefix}keys": [_stack([c["key"] for c in calls], r, tk[r], None) for r in rows],
-        f"{prefix}position_bias": _biases(calls, tq, tk), f"{prefix}qk_meta": _qk_meta(calls),
-    }
+    weights = [_stack(per_layer, r, tq[r], tk[r]) for r in rows]
+    queries = keys = bias = facts = None
+    if calls is not None:
+        queries = [_stack([c["query"] for c in calls], r, tq[r], None) for r in rows]
+        keys = [_stack([c["key"] for c in calls], r, tk[r], None) for r in rows]
+        bias, facts = _biases(calls, tq, tk), _facts(calls)
+    return Attention(weights=weights, query_side=query_side, key_side=key_side, num_layers=len(per_layer),
+                     num_heads=weights[0].shape[1], queries=queries, keys=keys, position_bias=bias, layers=facts)
 
 
 def _split_calls(calls: list[dict], enc_layers: int, dec_layers: int, model_id: str) -> tuple[list, list, list]:
@@ -97,7 +103,7 @@ def _split_calls(calls: list[dict], enc_layers: int, dec_layers: int, model_id: 
 
 
 def _encodings(lm: LoadedModel, items: list, seq2seq: bool) -> list[tuple[Encoded, Encoded | None]]:
-    limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
+    limit = lm.max_tokens
     out = []
     for i, s in enumerate(items):
         if not seq2seq:
@@ -115,12 +121,9 @@ def _encodings(lm: LoadedModel, items: list, seq2seq: bool) -> list[tuple[Encode
     return out
 
 
-def _maps(lm: LoadedModel, sentences: list, encs: list[Encoded], weights: list, num_layers: int, **extra: Any) -> AttentionMaps:
-    return AttentionMaps(
-        sentences=sentences, tokens=[e.tokens for e in encs], weights=weights, word_of=[e.word_of for e in encs],
-        words=[e.words for e in encs], kinds=[e.kinds for e in encs], model_id=lm.model_id, revision=lm.revision,
-        num_layers=num_layers, num_heads=weights[0].shape[1], config=lm.config, **extra,
-    )
+def _tokens(encs: list[Encoded]) -> Tokens:
+    return Tokens(tokens=[e.tokens for e in encs], word_of=[e.word_of for e in encs], words=[e.words for e in encs],
+                  kinds=[e.kinds for e in encs])
 
 
 def iter_capture(
@@ -165,25 +168,22 @@ def iter_capture(
                 f"model {lm.model_id!r} returned {len(enc_att or ())} attention maps for {lm.num_layers} layers; "
                 f"is its attention one that transformers' attention interface serves?"
             )
-        n = [len(e.ids) for e in src]
-        extra: dict[str, Any] = {}
+        source = _tokens(src)
+        own_calls = self_calls = cross_calls = None
         if qk:
             dec_layers = len(out.decoder_attentions) if seq2seq else 0
-            own, self_calls, cross_calls = _split_calls(calls, lm.num_layers, dec_layers, lm.model_id)
-            extra.update(_qk(own, n, n))
+            own_calls, self_calls, cross_calls = _split_calls(calls, lm.num_layers, dec_layers, lm.model_id)
+        decoder = cross = None
         if seq2seq:
-            m = [len(e.ids) for e in tgt]
-            dec = _maps(lm, [items[i][1] for i in idx], tgt,
-                        [_stack(out.decoder_attentions, r, m[r], m[r]) for r in range(len(idx))],
-                        len(out.decoder_attentions), **(_qk(self_calls, m, m) if qk else {}))
-            extra.update(decoder=dec, cross_weights=[_stack(out.cross_attentions, r, m[r], n[r]) for r in range(len(idx))])
-            if qk:
-                extra.update(_qk(cross_calls, m, n, prefix="cross_"))
+            target = _tokens(tgt)
+            decoder = _record(out.decoder_attentions, target, target, self_calls)
+            cross = _record(out.cross_attentions, target, source, cross_calls)
         done += len(idx)
         if progress is not None:
             progress(done, len(items))
-        yield idx, _maps(lm, [items[i] for i in idx], src, [_stack(enc_att, r, n[r], n[r]) for r in range(len(idx))],
-                         lm.num_layers, **extra)
+        own = _record(enc_att, source, source, own_calls)
+        yield idx, AttentionMaps(sentences=[items[i] for i in idx], self_attention=own, decoder=decoder, cross=cross,
+                                 model_id=lm.model_id, revision=lm.revision, config=lm.config)
 
 
 def capture(
@@ -200,15 +200,14 @@ def capture(
     ("A", "B")), as in the CLI and corpus files; the tuple is the clearer form.
 
     ``model``: None (the bundled all-MiniLM-L6-v2), a model folder, or a hub id with ``revision``.
-    Returns :class:`AttentionMaps` in the order given; ``weights[i]`` is float32 [L, H, T, T].
-    ``qk=True`` also keeps ``queries[i]`` and ``keys[i]``, [L, H, T, D_head] as the attention
-    function received them (after RoPE, before scaling; grouped-query keys repeated per query head),
-    with ``qk_meta`` (per layer scale, softcap, causal, window) and ``position_bias[i]``
-    [L, H, T, T] (T5's relative position bias; None for models that add none) to recompute the
-    weights from them: softmax(softcap(q·kᵀ·scale) + bias + mask). An encoder–decoder keeps them for
-    its three attentions: the encoder's (these), the decoder's self-attention (``decoder.queries``,
-    ``decoder.keys``, ...) and the cross-attention (``cross_queries[i]`` [L_dec, H, T_target, D],
-    ``cross_keys[i]`` [L_dec, H, T_source, D], ``cross_position_bias``, ``cross_qk_meta``).
+    Returns :class:`AttentionMaps` in the order given, one record per attention of the model
+    (:class:`~attnlab.maps.records.Attention`): ``self_attention`` (``maps.weights[i]`` is its float32
+    [L, H, T, T]) and, for an encoder–decoder, ``decoder`` and ``cross`` ([L_dec, H, T_target, T_source]).
+    ``qk=True`` also keeps each record's ``queries[i]`` and ``keys[i]``, [L, H, T, D_head] as the
+    attention function received them (after RoPE, before scaling; grouped-query keys repeated per
+    query head), ``layers`` (per layer :class:`~attnlab.maps.records.LayerFacts`: scale, softcap,
+    causal, window) and ``position_bias[i]`` [L, H, Tq, Tk] (T5's relative position bias; None for
+    models that add none), to recompute the weights from them: softmax(softcap(q·kᵀ·scale) + bias + mask).
     """
     items = check_sentences(sentences)
     slots: list[Any] = [None] * len(items)
@@ -217,8 +216,6 @@ def capture(
         parts.append(part)
         for r, i in enumerate(idx):
             slots[i] = (len(parts) - 1, r)
-    from attnlab.maps.records import gather
-
     return gather(parts, slots)
 
 

@@ -35,6 +35,14 @@ class LoadedModel:
     num_heads: int
     config: dict = field(repr=False)
 
+    @property
+    def max_tokens(self) -> int:
+        """The longest input the model takes, in tokens (one definition for every caller): the fewer
+        of the positions it embeds (``max_position_embeddings``; none for relative positions such as
+        T5's) and the length its tokenizer declares (``model_max_length``, which transformers sets
+        to a huge number where a tokenizer declares none)."""
+        return int(min(self.tokenizer.model_max_length, self.config.get("max_position_embeddings") or 10**9))
+
 
 def _config_dict(config: Any) -> dict:
     keep = ("model_type", "architectures", "num_hidden_layers", "num_attention_heads", "hidden_size",

@@ -12,7 +12,8 @@ the loss 1 − cos(e_ξ, e) has zero gradient at ξ = 1 (it is at its minimum th
 gradient score is its first-order analogue, E_x ‖∂e(x)/∂ξ_h‖, the length of the embedding's move
 per unit of gate (1 − cos ≈ ‖Δe‖²/2 for unit embeddings).
 
-Layers and heads are 1-based as printed ("layer 3, head 11"); arrays are 0-based [L, H].
+Heads are named by :class:`~attnlab.maps.heads.Head`, 0-based as the [L, H] arrays index them; the
+CLI prints them 1-based ("layer 3, head 11").
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from attnlab.maps.heads import Head, ScoredHead, heads_of, ranked
 
 HOWS = ("zero", "mean")
 PASS_TOKENS = 8192  # positions per forward pass when copies of the batch are run together (ablations, probes)
@@ -37,7 +40,7 @@ class Ablation:
     """
 
     model_id: str
-    heads: tuple[tuple[int, int], ...]
+    heads: tuple[Head, ...]
     how: str
     metric: str
     sentences: tuple[str, ...]
@@ -48,7 +51,7 @@ class Ablation:
 
     def to_dict(self) -> dict:
         arr = lambda a: None if a is None else [float(x) for x in a]  # noqa: E731
-        return {"model_id": self.model_id, "heads": [list(h) for h in self.heads], "how": self.how,
+        return {"model_id": self.model_id, "heads": [h.to_dict() for h in self.heads], "how": self.how,
                 "metric": self.metric, "sentences": list(self.sentences), "cosine": arr(self.cosine),
                 "loss": arr(self.loss), "ablated_loss": arr(self.ablated_loss), "effect": self.effect}
 
@@ -67,11 +70,11 @@ class Importance:
     gradient: np.ndarray
     spearman: float
 
-    def top(self, n: int = 5, by: str = "ablation") -> list[tuple[int, int, float]]:
-        """The ``n`` most important heads as (layer, head, score), 1-based."""
-        scores = {"ablation": self.ablation, "gradient": self.gradient}[by]
-        order = np.argsort(-scores, axis=None)[:n]
-        return [(int(i // scores.shape[1]) + 1, int(i % scores.shape[1]) + 1, float(scores.flat[i])) for i in order]
+    def top(self, n: int = 5, by: str = "ablation") -> list[ScoredHead]:
+        """The ``n`` most important heads and their scores, most important first."""
+        if by not in ("ablation", "gradient"):
+            raise ValueError(f"by must be 'ablation' or 'gradient', got {by!r}")
+        return ranked(self.ablation if by == "ablation" else self.gradient, n=n)
 
     def to_dict(self) -> dict:
         return {"model_id": self.model_id, "metric": self.metric, "how": self.how, "sentences": list(self.sentences),
@@ -108,17 +111,6 @@ def _encode(net: Any, sentences: Any) -> tuple[tuple[str, ...], Any, Any]:
     if net.config.causal and int(enc["attention_mask"].sum(-1).min()) < 2:
         raise ValueError("sentences must have at least two tokens each for a language model's next-token loss")
     return sentences, enc["input_ids"], enc["attention_mask"]
-
-
-def _heads(heads: Any, num_layers: int, num_heads: int) -> tuple[tuple[int, int], ...]:
-    out = []
-    for h in heads:
-        if (not isinstance(h, (tuple, list)) or len(h) != 2 or not all(isinstance(x, (int, np.integer)) for x in h)
-                or not (1 <= h[0] <= num_layers and 1 <= h[1] <= num_heads)):
-            raise ValueError(f"heads must be (layer, head) pairs, 1-based, layer 1..{num_layers}, head 1..{num_heads}; "
-                             f"got {h!r}")
-        out.append((int(h[0]), int(h[1])))
-    return tuple(out)
 
 
 def knockout(c: Any, keep: Any, fill: Any = None) -> list[tuple[str, Any]]:
@@ -159,9 +151,10 @@ def lm_loss(net: Any, ids: Any, mask: Any, targets: Any = None, *, fwd_hooks: An
 def _embed(net: Any, ids: Any, mask: Any, *, fwd_hooks: Any = (), backend: str | None = None) -> Any:
     import torch.nn.functional as F
 
+    from attnlab.transformer.model import mean_pool
+
     h = net.run_with_hooks(ids, mask, fwd_hooks=fwd_hooks, backend=backend)  # (B, T, d)
-    m = mask[..., None].to(h.dtype)  # (B, T, 1)
-    return F.normalize((h * m).sum(1) / m.sum(1), dim=-1)  # (B, d)
+    return F.normalize(mean_pool(h, mask), dim=-1)  # (B, d)
 
 
 def head_means(net: Any, ids: Any, mask: Any, backend: str | None = None) -> Any:
@@ -185,7 +178,7 @@ def _run(net: Any, ids: Any, mask: Any, fwd_hooks: Any, backend: str | None) -> 
 
 
 def ablate(sentences: Any, heads: Any, model: Any = None, how: str = "zero", backend: str = "auto") -> Ablation:
-    """Run ``model`` on ``sentences`` with ``heads`` [(layer, head), …] (1-based) knocked out.
+    """Run ``model`` on ``sentences`` with ``heads`` knocked out: Heads or 0-based (layer, head) pairs.
 
     model: None (the bundled default), a folder, a hub id, or a :class:`~attnlab.transformer.Transformer`.
     how: "zero" (the heads' outputs are zeroed) or "mean" (each is replaced by its mean over the input).
@@ -196,11 +189,11 @@ def ablate(sentences: Any, heads: Any, model: Any = None, how: str = "zero", bac
         raise ValueError(f"how must be one of {', '.join(HOWS)}, got {how!r}")
     net, name = _load(model, backend)
     c = net.config
-    picked = _heads(heads, c.num_layers, c.num_heads)
+    picked = heads_of(heads, c.num_layers, c.num_heads, "heads")
     sentences, ids, mask = _encode(net, sentences)
     keep = torch.ones(c.num_layers, c.num_heads)
     for layer, head in picked:
-        keep[layer - 1, head - 1] = 0.0
+        keep[layer, head] = 0.0
     fill = head_means(net, ids, mask, backend) if how == "mean" else None
     clean, hit = _run(net, ids, mask, (), backend), _run(net, ids, mask, knockout(c, keep, fill), backend)
     if c.causal:

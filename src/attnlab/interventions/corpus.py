@@ -82,22 +82,17 @@ def corpus_roles(
         for _, part in iter_capture(sentences, lm, batch_size=batch_size, progress=progress):
             acc.add(to_words(part, marks=marks))
         return acc.result(lm.model_id, lm.revision)
-    failure = None
-    try:  # every rank must reach the all-reduce below whatever happens here, or the others would hang
+    def share() -> tuple[Any, RoleAccumulator]:
         lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
         acc = RoleAccumulator(lm.num_layers, lm.num_heads, average=average)
-        share = env.shard_items(list(sentences), rank, world)
-        if share:  # more ranks than sentences: some have none
-            for _, part in iter_capture(share, lm, batch_size=batch_size, progress=progress):
+        mine = env.shard_items(list(sentences), rank, world)
+        if mine:  # more ranks than sentences: some have none
+            for _, part in iter_capture(mine, lm, batch_size=batch_size, progress=progress):
                 acc.add(to_words(part, marks=marks))
         _check_kinds(acc)
-    except Exception as e:
-        failure = e
-    (failed,) = env.all_reduce_sum([[failure is not None]], group)[0]  # first only whether all went well
-    if failure is not None:
-        raise failure
-    if failed:
-        raise RuntimeError(f"corpus_roles: {int(failed)} rank(s) failed on their share of the sentences (their own errors say why)")
+        return lm, acc
+
+    lm, acc = env.on_every_rank(share, "corpus_roles", group)
     _sum_over_ranks(acc, group)
     return acc.result(lm.model_id, lm.revision)
 

@@ -1,7 +1,8 @@
 """The induction probe: a seeded random token sequence repeated once (Olsson et al. 2022; as in
 TransformerLens and ARENA). An induction head at position i of the second copy attends to the
 token that followed the same token in the first copy: position i − n + 1 for a sequence of n
-tokens. Its score is the mean weight on that position over the second copy and the batch."""
+tokens. Its score is the mean weight on that position over the second copy and the batch
+(:func:`attnlab.analysis.induction.induction_score`, the one definition)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from attnlab.analysis.induction import induction_score, source_pattern
+from attnlab.maps.heads import Head, ranked
 
 DEFAULT_LENGTH = 50  # random tokens per copy
 DEFAULT_BATCH = 4
@@ -27,18 +31,16 @@ class InductionScores:
     model_id: str
     revision: str | None
 
-    def heads(self, threshold: float = INDUCTION_PROBE_THRESHOLD) -> list[tuple[int, int]]:
-        """Heads (layer0, head0) scoring at least ``threshold``, best first."""
-        found = [(int(l), int(h)) for l, h in zip(*np.nonzero(self.scores >= threshold))]
-        return sorted(found, key=lambda lh: -self.scores[lh])
+    def heads(self, threshold: float = INDUCTION_PROBE_THRESHOLD) -> list[Head]:
+        """Heads scoring at least ``threshold``, best first."""
+        return [found.head for found in ranked(self.scores, at_least=threshold)]
 
     def to_dict(self) -> dict:
-        """JSON-ready; layers and heads 1-based."""
+        """JSON-ready; layers and heads 0-based."""
         return {
             "model_id": self.model_id, "revision": self.revision, "length": self.length, "batch": self.batch,
             "seed": self.seed, "prefix": self.prefix, "threshold": INDUCTION_PROBE_THRESHOLD,
-            "induction_heads": [{"layer": l + 1, "head": h + 1, "score": round(float(self.scores[l, h]), 6)}
-                                for l, h in self.heads()],
+            "induction_heads": [found.to_dict(digits=6) for found in ranked(self.scores, INDUCTION_PROBE_THRESHOLD)],
             "scores": np.round(self.scores, 6).tolist(),
         }
 
@@ -64,15 +66,15 @@ def induction_scores(model: Any = None, revision: str | None = None, *, length: 
     lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
     tok = lm.tokenizer
     prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.cls_token_id
-    limit = lm.config.get("max_position_embeddings") or 10**9
-    if 2 * length + (prefix is not None) > limit:
-        raise ValueError(f"length={length} makes {2 * length + 1} tokens; {lm.model_id!r} takes at most {limit}")
+    limit = lm.max_tokens
+    if (n := 2 * length + (prefix is not None)) > limit:
+        raise ValueError(f"length={length} makes {n} tokens; {lm.model_id!r} takes at most {limit}")
     ids = repeated_tokens(len(tok), set(tok.all_special_ids), length, batch, seed, prefix)
     w = capture_ids(ids, lm)  # (B, L, H, T, T)
-    start = ids.shape[1] - length  # first position of the second copy
-    rows = np.arange(start, ids.shape[1])
-    cols = rows - length + 1
-    scores = w[:, :, :, rows, cols].mean(axis=(0, -1))  # (L, H)
+    t = ids.shape[1]
+    source = np.arange(t) - length + 1  # row i of the second copy looks at i − n + 1, after its first copy
+    source[: t - length] = -1  # the first copy (and the prefix) has no earlier copy to look after
+    scores = induction_score(w, source_pattern(source, t), source >= 0, axis=(0,))  # (L, H): pooled over the batch
     return InductionScores(scores=scores.astype(np.float64), length=length, batch=batch, seed=seed,
                            prefix=None if prefix is None else tok.convert_ids_to_tokens(prefix),
                            model_id=lm.model_id, revision=lm.revision)

@@ -104,8 +104,7 @@ def release_free_memory() -> None:
     glibc keeps freed chunks below its mmap threshold (which rises to 32 MiB as large blocks are
     freed) in the heap, so a long input's per-layer tensors of 16–32 MiB, freed after one layer,
     stay resident under the next layer's: the process's peak then depends on the order of frees
-    and moved by 150 MiB between identical runs at 32,768 tokens. Trimmed after each layer, the
-    peak is what one layer needs.
+    and differs between identical runs. Trimmed after each layer, the peak is what one layer needs.
     """
     trim = _malloc_trim()
     if trim is not None:
@@ -260,17 +259,9 @@ def head_stats(
     rank, world = env.join(distributed, group)
     if world == 1:
         return _head_stats(items, 0, model, revision, max_tokens, block_rows, progress).stats
-    failure, part = None, None
-    try:  # every rank must reach the all-reduce below whatever happens here, or the others would hang
-        first = sum(len(env.shard_items(items, r, world)) for r in range(rank))
-        part = _head_stats(env.shard_items(items, rank, world), first, model, revision, max_tokens, block_rows, progress)
-    except Exception as e:
-        failure = e
-    (failed,) = env.all_reduce_sum([[failure is not None]], group)[0]
-    if failure is not None:
-        raise failure
-    if failed:
-        raise RuntimeError(f"head_stats: {int(failed)} rank(s) failed on their share of the texts (their own errors say why)")
+    first = sum(len(env.shard_items(items, r, world)) for r in range(rank))
+    part = env.on_every_rank(lambda: _head_stats(env.shard_items(items, rank, world), first, model, revision,
+                                                 max_tokens, block_rows, progress), "head_stats", group)
     totals = env.all_reduce_sum([part.totals[n] for n in ROW_STATS] + [[part.counts[n] for n in ROW_STATS]], group)
     counts = dict(zip(ROW_STATS, totals.pop()))
     shares = env.all_gather_objects((part.stats.received, part.stats.tokens), group)
@@ -299,7 +290,7 @@ def _head_stats(items: list[str], first: int, model: Any, revision: str | None, 
     lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
     if lm.config.get("is_encoder_decoder"):
         raise ValueError(f"head_stats serves encoders and decoders; {lm.model_id!r} is an encoder–decoder")
-    limit = lm.config.get("max_position_embeddings") or 10**9
+    limit = lm.max_tokens
     totals: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     received, tokens = [], []

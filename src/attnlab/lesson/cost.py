@@ -41,9 +41,8 @@ MAX_RUN_S = 2.0  # never start a run predicted to take longer than this (one run
 # call's peak extra memory to the byte, the same on every run and on every OS. The other measure,
 # the rise of the process's peak resident set ("rss"), sees BLAS's and the allocator's memory too,
 # but only on Linux (None elsewhere, and the lesson must run anywhere), and it adds page and heap
-# rounding. Checked against it (float64 inputs, 1 BLAS thread, n = 256 … 4096): rss was at most
-# 0.25 MB above for the n × n path (1.79 vs 1.65 MB … 402.9 vs 402.7 MB) and 0.75 MB for blockwise
-# (1.59 vs 1.60 … 8.72 vs 7.97 MB), so nothing the algorithms need is hidden from tracemalloc.
+# rounding. Checked against it (benchmarks/README.md, "Figures behind the code's reasons"), rss
+# stayed within a fraction of a MB of it on both paths: nothing the algorithms need is hidden from tracemalloc.
 MEMORY = "tracemalloc"
 # float64 inputs, the reference's own precision: given float32 it converts them first, a cost that is
 # not the attention's and that weighs most at the smallest n, where it flattens the time exponent.

@@ -8,10 +8,11 @@ beside ours, labelled as the lesson's model.
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnlab.lesson.fmt import pct
 from attnlab.lesson.section import Section, table
+from attnlab.maps.tokens import AttentionMaps
+from attnlab.maps.words import WordMaps
+from attnlab.maps.heads import Head
 
 SENTENCES = ("I sat on the bank of the river.", "I put the money in the bank.")
 TARGET = "bank"
@@ -22,14 +23,14 @@ SEED_MAPS = {
     "model": "bert-base-uncased",
     "qualifying": 6,
     "total_heads": 144,
-    "best": {"layer": 3, "head": 11, "weights_pct": [93, 60]},
+    "best": {"layer": 2, "head": 10, "weights_pct": [93, 60]},  # 0-based: the lesson's "layer 3, head 11"
     "mark_heads": 113,
     "spanish": {"model": "bert-base-multilingual-cased", "qualifying": 4, "total_heads": 144,
-                "best": {"layer": 1, "head": 4, "weights_pct": [44, 65]}, "mark_heads": 58},
+                "best": {"layer": 0, "head": 3, "weights_pct": [44, 65]}, "mark_heads": 58},  # "layer 1, head 4"
 }
 
 
-def model_info(maps: Any) -> dict:
+def model_info(maps: AttentionMaps) -> dict:
     """Layers, heads and width of the captured model, read from its config."""
     hidden = maps.config.get("hidden_size") or maps.config.get("n_embd") or maps.config.get("d_model")
     if not hidden:
@@ -38,22 +39,22 @@ def model_info(maps: Any) -> dict:
             "num_heads": maps.num_heads, "hidden_size": int(hidden)}
 
 
-def capture_bank(model: str | None = None) -> Any:
+def capture_bank(model: str | None = None) -> AttentionMaps:
     """The two sentences' maps on ``model`` (None: the bundled default); loads torch lazily."""
     from attnlab.hf.capture import capture
 
     return capture(list(SENTENCES), model=model)
 
 
-def _heatmap(words: Any, sentence: int, layer: int, head: int, title: str) -> dict:
+def _heatmap(words: WordMaps, sentence: int, head: Head, title: str) -> dict:
     return {
-        "title": title, "sentence": sentence, "layer": layer + 1, "head": head + 1,
-        "words": list(words.words[sentence]),
-        "weights": words.weights[sentence][layer, head].astype(float).round(6).tolist(),
+        "title": title, "sentence": sentence, **head.to_dict(),
+        "words": words.labels(sentence),
+        "weights": words.weights[sentence][head].astype(float).round(6).tolist(),
     }
 
 
-def maps_section(maps: Any) -> Section:
+def maps_section(maps: AttentionMaps) -> Section:
     from attnlab.analysis.roles import head_roles
     from attnlab.analysis.search import find_heads
 
@@ -66,19 +67,18 @@ def maps_section(maps: Any) -> Section:
 
     heatmaps = []
     if res.best is not None:
-        layer, head = res.best
-        label = "the best qualifying head"
+        shown, label = res.best, "the best qualifying head"
     else:
-        layer, head = res.closest[0].layer, res.closest[0].head
-        label = "the closest head (none qualifies)"
+        shown, label = res.closest[0].head, "the closest head (none qualifies)"
     for s in range(len(SENTENCES)):
-        heatmaps.append(_heatmap(words, s, layer, head, f'"{TARGET}" head, {label}: layer {layer + 1}, head {head + 1}'))
+        heatmaps.append(_heatmap(words, s, shown, f'"{TARGET}" head, {label}: {shown.label()}'))
     tops = {role: roles.top(role) for role, _ in ROLE_HEADS}
     role_rows = []
     for role, what in ROLE_HEADS:
-        top = tops[role]  # layer and head 1-based, index 0-based
-        role_rows.append([what, f"layer {top.layer}, head {top.head}", pct(top.score)])
-        heatmaps.append(_heatmap(words, 0, *top.index, f"{what}: layer {top.layer}, head {top.head}, average {pct(top.score)}"))
+        top = tops[role]
+        role_rows.append([what, top.head.label(), pct(top.score)])
+        heatmaps.append(_heatmap(words, 0, top.head, f"{what}: {top.head.label()}, average {pct(top.score)}"))
+    seed_best = Head(seed["best"]["layer"], seed["best"]["head"])
 
     if res.qualifying:
         verdict = f"{len(res.qualifying)} of {total} heads qualify; " + res.summary().split("; ", 1)[1] + "."
@@ -92,20 +92,20 @@ def maps_section(maps: Any) -> Section:
         f"{res.mark_heads} of {total} heads.",
         "Heads with the largest average weight on the " + "; on the ".join(
             f"{what.split(' (')[0]}: {where} ({share})" for what, where, share in role_rows) + ".",
-        f"The lesson's model, {seed['model']}: {seed['qualifying']} of {seed['total_heads']} heads qualify (layer "
-        f"{seed['best']['layer']}, head {seed['best']['head']}: {seed['best']['weights_pct'][0]} % and "
+        f"The lesson's model, {seed['model']}: {seed['qualifying']} of {seed['total_heads']} heads qualify "
+        f"({seed_best.label()}: {seed['best']['weights_pct'][0]} % and "
         f"{seed['best']['weights_pct'][1]} %), and the largest weight of \"{TARGET}\" falls on a mark in "
         f"{seed['mark_heads']} of {seed['total_heads']}.",
     )
     closest_rows = [
-        [f"layer {c.layer + 1}, head {c.head + 1}", f"{c.sentences_won} of {len(SENTENCES)}"]
+        [c.head.label(), f"{c.sentences_won} of {len(SENTENCES)}"]
         + [pct(w) + ("" if win.casefold() == d.casefold() else f" ({win} {pct(ww)})")
            for d, w, win, ww in zip(DECIDERS, c.weights, c.winners, c.winner_weights)]
         for c in res.closest
     ]
     if res.best is not None:
-        closest_rows = [[f"layer {lh[0] + 1}, head {lh[1] + 1}", f"{len(SENTENCES)} of {len(SENTENCES)}"]
-                        + [pct(w) for w in res.decider_weights[lh]] for lh in res.qualifying]
+        closest_rows = [[found.label(), f"{len(SENTENCES)} of {len(SENTENCES)}"]
+                        + [pct(w) for w in res.decider_weights[found]] for found in res.qualifying]
     tables = (
         table(
             f'The "{TARGET}" head search (largest weight of "{TARGET}" on the decider in both sentences; '
@@ -113,10 +113,10 @@ def maps_section(maps: Any) -> Section:
             ["model", "heads", "qualify", "best head", "river / money", "on a mark"],
             [
                 [info["model_id"].rsplit("/", 1)[-1], total, len(res.qualifying),
-                 f"layer {res.best[0] + 1}, head {res.best[1] + 1}" if res.best else "none",
+                 res.best.label() if res.best else "none",
                  " / ".join(pct(w) for w in res.decider_weights[res.best]) if res.best else "—", res.mark_heads],
                 [f"{seed['model']} (the lesson)", seed["total_heads"], seed["qualifying"],
-                 f"layer {seed['best']['layer']}, head {seed['best']['head']}",
+                 seed_best.label(),
                  " / ".join(f"{w} %" for w in seed["best"]["weights_pct"]), seed["mark_heads"]],
             ],
         ),
@@ -134,7 +134,7 @@ def maps_section(maps: Any) -> Section:
         "deciders": list(DECIDERS),
         "words": [list(w) for w in words.words],
         "search": res.to_dict(),
-        "roles": {role: {"layer": t.layer, "head": t.head, "score": t.score} for role, t in tops.items()},
+        "roles": {role: t.to_dict() for role, t in tops.items()},
         "heatmaps": heatmaps,
     }
     return Section("maps", 5, "The real maps", findings, tables, data, SEED_MAPS)

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from attnlab.lesson.cost import CostConfig, cost_section
 from attnlab.lesson.formula import formula_section, qkv_section
@@ -21,6 +20,7 @@ from attnlab.lesson.realmaps import capture_bank, maps_section, model_info
 from attnlab.lesson.scaling import scaling_section
 from attnlab.lesson.section import Section
 from attnlab.lesson.transformer import transformer_section
+from attnlab.maps.tokens import AttentionMaps
 
 SCHEMA_VERSION = 1
 DEFAULT_OUT = Path("attnlab-report")
@@ -59,9 +59,9 @@ class Lesson:
     sections: tuple[Section, ...]  # in the lesson's order, 1 to 8
     seconds: dict[str, float]  # wall time of each step
     elapsed_s: float
-    # The captured "bank" maps (AttentionMaps), kept so the report can write the explorable
-    # viewer page beside index.html; not part of lesson.json.
-    maps: Any = field(default=None, repr=False, compare=False)
+    # The captured "bank" maps, kept so the report can write the explorable viewer page beside
+    # index.html; not part of lesson.json.
+    maps: AttentionMaps | None = field(default=None, repr=False, compare=False)
 
     def section(self, key: str) -> Section:
         for s in self.sections:

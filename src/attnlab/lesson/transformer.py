@@ -8,14 +8,13 @@ The section shows the loss on the repeated part over the steps (the sudden drop 
 2022), the maps of every head before and after, the roles found (a previous-token head in layer 1,
 an induction head in layer 2, with their scores) and what knocking them out does to the loss.
 
-The set-up. A first sketch (learned absolute positions, repeats of unstated length) grew an
-induction head in layer 2 without a previous-token head in layer 1: with positions in the residual
-stream a layer-1 head can find the earlier copy of the current token and carry *its position*
-forward, and layer 2 then looks one position further by position alone. Two choices bring out the
-textbook circuit. Rotary positions turn only q and k, so no position enters the residual stream
-and that route is closed: layer 2 can find "the token after the earlier copy" only if layer 1 has
-written each token's predecessor into it (a previous-token head, read through layer 2's keys: K-
-composition). Repeats of 16–24 of the 48 tokens make a third or more of the targets copyable, so the
+The set-up. With learned absolute positions, an induction head can form in layer 2 without a
+previous-token head in layer 1: with positions in the residual stream a layer-1 head can find the
+earlier copy of the current token and carry *its position* forward, and layer 2 then looks one
+position further by position alone. Two choices bring out the textbook circuit. Rotary positions
+turn only q and k, so no position enters the residual stream and that route is closed: layer 2 can
+find "the token after the earlier copy" only if layer 1 has written each token's predecessor into
+it (a previous-token head, read through layer 2's keys: K-composition). Repeats of 16–24 of the 48 tokens make a third or more of the targets copyable, so the
 copying signal is strong and the plateau before the drop is short.
 """
 
@@ -28,11 +27,16 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.analysis.induction import induction_score, source_pattern
 from attnlab.lesson.fmt import num
 from attnlab.lesson.section import Section, table
+from attnlab.maps.heads import Head
 
 KEY, NUMBER = "transformer", 8
-INDUCTION_THRESHOLD = 0.5  # an "induction head": half of its weight on the token after the earlier copy
+# The lesson says an induction head "has formed" when the best layer-2 head puts half of its weight on
+# the token after the earlier copy (the role's threshold, analysis.roles.INDUCTION_THRESHOLD, is lower:
+# a head has the role; here the circuit is learned).
+INDUCTION_FORMED_THRESHOLD = 0.5
 
 
 @dataclass(frozen=True)
@@ -83,10 +87,11 @@ def head_scores(weights: tuple, source: Any) -> tuple[np.ndarray, np.ndarray]:
     previous-token: the mean weight of query t on key t − 1 (t ≥ 1); induction: the mean weight of a
     query on the repeat on the key after its earlier copy (Olsson et al. 2022).
     """
-    b, t = (source >= 0).nonzero(as_tuple=True)
+    src = source.numpy()
+    pattern, rows = source_pattern(src[:, None], src.shape[-1]), (src >= 0)[:, None]  # (B, 1, T, T), (B, 1, T)
     prev = np.stack([w.diagonal(-1, -2, -1).mean((0, 2)).numpy() for w in weights])  # (L, H)
-    ind = np.stack([w[b, :, t, source[b, t]].mean(0).numpy() for w in weights])  # (L, H)
-    return prev.astype(np.float64), ind.astype(np.float64)
+    ind = np.stack([induction_score(w.numpy(), pattern, rows, axis=(0,)) for w in weights])  # (L, H)
+    return prev.astype(np.float64), ind
 
 
 def _model(c: InductionConfig) -> Any:
@@ -187,7 +192,7 @@ def transformer_section(seed: int = 0, config: InductionConfig | None = None) ->
     ind_head = int(after["induction"][1].argmax())  # 0-based head of layer 2
     prev_score, ind_score = float(after["previous_token"][0, prev_head]), float(after["induction"][1, ind_head])
     losses = _ablations(run["net"], ex, et, es, prev_head, ind_head, c.heads)
-    reached = [(s, t) for s, t, i in zip(h["step"], h["seconds"], h["induction"]) if i[1] >= INDUCTION_THRESHOLD]
+    reached = [(s, t) for s, t, i in zip(h["step"], h["seconds"], h["induction"]) if i[1] >= INDUCTION_FORMED_THRESHOLD]
     step_at, seconds_at = reached[0] if reached else (None, None)
     chance = math.log(c.vocab)
     findings = (
@@ -196,7 +201,7 @@ def transformer_section(seed: int = 0, config: InductionConfig | None = None) ->
         f"The data: {c.seq_len} random tokens of {c.vocab}, with a segment of {c.segment[0]}–{c.segment[1]} tokens "
         f"repeated at a random offset, so only copying predicts the repeat.",
         f"The loss on the repeat stayed near chance (ln {c.vocab} = {chance:.2f} nats) and then dropped: "
-        + (f"the best layer-2 head's induction score passed {INDUCTION_THRESHOLD} at step {step_at} after "
+        + (f"the best layer-2 head's induction score passed {INDUCTION_FORMED_THRESHOLD} at step {step_at} after "
            f"{seconds_at:.1f} s of training; " if reached else "no head reached the induction threshold; ")
         + f"after {c.steps} steps ({run['train_seconds']:.1f} s) the loss on the repeat is {losses['none']:.2f} nats.",
         f"The roles found: layer 1, head {prev_head + 1} is a previous-token head (score {prev_score:.2f}: its share of "
@@ -232,8 +237,8 @@ def transformer_section(seed: int = 0, config: InductionConfig | None = None) ->
         "config": dict(asdict(c), segment=list(c.segment)),
         "induction_score": ind_score,
         "previous_token_score": prev_score,
-        "induction_head": {"layer": 2, "head": ind_head + 1},
-        "previous_token_head": {"layer": 1, "head": prev_head + 1},
+        "induction_head": Head(1, ind_head).to_dict(),  # 0-based, as every field
+        "previous_token_head": Head(0, prev_head).to_dict(),
         "train_seconds": run["train_seconds"],
         "train_cpu_seconds": run["train_cpu_seconds"],
         "steps_to_induction": step_at,

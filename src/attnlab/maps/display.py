@@ -7,17 +7,19 @@ a notebook shows their ``repr``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
-_html: Callable[[Any], str] | None = None
+# The maps types import this module, so it names them only in words: ``maps`` is any maps object
+# (attnlab.maps.records.Maps).
+_html: Callable[[object], str] | None = None
 
 
-def register_html(render: Callable[[Any], str]) -> None:
+def register_html(render: Callable[[object], str]) -> None:
     """Make ``render(maps) -> str`` the HTML form of every maps object (token or word level)."""
     global _html
     _html = render
 
 
-def html(maps: Any) -> str | None:
+def html(maps: object) -> str | None:
     """The registered HTML form of ``maps``, or None when nothing is registered."""
     return None if _html is None else _html(maps)

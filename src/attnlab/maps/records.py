@@ -1,120 +1,305 @@
-"""Captured attention maps, and their one file format.
+"""Captured attention maps: one record per attention of a model.
 
-A file is a NumPy ``.npz`` archive read with ``allow_pickle=False``: one array ``weights_<i>`` of
-shape [L, H, T, T] per sentence (float32 or float16, exactly as captured or converted) and one
-``header`` array holding UTF-8 JSON with everything else (format name and version, model id,
-revision, config, sentences, tokens, token-to-word index, words and their kinds). Optional parts
-add arrays of their own: ``queries_<i>`` and ``keys_<i>`` [L, H, T, D] (``qk=True``, with
-``position_bias_<i>`` [L, H, T, T] where the model adds one), and for an encoder–decoder
-``cross_<i>`` [L_dec, H, T_target, T_source], the decoder's maps under the prefix ``decoder.``
-(its header under the header's ``decoder`` key) and with ``qk=True`` ``cross_queries_<i>``,
-``cross_keys_<i>`` and ``cross_position_bias_<i>`` (their meta under ``cross_qk_meta``). Saving and
-loading are lossless: the arrays come back bit for bit, the rest equal.
+A model reads one sequence per sentence (an encoder–decoder two: the source, and the target its
+decoder reads), and has one attention (an encoder's or a decoder-only model's self-attention) or
+three (an encoder–decoder's encoder self-attention, decoder self-attention and cross-attention).
+
+- :class:`Tokens` and :class:`Words`: one side of an attention, per sentence: what its positions
+  are (tokens, or words) and which of them are marks (special tokens, punctuation).
+- :class:`Attention`: one attention over its sentences: ``weights[i]`` [L, H, Tq, Tk] from the
+  ``query_side``'s positions (rows) to the ``key_side``'s (columns); with ``capture(qk=True)``
+  also its ``queries``, ``keys``, ``position_bias`` and the per-layer facts (:class:`LayerFacts`)
+  that turn them into the weights.
+- :class:`Maps`: what token-level :class:`~attnlab.maps.tokens.AttentionMaps` and word-level
+  :class:`~attnlab.maps.words.WordMaps` share, and what the viewer and the analyses read:
+  ``self_attention`` (the model's own: an encoder's, a decoder-only model's, an encoder–decoder's
+  encoder), ``decoder`` and ``cross`` (an encoder–decoder's), the sentences, the model's id and
+  revision, labels and marks.
+
+Token-level maps and their file are :mod:`attnlab.maps.tokens` (the format: :mod:`attnlab.maps.files`),
+word-level maps :mod:`attnlab.maps.words`.
 """
 
 from __future__ import annotations
 
-import json
-import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import numpy as np
 
-FORMAT = "attnlab.maps"
-FORMAT_VERSION = 1
 WORD_KINDS = ("cls", "sep", "punct", "word")  # cls: the special token that opens a sequence; sep: any other
-
+DEFAULT_MARK_KINDS = frozenset({"cls", "sep", "punct"})  # the marks by default: special tokens and punctuation
 
 Sentence = str | tuple[str, str]
 
 
-@dataclass(frozen=True)
-class AttentionMaps:
-    """Post-softmax attention of every layer and head, one entry per sentence.
+def _per_sentence(owner: str, n: int, **lists: list) -> None:
+    for name, values in lists.items():
+        if len(values) != n:
+            raise ValueError(f"{owner}.{name} has {len(values)} entries, expected {n} (one per sentence)")
 
-    ``weights[i]`` is [L, H, T, T] for the T tokens of sentence i (no padding); row = the token
-    attending, column = the token attended to. ``word_of[i][t]`` is the word that token t belongs to;
-    ``words[i]`` and ``kinds[i]`` describe those words (special tokens are words of their own, of
-    kind ``cls`` or ``sep``; ``punct`` words are punctuation only).
 
-    With ``capture(..., qk=True)``: ``queries[i]`` and ``keys[i]`` [L, H, T, D], ``qk_meta`` (per
-    layer ``scale``, ``softcap``, ``causal``, ``window``) and ``position_bias[i]`` [L, H, T, T], the
-    bias the model adds to the scores (T5's relative position bias; None where it adds none), so
-    that softmax(softcap(q·kᵀ·scale) + bias + mask) gives ``weights[i]``. An encoder–decoder's
-    ``decoder`` holds the same for its self-attention, and ``cross_queries[i]`` [L_dec, H, T_target, D],
-    ``cross_keys[i]`` [L_dec, H, T_source, D], ``cross_position_bias`` and ``cross_qk_meta`` those
-    of its cross-attention.
-    """
+@dataclass(frozen=True, kw_only=True)
+class Tokens:
+    """Token-level positions, per sentence: ``tokens[i]``, and the words they make up: token t is
+    part of word ``word_of[i][t]``, words ``words[i]`` of kinds ``kinds[i]`` (one of
+    :data:`WORD_KINDS`; special tokens are words of their own)."""
 
-    sentences: list[Sentence]
     tokens: list[list[str]]
-    weights: list[np.ndarray] = field(repr=False)
     word_of: list[list[int]] = field(repr=False)
     words: list[list[str]] = field(repr=False)
     kinds: list[list[str]] = field(repr=False)
-    model_id: str
-    revision: str | None
-    num_layers: int
-    num_heads: int
-    config: dict = field(default_factory=dict, repr=False)
-    decoder: AttentionMaps | None = field(default=None, repr=False)
-    cross_weights: list[np.ndarray] | None = field(default=None, repr=False)
-    queries: list[np.ndarray] | None = field(default=None, repr=False)
-    keys: list[np.ndarray] | None = field(default=None, repr=False)
-    qk_meta: dict | None = field(default=None, repr=False)
-    position_bias: list[np.ndarray] | None = field(default=None, repr=False)
-    cross_queries: list[np.ndarray] | None = field(default=None, repr=False)
-    cross_keys: list[np.ndarray] | None = field(default=None, repr=False)
-    cross_position_bias: list[np.ndarray] | None = field(default=None, repr=False)
-    cross_qk_meta: dict | None = field(default=None, repr=False)
+    level: ClassVar[str] = "token"
 
     def __post_init__(self) -> None:
-        n = len(self.sentences)
-        for name in ("tokens", "weights", "word_of", "words", "kinds"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"AttentionMaps.{name} has {len(getattr(self, name))} entries, expected {n} (one per sentence)")
-        for i, (toks, w) in enumerate(zip(self.tokens, self.weights)):
-            t = len(toks)
-            if w.shape != (self.num_layers, self.num_heads, t, t):
-                raise ValueError(
-                    f"AttentionMaps.weights[{i}] has shape {w.shape}, expected "
-                    f"{(self.num_layers, self.num_heads, t, t)} (L, H, T, T)"
-                )
-        if (self.decoder is None) != (self.cross_weights is None):
-            raise ValueError("AttentionMaps.decoder and cross_weights come together (an encoder–decoder) or not at all")
-        if self.decoder is not None:
-            for i, c in enumerate(self.cross_weights):
-                want = (self.decoder.num_layers, self.decoder.num_heads, len(self.decoder.tokens[i]), len(self.tokens[i]))
-                if c.shape != want:
-                    raise ValueError(f"AttentionMaps.cross_weights[{i}] has shape {c.shape}, expected {want} "
-                                     f"(L_dec, H, T_target, T_source)")
-        rows = [len(t) for t in self.tokens]
-        self._check_qk("", self.num_layers, self.num_heads, rows, rows)
-        if (self.cross_queries is not None) and self.decoder is None:
-            raise ValueError("AttentionMaps.cross_queries needs an encoder–decoder's maps (decoder and cross_weights)")
-        if self.decoder is not None:
-            self._check_qk("cross_", self.decoder.num_layers, self.decoder.num_heads,
-                           [len(t) for t in self.decoder.tokens], rows)
+        _per_sentence("Tokens", len(self.tokens), word_of=self.word_of, words=self.words, kinds=self.kinds)
+        for i, (toks, of, ws, ks) in enumerate(zip(self.tokens, self.word_of, self.words, self.kinds)):
+            if len(of) != len(toks) or len(ks) != len(ws):
+                raise ValueError(f"Tokens of sentence {i}: {len(toks)} tokens with {len(of)} word_of entries, "
+                                 f"{len(ws)} words with {len(ks)} kinds (expected one each)")
 
-    def _check_qk(self, prefix: str, num_layers: int, num_heads: int, tq: list[int], tk: list[int]) -> None:
-        """queries [L, H, Tq, D], keys [L, H, Tk, D], position_bias [L, H, Tq, Tk] under ``prefix``, or none."""
-        queries, keys, bias = (getattr(self, f"{prefix}{n}") for n in ("queries", "keys", "position_bias"))
-        if (queries is None) != (keys is None) or (queries is None and bias is not None):
-            raise ValueError(f"AttentionMaps.{prefix}queries and {prefix}keys come together, and "
-                             f"{prefix}position_bias only with them")
-        for name, lengths in (("queries", tq), ("keys", tk), ("position_bias", tq)):
-            for i, x in enumerate(getattr(self, f"{prefix}{name}") or ()):
-                want, last = (num_layers, num_heads, lengths[i]), tk[i] if name == "position_bias" else "D"
-                if x.ndim != 4 or x.shape[:3] != want or (name == "position_bias" and x.shape[3] != tk[i]):
-                    raise ValueError(f"AttentionMaps.{prefix}{name}[{i}] has shape {x.shape}, expected {want} + "
-                                     f"({last},) (L, H, {'Tq, Tk' if name == 'position_bias' else 'T, D'})")
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def lengths(self) -> list[int]:
+        return [len(t) for t in self.tokens]
+
+    def labels(self, i: int) -> list[str]:
+        return list(self.tokens[i])
+
+    def marks(self, i: int) -> list[bool]:
+        """Sentence i's tokens that are marks: those whose word is (by the default rule)."""
+        kinds = self.kinds[i]
+        return [kinds[w] in DEFAULT_MARK_KINDS for w in self.word_of[i]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Words:
+    """Word-level positions, per sentence: ``words[i]``, their ``kinds[i]`` and whether each counts
+    as a mark (``is_mark[i]``: by default the special tokens and punctuation)."""
+
+    words: list[list[str]]
+    kinds: list[list[str]] = field(repr=False)
+    is_mark: list[list[bool]] = field(repr=False)
+    level: ClassVar[str] = "word"
+
+    def __post_init__(self) -> None:
+        _per_sentence("Words", len(self.words), kinds=self.kinds, is_mark=self.is_mark)
+        for i, (ws, ks, ms) in enumerate(zip(self.words, self.kinds, self.is_mark)):
+            if not len(ws) == len(ks) == len(ms):
+                raise ValueError(f"Words of sentence {i}: {len(ws)} words, {len(ks)} kinds, {len(ms)} marks "
+                                 f"(expected one each)")
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def lengths(self) -> list[int]:
+        return [len(w) for w in self.words]
+
+    def labels(self, i: int) -> list[str]:
+        return list(self.words[i])
+
+    def marks(self, i: int) -> list[bool]:
+        return [bool(m) for m in self.is_mark[i]]
+
+
+Side = Tokens | Words
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What turns one layer's queries and keys into its weights: softmax(softcap(q·kᵀ·scale) + bias +
+    mask), ``softcap`` c meaning c·tanh(s/c) (None: none), ``causal`` bottom-right aligned and
+    ``window`` (left, right) a sliding window (None: none)."""
+
+    scale: float
+    softcap: float | None = None
+    causal: bool = False
+    window: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.window is not None:  # a JSON list when read from a file
+            object.__setattr__(self, "window", (int(self.window[0]), int(self.window[1])))
+
+    def to_dict(self) -> dict:
+        return {"scale": self.scale, "softcap": self.softcap, "causal": self.causal,
+                "window": None if self.window is None else list(self.window)}
+
+
+def _check_arrays(name: str, arrays: list[np.ndarray] | None, n: int, want: Callable[[int], tuple], axes: str) -> None:
+    """Every ``arrays[i]`` has the leading dims ``want(i)`` (one entry per sentence)."""
+    if arrays is None:
+        return
+    if len(arrays) != n:
+        raise ValueError(f"Attention.{name} has {len(arrays)} entries, expected {n} (one per sentence)")
+    for i, x in enumerate(arrays):
+        lead = want(i)
+        if x.ndim != 4 or x.shape[: len(lead)] != lead:
+            raise ValueError(f"Attention.{name}[{i}] has shape {x.shape}, expected {lead}{' + (D,)' * (len(lead) < 4)} "
+                             f"({axes})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attention:
+    """One attention of a model, per sentence.
+
+    ``weights[i]`` [L, H, Tq, Tk]: post-softmax, row = the ``query_side`` position attending,
+    column = the ``key_side`` position attended to (the same side for a self-attention). Captured
+    with ``qk=True`` (token level only): ``queries[i]`` [L, H, Tq, D] and ``keys[i]`` [L, H, Tk, D]
+    as the attention function received them (after RoPE, before scaling; grouped keys repeated per
+    query head), ``position_bias[i]`` [L, H, Tq, Tk] where the model adds one to the scores (T5's
+    relative position bias; None where it adds none) and ``layers``, one :class:`LayerFacts` per
+    layer, so that softmax(softcap(q·kᵀ·scale) + bias + mask) gives ``weights[i]``.
+    """
+
+    weights: list[np.ndarray] = field(repr=False)
+    query_side: Side = field(repr=False)
+    key_side: Side = field(repr=False)
+    num_layers: int
+    num_heads: int
+    queries: list[np.ndarray] | None = field(default=None, repr=False)
+    keys: list[np.ndarray] | None = field(default=None, repr=False)
+    position_bias: list[np.ndarray] | None = field(default=None, repr=False)
+    layers: tuple[LayerFacts, ...] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        n, tq, tk = len(self.weights), self.query_side.lengths(), self.key_side.lengths()
+        if len(tq) != n or len(tk) != n:
+            raise ValueError(f"Attention has {n} sentences of weights, {len(tq)} of query positions and {len(tk)} "
+                             f"of key positions (expected one each)")
+        for i, w in enumerate(self.weights):
+            if w.shape != (self.num_layers, self.num_heads, tq[i], tk[i]):
+                raise ValueError(f"Attention.weights[{i}] has shape {w.shape}, expected "
+                                 f"{(self.num_layers, self.num_heads, tq[i], tk[i])} (L, H, Tq, Tk)")
+        qk = (self.queries is not None, self.keys is not None, self.layers is not None)
+        if len(set(qk)) > 1 or (self.queries is None and self.position_bias is not None):
+            raise ValueError("Attention.queries, keys and layers (their facts) come together, and position_bias "
+                             "only with them")
+        lh = (self.num_layers, self.num_heads)
+        _check_arrays("queries", self.queries, n, lambda i: (*lh, tq[i]), "L, H, Tq, D")
+        _check_arrays("keys", self.keys, n, lambda i: (*lh, tk[i]), "L, H, Tk, D")
+        _check_arrays("position_bias", self.position_bias, n, lambda i: (*lh, tq[i], tk[i]), "L, H, Tq, Tk")
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(self.layers))
+            if len(self.layers) != self.num_layers:
+                raise ValueError(f"Attention.layers has {len(self.layers)} entries, expected {self.num_layers} (one per layer)")
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+    @property
+    def has_qk(self) -> bool:
+        """Whether queries and keys were captured (``capture(..., qk=True)``)."""
+        return self.queries is not None
+
+    def arrays(self) -> dict[str, list[np.ndarray]]:
+        """Every array list this record holds, by field name (those captured)."""
+        found = {"weights": self.weights, "queries": self.queries, "keys": self.keys,
+                 "position_bias": self.position_bias}
+        return {name: xs for name, xs in found.items() if xs is not None}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(x.nbytes) for xs in self.arrays().values() for x in xs)
+
+    def astype(self, dtype: Any) -> Attention:
+        """The same record with its weights in ``dtype``."""
+        return replace(self, weights=[w.astype(dtype) for w in self.weights])
+
+
+# The attentions of a model as the records' field names, in a model's order.
+ATTENTIONS = ("self_attention", "decoder", "cross")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Maps(ABC):
+    """What token-level and word-level maps share: the sentences, the model (``model_id``,
+    ``revision``), and one :class:`Attention` per attention of the model: ``self_attention`` (the
+    model's own, over its input: an encoder's, a decoder-only model's, an encoder–decoder's
+    encoder) and, for an encoder–decoder, ``decoder`` (its causal self-attention over the decoder's
+    input: the start token, then the target) and ``cross`` (target rows, source columns).
+
+    ``weights``, ``num_layers``, ``num_heads``, :meth:`labels` and :meth:`marks` are those of
+    ``self_attention``; ``source`` and ``target`` the sides its records are over.
+    """
+
+    sentences: list[Sentence]
+    self_attention: Attention = field(repr=False)
+    model_id: str
+    revision: str | None
+    decoder: Attention | None = field(default=None, repr=False)
+    cross: Attention | None = field(default=None, repr=False)
+    level: ClassVar[str] = ""  # "token" or "word": the level of every side of every record
+
+    def __post_init__(self) -> None:
+        own = self.self_attention
+        if len(own) != len(self.sentences):
+            raise ValueError(f"{type(self).__name__} has {len(self.sentences)} sentences and {len(own)} entries "
+                             f"of self_attention (expected one per sentence)")
+        if (self.decoder is None) != (self.cross is None):
+            raise ValueError(f"{type(self).__name__}.decoder and cross come together (an encoder–decoder) or not at all")
+        for name, rec in self.attentions():
+            for side in (rec.query_side, rec.key_side):
+                if side.level != self.level:
+                    raise ValueError(f"{type(self).__name__}.{name} is over {side.level}s; {self.level}-level maps "
+                                     f"hold {self.level}s")
+        _same(own.key_side, own.query_side, "self_attention's key side", "its query side")
+        if self.decoder is not None:
+            _same(self.decoder.key_side, self.decoder.query_side, "decoder's key side", "its query side")
+            _same(self.cross.query_side, self.decoder.query_side, "cross's query side", "the decoder's (the target)")
+            _same(self.cross.key_side, own.query_side, "cross's key side", "self_attention's (the source)")
+
+    def attentions(self) -> Iterator[tuple[str, Attention]]:
+        """(field name, record) of each attention these maps hold, in the model's order."""
+        for name, rec in zip(ATTENTIONS, (self.self_attention, self.decoder, self.cross)):
+            if rec is not None:
+                yield name, rec
+
+    @property
+    def is_word_level(self) -> bool:
+        return self.level == "word"
 
     @property
     def is_seq2seq(self) -> bool:
-        """True for an encoder–decoder's maps (``decoder`` and ``cross_weights`` are set)."""
+        """True for an encoder–decoder's maps (``decoder`` and ``cross`` are set)."""
         return self.decoder is not None
+
+    @property
+    def source(self) -> Side:
+        """The model's input, per sentence (an encoder–decoder's source): the positions of ``self_attention``."""
+        return self.self_attention.query_side
+
+    @property
+    def target(self) -> Side | None:
+        """An encoder–decoder's decoder input (start token, then the target), or None."""
+        return None if self.decoder is None else self.decoder.query_side
+
+    @property
+    def weights(self) -> list[np.ndarray]:
+        """``self_attention.weights``: [L, H, T, T] per sentence."""
+        return self.self_attention.weights
+
+    @property
+    def num_layers(self) -> int:
+        return self.self_attention.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.self_attention.num_heads
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array of every record (what a cache of maps holds)."""
+        return sum(rec.nbytes for _, rec in self.attentions())
+
+    def labels(self, i: int) -> list[str]:
+        """Sentence i's positions (tokens or words) of ``self_attention``."""
+        return self.source.labels(i)
+
+    def marks(self, i: int) -> list[bool]:
+        """Whether each position of sentence i (``labels(i)``) is a mark."""
+        return self.source.marks(i)
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -126,129 +311,12 @@ class AttentionMaps:
 
         return display.html(self)
 
-    def to_words(self, marks: Iterable[str] | None = None):
-        """Word-level maps (:class:`attnlab.maps.words.WordMaps`): to = sum, from = mean over pieces."""
-        from attnlab.maps.words import to_words
-
-        return to_words(self, marks=marks)
-
-    def astype(self, dtype: Any) -> AttentionMaps:
-        """The same maps with weights in ``dtype`` (float32 or float16), e.g. to halve a file."""
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float16):
-            raise ValueError(f"dtype must be float32 or float16, got {dtype}")
-        decoder = None if self.decoder is None else self.decoder.astype(dtype)
-        cross = None if self.cross_weights is None else [c.astype(dtype) for c in self.cross_weights]
-        return replace(self, weights=[w.astype(dtype) for w in self.weights], decoder=decoder, cross_weights=cross)
-
-    def _parts(self, prefix: str = "") -> tuple[dict, dict]:
-        """(header, arrays) of the file format, array names under ``prefix``."""
-        header = {
-            "format": FORMAT, "version": FORMAT_VERSION, "model_id": self.model_id, "revision": self.revision,
-            "num_layers": self.num_layers, "num_heads": self.num_heads, "config": self.config,
-            "sentences": [s if isinstance(s, str) else list(s) for s in self.sentences],
-            "tokens": self.tokens, "word_of": self.word_of, "words": self.words, "kinds": self.kinds,
-        }
-        arrays = {f"{prefix}weights_{i}": w for i, w in enumerate(self.weights)}
-        for part in ("", "cross_"):
-            if getattr(self, f"{part}queries") is not None:
-                header[f"{part}qk_meta"] = getattr(self, f"{part}qk_meta")
-                for name in ("queries", "keys", "position_bias"):
-                    arrays.update({f"{prefix}{part}{name}_{i}": x for i, x in enumerate(getattr(self, f"{part}{name}") or ())})
-        if self.decoder is not None:
-            header["decoder"], more = self.decoder._parts("decoder.")
-            arrays.update(more)
-            arrays.update({f"{prefix}cross_{i}": c for i, c in enumerate(self.cross_weights)})
-        return header, arrays
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the maps to ``path`` (``.npz`` is appended when missing); returns the path written."""
-        path = Path(path)
-        if path.suffix != ".npz":
-            path = path.with_name(path.name + ".npz")
-        header, arrays = self._parts()
-        arrays["header"] = np.frombuffer(json.dumps(header, ensure_ascii=False).encode(), dtype=np.uint8)
-        with open(path, "wb") as f:
-            np.savez(f, **arrays)
-        return path
+    @abstractmethod
+    def to_words(self, marks: Iterable[str] | None = None) -> Maps:
+        """Word-level maps (:class:`attnlab.maps.words.WordMaps`) of these maps, with ``marks`` (None:
+        the default marks at token level; at word level, these maps' own)."""
 
 
-def load_maps(path: str | os.PathLike) -> AttentionMaps:
-    """Read maps written by :meth:`AttentionMaps.save`."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"maps file {str(path)!r} does not exist")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"maps file {str(path)!r} is not an attnlab .npz maps file ({e})") from None
-    with archive:
-        if "header" not in archive.files:
-            raise ValueError(f"maps file {str(path)!r} has no header; it was not written by attnlab")
-        header = json.loads(archive["header"].tobytes().decode())
-        if header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
-            raise ValueError(
-                f"maps file {str(path)!r} is format {header.get('format')!r} version {header.get('version')!r}; "
-                f"expected {FORMAT!r} version {FORMAT_VERSION}"
-            )
-        return _from_parts(header, archive, "")
-
-
-def _from_parts(header: dict, archive: Any, prefix: str) -> AttentionMaps:
-    n = len(header["sentences"])
-
-    def arrays(name: str) -> list[np.ndarray] | None:
-        found = f"{prefix}{name}_0" in archive.files
-        return [archive[f"{prefix}{name}_{i}"] for i in range(n)] if found else None
-
-    qk = "qk_meta" in header
-    cross = {f"cross_{name}": arrays(f"cross_{name}") for name in ("queries", "keys", "position_bias")}
-    decoder = _from_parts(header["decoder"], archive, "decoder.") if "decoder" in header else None
-    return AttentionMaps(
-        sentences=[s if isinstance(s, str) else tuple(s) for s in header["sentences"]],
-        tokens=header["tokens"], weights=arrays("weights"), word_of=header["word_of"], words=header["words"],
-        kinds=header["kinds"], model_id=header["model_id"], revision=header["revision"],
-        num_layers=header["num_layers"], num_heads=header["num_heads"], config=header["config"],
-        decoder=decoder, cross_weights=arrays("cross") if decoder is not None else None,
-        queries=arrays("queries") if qk else None, keys=arrays("keys") if qk else None,
-        qk_meta=header.get("qk_meta"), position_bias=arrays("position_bias") if qk else None,
-        cross_qk_meta=header.get("cross_qk_meta"), **cross,
-    )
-
-
-def gather(parts: list[AttentionMaps], slots: list[tuple[int, int]]) -> AttentionMaps:
-    """One AttentionMaps from batches: entry i of the result is entry ``slots[i] = (part, row)``."""
-
-    def pick(get: Callable[[AttentionMaps], list | None]) -> list | None:
-        if get(parts[0]) is None:
-            return None
-        return [get(parts[p])[r] for p, r in slots]
-
-    first = parts[0]
-    decoder = None
-    if first.decoder is not None:
-        decoder = gather([p.decoder for p in parts], slots)
-    return replace(
-        first, sentences=pick(lambda m: m.sentences), tokens=pick(lambda m: m.tokens),
-        weights=pick(lambda m: m.weights), word_of=pick(lambda m: m.word_of), words=pick(lambda m: m.words),
-        kinds=pick(lambda m: m.kinds), decoder=decoder, cross_weights=pick(lambda m: m.cross_weights),
-        queries=pick(lambda m: m.queries), keys=pick(lambda m: m.keys), position_bias=_biases(parts, slots, ""),
-        cross_queries=pick(lambda m: m.cross_queries), cross_keys=pick(lambda m: m.cross_keys),
-        cross_position_bias=_biases(parts, slots, "cross_"),
-    )
-
-
-def _biases(parts: list[AttentionMaps], slots: list[tuple[int, int]], prefix: str) -> list[np.ndarray] | None:
-    """The gathered position biases under ``prefix``: capture leaves out a batch's bias where it is all
-    zero, so a batch without one gets zeros beside batches with one."""
-    got = [getattr(p, f"{prefix}position_bias") for p in parts]
-    if all(b is None for b in got):
-        return None
-    out = []
-    for p, r in slots:
-        if got[p] is not None:
-            out.append(got[p][r])
-        else:  # [L, H, Tq, Tk] of zeros, shaped by this part's queries and keys
-            q, k = getattr(parts[p], f"{prefix}queries")[r], getattr(parts[p], f"{prefix}keys")[r]
-            out.append(np.zeros((*q.shape[:3], k.shape[2]), dtype=q.dtype))
-    return out
+def _same(a: Side, b: Side, what: str, other: str) -> None:
+    if a is not b and a != b:
+        raise ValueError(f"maps: the {what} must be {other}")

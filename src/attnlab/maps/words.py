@@ -24,46 +24,47 @@ MiniLM's strip accents before they cut words.
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Iterable
 
 import numpy as np
 
-DEFAULT_MARK_KINDS = frozenset({"cls", "sep", "punct"})
+from attnlab.maps.records import DEFAULT_MARK_KINDS, Attention, Maps, Tokens, Words
 
 
-@dataclass(frozen=True)
-class WordMaps:
-    """Word-level maps: ``weights[i]`` is [L, H, W, W] over the W words ``words[i]`` of sentence i.
+@dataclass(frozen=True, kw_only=True)
+class WordMaps(Maps):
+    """Word-level maps: every record over :class:`~attnlab.maps.records.Words`, so
+    ``weights[i]`` is [L, H, W, W] over the W words ``words[i]`` of sentence i.
 
     ``kinds[i][w]`` is ``cls`` (the special token opening the sequence), ``sep`` (other special
-    tokens), ``punct`` or ``word``; ``is_mark[i][w]`` says whether word w counts as a mark.
-    An encoder–decoder's also hold, as its token-level maps do, ``decoder`` (the decoder's
-    self-attention over the target's words, a WordMaps) and ``cross_weights[i]``
-    [L_dec, H, W_target, W_source] (target words attending to source words, by the same rule).
+    tokens), ``punct`` or ``word``; ``is_mark[i][w]`` says whether word w counts as a mark (all three
+    the source's, ``maps.source``). An encoder–decoder's also hold, as its token-level maps do,
+    ``decoder`` (the decoder's self-attention over the target's words, ``maps.target``) and
+    ``cross`` (target words attending to source words, by the same rule).
     """
 
-    sentences: list[Any]
-    words: list[list[str]]
-    weights: list[np.ndarray] = field(repr=False)
-    kinds: list[list[str]] = field(repr=False)
-    is_mark: list[list[bool]] = field(repr=False)
-    model_id: str
-    revision: str | None
-    num_layers: int
-    num_heads: int
-    decoder: WordMaps | None = field(default=None, repr=False)
-    cross_weights: list[np.ndarray] | None = field(default=None, repr=False)
+    level: ClassVar[str] = "word"
 
-    def __len__(self) -> int:
-        return len(self.words)
+    @property
+    def words(self) -> list[list[str]]:
+        return self.source.words
 
-    def _repr_html_(self) -> str | None:
-        """In a notebook: the viewer (head view first) as a self-contained, offline frame
-        (:mod:`attnlab.maps.display`: registered by ``import attnlab``)."""
-        from attnlab.maps import display
+    @property
+    def kinds(self) -> list[list[str]]:
+        return self.source.kinds
 
-        return display.html(self)
+    @property
+    def is_mark(self) -> list[list[bool]]:
+        return self.source.is_mark
+
+    def to_words(self, marks: Iterable[str] | None = None) -> WordMaps:
+        """These maps (``marks`` None), or the same maps with ``marks`` (case-insensitive words) as the marks."""
+        if marks is None:
+            return self
+        chosen = _chosen(marks)
+        target = None if self.target is None else _words_side(self.target, chosen)
+        return _with_sides(self, _words_side(self.source, chosen), target)
 
     def spans(self, i: int, text: str) -> list[tuple[int, int]]:
         """Every place ``text`` occurs in sentence i, as word spans [start, end) in order: runs of
@@ -140,8 +141,7 @@ def aggregate(weights: np.ndarray, word_of: list[int], num_words: int, key_word_
     cross-attention: ``key_word_of`` and ``num_key_words`` give the keys' (the source's) words.
     A word's pieces are consecutive tokens (tokenizers never interleave words), so both steps are
     segment sums (``np.add.reduceat``). No BLAS on purpose: after a torch forward pass, OpenBLAS's
-    threads fight torch's spinning OpenMP threads for the cores and small matrix products run
-    40× slower than single-threaded.
+    threads fight torch's spinning OpenMP threads for the cores, and small matrix products slow down.
     """
     tq, tk = weights.shape[-2:]
     if key_word_of is None:
@@ -163,26 +163,53 @@ def _mark_flags(words: list[str], kinds: list[str], marks: frozenset[str] | None
     return [w.casefold() in marks for w in words]
 
 
-def to_words(maps: Any, marks: Iterable[str] | None = None) -> WordMaps:
-    """Word-level :class:`WordMaps` from :class:`attnlab.maps.records.AttentionMaps`.
+def _chosen(marks: Iterable[str] | None) -> frozenset[str] | None:
+    if isinstance(marks, str):
+        raise TypeError(f"marks must be a collection of words, not the single string {marks!r}")
+    return None if marks is None else frozenset(str(m).casefold() for m in marks)
+
+
+def _words_side(side: Tokens | Words, marks: frozenset[str] | None) -> Words:
+    """The words of a token- or word-level side, with ``marks`` (None: special tokens and punctuation)."""
+    return Words(words=[list(w) for w in side.words], kinds=[list(k) for k in side.kinds],
+                 is_mark=[_mark_flags(ws, ks, marks) for ws, ks in zip(side.words, side.kinds)])
+
+
+def _with_sides(maps: WordMaps, source: Words, target: Words | None) -> WordMaps:
+    """``maps`` with its records over ``source`` (and ``target``)."""
+    own = replace(maps.self_attention, query_side=source, key_side=source)
+    if target is None:
+        return replace(maps, self_attention=own)
+    return replace(maps, self_attention=own, decoder=replace(maps.decoder, query_side=target, key_side=target),
+                   cross=replace(maps.cross, query_side=target, key_side=source))
+
+
+def _word_record(rec: Attention, query_side: Words, key_side: Words) -> Attention:
+    """One token-level record over words: each sentence's weights aggregated (queries and keys,
+    which belong to tokens, stay behind)."""
+    q, k = rec.query_side, rec.key_side
+    weights = [aggregate(w, q.word_of[i], len(q.words[i]), k.word_of[i], len(k.words[i]))
+               for i, w in enumerate(rec.weights)]
+    return Attention(weights=weights, query_side=query_side, key_side=key_side, num_layers=rec.num_layers,
+                     num_heads=rec.num_heads)
+
+
+def to_words(maps: Maps, marks: Iterable[str] | None = None) -> WordMaps:
+    """Word-level :class:`WordMaps` from token-level maps (:class:`~attnlab.maps.tokens.AttentionMaps`):
+    every record aggregated by the same rule (an encoder–decoder's three).
 
     ``marks``: None for special tokens + punctuation, or the words (case-insensitive, e.g.
     ``{"[CLS]", "[SEP]", "."}``) that count as marks.
     """
-    if isinstance(marks, str):
-        raise TypeError(f"marks must be a collection of words, not the single string {marks!r}")
-    chosen = None if marks is None else frozenset(str(m).casefold() for m in marks)
-    weights = [aggregate(w, wo, len(ws)) for w, wo, ws in zip(maps.weights, maps.word_of, maps.words)]
+    if maps.level != "token":
+        raise TypeError(f"to_words takes token-level maps, got {maps.level}-level {type(maps).__name__} "
+                        f"(whose to_words() chooses their marks)")
+    chosen = _chosen(marks)
+    source = _words_side(maps.source, chosen)
     decoder = cross = None
-    if getattr(maps, "decoder", None) is not None:  # an encoder–decoder: the target's words too
-        dec = maps.decoder
-        decoder = to_words(dec, marks)
-        cross = [aggregate(c, dec.word_of[i], len(dec.words[i]), maps.word_of[i], len(maps.words[i]))
-                 for i, c in enumerate(maps.cross_weights)]
-    return WordMaps(
-        sentences=list(maps.sentences), words=[list(w) for w in maps.words], weights=weights,
-        kinds=[list(k) for k in maps.kinds],
-        is_mark=[_mark_flags(ws, ks, chosen) for ws, ks in zip(maps.words, maps.kinds)],
-        model_id=maps.model_id, revision=maps.revision, num_layers=maps.num_layers, num_heads=maps.num_heads,
-        decoder=decoder, cross_weights=cross,
-    )
+    if maps.is_seq2seq:  # an encoder–decoder: the target's words too
+        target = _words_side(maps.target, chosen)
+        decoder = _word_record(maps.decoder, target, target)
+        cross = _word_record(maps.cross, target, source)
+    return WordMaps(sentences=list(maps.sentences), self_attention=_word_record(maps.self_attention, source, source),
+                    decoder=decoder, cross=cross, model_id=maps.model_id, revision=maps.revision)

@@ -1,11 +1,20 @@
 """What a transformer is made of: one frozen dataclass, built by hand or from a transformers config.
 
 :meth:`TransformerConfig.from_hf` reads a transformers config (the object, or ``config.json`` as a
-dict) of the four families attnlab's transformer builds: BERT and RoBERTa (encoders, post-norm,
-learned absolute positions), GPT-2 (causal decoder, pre-norm, learned positions) and Llama (causal
-decoder, pre-RMSNorm, rotary positions, grouped-query attention, SwiGLU). Any other family, or an
-option of these that changes the math (a rope scaling, a relative position type), is refused by
-name rather than silently computed differently.
+dict) of the families attnlab's transformer builds: BERT and RoBERTa (encoders, post-norm, learned
+absolute positions), GPT-2 (causal decoder, pre-norm, learned positions), Llama (causal decoder,
+pre-RMSNorm, rotary positions with Llama-3's "llama3" or "linear" scaling, grouped-query attention,
+SwiGLU), Mistral (Llama with a sliding window on every layer), Qwen2 (biases on q, k and v; a
+sliding window on the layers ``layer_types`` names when ``use_sliding_window``) and Gemma-2
+(alternating sliding and global layers, softcapped attention scores and final logits, scores scaled
+by ``query_pre_attn_scalar``, GeGLU, four (1 + w) RMSNorms per block, embeddings scaled by √d). Any
+other family, or an option of these that changes the math (another rope type, a relative position
+type), is refused by name rather than silently computed differently.
+
+**Sliding windows** keep transformers' meaning: ``sliding_window = W`` lets a token see itself and
+the W − 1 tokens before it (transformers' mask keeps key j for query i when i − W < j ≤ i). In
+:func:`attnlab.attention` terms that is ``causal=True, window=(W - 1, 0)``
+(:meth:`TransformerConfig.attention_window`).
 """
 
 from __future__ import annotations
@@ -16,8 +25,10 @@ from typing import Any
 POSITIONS = ("learned", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm")
 FFNS = ("mlp", "gated", "none")  # up → act → down; SwiGLU-style act(gate)·up → down; attention only
-ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
-FAMILIES = ("bert", "roberta", "gpt2", "llama")
+ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")  # gelu_new: the tanh approximation (transformers' gelu_pytorch_tanh)
+FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2")
+ROPE_TYPES = ("default", "linear", "llama3")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,17 @@ class TransformerConfig:
     d_ff to 4·d_model. ``post_norm`` puts the norm after each residual sum (BERT), else before each
     sublayer with a final norm (GPT-2, Llama). ``position_offset``: RoBERTa numbers real tokens from
     pad_token_id + 1. ``type_vocab_size``: BERT's segment embeddings (segment 0 is added).
+
+    Decoders of today: ``sliding_window`` W (transformers' meaning, see the module) on the layers
+    whose ``layer_types`` entry is "sliding_attention" (every layer when ``layer_types`` is None);
+    ``rope_type`` "linear" divides the rotary frequencies by ``rope_factor``, "llama3" rescales the
+    low ones (``rope_low_freq``, ``rope_high_freq``, ``rope_original_positions``); ``out_bias`` is
+    the output projection's bias when it differs from q, k and v's (Qwen2: None = ``bias``);
+    ``attn_scale`` replaces 1/√d_head (Gemma-2: query_pre_attn_scalar^−½); ``attn_softcap`` and
+    ``final_softcap`` squash the attention scores and the final logits by c·tanh(x / c);
+    ``norm_plus_one`` scales RMSNorm by (1 + w); ``sandwich_norm`` adds a norm after attention and
+    after the FFN, before each residual sum (Gemma-2's four norms); ``embed_scale`` multiplies the
+    token embeddings by √d_model.
     """
 
     vocab_size: int
@@ -54,6 +76,20 @@ class TransformerConfig:
     causal: bool = True
     tie_embeddings: bool = True
     family: str = "custom"
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq: float = 1.0
+    rope_high_freq: float = 4.0
+    rope_original_positions: int | None = None
+    out_bias: bool | None = None
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    norm_plus_one: bool = False
+    sandwich_norm: bool = False
+    embed_scale: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_positions"):
@@ -69,6 +105,46 @@ class TransformerConfig:
             raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary positions need an even d_head, got {self.head_dim}")
+        self._check_decoder_fields()
+
+    def _check_decoder_fields(self) -> None:
+        w = self.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"sliding_window must be an int >= 1 (keys a token sees, itself included) or None, got {w!r}")
+        if self.layer_types is not None:
+            if not isinstance(self.layer_types, tuple) or len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types must be a tuple of {self.num_layers} entries (one per layer), "
+                                 f"got {self.layer_types!r}")
+            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if bad:
+                raise ValueError(f"layer_types entries must be one of {', '.join(LAYER_TYPES)}, got {', '.join(bad)}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {', '.join(ROPE_TYPES)}, got {self.rope_type!r}")
+        if self.rope_type == "llama3" and not self.rope_original_positions:
+            raise ValueError("rope_type 'llama3' needs rope_original_positions (the pre-scaling context length)")
+        if not self.rope_factor > 0:
+            raise ValueError(f"rope_factor must be > 0, got {self.rope_factor!r}")
+        for name in ("attn_scale", "attn_softcap", "final_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+        if self.norm_plus_one and self.norm != "rmsnorm":
+            raise ValueError("norm_plus_one scales an RMSNorm by (1 + w); it needs norm='rmsnorm'")
+        if self.sandwich_norm and self.post_norm:
+            raise ValueError("sandwich_norm adds norms to a pre-norm block; it cannot go with post_norm=True")
+
+    def layer_window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window W (keys a token sees, itself included), or None (every key before it)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    def attention_window(self, layer: int) -> tuple[int, int] | None:
+        """Layer ``layer``'s window as :func:`attnlab.attention` takes it (with ``causal=True``): (W − 1, 0)."""
+        w = self.layer_window(layer)
+        return None if w is None else (w - 1, 0)
 
     @property
     def head_dim(self) -> int:
@@ -89,7 +165,8 @@ class TransformerConfig:
         family = c.get("model_type")
         if family not in FAMILIES:
             raise ValueError(f"model_type must be one of {', '.join(FAMILIES)} for attnlab's transformer, got {family!r}")
-        return {"bert": _bert, "roberta": _bert, "gpt2": _gpt2, "llama": _llama}[family](c)
+        return {"bert": _bert, "roberta": _bert, "gpt2": _gpt2, "llama": _llama, "mistral": _mistral,
+                "qwen2": _qwen2, "gemma2": _gemma2}[family](c)
 
 
 def _bert(c: dict) -> TransformerConfig:
@@ -127,19 +204,72 @@ def _gpt2(c: dict) -> TransformerConfig:
     )
 
 
-def _llama(c: dict) -> TransformerConfig:
-    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+def _rope(c: dict) -> dict:
+    """The rotary fields: theta and the scaling (transformers' ``rope_parameters``, or ``rope_scaling`` of older configs)."""
+    rope = dict(c.get("rope_scaling") or {}) | dict(c.get("rope_parameters") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope type must be one of {', '.join(ROPE_TYPES)}, got {rope_type!r}")
+    partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1.0):
+        raise ValueError(f"partial_rotary_factor must be 1.0 (rotary on every dim), got {partial!r}")
+    out = {"rope_type": rope_type, "rope_theta": float(rope.get("rope_theta", c.get("rope_theta") or 10000.0))}
     if rope_type != "default":
-        raise ValueError(f"rope type must be 'default' (plain rotary positions), got {rope_type!r}")
-    if c.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {c.get('hidden_act')!r}")
-    return TransformerConfig(
+        out["rope_factor"] = float(rope["factor"])
+    if rope_type == "llama3":
+        out.update(rope_low_freq=float(rope.get("low_freq_factor", 1.0)),
+                   rope_high_freq=float(rope.get("high_freq_factor", 4.0)),
+                   rope_original_positions=int(rope["original_max_position_embeddings"]))
+    return out
+
+
+def _rotary_decoder(c: dict, act_key: str = "hidden_act", act: str = "silu", **fields: Any) -> TransformerConfig:
+    """Llama and its descendants: pre-RMSNorm, rotary positions, grouped-query attention, a gated FFN."""
+    if c.get(act_key, act) != act:
+        raise ValueError(f"{act_key} must be {act!r}, got {c.get(act_key)!r}")
+    rope = _rope(c)
+    kw = dict(
         vocab_size=c["vocab_size"], d_model=c["hidden_size"], num_layers=c["num_hidden_layers"],
         num_heads=c["num_attention_heads"], num_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
         d_head=c.get("head_dim"), d_ff=c["intermediate_size"], max_positions=c.get("max_position_embeddings", 2048),
-        positions="rotary", rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))), norm="rmsnorm",
-        norm_eps=c.get("rms_norm_eps", 1e-6), ffn="gated", activation="silu", bias=c.get("attention_bias", False),
-        ffn_bias=c.get("mlp_bias", False), causal=True, tie_embeddings=c.get("tie_word_embeddings", False),
-        family="llama",
+        positions="rotary", norm="rmsnorm", norm_eps=c.get("rms_norm_eps", 1e-6), ffn="gated", activation="silu",
+        bias=bool(c.get("attention_bias", False)), ffn_bias=bool(c.get("mlp_bias", False)), causal=True,
+        tie_embeddings=c.get("tie_word_embeddings", False), pad_token_id=c.get("pad_token_id"), family=c["model_type"],
+        **rope,
+    )
+    return TransformerConfig(**(kw | fields))
+
+
+def _llama(c: dict) -> TransformerConfig:
+    return _rotary_decoder(c)
+
+
+def _mistral(c: dict) -> TransformerConfig:
+    return _rotary_decoder(c, sliding_window=c.get("sliding_window"))
+
+
+def _layer_types(c: dict, default: list[str]) -> tuple[str, ...]:
+    types = c.get("layer_types") or default
+    return tuple(types)
+
+
+def _qwen2(c: dict) -> TransformerConfig:
+    n = c["num_hidden_layers"]
+    window = c.get("sliding_window") if c.get("use_sliding_window", False) else None
+    start = c.get("max_window_layers", n)  # transformers: layers from max_window_layers on slide
+    types = _layer_types(c, ["sliding_attention" if i >= start else "full_attention" for i in range(n)])
+    return _rotary_decoder(c, bias=True, out_bias=False, sliding_window=window,
+                           layer_types=types if window is not None else None)
+
+
+def _gemma2(c: dict) -> TransformerConfig:
+    if c.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=True is not supported by attnlab's transformer (a decoder)")
+    n = c["num_hidden_layers"]
+    types = _layer_types(c, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)])
+    return _rotary_decoder(
+        c, act_key="hidden_activation", act="gelu_pytorch_tanh", activation="gelu_new",
+        tie_embeddings=c.get("tie_word_embeddings", True), sliding_window=c.get("sliding_window"), layer_types=types,
+        attn_scale=float(c.get("query_pre_attn_scalar", 256)) ** -0.5, attn_softcap=c.get("attn_logit_softcapping"),
+        final_softcap=c.get("final_logit_softcapping"), norm_plus_one=True, sandwich_norm=True, embed_scale=True,
     )

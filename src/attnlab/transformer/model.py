@@ -2,9 +2,17 @@
 
 Embeddings and positions → L blocks (attention through :func:`attnlab.attention` by any backend,
 then the feed-forward network, each with a residual sum and a norm) → the last hidden state.
-The encoder (BERT, RoBERTa) puts the norm after each residual sum; the causal decoder (GPT-2,
-Llama) before each sublayer, with a final norm. Rotary positions turn q and k; learned positions
-are added to the input. Weights come from :mod:`attnlab.transformer.weights`.
+The encoder (BERT, RoBERTa) puts the norm after each residual sum; the causal decoders (GPT-2,
+Llama, Mistral, Qwen2, Gemma-2) before each sublayer, with a final norm (Gemma-2 also after each
+sublayer). Rotary positions turn q and k; learned positions are added to the input. A layer may
+have a sliding window (its ``layer_window``) and softcapped scores. Weights come from
+:mod:`attnlab.transformer.weights`, in any float dtype.
+
+**Decoding** goes through the same forward: ``kv_cache=`` (a :class:`~attnlab.transformer.cache.KVCache`)
+makes ``input_ids`` the new tokens after what the cache holds, their positions each sequence's own
+(the cache's lengths on), their keys and values appended, and every layer's attention read the
+cache through ``lengths=`` (prefill and decode are one path). :meth:`Transformer.generate` runs it
+token by token (:mod:`attnlab.transformer.generate`).
 
 Every intermediate tensor passes a named hook point (TransformerLens's names, attnlab's shapes:
 :mod:`attnlab.transformer.hooks`, tabled in docs/design.md): :meth:`Transformer.run_with_cache`
@@ -27,8 +35,11 @@ from torch import nn
 
 from attnlab.backends.api import attention
 from attnlab.backends.request import repeat_groups
+from attnlab.transformer.cache import KVCache, Read, Step
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
+from attnlab.transformer.norms import norm, normed
+from attnlab.transformer.rotary import angles, frequencies, rotate
 
 ACT = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
 # The backends whose math the model's own scores path is: the one a layer takes when its scores or
@@ -40,14 +51,19 @@ EAGER_BACKENDS = ("torch", "auto")
 class Pass:
     """One forward pass as every layer sees it."""
 
+    config: TransformerConfig
     backend: str
     causal: bool
     positions: Any  # (T,) or (B, T) position of each token
     lengths: Any  # (B,) real tokens when padding is on the right, else None
     key_mask: Any  # (B, 1, 1, T) bool when the padding is elsewhere, else None
     hooks: Hooks
+    rope: Any = None  # rotary cos and sin of the positions, (T, Dh) or (B, 1, T, Dh) each
+    kv: KVCache | None = None  # decoding: the cache the new tokens are appended to ...
+    step: Step | None = None  # ... and what this call appends
+    rows: list | None = None  # maps of decoding: each layer appends (weights (B, H, Tk), key positions (B, Tk))
 
-    def allowed(self, t: int, device: Any) -> Any:
+    def allowed(self, t: int, device: Any, window: int | None = None) -> Any:
         """Which keys each query may attend to, (B or 1, 1, T, T) bool, or None: every one."""
         keys = self.key_mask
         if self.lengths is not None:
@@ -55,46 +71,27 @@ class Pass:
         if not self.causal:
             return keys
         tril = torch.ones(t, t, dtype=torch.bool, device=device).tril()  # (T, T)
+        if window is not None:
+            tril = tril & ~torch.ones(t, t, dtype=torch.bool, device=device).tril(-window)  # i − W < j ≤ i
         return tril if keys is None else tril & keys
 
 
-def norm(c: TransformerConfig) -> nn.Module:
-    return nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.norm == "layernorm" else nn.RMSNorm(c.d_model, eps=c.norm_eps)
-
-
-def normed(n: nn.Module, x: torch.Tensor, hooks: Hooks, at: str) -> torch.Tensor:
-    """n(x); with ``{at}.hook_scale`` watched, by hand, so the scale (B, T, 1) can be read or replaced."""
-    name = at + ".hook_scale"
-    if not hooks.wants(name):
-        return n(x)
-    if isinstance(n, nn.LayerNorm):
-        x = x - x.mean(-1, keepdim=True)  # (B, T, d): LayerNorm's scale is the centred input's RMS
-    scale = hooks(name, (x.pow(2).mean(-1, keepdim=True) + n.eps).sqrt())  # (B, T, 1)
-    y = x / scale * n.weight
-    return y if getattr(n, "bias", None) is None else y + n.bias
-
-
-def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary positions (Su et al. 2021, Llama's half-split layout): x (B, H, T, Dh), pos (T,) or (B, T)."""
-    dh = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dh, 2, dtype=torch.float32, device=x.device) / dh)  # (Dh/2,)
-    angles = pos[..., None].float() * inv_freq  # (T, Dh/2) or (B, T, Dh/2)
-    angles = torch.cat((angles, angles), dim=-1)  # (.., T, Dh)
-    if angles.dim() == 3:
-        angles = angles[:, None]  # (B, 1, T, Dh): broadcast over heads
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, Dh/2) each
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``h`` (B, T, d) over each sequence's real tokens (``mask`` (B, T), 1 = real) → (B, d);
+    a sequence with none gives zeros (the divisor is clamped to 1), never NaN."""
+    m = mask[..., None].to(h.dtype)  # (B, T, 1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1)
 
 
 class Attention(nn.Module):
-    def __init__(self, c: TransformerConfig, at: str):
+    def __init__(self, c: TransformerConfig, layer: int):
         super().__init__()
-        self.c, self.at = c, at  # at: "blocks.{l}.attn.", the prefix of this layer's hook points
+        self.c, self.layer, self.at = c, layer, f"blocks.{layer}.attn."  # at: the prefix of its hook points
+        self.window = c.layer_window(layer)  # W keys, itself included (transformers' sliding_window), or None
         self.q = nn.Linear(c.d_model, c.num_heads * c.head_dim, bias=c.bias)
         self.k = nn.Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
         self.v = nn.Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
-        self.o = nn.Linear(c.num_heads * c.head_dim, c.d_model, bias=c.bias)
+        self.o = nn.Linear(c.num_heads * c.head_dim, c.d_model, bias=c.bias if c.out_bias is None else c.out_bias)
 
     def forward(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
         c, h, at, (B, T, _) = self.c, p.hooks, self.at, x.shape
@@ -104,45 +101,68 @@ class Attention(nn.Module):
         v = h(at + "hook_v", self.v(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
         # 2. rotary positions turn q and k by each token's position (relative positions in q·k)
         if c.positions == "rotary":
-            q = h(at + "hook_rot_q", rotate(q, p.positions, c.rope_theta))
-            k = h(at + "hook_rot_k", rotate(k, p.positions, c.rope_theta))
-        # 3. attend: softmax(q kᵀ / √Dh) v → each head's output z (B, H, T, Dh); by attnlab's backend,
-        #    or here, scores materialised, when a hook watches the scores or the pattern
-        if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
-            z = attend_eager(q, k, v, p, at)
+            q = h(at + "hook_rot_q", rotate(q, p.rope))
+            k = h(at + "hook_rot_k", rotate(k, p.rope))
+        # 3. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh]
+        read = None if p.kv is None else p.kv.update(self.layer, p.step, k, v, q.dtype)
+        if read is None:
+            kw = {"causal": p.causal, "mask": p.key_mask, "lengths": p.lengths,
+                  "window": None if self.window is None else (self.window - 1, 0)}
         else:
-            z = attend(q, k, v, p)
+            k, v, kw = read.k, read.v, read.kwargs()
+        # 4. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
+        #    backend, or here, scores materialised, when a hook watches the scores or the pattern
+        if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
+            z, row = attend_eager(q, k, v, p, at, self._allowed(p, read, T, q.device))
+        else:
+            z, row = attend(q, k, v, p, kw)
+        if p.rows is not None:
+            p.rows.append((row, read.key_positions))
         z = h(at + "hook_z", z)
-        # 4. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
+        # 5. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
         return self.o(z.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
+    def _allowed(self, p: Pass, read: Read | None, t: int, device: Any) -> Any:
+        """The keys each query may attend to, as a mask for the eager scores (B or 1, 1, Tq, Tk)."""
+        return p.allowed(t, device, self.window) if read is None else p.kv.visible(self.layer, p.step, read)
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass) -> torch.Tensor:
-    """attnlab.attention on torch tensors; the float64 NumPy reference gets NumPy copies (no gradients)."""
-    kw = dict(causal=p.causal, mask=p.key_mask, lengths=p.lengths, backend=p.backend)
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict) -> tuple:
+    """attnlab.attention on torch tensors (the float64 NumPy reference gets NumPy copies, no gradients):
+    z (B, H, Tq, Dh) and, when decoding keeps rows, the last query's weights (B, H, Tk)."""
+    c = p.config
+    kw = dict(kw, backend=p.backend, scale=c.attn_scale, softcap=c.attn_softcap)
+    if p.rows is not None:
+        kw["weights_rows"] = [q.shape[2] - 1]
     if p.backend == "numpy":
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise ValueError("backend 'numpy' computes on float64 NumPy copies, without gradients; run under "
                              "torch.no_grad() or choose a backend with gradients (torch, blockwise, kernel)")
         arrays = [t.detach().cpu().double().numpy() for t in (q, k, v)]
-        mask = None if p.key_mask is None else p.key_mask.cpu().numpy()
-        out = attention(*arrays, **dict(kw, mask=mask))
-        return torch.from_numpy(out).to(device=q.device, dtype=q.dtype)
-    return attention(q, k, v, **kw)
+        kw = {n: (x.cpu().numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+        out = attention(*arrays, **kw)
+        out = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in (out if isinstance(out, tuple) else (out,))]
+    else:
+        out = attention(q, k, v, **kw)
+        out = list(out) if isinstance(out, tuple) else [out]
+    return out[0], (out[1][:, :, 0] if p.rows is not None else None)
 
 
-def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str) -> torch.Tensor:
-    """Backend "torch"'s math written out, so ``hook_attn_scores`` (after scale and mask, before the
-    softmax) and ``hook_pattern`` can read or replace the scores and weights (B, H, T, T); z = pattern · v."""
-    g = q.shape[1] // k.shape[1]
-    k, v = repeat_groups(k, g), repeat_groups(v, g)  # (B, H, T, Dh): each query head's k/v head
-    s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, T, T)
-    allowed = p.allowed(q.shape[2], q.device)  # (B or 1, 1, T, T) or None
+def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str, allowed: Any) -> tuple:
+    """Backend "torch"'s math written out, so ``hook_attn_scores`` (after scale, softcap and mask, before
+    the softmax) and ``hook_pattern`` can read or replace the scores and weights (B, H, Tq, Tk); z = pattern · v.
+    Decoding: the keys are the cache's, in its slot order (``allowed`` says which each query sees)."""
+    c, g = p.config, q.shape[1] // k.shape[1]
+    k, v = repeat_groups(k, g), repeat_groups(v, g)  # (B, H, Tk, Dh): each query head's k/v head
+    scale = c.attn_scale if c.attn_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
+    if c.attn_softcap is not None:
+        s = c.attn_softcap * torch.tanh(s / c.attn_softcap)
     if allowed is not None:
         s = s.masked_fill(~allowed, -math.inf)
     s = p.hooks(at + "hook_attn_scores", s)
     w = p.hooks(at + "hook_pattern", torch.softmax(s, dim=-1).nan_to_num(nan=0.0))  # a row with no key: zeros
-    return torch.matmul(w, v)  # (B, H, T, Dh)
+    return torch.matmul(w, v), (w[:, :, -1] if p.rows is not None else None)  # (B, H, Tq, Dh), (B, H, Tk)
 
 
 class FeedForward(nn.Module):
@@ -163,9 +183,12 @@ class Block(nn.Module):
     def __init__(self, c: TransformerConfig, layer: int):
         super().__init__()
         self.post, self.at = c.post_norm, f"blocks.{layer}."
-        self.attn, self.norm1 = Attention(c, self.at + "attn."), norm(c)
+        self.attn, self.norm1 = Attention(c, layer), norm(c)
         self.ffn = FeedForward(c) if c.ffn != "none" else None
         self.norm2 = norm(c) if self.ffn is not None else None
+        # Gemma-2's sandwich: each sublayer's output normed again before its residual sum
+        self.norm1_post = norm(c) if c.sandwich_norm else None
+        self.norm2_post = norm(c) if c.sandwich_norm and self.ffn is not None else None
 
     def forward(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
         h, at = p.hooks, self.at
@@ -179,12 +202,18 @@ class Block(nn.Module):
             m = h(at + "hook_mlp_out", self.ffn(x))
             x = normed(self.norm2, h(at + "hook_resid_post", x + m), h, at + "ln2")
             return h(at + "hook_normalized_resid_post", x)
-        # GPT-2, Llama: x = x + sublayer(norm(x))
-        a = h(at + "hook_attn_out", self.attn(normed(self.norm1, x, h, at + "ln1"), p))
+        # GPT-2, Llama: x = x + sublayer(norm(x)); Gemma-2: x = x + norm_post(sublayer(norm(x)))
+        a = self.attn(normed(self.norm1, x, h, at + "ln1"), p)
+        if self.norm1_post is not None:
+            a = normed(self.norm1_post, a, h, at + "ln1_post")
+        a = h(at + "hook_attn_out", a)
         if self.ffn is None:
             return h(at + "hook_resid_post", x + a)
         x = h(at + "hook_resid_mid", x + a)
-        m = h(at + "hook_mlp_out", self.ffn(normed(self.norm2, x, h, at + "ln2")))
+        m = self.ffn(normed(self.norm2, x, h, at + "ln2"))
+        if self.norm2_post is not None:
+            m = normed(self.norm2_post, m, h, at + "ln2_post")
+        m = h(at + "hook_mlp_out", m)
         return h(at + "hook_resid_post", x + m)
 
 
@@ -192,10 +221,14 @@ class Transformer(nn.Module):
     """The whole model: ``m(input_ids, attention_mask)`` → the last hidden state [B, T, d].
 
     ``backend`` (default "auto") is the attention backend of every layer; a call may override it.
-    Built from a config it has random weights; :meth:`from_pretrained` loads real ones.
+    ``dtype`` (float32 by default; float64, float16, bfloat16) is the weights' and so the
+    computation's (attention accumulates in float32 or wider). Built from a config it has random
+    weights; :meth:`from_pretrained` loads real ones.
     """
 
-    def __init__(self, config: TransformerConfig, backend: str = "auto"):
+    def __init__(self, config: TransformerConfig, backend: str = "auto", dtype: Any = None):
+        from attnlab.transformer.weights import torch_dtype
+
         super().__init__()
         c = self.config = config
         self.backend = backend
@@ -207,71 +240,135 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(c, layer) for layer in range(c.num_layers))
         self.final_norm = None if c.post_norm else norm(c)
         self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
+        # a plain attribute, not a buffer: .to(dtype) must not round the frequencies
+        self.inv_freq = frequencies(c) if c.positions == "rotary" else None  # (Dh/2,) float64
+        self.to(torch_dtype(dtype))
 
     @classmethod
-    def from_pretrained(cls, model: Any = None, backend: str = "auto", revision: str | None = None) -> Transformer:
-        """Weights from safetensors: the bundled default (``None``), a folder or a hub id."""
+    def from_pretrained(cls, model: Any = None, backend: str = "auto", revision: str | None = None,
+                        dtype: Any = None) -> Transformer:
+        """Weights from safetensors: the bundled default (``None``), a folder or a hub id, in ``dtype``."""
         from attnlab.transformer.weights import load_pretrained
 
-        return load_pretrained(cls, model, backend=backend, revision=revision)
+        return load_pretrained(cls, model, backend=backend, revision=revision, dtype=dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_emb.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_emb.weight.device
 
     def hook_names(self) -> tuple[str, ...]:
         """Every hook point of this model, in the order they fire."""
         return hook_names(self.config)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: Any = None, *,
-                backend: str | None = None) -> torch.Tensor:
-        """The last hidden state [B, T, d] (no hooks)."""
-        return self._forward(input_ids, attention_mask, backend, Hooks())
+    def forward(self, input_ids: torch.Tensor, attention_mask: Any = None, *, backend: str | None = None,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
+        """The last hidden state [B, T, d] (no hooks). With ``kv_cache``: of the new tokens ``input_ids``
+        (``attention_mask`` marks the real ones of each row), appended to the cache."""
+        return self._forward(input_ids, attention_mask, backend, Hooks(), kv_cache)
 
     def run_with_hooks(self, input_ids: torch.Tensor, attention_mask: Any = None, *, fwd_hooks: Any = (),
-                       backend: str | None = None) -> torch.Tensor:
+                       backend: str | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
         """Logits [B, T, V] (a causal LM) or the last hidden state [B, T, d] (an encoder), with
         ``fwd_hooks`` [(name, fn), …] run at their hook points: ``fn(tensor, name)`` returns None or a
         replacement of the same shape (several at one name run in order, each on the last's result)."""
-        return self._output(self._forward(input_ids, attention_mask, backend, build(self.config, fwd_hooks)))
+        hooks = build(self.config, fwd_hooks)
+        return self._output(self._forward(input_ids, attention_mask, backend, hooks, kv_cache))
 
     def run_with_cache(self, input_ids: torch.Tensor, attention_mask: Any = None, *, names: Any = None,
-                       fwd_hooks: Any = (), backend: str | None = None) -> tuple[torch.Tensor, dict]:
+                       fwd_hooks: Any = (), backend: str | None = None,
+                       kv_cache: KVCache | None = None) -> tuple[torch.Tensor, dict]:
         """(what :meth:`run_with_hooks` returns, {hook name: tensor}): the tensors of ``names`` (a list,
         a predicate on the name, or None: every hook point), detached, after any ``fwd_hooks`` replaced them."""
         hooks = build(self.config, fwd_hooks, names)
-        out = self._output(self._forward(input_ids, attention_mask, backend, hooks))
+        out = self._output(self._forward(input_ids, attention_mask, backend, hooks, kv_cache))
         return out, hooks.cache
+
+    def generate(self, input_ids: Any, max_new_tokens: int, **kw: Any) -> Any:
+        """New tokens with a KV cache (greedy or sampled), the logits they came from and, with
+        ``maps=True``, each step's attention row: see :func:`attnlab.transformer.generate.generate`."""
+        from attnlab.transformer.generate import generate
+
+        return generate(self, input_ids, max_new_tokens, **kw)
 
     def _output(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits(hidden) if self.config.causal else hidden
 
-    def _forward(self, input_ids: Any, attention_mask: Any, backend: str | None, hooks: Hooks) -> torch.Tensor:
-        c, h, ids = self.config, hooks, torch.as_tensor(input_ids)
+    def _forward(self, input_ids: Any, attention_mask: Any, backend: str | None, hooks: Hooks,
+                 kv_cache: KVCache | None = None, rows: list | None = None) -> torch.Tensor:
+        ids = torch.as_tensor(input_ids, device=self.device)
         if ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(ids.shape)}")
-        B, T = ids.shape
         mask = None if attention_mask is None else torch.as_tensor(attention_mask, device=ids.device).bool()
         if mask is not None and mask.shape != ids.shape:
-            raise ValueError(f"attention_mask must have input_ids' shape {(B, T)}, got {tuple(mask.shape)}")
+            raise ValueError(f"attention_mask must have input_ids' shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
         backend = backend or self.backend
-        eager = sorted(n for n in h.watched if n.endswith(WEIGHT_HOOKS))
+        eager = sorted(n for n in hooks.watched if n.endswith(WEIGHT_HOOKS))
         if eager and backend not in EAGER_BACKENDS:
             raise ValueError(f"hook {eager[0]} needs the attention scores materialised, which the model computes "
                              f"with backend 'torch''s math; got backend {backend!r}: pass backend 'torch' or 'auto'")
-        # 1. which keys are padding: lengths when it is on the right (every backend serves it), else a mask
+        if kv_cache is None:
+            return self._body(ids, self._plain_pass(ids, mask, backend, hooks))
+        return self._cached(ids, mask, backend, hooks, kv_cache, rows)
+
+    def _plain_pass(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks) -> Pass:
+        c, (B, T) = self.config, ids.shape
+        # 1. which keys are padding: lengths when it is on the right (every backend serves it), else a mask.
+        #    Causal and padded on the right: nothing, since a real token's causal band ends before the
+        #    padding (lengths would also move each sequence's queries to its own last positions).
         arange = torch.arange(T, device=ids.device)  # (T,)
         lengths = key_mask = None
         if mask is not None and not bool(mask.all()):
             n = mask.sum(-1)  # (B,)
             right = bool((mask == (arange[None] < n[:, None])).all())
-            lengths, key_mask = (n, None) if right else (None, mask[:, None, None, :])  # (B, 1, 1, T)
+            if not right:
+                key_mask = mask[:, None, None, :]  # (B, 1, 1, T)
+            elif not c.causal:
+                lengths = n
         # 2. positions: 0..T-1, or RoBERTa's count of real tokens after the pad id
         pos = arange
         if c.position_offset:
             real = ids.ne(c.pad_token_id).long()  # (B, T)
             pos = real.cumsum(-1) * real + c.pad_token_id
-        p = Pass(backend=backend, causal=c.causal, positions=pos, lengths=lengths, key_mask=key_mask, hooks=h)
-        # 3. embed: token (+ learned position + segment 0) → (B, T, d), normed in BERT
-        x = h("hook_embed", self.tok_emb(ids))  # (B, T, d)
+        return Pass(c, backend, c.causal, pos, lengths, key_mask, hooks, self._rope(pos))
+
+    def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache, rows: Any) -> torch.Tensor:
+        """Decoding: the real tokens of each row right-aligned (a stable sort puts padding first), one
+        step of the cache, positions each sequence's own; the hidden states go back to the rows' order."""
+        c, (B, T) = self.config, ids.shape
+        if not c.causal:
+            raise ValueError(f"kv_cache needs a causal decoder; this model is a {c.family} encoder")
+        if not isinstance(kv, KVCache):
+            raise TypeError(f"kv_cache must be a KVCache (KVCache.for_model), got {type(kv).__name__}")
+        kv.check_fits(c, B, device=ids.device)
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+        order = torch.argsort(real.long(), dim=-1, stable=True)  # (B, T): padding, then real tokens in order
+        ids = ids.gather(1, order)
+        step = kv.begin(real.sum(-1), T)
+        if c.positions == "learned" and int(step.end.max()) > c.max_positions:
+            raise ValueError(f"input_ids: the cache holds {int(kv.lengths.max())} tokens; {T} more pass the model's "
+                             f"{c.max_positions} learned positions")
+        pos = step.positions.clamp(min=0)  # (B, T)
+        p = Pass(c, backend, True, pos, None, None, hooks, self._rope(pos), kv, step, rows)
+        x = self._body(ids, p)
+        kv.commit(step)
+        return x.scatter(1, order[..., None].expand_as(x), x)  # (B, T, d) in the rows' own order
+
+    def _rope(self, pos: torch.Tensor) -> Any:
+        return None if self.inv_freq is None else angles(pos, self.inv_freq, self.dtype)
+
+    def _body(self, ids: torch.Tensor, p: Pass) -> torch.Tensor:
+        h, (B, T) = p.hooks, ids.shape
+        # 3. embed: token (× √d in Gemma) (+ learned position + segment 0) → (B, T, d), normed in BERT
+        x = self.tok_emb(ids)
+        if self.config.embed_scale:
+            x = x * torch.tensor(self.config.d_model ** 0.5, dtype=x.dtype)
+        x = h("hook_embed", x)  # (B, T, d)
         if self.pos_emb is not None:
-            x = x + h("hook_pos_embed", self.pos_emb(pos).expand(B, T, -1))  # (T or B, T, d) → (B, T, d)
+            x = x + h("hook_pos_embed", self.pos_emb(p.positions).expand(B, T, -1))  # (T or B, T, d) → (B, T, d)
         if self.type_emb is not None:
             x = x + h("hook_token_type_embed", self.type_emb.weight[0].expand(B, T, -1))  # (d,) → (B, T, d)
         if self.emb_norm is not None:
@@ -285,10 +382,21 @@ class Transformer(nn.Module):
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Next-token scores [B, T, V] from the last hidden state (the tied embeddings or the LM head)."""
-        if not self.config.causal:
-            raise ValueError(f"logits need a causal language model, got a {self.config.family} encoder")
-        return hidden @ self.tok_emb.weight.T if self.lm_head is None else self.lm_head(hidden)
+        """Next-token scores [B, T, V] from the last hidden state (the tied embeddings or the LM head),
+        softcapped c·tanh(x / c) where the model does (Gemma-2)."""
+        c = self.config
+        if not c.causal:
+            raise ValueError(f"logits need a causal language model, got a {c.family} encoder")
+        out = hidden @ self.tok_emb.weight.T if self.lm_head is None else self.lm_head(hidden)
+        return out if c.final_softcap is None else c.final_softcap * torch.tanh(out / c.final_softcap)
+
+    def _decode_step(self, ids: torch.Tensor, real: Any, kv: KVCache, *, backend: str | None, rows: bool,
+                     hooks: Hooks) -> tuple:
+        """One step of :func:`~attnlab.transformer.generate.generate`: the logits of each row's last
+        column (B, V) and, with ``rows``, each layer's (weights of that column (B, H, Tk), key positions (B, Tk))."""
+        found: list | None = [] if rows else None
+        hidden = self._forward(ids, real, backend, hooks, kv, found)
+        return self.logits(hidden[:, -1]), found
 
     def embed(self, sentences: list[str] | str, batch_size: int = 32) -> torch.Tensor:
         """Sentence embeddings [N, d]: the mean of the last hidden state over real tokens, L2-normalised
@@ -303,6 +411,5 @@ class Transformer(nn.Module):
             mask = enc["attention_mask"]  # (b, T)
             with torch.no_grad():
                 h = self(enc["input_ids"], mask)  # (b, T, d)
-            m = mask[..., None].to(h.dtype)  # (b, T, 1)
-            out.append(F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1), dim=-1))  # (b, d)
+            out.append(F.normalize(mean_pool(h, mask), dim=-1))  # (b, d)
         return torch.cat(out)

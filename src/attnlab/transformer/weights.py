@@ -34,12 +34,24 @@ _LLAMA_LAYER = [
     ("ffn.gate", "mlp.gate_proj"), ("ffn.up", "mlp.up_proj"), ("ffn.down", "mlp.down_proj"),
 ]
 _LLAMA_TOP = [("tok_emb", "embed_tokens"), ("final_norm", "norm")]
+# Gemma-2's four norms: before attention, on its output, before the FFN, on its output.
+_GEMMA2_LAYER = [
+    ("norm1", "input_layernorm"), ("attn.q", "self_attn.q_proj"), ("attn.k", "self_attn.k_proj"),
+    ("attn.v", "self_attn.v_proj"), ("attn.o", "self_attn.o_proj"), ("norm1_post", "post_attention_layernorm"),
+    ("norm2", "pre_feedforward_layernorm"), ("norm2_post", "post_feedforward_layernorm"),
+    ("ffn.gate", "mlp.gate_proj"), ("ffn.up", "mlp.up_proj"), ("ffn.down", "mlp.down_proj"),
+]
 LAYOUT = {
     "bert": ("encoder.layer.{i}.", _BERT_LAYER, _BERT_TOP),
     "roberta": ("encoder.layer.{i}.", _BERT_LAYER, _BERT_TOP),
     "gpt2": ("h.{i}.", _GPT2_LAYER, _GPT2_TOP),
     "llama": ("layers.{i}.", _LLAMA_LAYER, _LLAMA_TOP),
+    "mistral": ("layers.{i}.", _LLAMA_LAYER, _LLAMA_TOP),
+    "qwen2": ("layers.{i}.", _LLAMA_LAYER, _LLAMA_TOP),
+    "gemma2": ("layers.{i}.", _GEMMA2_LAYER, _LLAMA_TOP),
 }
+# Any of these in a model folder means it has a tokenizer (text in and out); without: token ids only.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 # Old BERT checkpoints name LayerNorm's parameters after the paper.
 _RENAMES = {".gamma": ".weight", ".beta": ".bias"}
 
@@ -95,13 +107,30 @@ def convert(tensors: dict, c: TransformerConfig) -> dict:
     return state
 
 
-def load_pretrained(cls: type, model: Any = None, backend: str = "auto", revision: str | None = None) -> Any:
-    """``cls`` (the Transformer) with the weights of ``model`` (see :func:`attnlab.locate.folder.resolve`),
-    in eval mode, its parameters frozen (``requires_grad_(True)`` to train it), with its tokenizer."""
-    from transformers import AutoTokenizer
+DTYPES = ("float32", "float64", "float16", "bfloat16")
 
+
+def torch_dtype(dtype: Any, name: str = "dtype") -> Any:
+    """A torch floating dtype from its name or itself (None: float32)."""
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return getattr(torch, dtype)
+    if isinstance(dtype, torch.dtype) and str(dtype).removeprefix("torch.") in DTYPES:
+        return dtype
+    raise ValueError(f"{name} must be one of {', '.join(DTYPES)} (a name or a torch dtype), got {dtype!r}")
+
+
+def load_pretrained(cls: type, model: Any = None, backend: str = "auto", revision: str | None = None,
+                    dtype: Any = None) -> Any:
+    """``cls`` (the Transformer) with the weights of ``model`` (see :func:`attnlab.locate.folder.resolve`),
+    in ``dtype`` (default float32), in eval mode, its parameters frozen (``requires_grad_(True)`` to train
+    it), with its tokenizer when the folder has one (else ``tokenizer`` is None: token ids in and out)."""
     from attnlab.locate.folder import resolve
 
+    wanted = torch_dtype(dtype)
     folder, model_id, rev = resolve(model, revision)
     config = TransformerConfig.from_hf(json.loads((folder / "config.json").read_text()))
     net = cls(config, backend=backend)
@@ -112,11 +141,17 @@ def load_pretrained(cls: type, model: Any = None, backend: str = "auto", revisio
         raise ValueError(f"model {model_id!r}: its safetensors lack {len(missing)} tensors the transformer needs, "
                          f"e.g. {', '.join(missing[:4])}")
     net.load_state_dict(state, strict=True)
-    net.eval().requires_grad_(False)
+    net.to(wanted).eval().requires_grad_(False)
+    net.tokenizer = _tokenizer(folder) if any((folder / f).exists() for f in TOKENIZER_FILES) else None
+    log.info("transformer %s (%s) loaded from %s in %s", model_id, rev, folder, wanted)
+    return net
+
+
+def _tokenizer(folder: Any) -> Any:
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     if tok.pad_token is None:  # GPT-2 and Llama have none; padded keys are masked out anyway
         tok.pad_token = tok.eos_token
     tok.padding_side = "right"  # right padding: key padding goes to the backends as lengths
-    net.tokenizer = tok
-    log.info("transformer %s (%s) loaded from %s", model_id, rev, folder)
-    return net
+    return tok

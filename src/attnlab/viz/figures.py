@@ -11,8 +11,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from attnlab.viz.heatmap import heatmap_grid
+
 UNSCALED, SCALED = "#c44e52", "#4c72b0"  # one colour per variant, the same in every figure
-PAGE_INCHES = 1150 / 110  # the report's page (1150 px) at its 110 dpi: a wider figure is shrunk, and its text with it
 
 
 def _bars(ax, labels, series: dict[str, list[float]], colors: list[str], percent: bool = True) -> None:
@@ -134,38 +135,6 @@ def cost_curves(data: dict) -> Figure:
         # Below the axes: inside, the legend covers the search points wherever it goes.
         ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=2)
         ax.spines[["top", "right"]].set_visible(False)
-    return fig
-
-
-def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None = None,
-                 shared_scale: bool = False) -> Figure:
-    """Several attention maps side by side, each drawn by :func:`attnlab.viz.heatmap.plot_heatmap`,
-    no wider than the report's page, so the numbers in the cells are read at the size they are drawn.
-
-    ``panels``: dicts with ``weights`` [Tq, Tk], ``rows`` and ``cols`` (labels), ``title`` and
-    optionally ``highlight`` (row indices to frame). ``shared_scale``: one colour scale, 0 to 1, for all.
-    """
-    from attnlab.viz.heatmap import plot_heatmap
-
-    if not panels:
-        raise ValueError("panels is empty; give at least one map")
-    ncols = ncols or len(panels)
-    nrows = -(-len(panels) // ncols)
-    bar, shared_bar = (0, 0.9) if shared_scale else (0.9, 0)  # inches of colour scale per panel / for all
-    side = max(3.2, 0.42 * max(max(np.shape(p["weights"])) for p in panels) + 1.6)
-    side = min(side, (PAGE_INCHES - shared_bar) / ncols - bar)
-    fig = Figure(figsize=(ncols * (side + bar) + shared_bar, nrows * side + (0.4 if title else 0)),
-                 layout="constrained")
-    axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
-    for ax, p in zip(axes, panels):
-        plot_heatmap(p["weights"], p["rows"], p["cols"], title=p["title"], ax=ax, highlight_rows=tuple(p.get("highlight", ())),
-                     vmax=1.0 if shared_scale else None, colorbar=not shared_scale)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    if shared_scale:
-        fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label="weight")
-    if title:
-        fig.suptitle(title)
     return fig
 
 

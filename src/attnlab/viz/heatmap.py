@@ -6,14 +6,18 @@ no display is needed; save with ``fig.savefig(path)``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ANNOTATE_MAX = 16  # label every cell with its percentage up to this many rows and columns
 CELL_INCHES = 0.42
 ANNOTATE_POINTS = 8  # cell numbers: 12 px at the report's 110 dpi, readable when the figure fits the page
 HIGHLIGHT = "#c0392b"  # the row a figure is about (the viewer's accent colour)
+PAGE_INCHES = 1150 / 110  # the report's page (1150 px) at its 110 dpi: a wider figure is shrunk, and its text with it
 
 
 def plot_heatmap(
@@ -83,14 +87,39 @@ def plot_heatmap(
 
 def plot_maps(maps2d: list[Any], labels: list[list[str]], title: str | None = None):
     """One head's map for several sentences, side by side: ``maps2d[i]`` [T_i, T_i] labelled by ``labels[i]``."""
-    from matplotlib.figure import Figure
-
     if len(maps2d) != len(labels) or not maps2d:
         raise ValueError(f"plot_maps needs one label list per map, got {len(maps2d)} maps and {len(labels)} label lists")
-    side = max(3.5, CELL_INCHES * max(len(lab) for lab in labels) + 1.8)
-    fig = Figure(figsize=((side + 0.8) * len(maps2d), side + 0.4), layout="constrained")
-    for i, (w, lab) in enumerate(zip(maps2d, labels)):
-        plot_heatmap(w, lab, lab, title=f"sentence {i + 1}", ax=fig.add_subplot(1, len(maps2d), i + 1))
+    return heatmap_grid([{"weights": w, "rows": lab, "cols": lab, "title": f"sentence {i + 1}"}
+                         for i, (w, lab) in enumerate(zip(maps2d, labels))], title=title)
+
+
+def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None = None,
+                 shared_scale: bool = False) -> Figure:
+    """Several attention maps side by side, each drawn by :func:`plot_heatmap`, no wider than the
+    report's page, so the numbers in the cells are read at the size they are drawn.
+
+    ``panels``: dicts with ``weights`` [Tq, Tk], ``rows`` and ``cols`` (labels), ``title`` and
+    optionally ``highlight`` (row indices to frame). ``shared_scale``: one colour scale, 0 to 1, for all.
+    """
+    from matplotlib.figure import Figure
+
+    if not panels:
+        raise ValueError("panels is empty; give at least one map")
+    ncols = ncols or len(panels)
+    nrows = -(-len(panels) // ncols)
+    bar, shared_bar = (0, 0.9) if shared_scale else (0.9, 0)  # inches of colour scale per panel / for all
+    side = max(3.2, CELL_INCHES * max(max(np.shape(p["weights"])) for p in panels) + 1.6)
+    side = min(side, (PAGE_INCHES - shared_bar) / ncols - bar)
+    fig = Figure(figsize=(ncols * (side + bar) + shared_bar, nrows * side + (0.4 if title else 0)),
+                 layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
+    for ax, p in zip(axes, panels):
+        plot_heatmap(p["weights"], p["rows"], p["cols"], title=p["title"], ax=ax, highlight_rows=tuple(p.get("highlight", ())),
+                     vmax=1.0 if shared_scale else None, colorbar=not shared_scale)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    if shared_scale:
+        fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label="weight")
     if title:
         fig.suptitle(title)
     return fig

@@ -36,8 +36,8 @@ def induction_training(data: dict) -> Figure:
     grid = right.subplots(2, 2)
     repeat = np.flatnonzero(np.asarray(data["example"]["repeat"]))
     for col, when in enumerate(("before", "after")):
-        for row, (role, layer) in enumerate((("previous_token_head", 0), ("induction_head", 1))):
-            head = data[role]["head"] - 1
+        for row, role in enumerate(("previous_token_head", "induction_head")):
+            layer, head = data[role]["layer"], data[role]["head"]  # 0-based, as lesson.json names heads
             a = grid[row, col]
             a.imshow(np.asarray(data["maps"][when][layer][head]), cmap="Blues", vmin=0, vmax=1)
             if repeat.size:  # frame the rows of the repeat, where the induction head copies

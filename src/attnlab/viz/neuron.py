@@ -1,12 +1,13 @@
 """The Neuron view's data: queries and keys, turned into the JSON the page reads.
 
-Maps captured with ``capture(..., qk=True)`` hold the queries and keys of up to three attentions,
-each a *kind*: ``"encoder"``, the maps' own self-attention (an encoder's, a decoder-only model's, or
-an encoder–decoder's encoder); and for an encoder–decoder ``"decoder"``, the decoder's causal
-self-attention over the target, and ``"cross"``, the decoder's attention to the encoder (target rows,
-source columns). :func:`qk_of` gives each kind the same face (:class:`QK`), so the self-contained
-page's payload (:func:`neuron_payload`, every head of every sentence) and the server's answer
-(:func:`head_qk`, one head) are cut from the same arrays and have the same shapes.
+Maps captured with ``capture(..., qk=True)`` hold the queries and keys of each of their records
+(:class:`~attnlab.maps.records.Attention`), each one of the viewer's attentions
+(:data:`attnlab.viz.payload.ATTENTIONS`): ``"encoder"``, the maps' own self-attention (an encoder's, a
+decoder-only model's, or an encoder–decoder's encoder); and for an encoder–decoder ``"decoder"``,
+the decoder's causal self-attention over the target, and ``"cross"``, the decoder's attention to
+the encoder (target rows, source columns). The self-contained page's payload
+(:func:`neuron_payload`, every head of every sentence) and the server's answer (:func:`head_qk`,
+one head) are cut from the same records and have the same shapes.
 
 A head's weights follow from its data as the model computes them: scores q·k · scale, softcapped
 (``softcap``: c·tanh(s/c)), plus the position bias where the model adds one (T5's relative position
@@ -15,108 +16,67 @@ bias), masked (``causal``, a sliding ``window`` (left, right)), then softmax.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-from attnlab.viz.payload import check_head, sentence_text
+from attnlab.maps.records import Attention, LayerFacts
+from attnlab.maps.tokens import AttentionMaps
+from attnlab.viz.payload import attention_of, check_head, sentence_text
 
-KINDS = ("encoder", "decoder", "cross")
 NEURON_MAX_TOKENS = 128  # the page's q and k as JSON grow as L·H·T·D: longer sentences are left out of a page
 NEURON_DIGITS = 5
-META_KEYS = ("scale", "softcap", "causal", "window")
 
 
-@dataclass(frozen=True)
-class QK:
-    """One kind of attention's queries and keys, per sentence: ``queries[i]`` [L, H, Tq, D],
-    ``keys[i]`` [L, H, Tk, D], ``bias[i]`` [L, H, Tq, Tk] (None: the model adds none), ``meta`` (per
-    layer scale, softcap, causal, window), the query tokens ``rows[i]`` and key tokens ``cols[i]``."""
-
-    queries: list[np.ndarray]
-    keys: list[np.ndarray]
-    bias: list[np.ndarray] | None
-    meta: dict
-    rows: list[list[str]]
-    cols: list[list[str]]
-    num_layers: int
-    num_heads: int
+def qk_of(maps: AttentionMaps, attention: str = "encoder") -> Attention | None:
+    """The record of ``attention`` in token-level maps when it holds queries and keys, or None (captured
+    without ``qk=True``). ValueError for ``"decoder"``/``"cross"`` of a model that is not an
+    encoder–decoder."""
+    rec = attention_of(maps, attention)
+    return rec if rec.has_qk else None
 
 
-def check_kind(kind: Any) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
-    return kind
-
-
-def qk_of(maps: Any, kind: str = "encoder") -> QK | None:
-    """The queries and keys of ``kind`` in token-level AttentionMaps, or None when the maps hold
-    none (captured without ``qk=True``). ValueError for ``"decoder"``/``"cross"`` of a model that is
-    not an encoder–decoder."""
-    check_kind(kind)
-    if kind == "encoder":
-        if getattr(maps, "queries", None) is None:
-            return None
-        return QK(maps.queries, maps.keys, getattr(maps, "position_bias", None), maps.qk_meta, maps.tokens,
-                  maps.tokens, maps.num_layers, maps.num_heads)
-    dec = getattr(maps, "decoder", None)
-    if dec is None:
-        raise ValueError(f"kind {kind!r} is an encoder–decoder's attention; {maps.model_id!r} is not an "
-                         f"encoder–decoder model (its one attention is kind 'encoder')")
-    if kind == "decoder":
-        if getattr(dec, "queries", None) is None:
-            return None
-        return QK(dec.queries, dec.keys, getattr(dec, "position_bias", None), dec.qk_meta, dec.tokens, dec.tokens,
-                  dec.num_layers, dec.num_heads)
-    if getattr(maps, "cross_queries", None) is None:
-        return None
-    return QK(maps.cross_queries, maps.cross_keys, maps.cross_position_bias, maps.cross_qk_meta, dec.tokens,
-              maps.tokens, dec.num_layers, dec.num_heads)
+def meta_table(layers: tuple[LayerFacts, ...]) -> dict:
+    """The facts of every layer as the page reads them: each fact's list over the layers."""
+    rows = [f.to_dict() for f in layers]
+    return {name: [r[name] for r in rows] for name in rows[0]}
 
 
 def _rounded(x: np.ndarray) -> list:
     return np.round(x.astype(np.float64), NEURON_DIGITS).tolist()
 
 
-def layer_meta(meta: dict, layer0: int) -> dict:
-    """One layer's scale, softcap, causal and window (0-based ``layer0``)."""
-    return {name: meta[name][layer0] for name in META_KEYS}
-
-
-def head_qk(maps: Any, sentence: int, layer: int, head: int, kind: str = "encoder") -> dict:
-    """One head's data (1-based ``layer`` and ``head``) of sentence ``sentence`` (0-based):
+def head_qk(maps: AttentionMaps, sentence: int, layer: int, head: int, attention: str = "encoder") -> dict:
+    """One head's data (``layer``, ``head`` and ``sentence``, all 0-based):
     ``labels`` (the query tokens), ``key_labels``, ``q`` [Tq][D], ``k`` [Tk][D], ``bias`` [Tq][Tk] or
     None, and that layer's ``meta``. One head is 2·T·D numbers (65,536 at 512 tokens and D = 64,
     a quarter of one head's map), so no length limit applies here."""
-    v = qk_of(maps, kind)
+    v = qk_of(maps, attention)
     if v is None:
         raise ValueError("these maps hold no queries and keys; capture(..., qk=True) keeps them")
-    what = "" if kind == "encoder" else f" of the {kind} attention"
-    check_head(len(v.queries), v.num_layers, v.num_heads, sentence, layer, head, what)
-    l, h = layer - 1, head - 1
+    what = "" if attention == "encoder" else f" of the {attention} attention"
+    check_head(len(v), v.num_layers, v.num_heads, sentence, layer, head, what)
+    l, h = layer, head
     return {
-        "labels": list(v.rows[sentence]), "key_labels": list(v.cols[sentence]),
+        "labels": v.query_side.labels(sentence), "key_labels": v.key_side.labels(sentence),
         "q": _rounded(v.queries[sentence][l, h]), "k": _rounded(v.keys[sentence][l, h]),
-        "bias": None if v.bias is None else _rounded(v.bias[sentence][l, h]),
-        "meta": layer_meta(v.meta, l),
+        "bias": None if v.position_bias is None else _rounded(v.position_bias[sentence][l, h]),
+        "meta": v.layers[l].to_dict(),
     }
 
 
-def _kind_part(v: QK, fits: list[bool]) -> dict:
-    """Every head of every sentence of one kind, as the page embeds them (``q`` None where a
+def _attention_part(v: Attention, fits: list[bool]) -> dict:
+    """Every head of every sentence of one attention, as the page embeds them (``q`` None where a
     sentence is longer than :data:`NEURON_MAX_TOKENS`)."""
     return {
-        "model": {"num_layers": int(v.num_layers), "num_heads": int(v.num_heads)}, "meta": v.meta,
+        "model": {"num_layers": int(v.num_layers), "num_heads": int(v.num_heads)}, "meta": meta_table(v.layers),
         "sentences": [{
-            "labels": list(v.rows[i]), "key_labels": list(v.cols[i]),
+            "labels": v.query_side.labels(i), "key_labels": v.key_side.labels(i),
             "q": _rounded(v.queries[i]) if ok else None, "k": _rounded(v.keys[i]) if ok else None,
-            "bias": _rounded(v.bias[i]) if ok and v.bias is not None else None,
+            "bias": _rounded(v.position_bias[i]) if ok and v.position_bias is not None else None,
         } for i, ok in enumerate(fits)],
     }
 
 
-def neuron_payload(maps: Any) -> dict | None:
+def neuron_payload(maps: AttentionMaps) -> dict | None:
     """The self-contained page's Neuron data, or None when ``maps`` hold no queries.
 
     The maps' own attention at the top level: ``model`` (id, layers, heads), ``meta`` (per layer
@@ -128,17 +88,16 @@ def neuron_payload(maps: Any) -> dict | None:
     enc = qk_of(maps, "encoder")
     if enc is None:
         return None
-    seq2seq = getattr(maps, "decoder", None) is not None
-    lengths = [[len(t)] + ([len(maps.decoder.tokens[i])] if seq2seq else []) for i, t in enumerate(maps.tokens)]
-    fits = [max(n) <= NEURON_MAX_TOKENS for n in lengths]
-    out = _kind_part(enc, fits)
+    lengths = [rec.query_side.lengths() for _, rec in maps.attentions()]  # the source's, the target's
+    fits = [max(n) <= NEURON_MAX_TOKENS for n in zip(*lengths)]
+    out = _attention_part(enc, fits)
     out["model"].update(id=maps.model_id)
     out["max_tokens"] = NEURON_MAX_TOKENS
     for s, text in zip(out["sentences"], maps.sentences):
         s["text"] = sentence_text(text)
-    if seq2seq:
-        for kind in ("decoder", "cross"):
-            v = qk_of(maps, kind)
+    if maps.is_seq2seq:
+        for attention in ("decoder", "cross"):
+            v = qk_of(maps, attention)
             if v is not None:
-                out[kind] = _kind_part(v, fits)
+                out[attention] = _attention_part(v, fits)
     return out

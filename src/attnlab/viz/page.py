@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from attnlab.maps.records import Maps
+from attnlab.maps.tokens import AttentionMaps
 from attnlab.viz import payload
 from attnlab.viz.assets import read_static
 from attnlab.viz.neuron import neuron_payload
@@ -25,9 +27,9 @@ DATA_ID = "attnlab-data"
 NOTEBOOK_HEIGHT = 760  # px of the notebook frame
 
 
-def page_data(maps: Any = None, *, scene: dict | None = None, target: str | None = None,
-              deciders: list[str] | None = None, overview: int = payload.DEFAULT_OVERVIEW, neuron: Any = None,
-              generation: dict | None = None) -> dict:
+def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: str | None = None,
+              deciders: list[str] | None = None, overview: int = payload.DEFAULT_OVERVIEW,
+              neuron: AttentionMaps | None = None, generation: dict | None = None) -> dict:
     """The data a page embeds: the scene, the maps (with every head packed) and the head search.
 
     ``maps``: token-level AttentionMaps or word-level WordMaps (or None for the scene alone).
@@ -42,7 +44,8 @@ def page_data(maps: Any = None, *, scene: dict | None = None, target: str | None
     data: dict[str, Any] = {"scene": scene, "maps": None, "search": None}
     if generation is not None:
         data["generation"] = generation
-    qk = neuron_payload(neuron if neuron is not None else maps)
+    with_qk = neuron if neuron is not None else maps
+    qk = None if with_qk is None else neuron_payload(with_qk)
     if qk is not None:
         data["neuron"] = qk
     if maps is not None:
@@ -55,8 +58,7 @@ def page_data(maps: Any = None, *, scene: dict | None = None, target: str | None
     if target is not None:
         if maps is None or deciders is None:
             raise ValueError("target needs maps and deciders (one decider per sentence) for the head search")
-        words = maps if payload.is_word_level(maps) else maps.to_words()
-        data["search"] = payload.find_head_payload(words, target, list(deciders))
+        data["search"] = payload.find_head_payload(maps, target, list(deciders))
     return data
 
 
@@ -82,20 +84,20 @@ def render_page(data: dict, title: str = "attnlab viewer") -> str:
     return page
 
 
-def _title(maps: Any) -> str:
+def _title(maps: Maps) -> str:
     first = payload.sentence_text(maps.sentences[0])
     return f"attnlab · {maps.model_id} · {first[:60]}"
 
 
-def maps_html(maps: Any, *, scene: dict | None = None, target: str | None = None,
-              deciders: list[str] | None = None, neuron: Any = None) -> str:
+def maps_html(maps: Maps, *, scene: dict | None = None, target: str | None = None,
+              deciders: list[str] | None = None, neuron: AttentionMaps | None = None) -> str:
     """The self-contained page of captured maps (head view first, then model view, scene, compare,
     and the neuron view when the maps, or ``neuron``, hold queries and keys)."""
     return render_page(page_data(maps, scene=scene, target=target, deciders=deciders, neuron=neuron), title=_title(maps))
 
 
-def write_maps_html(maps: Any, path: str | os.PathLike, *, scene: dict | None = None, target: str | None = None,
-                    deciders: list[str] | None = None, neuron: Any = None) -> Path:
+def write_maps_html(maps: Maps, path: str | os.PathLike, *, scene: dict | None = None, target: str | None = None,
+                    deciders: list[str] | None = None, neuron: AttentionMaps | None = None) -> Path:
     """Write :func:`maps_html` to ``path`` (``.html`` appended when it has no suffix); returns the path."""
     return _write(maps_html(maps, scene=scene, target=target, deciders=deciders, neuron=neuron), path)
 
@@ -117,7 +119,7 @@ def write_generation_html(steps: dict, path: str | os.PathLike) -> Path:
     return _write(render_page(page_data(generation=steps), title=title), path)
 
 
-def notebook_html(maps: Any) -> str:
+def notebook_html(maps: Maps) -> str:
     """The page in an ``<iframe srcdoc>`` for a notebook cell: its scripts and styles stay inside
     the frame, so several outputs in one notebook do not interfere, and nothing is fetched."""
     doc = html.escape(maps_html(maps), quote=True)

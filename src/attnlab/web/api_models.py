@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 MAX_WORD_CHARS = 100
-KIND_HELP = ("encoder: the model's own self-attention (an encoder–decoder's encoder); decoder: an encoder–decoder's "
+ATTENTION_HELP = ("encoder: the model's own self-attention (an encoder–decoder's encoder); decoder: an encoder–decoder's "
              "decoder self-attention; cross: its cross-attention (target rows, source columns)")
 
 
@@ -24,7 +24,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
     Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS, pattern=r"\S")]
     Occurrence = Annotated[int, Field(ge=1, le=1000)]
     Level = Literal["word", "token"]
-    Kind = Literal["encoder", "decoder", "cross"]
+    Attention = Literal["encoder", "decoder", "cross"]  # attnlab.viz.payload.ATTENTIONS
     Sentences = Annotated[list[Sentence], Field(
         min_length=1, max_length=max_sentences,
         description="sentences; a tab makes a pair: segments A and B, or an encoder–decoder's source and target")]
@@ -40,9 +40,9 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
     class OneHead(Strict):  # one head of one sentence: what /api/head and /api/neuron share
         sentences: Sentences
         sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
-        layer: int = Field(ge=1, le=1000, description="1-based")
-        head: int = Field(ge=1, le=1000, description="1-based")
-        kind: Kind = Field("encoder", description=KIND_HELP)
+        layer: int = Field(ge=0, lt=1000, description="0-based")
+        head: int = Field(ge=0, lt=1000, description="0-based")
+        attention: Attention = Field("encoder", description=ATTENTION_HELP)
 
     class HeadIn(OneHead):
         level: Level = "word"
@@ -54,7 +54,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
         sentences: Sentences
         level: Level = "word"
         sentence: int = Field(0, ge=0, lt=max_sentences, description="which sentence, 0-based")
-        layer: int = Field(ge=1, le=1000, description="1-based: rollout (or flow) through layers 1..layer")
+        layer: int = Field(ge=0, lt=1000, description="0-based: rollout (or flow) through layers 0..layer")
         residual: float = Field(0.5, ge=0, lt=1, allow_inf_nan=False,
                                 description="weight of the identity mixed into each layer's head mean, in [0, 1)")
         method: Literal["rollout", "flow"] = Field("rollout", description="attention rollout, or attention flow "
@@ -100,7 +100,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
         max_tokens: int
         max_sentences: int
         max_chars: int
-        encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; kinds decoder and cross exist")
+        encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; attentions decoder and cross exist")
         generate: GenerateInfoOut = Field(description="what /api/generate can do with this model")
 
     class OverviewOut(BaseModel):
@@ -150,7 +150,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
         sentence: int
         layer: int
         head: int
-        kind: Kind
+        attention: Attention
         level: Level = Field(description="the level served (decoder and cross maps may be tokens where words were asked)")
         labels: list[str] = Field(description="the rows: the tokens or words that look")
         key_labels: list[str] = Field(description="the columns: those looked at (the source's, for cross)")
@@ -166,7 +166,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
         sentence: int
         layer: int
         head: int
-        kind: Kind
+        attention: Attention
         labels: list[str] = Field(description="the query tokens (rows)")
         key_labels: list[str] = Field(description="the key tokens (columns)")
         q: list[list[float]] = Field(description="[Tq][D] queries as the attention received them (after RoPE, before scaling)")
@@ -183,7 +183,7 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
         num_layers: int
         labels: list[str] = Field(description="the positions, rows and columns alike")
         weights: list[list[float]] = Field(description="[position][source]: how much of each input position reaches "
-                                                       "the position after layers 1..layer; each row sums to 1")
+                                                       "the position after layers 0..layer (0-based); each row sums to 1")
         flow_max_positions: int = Field(description="the longest sentence, in positions, that flow is offered for")
         flow_refusal: str | None = Field(description="why flow is not offered for this sentence; null: it is")
 

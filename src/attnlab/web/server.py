@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Callable
 
 from attnlab.viz import payload
-from attnlab.web import kinds
+from attnlab.web.attentions import attention_head
 from attnlab.web.api_models import api_models
 from attnlab.web.generation import MAX_NEW_TOKENS, Generator
 from attnlab.viz.assets import STATIC_FILES, read_static
@@ -99,8 +99,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
         lifespan=lifespan,
     )
     app.state.pool, app.state.cache = pool, cache  # for tests and benchmarks to look at
-    # Level 1: a 512 x 512 map (2.0 MB of JSON) goes to 0.62 MB and the request takes 0.2 s;
-    # level 9, the default, gives 0.46 MB but takes 1.4 s (benchmarks/bench_viewer.py).
+    # Level 1: weights as JSON compress well at the fastest level, and the higher levels save a little
+    # more for several times the time (measured by benchmarks/bench_viewer.py: benchmarks/README.md).
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=1)
     app.add_middleware(LocalOnly, hosts=allowed_hosts() if hosts is None else hosts)
 
@@ -153,9 +153,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
     def info_now() -> dict:
         lm = cache.loaded()
-        limit = min(lm.tokenizer.model_max_length, lm.config.get("max_position_embeddings") or 10**9)
         return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
-                "num_heads": lm.num_heads, "max_tokens": int(limit), "max_sentences": MAX_SENTENCES,
+                "num_heads": lm.num_heads, "max_tokens": lm.max_tokens, "max_sentences": MAX_SENTENCES,
                 "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder")),
                 "generate": generator.info()}
 
@@ -191,37 +190,37 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
 
     @app.post("/api/head", response_model=M.HeadOut, responses=heavy_doc)
     async def head(req: M.HeadIn) -> Response:
-        """One head's full map (1-based layer and head) of one sentence: of the model's own attention
-        (``kind`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
+        """One head's full map (0-based layer and head) of one sentence: of the model's own attention
+        (``attention`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
         rows, source columns), at the level asked for (``level`` says which)."""
         def work() -> bytes:
             m = maps_for(req.sentences, req.level)
             try:
-                got = kinds.kind_head(m, req.kind, req.sentence, req.layer, req.head)
+                got = attention_head(m, req.attention, req.sentence, req.layer, req.head)
             except ValueError as e:
                 raise client_error(e) from None
-            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "kind": req.kind,
+            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention,
                             **got, "weights": payload.round_weights(got["weights"])})
         return await heavy(work)
 
     @app.post("/api/neuron", response_model=M.NeuronOut, responses=heavy_doc)
     async def neuron(req: M.NeuronIn) -> Response:
-        """One head's queries and keys (1-based layer and head) of one sentence, its tokens, the
+        """One head's queries and keys (0-based layer and head) of one sentence, its tokens, the
         position bias where the model adds one (T5), and that layer's scale, softcap, causal and
-        window: what the Neuron view turns into weights. ``kind`` as in /api/head; token level."""
+        window: what the Neuron view turns into weights. ``attention`` as in /api/head; token level."""
         def work() -> bytes:
             m = maps_for(req.sentences, "qk")
             try:
-                data = head_qk(m, req.sentence, req.layer, req.head, req.kind)
+                data = head_qk(m, req.sentence, req.layer, req.head, req.attention)
             except ValueError as e:
                 raise client_error(e) from None
-            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "kind": req.kind, **data})
+            return to_json({"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention, **data})
         return await heavy(work)
 
     @app.post("/api/rollout", response_model=M.RolloutOut, responses=heavy_doc)
     async def rollout(req: M.RolloutIn) -> Response:
         """Attention rollout (Abnar & Zuidema 2020), or attention flow, of one sentence through layers
-        1..``layer`` (1-based) at ``residual``: row i, how much of each input position reaches position i."""
+        0..``layer`` (0-based) at ``residual``: row i, how much of each input position reaches position i."""
         def work() -> bytes:
             m = maps_for(req.sentences, req.level)
             try:

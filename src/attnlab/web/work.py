@@ -17,25 +17,20 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from attnlab.maps.records import Maps
+from attnlab.maps.tokens import AttentionMaps
+
 CACHE_MB = 512  # captures and payloads kept, in MB: three 512-token captures at both levels
 WORKERS = 1  # torch already spreads one capture over every core; two at once only share them
 QUEUE = 4  # heavy requests that may wait for a worker; more get 503 at once
 
 
-# The arrays AttentionMaps and WordMaps may hold, one list per name (an encoder–decoder's decoder
-# holds its own, counted through ``decoder``).
-ARRAYS = ("weights", "queries", "keys", "position_bias", "cross_weights", "cross_queries", "cross_keys",
-          "cross_position_bias")
-
-
 def nbytes(value: Any) -> int:
-    """Memory held by a cached value: every array of AttentionMaps/WordMaps (queries and keys, a
-    decoder's maps included), or a bytes payload."""
+    """Memory held by a cached value: a bytes payload's length, or the ``nbytes`` its type states
+    (maps: every array of every record; a rollout: its arrays)."""
     if isinstance(value, (bytes, bytearray)):
         return len(value)
-    total = sum(int(a.nbytes) for name in ARRAYS for a in (getattr(value, name, None) or ()))
-    decoder = getattr(value, "decoder", None)
-    return total + (nbytes(decoder) if decoder is not None else 0)
+    return int(value.nbytes)
 
 
 class MapsCache:
@@ -84,7 +79,7 @@ class MapsCache:
             while self.total > self.max_bytes and len(self.entries) > 1:
                 self.total -= self.entries.popitem(last=False)[1][1]
 
-    def get(self, sentences: list[str], level: str) -> Any:
+    def get(self, sentences: list[str], level: str) -> Maps:
         """Token-level AttentionMaps (``level="token"``) or word-level WordMaps of the sentences."""
         from attnlab.hf.capture import capture
 
@@ -99,7 +94,7 @@ class MapsCache:
             self.put(("maps", tuple(sentences), "word"), words)
             return maps if level == "token" else words
 
-    def get_qk(self, sentences: list[str]) -> Any:
+    def get_qk(self, sentences: list[str]) -> AttentionMaps:
         """Token-level AttentionMaps with queries and keys (``capture(..., qk=True)``), for the Neuron
         view; kept apart from :meth:`get`'s, as they hold L·H·T·D more per attention."""
         from attnlab.hf.capture import capture

@@ -77,13 +77,13 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
     """out (B, G, Tq, Dv) and LSE (B, G, Tq) of canonical float32 q, k, v (as :func:`attnlab.backends.online.forward`).
 
     ``threads``: None for OpenMP's default. Outputs are NumPy buffers, shared with torch through
-    ``torch.from_numpy`` for tensor inputs: one path for both kinds.
+    ``torch.from_numpy`` for tensor inputs: one path for both array libraries.
     """
     if tiling.mask is not None or tiling.bias is not None:
         raise ValueError("the compiled kernel takes no dense mask or bias (the blockwise backend does)")
     block_q, block_k = BLOCK if block_size is None else block_sizes(1, q.shape[2], block_size)
     b, g, tq, d = q.shape
-    tk, dv = k.shape[1], v.shape[-1]
+    dv = v.shape[-1]
     torch_in = is_torch(q)
     q, k, v = _buffers(q, k, v)
     out, lse = np.empty((b, g, tq, dv), np.float32), np.empty((b, g, tq), np.float32)
@@ -166,7 +166,7 @@ class KernelBackend(Backend):
     name = "kernel"
     summary = "the blockwise online softmax compiled (C, OpenMP, SIMD): float32 on the CPU, band, padding, LSE, gradients"
     supports = Supports(
-        kinds=frozenset({"numpy", "torch"}),
+        libraries=frozenset({"numpy", "torch"}),
         devices="cpu",
         dtypes=frozenset(FLOAT_DTYPES) - {"float64"},
         features=frozenset({"band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size"}),

@@ -45,8 +45,8 @@
     root.replaceChildren(
       el("p", {id: "compare-summary", class: "lead", text: res.summary}),
       best ? el("p", {id: "compare-open", class: "link", text: `${best.qualifies ? "Best qualifying head" : "Closest head (none qualifies)"}: ` +
-        `layer ${best.layer}, head ${best.head}. Click to open it in the Head view.`,
-      onclick: () => AL.openHead({sentences: st.request.sentences, layer: best.layer, head: best.head})}) : null,
+        `layer ${best.layer + 1}, head ${best.head + 1}. Click to open it in the Head view.`,
+      onclick: () => AL.openHead({sentences: st.request.sentences, layer: best.layer + 1, head: best.head + 1})}) : null,
       best ? el("div", {class: "pair"}, best.sides.map(rowChart)) : null);
   }
 

@@ -21,6 +21,9 @@ AL.el = function (tag, attrs, ...children) {
 AL.pct = (x) => `${Math.round(100 * x)} %`;
 AL.pct1 = (x) => `${(100 * x).toFixed(1)} %`;
 AL.num = (x, digits = 2) => x.toFixed(digits);
+// A model's attentions (attnlab.viz.payload.ATTENTIONS) as the views name them.
+AL.ATTENTIONS = {encoder: "encoder self-attention", decoder: "decoder self-attention",
+  cross: "cross-attention (target → source)"};
 
 // Weight in [0, 1] -> colour on a white-to-blue ramp (sqrt, so that small weights still show).
 AL.heatRGB = function (w) {
@@ -109,18 +112,21 @@ AL.status = function (text, isError) {
 // ---------------------------------------------------------------- data sources
 // Both sources answer the same questions with the same shapes:
 //   maps()              -> the /api/maps answer (labels, marks, downsampled maps, role scores)
-//   head(s, layer, hd, kind) -> {n, rows, cols, weights: Float32Array rows*cols} for sentence s,
-//                          1-based layer and head; kind "encoder" (the default: the maps' own, rows =
+// The views number layers and heads as people read them (1-based: the selects, the captions); the
+// sources take those numbers and convert at their edge, since the API's fields and the embedded
+// data are 0-based (as every field of attnlab: docs/design.md, "Layers and heads").
+//   head(s, layer, hd, attention) -> {n, rows, cols, weights: Float32Array rows*cols} for sentence s,
+//                          layer and head as shown (1-based); attention "encoder" (the default: the maps' own, rows =
 //                          cols = n), or an encoder–decoder's "decoder" or "cross" (target rows,
 //                          source columns), which the maps announce in their `seq2seq` part
 //   scene()             -> the /api/scene answer (the lesson's scene, as `attnlab scene --json`)
 //   findHead(req)       -> the /api/find-head answer
 //   generate(req) (served) / generation() (a page) -> the /api/generate answer: {model, labels,
 //                          prompt_length, prompt, text, steps: [{step, position, token, rows: [L][H][position + 1]}]}
-//   neuronInfo()        -> what the Neuron view can show, at once: {sentences: [{text}], kinds: {encoder:
+//   neuronInfo()        -> what the Neuron view can show, at once: {sentences: [{text}], attentions: {encoder:
 //                          {num_layers, num_heads}, and for an encoder–decoder decoder and cross}}, or
 //                          null (no sentences on show, or a page without queries and keys)
-//   neuron(s, layer, hd, kind) -> one head's queries and keys, the /api/neuron answer: {labels,
+//   neuron(s, layer, hd, attention) -> one head's queries and keys, the /api/neuron answer: {labels,
 //                          key_labels, q: [Tq][D], k: [Tk][D], bias: [Tq][Tk] or null, meta: {scale,
 //                          softcap, causal, window}}; or {too_long, length, max_tokens} where a page
 //                          left a long sentence's out
@@ -156,23 +162,23 @@ class ServerSource {
   neuronInfo() {
     const m = this.shown;
     if (!m) return null;
-    const kinds = {encoder: m.model};
-    if (m.seq2seq) kinds.decoder = kinds.cross = m.seq2seq.model; // /api/neuron serves their tokens' q and k
-    return {sentences: m.sentences.map((s) => ({text: s.text})), kinds};
+    const attentions = {encoder: m.model};
+    if (m.seq2seq) attentions.decoder = attentions.cross = m.seq2seq.model; // /api/neuron serves their tokens' q and k
+    return {sentences: m.sentences.map((s) => ({text: s.text})), attentions};
   }
-  neuron(sentence, layer, head, kind = "encoder") {
-    const key = `neuron/${kind}/${sentence}/${layer}/${head}`;
+  neuron(sentence, layer, head, attention = "encoder") {
+    const key = `neuron/${attention}/${sentence}/${layer}/${head}`;
     if (!this.cache.has(key)) {
-      const p = this.call("/api/neuron", {sentences: this.request.sentences, sentence, layer, head, kind});
+      const p = this.call("/api/neuron", {sentences: this.request.sentences, sentence, layer: layer - 1, head: head - 1, attention});
       this.cache.set(key, p);
       p.catch(() => this.cache.delete(key));
     }
     return this.cache.get(key);
   }
-  async head(sentence, layer, head, kind = "encoder") {
-    const key = `${kind}/${sentence}/${layer}/${head}`;
+  async head(sentence, layer, head, attention = "encoder") {
+    const key = `${attention}/${sentence}/${layer}/${head}`;
     if (!this.cache.has(key)) {
-      const p = this.call("/api/head", {...this.request, sentence, layer, head, kind}).then((d) => ({
+      const p = this.call("/api/head", {...this.request, sentence, layer: layer - 1, head: head - 1, attention}).then((d) => ({
         n: d.labels.length, rows: d.labels.length, cols: d.key_labels.length, weights: Float32Array.from(d.weights.flat()),
       }));
       this.cache.set(key, p);
@@ -194,21 +200,21 @@ class EmbeddedSource {
   info() { return Promise.resolve(this.data.maps ? this.data.maps.model : null); }
   scene() { return Promise.resolve(this.data.scene); }
   maps() { return Promise.resolve(this.data.maps); }
-  // kind: "encoder" (the maps' own), or on an encoder–decoder's page "decoder" (its self-attention
+  // attention: "encoder" (the maps' own), or on an encoder–decoder's page "decoder" (its self-attention
   // over the target) or "cross" (target rows, source columns).
-  head(sentence, layer, head, kind = "encoder") {
+  head(sentence, layer, head, attention = "encoder") {
     const m = this.data.maps;
     const s = m.sentences[sentence];
-    const seq = kind === "encoder" ? null : m.seq2seq.sentences[sentence];
-    const key = `${kind}/${sentence}`;
+    const seq = attention === "encoder" ? null : m.seq2seq.sentences[sentence];
+    const key = `${attention}/${sentence}`;
     if (!this.decoded[key]) {
-      const bin = atob(seq ? seq[kind] : m.packed[sentence]);
+      const bin = atob(seq ? seq[attention] : m.packed[sentence]);
       const bytes = new Uint8Array(bin.length);
       for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
       this.decoded[key] = new Uint16Array(bytes.buffer);
     }
     const rows = seq ? seq.target.length : s.labels.length;
-    const cols = kind === "cross" ? seq.source.length : rows;
+    const cols = attention === "cross" ? seq.source.length : rows;
     const heads = seq ? m.seq2seq.model.num_heads : m.model.num_heads;
     const start = ((layer - 1) * heads + (head - 1)) * rows * cols;
     const raw = this.decoded[key].subarray(start, start + rows * cols);
@@ -223,12 +229,12 @@ class EmbeddedSource {
   neuronInfo() {
     const n = this.data.neuron;
     if (!n) return null;
-    const kinds = {encoder: n.model};
-    for (const k of ["decoder", "cross"]) if (n[k]) kinds[k] = n[k].model;
-    return {sentences: n.sentences.map((s) => ({text: s.text})), kinds};
+    const attentions = {encoder: n.model};
+    for (const k of ["decoder", "cross"]) if (n[k]) attentions[k] = n[k].model;
+    return {sentences: n.sentences.map((s) => ({text: s.text})), attentions};
   }
-  neuron(sentence, layer, head, kind = "encoder") {
-    const n = this.data.neuron, part = kind === "encoder" ? n : n[kind];
+  neuron(sentence, layer, head, attention = "encoder") {
+    const n = this.data.neuron, part = attention === "encoder" ? n : n[attention];
     const s = part.sentences[sentence], L = layer - 1, H = head - 1;
     if (!s.q) return Promise.resolve({too_long: true, length: s.labels.length, max_tokens: n.max_tokens});
     const meta = {};

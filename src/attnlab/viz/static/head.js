@@ -1,4 +1,5 @@
-// The Head view: one head of one layer (1-based, as printed everywhere). Hover or click a word to
+// The Head view: one head of one layer (numbered 1-based, as people read them; the data sources
+// send the API 0-based). Hover or click a word to
 // see its row of weights: as lines from the word to every word (bertviz's picture), or as heat
 // over the whole map; the sentence strip is coloured by the same row, and a list gives the
 // largest weights as numbers. Long inputs stay fast: the lines are drawn on a canvas for the rows
@@ -13,22 +14,20 @@
   const ROW = 20; // px per word in the lines display
   const MAX_VIEW_H = 480; // px of the scrolling lines display, at most
   const TOP_K = 10;
-  const KINDS = {encoder: "encoder self-attention", decoder: "decoder self-attention",
-    cross: "cross-attention (target → source)"};
-  const st = {maps: null, source: null, sentence: 0, layer: 1, head: 1, kind: "encoder", pinned: null, hover: null,
+  const st = {maps: null, source: null, sentence: 0, layer: 1, head: 1, attention: "encoder", pinned: null, hover: null,
     display: "lines", map: null, ticket: 0, drawn: [], redraw: () => {}};
 
   const query = () => (st.hover !== null ? st.hover : st.pinned);
   const seq = () => st.maps.seq2seq && st.maps.seq2seq.sentences[st.sentence];
-  const shape = () => (st.kind === "encoder" ? st.maps.model : st.maps.seq2seq.model);
+  const shape = () => (st.attention === "encoder" ? st.maps.model : st.maps.seq2seq.model);
   // Rows are the tokens that look (queries), columns the tokens looked at (keys): the same list
   // for self-attention; for cross-attention the target's and the source's.
-  const labels = () => (st.kind === "encoder" ? st.maps.sentences[st.sentence].labels : seq().target);
-  const colLabels = () => (st.kind === "cross" ? seq().source : labels());
-  const isMark = () => (st.kind === "encoder" ? st.maps.sentences[st.sentence].is_mark : seq().target_is_mark);
+  const labels = () => (st.attention === "encoder" ? st.maps.sentences[st.sentence].labels : seq().target);
+  const colLabels = () => (st.attention === "cross" ? seq().source : labels());
+  const isMark = () => (st.attention === "encoder" ? st.maps.sentences[st.sentence].is_mark : seq().target_is_mark);
   // The server's maps say the source's marks at the cross maps' level, which may differ from the
   // encoder's (word-level encoder maps beside token-level cross maps); a page's levels always agree.
-  const colMark = () => (st.kind === "cross" ? seq().source_is_mark || st.maps.sentences[st.sentence].is_mark : isMark());
+  const colMark = () => (st.attention === "cross" ? seq().source_is_mark || st.maps.sentences[st.sentence].is_mark : isMark());
   const nRows = () => st.map.rows || st.map.n;
   const nCols = () => st.map.cols || st.map.n;
   const weight = (i, j) => st.map.weights[i * nCols() + j];
@@ -41,14 +40,14 @@
     const m = st.maps;
     const lv = (m.seq2seq && m.seq2seq.level) || "token"; // the decoder's and cross maps' level
     const pick = (key) => (e) => { st[key] = Number(e.target.value); load(); };
-    const kind = (e) => {
-      st.kind = e.target.value; st.pinned = null; st.hover = null;
+    const pickAttention = (e) => {
+      st.attention = e.target.value; st.pinned = null; st.hover = null;
       st.layer = Math.min(st.layer, shape().num_layers); st.head = Math.min(st.head, shape().num_heads);
       load();
     };
     return el("div", {class: "controls"},
-      m.seq2seq ? el("label", {}, "Attention ", el("select", {id: "head-kind", onchange: kind},
-        Object.keys(KINDS).map((k) => el("option", {value: k, selected: k === st.kind, text: k})))) : null,
+      m.seq2seq ? el("label", {}, "Attention ", el("select", {id: "head-attention", onchange: pickAttention},
+        Object.keys(AL.ATTENTIONS).map((k) => el("option", {value: k, selected: k === st.attention, text: k})))) : null,
       m.sentences.length > 1 ? el("label", {}, "Sentence ", el("select", {id: "head-sentence", class: "sentence-pick",
         title: m.sentences[st.sentence].text, onchange: (e) => { st.sentence = Number(e.target.value); st.pinned = null; load(); },
       }, m.sentences.map((s, i) => el("option", {value: i, selected: i === st.sentence, text: `${i + 1}: ${s.text}`})))) : null,
@@ -57,8 +56,8 @@
       el("label", {}, "Show the row as ", el("select", {id: "head-display", onchange: (e) => { st.display = e.target.value; render(); }},
         el("option", {value: "lines", selected: st.display === "lines", text: "lines"}),
         el("option", {value: "heat", selected: st.display === "heat", text: "heat"}))),
-      el("span", {class: "muted", text: st.kind === "cross" ? `${lv} level · ${labels().length} target × ${colLabels().length} source ${lv}s`
-        : `${st.kind === "decoder" ? lv : m.level} level · ${labels().length} ${st.kind === "decoder" ? lv : m.level}s`}));
+      el("span", {class: "muted", text: st.attention === "cross" ? `${lv} level · ${labels().length} target × ${colLabels().length} source ${lv}s`
+        : `${st.attention === "decoder" ? lv : m.level} level · ${labels().length} ${st.attention === "decoder" ? lv : m.level}s`}));
   }
 
   // The sentence as chips, coloured by the chosen word's row: the row as heat over the text. For
@@ -68,7 +67,7 @@
       class: `word${isMark()[j] ? " mark" : ""}`, "data-index": j, text: w,
       onclick: () => choose(j), onmouseenter: () => preview(j), onmouseleave: () => preview(null),
     })));
-    if (st.kind !== "cross") { paintStrip(box); return box; }
+    if (st.attention !== "cross") { paintStrip(box); return box; }
     const keys = el("div", {id: "head-keys", class: "strip"}, colLabels().map((w, j) => el("span", {
       class: `word${colMark()[j] ? " mark" : ""}`, "data-index": j, text: w})));
     paintStrip(box, keys);
@@ -193,7 +192,7 @@
       ctx.strokeRect(0, q * side, W, Math.max(2, side));
     };
     st.redraw();
-    const tip = el("p", {id: "head-tip", class: "muted", text: st.kind === "cross"
+    const tip = el("p", {id: "head-tip", class: "muted", text: st.attention === "cross"
       ? "rows: the target token that looks (query), columns: the source token it looks at (key)"
       : "rows: the word that looks (from), columns: the word it looks at (to)"});
     const cell = (e) => {
@@ -214,7 +213,7 @@
     if (!st.maps) { root.replaceChildren(el("p", {class: "muted", text: "No maps yet."})); return; }
     const m = st.maps;
     root.replaceChildren(controls(),
-      el("p", {id: "head-caption", class: "lead", text: `${m.model.id}: ${m.seq2seq ? `${KINDS[st.kind]}, ` : ""}layer ${st.layer}, head ${st.head} of ${shape().num_layers} × ${shape().num_heads}`}),
+      el("p", {id: "head-caption", class: "lead", text: `${m.model.id}: ${m.seq2seq ? `${AL.ATTENTIONS[st.attention]}, ` : ""}layer ${st.layer}, head ${st.head} of ${shape().num_layers} × ${shape().num_heads}`}),
       strip(),
       st.map ? el("div", {class: "head-body"}, el("div", {class: "head-main"}, st.display === "lines" ? linesPanel() : heatPanel()), rowList())
         : el("p", {class: "muted", text: "loading…"}));
@@ -238,7 +237,7 @@
     st.map = null;
     render();
     try {
-      const map = await st.source.head(st.sentence, st.layer, st.head, st.kind);
+      const map = await st.source.head(st.sentence, st.layer, st.head, st.attention);
       if (ticket !== st.ticket) return; // a later choice won
       st.map = map;
       render();
@@ -247,13 +246,13 @@
 
   AL.on("maps", ({maps, source}) => {
     Object.assign(st, {maps, source, sentence: 0, pinned: null, hover: null});
-    if (!maps.seq2seq) st.kind = "encoder";
+    if (!maps.seq2seq) st.attention = "encoder";
     st.layer = Math.min(st.layer, shape().num_layers);
     st.head = Math.min(st.head, shape().num_heads);
     load();
   });
   AL.on("select-head", ({sentence, layer, head}) => {
-    Object.assign(st, {sentence: sentence || 0, layer, head, kind: "encoder"}); // the model view shows the encoder's heads
+    Object.assign(st, {sentence: sentence || 0, layer, head, attention: "encoder"}); // the model view shows the encoder's heads
     load();
   });
   AL.head = {render, drawn: () => st.drawn};

@@ -8,7 +8,7 @@
   const st = {maps: null, sentence: 0};
 
   function badgesFor(layer, head) {
-    return (st.maps.roles.badges || []).filter((b) => b.layer === layer && b.head === head);
+    return (st.maps.roles.badges || []).filter((b) => b.layer === layer - 1 && b.head === head - 1); // 0-based data
   }
 
   function render() {
@@ -29,7 +29,7 @@
         const canvas = el("canvas", {});
         AL.drawMatrix(canvas, ov.maps[l - 1][h - 1], ov.size, cell);
         const badges = badgesFor(l, h);
-        grid.append(el("button", {class: "cell", "data-layer": l, "data-head": h,
+        grid.append(el("button", {class: "cell", "data-layer": l - 1, "data-head": h - 1, // data: 0-based
           title: `layer ${l}, head ${h}` + badges.map((b) => `\n${b.role}: ${b.score.toFixed(2)}`).join(""),
           onclick: () => { AL.emit("select-head", {sentence: st.sentence, layer: l, head: h}); AL.showView("head"); }},
         canvas, el("span", {class: "badges"}, badges.map((b) => el("span", {class: `badge role-${b.role}`, text: b.role})))));

@@ -17,11 +17,9 @@
     softmax: "Softmax: the scores become weights that add up to 1",
     blend: "The weights blend the values into a new vector",
   };
-  const KINDS = {encoder: "encoder self-attention", decoder: "decoder self-attention",
-    cross: "cross-attention (target → source)"};
   const CELL = 4; // px per vector component in the colour bars
   // query −1: the sentence's last token; step: 1-based index into the steps on show
-  const st = {source: null, started: false, sentence: 0, layer: 1, head: 1, kind: "encoder", query: -1, step: 1,
+  const st = {source: null, started: false, sentence: 0, layer: 1, head: 1, attention: "encoder", query: -1, step: 1,
     data: null, ticket: 0, error: null};
 
   // A vector as a strip of coloured cells: blue for positive components, orange for negative.
@@ -62,13 +60,13 @@
   }
 
   const steps = () => ["qk", "dot", ...(st.data && st.data.bias ? ["bias"] : []), "softmax", "blend"];
-  const shape = (info) => info.kinds[st.kind];
+  const shape = (info) => info.attentions[st.attention];
 
   function controls(info) {
-    const kinds = Object.keys(KINDS).filter((k) => info.kinds[k]);
+    const attentions = Object.keys(AL.ATTENTIONS).filter((k) => info.attentions[k]);
     const reload = (key, num = true) => (v) => { st[key] = num ? Number(v) : v; if (key !== "layer" && key !== "head") st.query = -1; load(); };
     return el("div", {class: "controls"},
-      kinds.length > 1 ? select("attention", kinds.length, kinds.indexOf(st.kind), (v) => reload("kind", false)(kinds[v]), kinds) : null,
+      attentions.length > 1 ? select("attention", attentions.length, attentions.indexOf(st.attention), (v) => reload("attention", false)(attentions[v]), attentions) : null,
       info.sentences.length > 1 ? select("sentence", info.sentences.length, st.sentence, reload("sentence"),
         info.sentences.map((x) => x.text)) : null,
       select("layer", shape(info).num_layers, st.layer, reload("layer")),
@@ -99,7 +97,7 @@
     const row = AL.neuronRow(q, d.k, i, meta, bias);
     const prods = d.k.map((k) => k.map((x, c) => x * q[c]));
     const vmax = Math.max(maxAbs(d.q), maxAbs(d.k)), pmax = maxAbs(prods);
-    const cross = st.kind === "cross";
+    const cross = st.attention === "cross";
     const strip = el("div", {class: "strip"}, ...d.labels.map((t, j) =>
       el("span", {class: `word${j === i ? " chosen" : ""}`, "data-index": j, text: t, onclick: () => { st.query = j; render(); }})));
     const scaledHead = `× ${meta.scale.toPrecision(3)}` + (cap ? `, ${cap}·tanh(·/${cap})` : "");
@@ -119,7 +117,7 @@
         show("softmax") ? [el("td", {class: "bar"}, el("span", {class: "fill", style: `width:${(100 * row.weights[j]).toFixed(1)}%`})),
           el("td", {class: "num weight", text: AL.pct1(row.weights[j])})] : null))));
     const best = row.weights.map((w, j) => [w, j]).sort((a, b) => b[0] - a[0]).slice(0, 3);
-    const about = `${cross ? "Cross-attention, " : st.kind === "decoder" ? "Decoder, " : ""}layer ${st.layer}, head ${st.head}; ` +
+    const about = `${cross ? "Cross-attention, " : st.attention === "decoder" ? "Decoder, " : ""}layer ${st.layer}, head ${st.head}; ` +
       `scale ${meta.scale.toPrecision(3)}` + (meta.causal ? ", causal" : "") + (win ? `, sliding window ${win[0] + 1}` : "") +
       (cap ? `, softcap ${cap}` : "") + (d.bias ? ", position bias" : "") + " · token level";
     root.replaceChildren(...[
@@ -140,7 +138,7 @@
     st.data = null;
     st.error = null;
     if (info) {
-      if (!info.kinds[st.kind]) st.kind = "encoder";
+      if (!info.attentions[st.attention]) st.attention = "encoder";
       st.sentence = Math.min(st.sentence, info.sentences.length - 1);
       st.layer = Math.min(st.layer, shape(info).num_layers);
       st.head = Math.min(st.head, shape(info).num_heads);
@@ -149,7 +147,7 @@
     if (!info) return;
     const ticket = ++st.ticket;
     try {
-      const data = await st.source.neuron(st.sentence, st.layer, st.head, st.kind);
+      const data = await st.source.neuron(st.sentence, st.layer, st.head, st.attention);
       if (ticket !== st.ticket) return; // a later choice won
       st.data = data;
     } catch (e) {
@@ -171,6 +169,6 @@
       st.started = true;
       load();
     },
-    current: () => st.data && !st.data.too_long ? {...st.data, query: st.query, kind: st.kind} : null,
+    current: () => st.data && !st.data.too_long ? {...st.data, query: st.query, attention: st.attention} : null,
   };
 })();

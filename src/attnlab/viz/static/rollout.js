@@ -7,7 +7,8 @@
 // Data: the server's /api/rollout (one layer, any residual) or a page's embedded rollout (residual
 // 0.5, every layer; flow through all layers), through the page's data source, as rollout(sentence,
 // layer, residual, method) -> {labels, n, weights: Float32Array n*n, num_layers, flow_max_positions,
-// flow_refusal, page: null or {residual, flow_layer}, unavailable: why this page cannot show it}.
+// flow_refusal, page: null or {residual, flow_layer}, unavailable: why this page cannot show it}; the
+// view's layer (and page.flow_layer) is 1-based as shown, the API's and the embedded data's 0-based.
 "use strict";
 (function () {
   const AL = window.attnlab;
@@ -22,7 +23,7 @@
   AL.ServerSource.prototype.rollout = function (sentence, layer, residual, method) {
     const key = `rollout/${method}/${sentence}/${layer}/${residual}`;
     if (!this.cache.has(key)) {
-      const p = this.call("/api/rollout", {...this.request, sentence, layer, residual, method}).then((d) => ({
+      const p = this.call("/api/rollout", {...this.request, sentence, layer: layer - 1, residual, method}).then((d) => ({
         ...d, n: d.labels.length, weights: Float32Array.from(d.weights.flat()), page: null,
       }));
       this.cache.set(key, p);
@@ -41,13 +42,13 @@
   AL.EmbeddedSource.prototype.rollout = function (sentence, layer, residual, method) {
     const r = this.data.rollout, s = r.sentences[sentence], n = s.positions;
     const labels = this.data.maps.sentences[sentence].labels;
-    const page = {residual: r.residual, flow_layer: r.flow_layer};
+    const page = {residual: r.residual, flow_layer: r.flow_layer + 1}; // the data's 0-based layer, as shown
     const base = {labels, n, num_layers: r.num_layers, flow_max_positions: r.flow_max_positions,
       flow_refusal: s.flow_refusal, page};
     if (residual !== r.residual) return Promise.resolve({...base, unavailable: `This page holds residual ${r.residual} only.`});
-    if (method === "flow" && (!s.flow || layer !== r.flow_layer)) {
-      return Promise.resolve({...base, unavailable: s.flow ? `This page holds attention flow through all ${r.flow_layer} ` +
-        `layers only: choose layer ${r.flow_layer}, or run \`attnlab serve\` for flow at every layer.` : s.flow_refusal});
+    if (method === "flow" && (!s.flow || layer !== page.flow_layer)) {
+      return Promise.resolve({...base, unavailable: s.flow ? `This page holds attention flow through all ${page.flow_layer} ` +
+        `layers only: choose layer ${page.flow_layer}, or run \`attnlab serve\` for flow at every layer.` : s.flow_refusal});
     }
     this.decoded = this.decoded || [];
     const key = `${method}/${sentence}`;

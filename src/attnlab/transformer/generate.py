@@ -1,0 +1,245 @@
+"""Token-by-token generation with a KV cache: :meth:`Transformer.generate` and its result.
+
+One path serves the prompt and every new token: the transformer's forward with ``kv_cache=``
+(new ids + the cache → the new positions' hidden states, the cache filled). The prompts of a batch
+go in left-padded, so each one's last token is the last column and the per-sequence causal rule
+puts its tokens at positions 0..P_b − 1; then one token per sequence per step. Each step's choice
+comes from :class:`~attnlab.transformer.sampling.Sampling`.
+
+With ``maps=True`` each step keeps one attention row per layer and head: step t's row is the
+attention of the query at position P − 1 + t (the token fed at that step, whose output chose new
+token t) over positions 0..P − 1 + t, post-softmax, window and sink slots put back at their
+positions (zeros where a key was dropped). It costs a row per step, never a T × T map.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnlab.transformer.cache import KVCache, layer_kinds
+from attnlab.transformer.hooks import Hooks, build
+from attnlab.transformer.sampling import Sampling
+from attnlab.transformer.weights import torch_dtype
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What :meth:`Transformer.generate` produced for a batch of B prompts and N steps.
+
+    ids [B, N]: the new tokens; after a stop id, ``pad_id``. lengths [B]: new tokens per sequence
+    (a stop id included). logits [B, N, V]: the model's logits each token was chosen from (before
+    temperature and filtering; zeros after a sequence stopped). sequences: per sequence, prompt +
+    new ids. text: per sequence the new tokens decoded, when the model has a tokenizer.
+    attention (``maps=True``): per sequence a list of ``lengths[b]`` arrays [L, H, P_b + t]; row t
+    is the query at ``positions[b][t]`` = P_b − 1 + t over positions 0..P_b − 1 + t (after a cache
+    passed back in, P_b counts what it held too). kv_cache: the cache, every position fed so far (the
+    prompt and each new token but the last; a sequence writes nothing after its stop id).
+    """
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    logits: torch.Tensor
+    sequences: list[list[int]]
+    prompt_lengths: list[int]
+    pad_id: int
+    text: list[str] | None = None
+    attention: list[list[np.ndarray]] | None = None
+    positions: list[list[int]] | None = None
+    cache: dict | None = None  # KVCache.to_dict() of the cache it ran with: kinds, dtype, bytes
+    kv_cache: Any = None  # that KVCache: every position fed (not the last new token), to pass back in
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ids, lengths, sequences, text, positions and the cache; logits and attention by shape
+        (they are arrays: write them with the maps format or NumPy)."""
+        return {
+            "ids": self.ids.tolist(), "lengths": self.lengths.tolist(), "sequences": self.sequences,
+            "prompt_lengths": self.prompt_lengths, "pad_id": self.pad_id, "text": self.text,
+            "positions": self.positions, "logits_shape": list(self.logits.shape),
+            "attention_shapes": None if self.attention is None else [[list(a.shape) for a in seq] for seq in self.attention],
+            "cache": self.cache,
+        }
+
+
+def _prompts(model: Any, input_ids: Any, attention_mask: Any) -> list[list[int]]:
+    """The prompts as lists of ids: from text (with a tokenizer), a [B, T] tensor or list (padding
+    marked by ``attention_mask``, each row's real tokens one run), or a list of unequal lists."""
+    if isinstance(input_ids, str) or (isinstance(input_ids, (list, tuple)) and input_ids
+                                      and all(isinstance(s, str) for s in input_ids)):
+        if model.tokenizer is None:
+            raise ValueError("input_ids: text needs a tokenizer; this model has none (pass token ids)")
+        if attention_mask is not None:
+            raise ValueError("attention_mask goes with token ids; text is tokenized one prompt at a time")
+        texts = [input_ids] if isinstance(input_ids, str) else list(input_ids)
+        return [list(model.tokenizer(t)["input_ids"]) for t in texts]
+    if isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(s, (list, tuple)) for s in input_ids) \
+            and len({len(s) for s in input_ids}) > 1:
+        if attention_mask is not None:
+            raise ValueError("attention_mask: prompts of unequal lengths need none (their lengths say it)")
+        rows = [torch.as_tensor(s, dtype=torch.long) for s in input_ids]
+    else:
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 1:
+            ids = ids[None]
+        if ids.dim() == 2 and ids.shape[1] == 0:
+            raise ValueError("input_ids: prompt 0 is empty; generation starts from at least one token")
+        if ids.dim() != 2 or ids.dtype in (torch.bool,) or ids.dtype.is_floating_point:
+            raise ValueError(f"input_ids must be [B, T] token ids, got {tuple(ids.shape)} of {ids.dtype}")
+        rows = list(ids.long())
+        if attention_mask is not None:
+            mask = torch.as_tensor(attention_mask).bool()
+            if mask.shape != ids.shape:
+                raise ValueError(f"attention_mask must have input_ids' shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+            rows = [_real_run(r, m, b) for b, (r, m) in enumerate(zip(rows, mask))]
+    prompts = [r.tolist() for r in rows]
+    for b, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"input_ids: prompt {b} is empty; generation starts from at least one token")
+        bad = [i for i in p if not 0 <= i < model.config.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids: prompt {b} has ids outside 0..{model.config.vocab_size - 1}: {bad[:4]}")
+    return prompts
+
+
+def _real_run(row: torch.Tensor, mask: torch.Tensor, b: int) -> torch.Tensor:
+    where = mask.nonzero()[:, 0]
+    if where.numel() and int(where[-1] - where[0]) + 1 != where.numel():
+        raise ValueError(f"attention_mask row {b} must mark one run of real tokens (left or right padding), got gaps")
+    return row[where]
+
+
+def _check_continued(model: Any, kv: Any, kinds: list[tuple], batch: int, cache: str) -> None:
+    """A cache passed back in: one of this model's, for this batch, of the kinds ``cache`` asks for."""
+    if not isinstance(kv, KVCache):
+        raise TypeError(f"kv_cache must be a KVCache (Generation.kv_cache or KVCache.for_model), got {type(kv).__name__}")
+    kv.check_fits(model.config, batch, device=model.device)
+    held = [(lc.kind, None if lc.kind == "dense" else lc.window, getattr(lc, "sink", None)) for lc in kv.layers]
+    if held != list(kinds):
+        raise ValueError(f"kv_cache holds layers {held} (kind, W, S); cache={cache!r} with these window=/sink= asks "
+                         f"for {list(kinds)}")
+
+
+def _check_limits(model: Any, prompts: list[list[int]], max_new_tokens: Any, kinds: list[tuple], cache: str,
+                  offset: int = 0) -> int:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    c, longest = model.config, offset + max(len(p) for p in prompts)
+    total = longest + max_new_tokens
+    if total <= c.max_positions:
+        return max_new_tokens
+    if c.positions == "learned":
+        raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {longest} tokens + {max_new_tokens} new = {total} "
+                         f"passes the model's {c.max_positions} learned positions; no cache goes past them")
+    if any(kind == "dense" for kind, _, _ in kinds):
+        allow = "cache='sink' (or 'window')" if cache == "dense" else "cache='sink', or cache='window' with window="
+        raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {longest} tokens + {max_new_tokens} new = {total} "
+                         f"passes the model's {c.max_positions} positions with a dense cache; {allow} keeps memory "
+                         "constant there (rotary positions beyond the trained length)")
+    return max_new_tokens
+
+
+def _stops(stop_ids: Any, vocab: int) -> torch.Tensor:
+    ids = [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab for i in ids):
+        raise ValueError(f"stop_ids must be token ids in 0..{vocab - 1}, got {stop_ids!r}")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _left_padded(prompts: list[list[int]], pad: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P_max) ids with each prompt at the right end, and (B, P_max) bool real tokens."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p, dtype=torch.long)
+    cols = torch.arange(width)[None]
+    real = cols >= torch.tensor([width - len(p) for p in prompts])[:, None]
+    return ids.to(device), real.to(device)
+
+
+def _row(rows: list[tuple], b: int, width: int) -> np.ndarray:
+    """Sequence b's attention row [L, H, width] from each layer's (weights (B, H, Tk), key positions (B, Tk))."""
+    first = rows[0][0]
+    wide = np.float64 if first.dtype == torch.float64 else np.float32
+    out = np.zeros((len(rows), first.shape[1], width), dtype=wide)
+    for layer, (w, kpos) in enumerate(rows):
+        where = (kpos[b] >= 0) & (kpos[b] < width)
+        out[layer][:, kpos[b][where].cpu().numpy()] = w[b][:, where].detach().cpu().to(torch.float64).numpy()
+    return out
+
+
+def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask: Any = None, sample: bool = False,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             stop_ids: Sequence[int] | int = (), cache: str = "dense", window: int | None = None,
+             sink: int | None = None, cache_dtype: Any = None, maps: bool = False,
+             on_token: Callable[[int, torch.Tensor], Any] | None = None, backend: str | None = None,
+             fwd_hooks: Any = None, kv_cache: KVCache | None = None) -> Generation:
+    """Generate up to ``max_new_tokens`` per prompt (see :class:`Generation`); every check before any work.
+
+    ``kv_cache``: continue from a cache an earlier call returned (``Generation.kv_cache``); it holds
+    every position fed so far, so ``input_ids`` start with the last token that call chose.
+    """
+    c = model.config
+    if not c.causal:
+        raise ValueError(f"generate needs a causal decoder; this model is a {c.family} encoder")
+    rule = Sampling(sample, temperature, top_k, top_p, seed)
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"on_token must be callable as on_token(step, ids), got {type(on_token).__name__}")
+    if not isinstance(cache, str):
+        raise TypeError(f"cache must be 'dense', 'window' or 'sink', got {type(cache).__name__}")
+    prompts = _prompts(model, input_ids, attention_mask)
+    kinds = layer_kinds(c, cache, window, sink)
+    if kv_cache is not None:
+        _check_continued(model, kv_cache, kinds, len(prompts), cache)
+    offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
+    n = _check_limits(model, prompts, max_new_tokens, kinds, cache, offset)
+    stops = _stops(stop_ids, c.vocab_size)
+    hooks = build(c, fwd_hooks or ())
+    weights_dtype, device = model.dtype, model.device
+    kv_dtype = weights_dtype if cache_dtype is None else torch_dtype(cache_dtype, "cache_dtype")
+    pad = c.pad_token_id if c.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
+    B, longest = len(prompts), max(len(p) for p in prompts)
+    kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
+                                       dtype=kv_dtype, device=device)
+    return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
+
+
+def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: torch.Tensor, pad: int, kv: KVCache,
+          maps: bool, on_token: Any, backend: str | None, hooks: Hooks) -> Generation:
+    """Prefill, then one token per sequence per step until ``n`` or every sequence has stopped."""
+    B, device = len(prompts), kv.lengths.device
+    start = [int(x) + len(p) for x, p in zip(kv.lengths, prompts)]  # each prompt's end: its first new token's position
+    gen = rule.generator(device)
+    ids, real = _left_padded(prompts, pad, device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    lengths = torch.zeros(B, dtype=torch.long, device=device)
+    chosen, logits_seen, attention = [], [], [[] for _ in range(B)]
+    for t in range(n):
+        with torch.no_grad():
+            last, rows = model._decode_step(ids, real, kv, backend=backend, rows=maps, hooks=hooks)  # (B, V)
+        nxt = rule.choose(last, gen)  # (B,)
+        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+        logits_seen.append(torch.where(done[:, None], torch.zeros_like(last), last))
+        if maps:
+            for b in range(B):
+                if not done[b]:
+                    attention[b].append(_row(rows, b, start[b] + t))
+        lengths += (~done).long()
+        chosen.append(nxt)
+        done = done | torch.isin(nxt, stops)
+        if on_token is not None:
+            on_token(t, nxt)
+        if bool(done.all()):
+            break
+        ids, real = nxt[:, None], ((~done)[:, None] if bool(done.any()) else None)  # a stopped sequence writes no more
+    new = torch.stack(chosen, dim=1)  # (B, N)
+    seqs = [p + new[b, : int(lengths[b])].tolist() for b, p in enumerate(prompts)]
+    text = None
+    if model.tokenizer is not None:
+        text = [model.tokenizer.decode(new[b, : int(lengths[b])].tolist(), skip_special_tokens=True) for b in range(B)]
+    positions = [[start[b] - 1 + t for t in range(int(lengths[b]))] for b in range(B)] if maps else None
+    return Generation(new, lengths.cpu(), torch.stack(logits_seen, dim=1), seqs, [len(p) for p in prompts], pad, text,
+                      attention if maps else None, positions, kv.to_dict(), kv)
