@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnlab.maps.records import load_maps
+from attnlab.maps.tokens import load_maps
 from attnlab.viz.generation import _words, generation_maps, steps_payload, token_texts
 from generation_steps import recomputed
 

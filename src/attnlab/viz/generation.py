@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from attnlab.hf.encoding import is_punctuation
-from attnlab.maps.records import AttentionMaps
+from attnlab.maps.records import Attention, Tokens
+from attnlab.maps.tokens import AttentionMaps
 
 DIGITS = 5  # decimals of a weight in the JSON (1e-5: far below a pixel of the view)
 SHOWN = {"\n": "↵", "\t": "⇥"}
@@ -97,6 +98,6 @@ def generation_maps(model: Any, gen: Any, model_id: str, revision: str | None = 
     text = model.tokenizer.decode(seq[:T]) if model.tokenizer is not None else " ".join(map(str, seq[:T]))
     config = {"family": c.family, "num_layers": c.num_layers, "num_heads": c.num_heads,
               "generated": {"prompt_length": P, "new_tokens": len(rows), "positions": gen.positions[b]}}
-    return AttentionMaps(sentences=[text], tokens=[tokens], weights=[weights], word_of=[word_of], words=[words],
-                         kinds=[kinds], model_id=model_id, revision=revision, num_layers=c.num_layers,
-                         num_heads=c.num_heads, config=config)
+    side = Tokens(tokens=[tokens], word_of=[word_of], words=[words], kinds=[kinds])
+    own = Attention(weights=[weights], query_side=side, key_side=side, num_layers=c.num_layers, num_heads=c.num_heads)
+    return AttentionMaps(sentences=[text], self_attention=own, model_id=model_id, revision=revision, config=config)
