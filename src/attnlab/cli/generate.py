@@ -63,17 +63,20 @@ def refuse_encoder(model: str | None) -> None:
 
 
 class Printer:
-    """The on_token callback: prints the text as it grows (decoding all ids so far, so that a character
-    split over byte-level tokens comes out whole) and keeps the time of each token."""
+    """The on_token callback: prints the prompt with the first token (so that nothing is printed when
+    generate refuses its input), then the text as it grows (decoding all ids so far, so that a
+    character split over byte-level tokens comes out whole), and keeps the time of each token."""
 
-    def __init__(self, tokenizer: Any, out: Any) -> None:
-        self.tokenizer, self.out = tokenizer, out
+    def __init__(self, tokenizer: Any, out: Any, prompt: str) -> None:
+        self.tokenizer, self.out, self.prompt = tokenizer, out, prompt
         self.ids: list[int] = []
         self.shown = ""
         self.times: list[float] = []
 
     def __call__(self, step: int, ids: Any) -> None:
         self.times.append(time.perf_counter())
+        if not self.ids:
+            self.out.write(self.prompt)  # the continuation reads on from it
         self.ids.append(int(ids[0]))
         text = (self.tokenizer.decode(self.ids, skip_special_tokens=True) if self.tokenizer is not None
                 else " ".join(map(str, self.ids)))
@@ -128,17 +131,15 @@ def generate(
         raise ValueError(f"--model {model_id!r} has no tokenizer; attnlab generate takes text (use Transformer.generate "
                          "with token ids)")
     out = sys.stderr if json_path == "-" else sys.stdout
-    printer = Printer(net.tokenizer, out)
+    printer = Printer(net.tokenizer, out, prompt)
     kw = dict(sample=sample, temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
               seed=seed, cache=cache, window=window, sink=sink, maps=bool(maps_path or html_path), on_token=printer)
     eos = net.tokenizer.eos_token_id
-    out.write(prompt)  # the continuation reads on from it
-    out.flush()
     start = time.perf_counter()
     try:
         gen = net.generate(prompt, max_new_tokens, stop_ids=() if eos is None else (eos,), **kw)
     except KeyboardInterrupt:
-        out.write("\n")
+        out.write("\n" if printer.ids else "")
         err.print(f"interrupted after {len(printer.ids)} new tokens", highlight=False)
         raise typer.Exit(130) from None
     out.write("\n")
