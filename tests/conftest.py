@@ -53,6 +53,7 @@ FIXTURE_NEEDS = {
     "viewer_app": ("fastapi",),  # tests/web/conftest.py
     "tiny_folder": ("torch", "transformers"),  # tiny_models.py: tiny models built from transformers' configs
     "tiny_llama": ("torch", "transformers"),  # a tiny_folder
+    "decoder": ("torch", "transformers"),  # attnlab:decoder, which ships in attnlab
 }
 
 
@@ -97,6 +98,14 @@ def default_model():
     from attnlab.hf.loading import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def decoder():
+    """attnlab's bundled decoder (``Transformer.from_pretrained("attnlab:decoder")``) with its tokenizer."""
+    from attnlab.transformer import DEFAULT_DECODER, Transformer
+
+    return Transformer.from_pretrained(DEFAULT_DECODER)
 
 
 @pytest.fixture(scope="session")

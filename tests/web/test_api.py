@@ -122,7 +122,7 @@ def test_no_endpoint_takes_a_path_and_static_files_are_only_the_page(client):
     schema = client.get("/openapi.json").json()
     refs = [op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
             for item in schema["paths"].values() for op in item.values() if "requestBody" in op]
-    assert sorted(refs) == ["FindHeadIn", "HeadIn", "MapsIn", "MapsIn", "NeuronIn", "RolloutIn"]
+    assert sorted(refs) == ["FindHeadIn", "GenerateIn", "HeadIn", "MapsIn", "MapsIn", "NeuronIn", "RolloutIn"]
     props = {p for name in refs for p in schema["components"]["schemas"][name]["properties"]}
     assert not props & {"path", "file", "filename", "model", "revision", "folder"}
     assert all(not item.get("get", {}).get("parameters") for item in schema["paths"].values())

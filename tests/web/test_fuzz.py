@@ -23,7 +23,7 @@ pytestmark = pytest.mark.needs("fastapi")  # every test runs the viewer's app
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 OPERATIONS = [("POST", "/api/maps"), ("POST", "/api/head"), ("POST", "/api/neuron"), ("POST", "/api/roles"),
               ("POST", "/api/rollout"),
-              ("POST", "/api/find-head"), ("GET", "/api/info"), ("GET", "/api/scene")]
+              ("POST", "/api/find-head"), ("POST", "/api/generate"), ("GET", "/api/info"), ("GET", "/api/scene")]
 EXAMPLES = 15  # per operation and mode
 
 
@@ -124,3 +124,24 @@ def test_lone_surrogates_get_a_4xx_never_a_server_error(tiny_schema, tiny_app, m
         assert detail and all(isinstance(e["msg"], str) and isinstance(e["loc"], list) for e in detail)
 
     run()
+
+
+@pytest.mark.needs("torch", "transformers")
+def test_a_decoder_gets_no_server_error_when_generating(tiny_folder):
+    """/api/generate on a tiny Gemma-2 (a decoder), where it generates (valid bodies): every prompt,
+    length and sampling option is served or refused with a documented status, never a 5xx."""
+    from attnlab.web.guard import allowed_hosts
+    from attnlab.web.server import create_app
+
+    app = create_app(str(tiny_folder("gemma2")), hosts={*allowed_hosts(), "testserver"})
+    operation = schemathesis.openapi.from_asgi("/openapi.json", app)["/api/generate"]["POST"]
+    statuses = []
+
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    def run(case):
+        statuses.append(case.call_and_validate(checks=CHECKS).status_code)
+
+    run()
+    assert 200 in statuses, statuses  # it generated, not only refused

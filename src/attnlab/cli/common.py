@@ -22,7 +22,8 @@ console = Console()
 err = Console(stderr=True)
 
 JSON_HELP = "Write the result as JSON to PATH; '-' for stdout (then no tables are printed)."
-MODEL_HELP = "A model folder or a hub id (BERT/RoBERTa/GPT-2-style); default: the bundled all-MiniLM-L6-v2."
+MODEL_HELP = ("A model folder or a hub id (BERT/RoBERTa/GPT-2-style), or attnlab:decoder (the bundled decoder); "
+              "default: the bundled all-MiniLM-L6-v2.")
 REVISION_HELP = "The hub revision (commit) to pin, for a hub id."
 
 

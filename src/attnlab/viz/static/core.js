@@ -121,6 +121,8 @@ AL.status = function (text, isError) {
 //                          source columns), which the maps announce in their `seq2seq` part
 //   scene()             -> the /api/scene answer (the lesson's scene, as `attnlab scene --json`)
 //   findHead(req)       -> the /api/find-head answer
+//   generate(req) (served) / generation() (a page) -> the /api/generate answer: {model, labels,
+//                          prompt_length, prompt, text, steps: [{step, position, token, rows: [L][H][position + 1]}]}
 //   neuronInfo()        -> what the Neuron view can show, at once: {sentences: [{text}], attentions: {encoder:
 //                          {num_layers, num_heads}, and for an encoder–decoder decoder and cross}}, or
 //                          null (no sentences on show, or a page without queries and keys)
@@ -185,6 +187,7 @@ class ServerSource {
     return this.cache.get(key);
   }
   findHead(req) { return this.call("/api/find-head", req); }
+  generate(req) { return this.call("/api/generate", req); }
 }
 
 // The embedded data of a self-contained page: every head of every sentence, packed as uint16
@@ -220,6 +223,7 @@ class EmbeddedSource {
     return Promise.resolve({n: rows, rows, cols, weights});
   }
   findHead() { return Promise.resolve(this.data.search); }
+  generation() { return Promise.resolve(this.data.generation); }
   // The Neuron data: the maps' own attention at the top level, an encoder–decoder's "decoder" and
   // "cross" beside it, each {model, meta (per layer), sentences: [{labels, key_labels, q, k, bias}]}.
   neuronInfo() {

@@ -1,0 +1,173 @@
+"""`attnlab generate`: text from a decoder, printed as it is produced, with what each new token looked at.
+
+Every flag is checked before the model loads; the model's own limits (the prompt and the new tokens
+past its positions with a dense cache, an encoder) are checked by ``Transformer.generate`` before
+any work. The prompt, then the new text goes to stdout as it comes (stderr when ``--json -`` takes stdout), then the
+speed to stderr. Ctrl-C stops at the next token: what was generated so far stays printed, exit 130.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import typer
+
+from attnlab.cli.common import err, json_option, out_file, write_json
+
+CACHES = ("dense", "window", "sink")
+SAMPLING = "Sampling is on when --temperature, --top-k or --top-p is given; otherwise greedy."
+MODEL_HELP = ("A decoder's folder or hub id (GPT-2, Llama, Mistral, Qwen2, Gemma-2-style); default: attnlab:decoder, "
+              "the small decoder bundled with attnlab (trained on Python's standard-library docstrings).")
+
+
+def check_flags(prompt: str, temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None,
+                cache: str, window: int | None, sink: int | None) -> bool:
+    """The flags' own rules, before any work; returns whether to sample."""
+    if not prompt.strip():
+        raise ValueError("PROMPT is empty; give the text to continue, e.g. attnlab generate 'Return the'")
+    if temperature is not None and not temperature > 0:
+        raise ValueError(f"--temperature must be > 0, got {temperature} (for greedy decoding leave out the sampling flags)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"--top-p must lie in (0, 1], got {top_p}")
+    sample = any(x is not None for x in (temperature, top_k, top_p))
+    if seed is not None and not sample:
+        raise ValueError("--seed takes effect only when sampling; add --temperature, --top-k or --top-p")
+    if cache not in CACHES:
+        raise ValueError(f"--cache must be one of {', '.join(CACHES)}, got {cache!r}")
+    for flag, value in (("--window", window), ("--sink", sink)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if sink is not None and cache != "sink":
+        raise ValueError(f"--sink {sink} goes with --cache sink, got --cache {cache}")
+    if window is not None and cache == "dense":
+        raise ValueError(f"--window {window} goes with --cache window or sink; a dense cache keeps every position")
+    return sample
+
+
+def refuse_encoder(model: str | None) -> None:
+    """An encoder asked to generate is refused from its config.json, before its weights load."""
+    import json
+
+    from attnlab.locate.folder import DECODER, resolve
+    from attnlab.transformer.config import TransformerConfig
+
+    folder, model_id, _ = resolve(model or DECODER)
+    config = TransformerConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    if not config.causal:
+        raise ValueError(f"--model {model!r} is a {config.family} encoder ({model_id}); generate needs a decoder "
+                         f"(leave out --model for the bundled attnlab:decoder)")
+
+
+class Printer:
+    """The on_token callback: prints the prompt with the first token (so that nothing is printed when
+    generate refuses its input), then the text as it grows (decoding all ids so far, so that a
+    character split over byte-level tokens comes out whole), and keeps the time of each token."""
+
+    def __init__(self, tokenizer: Any, out: Any, prompt: str) -> None:
+        self.tokenizer, self.out, self.prompt = tokenizer, out, prompt
+        self.ids: list[int] = []
+        self.shown = ""
+        self.times: list[float] = []
+
+    def __call__(self, step: int, ids: Any) -> None:
+        self.times.append(time.perf_counter())
+        if not self.ids:
+            self.out.write(self.prompt)  # the continuation reads on from it
+        self.ids.append(int(ids[0]))
+        text = (self.tokenizer.decode(self.ids, skip_special_tokens=True) if self.tokenizer is not None
+                else " ".join(map(str, self.ids)))
+        if text.endswith("\ufffd"):  # half a character: wait for its other bytes
+            return
+        self.out.write(text[len(self.shown):] if text.startswith(self.shown) else "\n" + text)
+        self.out.flush()
+        self.shown = text
+
+
+def speed(start: float, printer: Printer, prompt_tokens: int) -> dict:
+    n, times = len(printer.times), printer.times
+    first = times[0] - start if n else None
+    per = (times[-1] - times[0]) / (n - 1) if n > 1 else None
+    return {"prompt_tokens": prompt_tokens, "new_tokens": n, "seconds": round(time.perf_counter() - start, 4),
+            "time_to_first_token_s": None if first is None else round(first, 4),
+            "time_per_output_token_s": None if per is None else round(per, 5),
+            "tokens_per_second": None if per is None else round(1 / per, 2) if per > 0 else None}
+
+
+def generate(
+    prompt: str = typer.Argument(..., help="The text to continue."),
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", min=1, help="How many tokens to generate, at most."),
+    temperature: float = typer.Option(None, "--temperature", help=f"Divide the logits by T > 0. {SAMPLING}"),
+    top_k: int = typer.Option(None, "--top-k", help=f"Sample among the K most likely tokens (K >= 1). {SAMPLING}"),
+    top_p: float = typer.Option(None, "--top-p", help=f"Sample among the most likely tokens whose probability reaches P, "
+                                                      f"in (0, 1]. {SAMPLING}"),
+    seed: int = typer.Option(None, "--seed", help="Seed of the sampling (the same seed draws the same tokens); sampling only."),
+    cache: str = typer.Option("dense", "--cache", help="The KV cache: dense (every position), window (the last W), "
+                                                        "sink (the first S and the last W: past the model's length)."),
+    window: int = typer.Option(None, "--window", help="W of --cache window or sink (default: the model's own window)."),
+    sink: int = typer.Option(None, "--sink", help="S of --cache sink: the first tokens always kept."),
+    maps_path: str = typer.Option(None, "--maps", metavar="PATH", callback=out_file("--maps"),
+                                  help="Write the attention of the generated sequence as a maps file (.npz; attnlab.load_maps)."),
+    html_path: str = typer.Option(None, "--html", metavar="PATH", callback=out_file("--html"),
+                                  help="Write a self-contained page with the Generation view of every step."),
+    json_path: str = json_option(),
+) -> None:
+    """Generate text with attnlab's transformer and its KV cache, printing it as it comes, then tokens per second.
+
+    Sampling is on when --temperature, --top-k or --top-p is given; otherwise greedy.
+    """
+    sample = check_flags(prompt, temperature, top_k, top_p, seed, cache, window, sink)
+    refuse_encoder(model)
+    from attnlab.locate.folder import DECODER
+    from attnlab.transformer import Transformer
+
+    model_id = model or DECODER
+    net = Transformer.from_pretrained(model_id)
+    if net.tokenizer is None:
+        raise ValueError(f"--model {model_id!r} has no tokenizer; attnlab generate takes text (use Transformer.generate "
+                         "with token ids)")
+    out = sys.stderr if json_path == "-" else sys.stdout
+    printer = Printer(net.tokenizer, out, prompt)
+    kw = dict(sample=sample, temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
+              seed=seed, cache=cache, window=window, sink=sink, maps=bool(maps_path or html_path), on_token=printer)
+    eos = net.tokenizer.eos_token_id
+    start = time.perf_counter()
+    try:
+        gen = net.generate(prompt, max_new_tokens, stop_ids=() if eos is None else (eos,), **kw)
+    except KeyboardInterrupt:
+        out.write("\n" if printer.ids else "")
+        err.print(f"interrupted after {len(printer.ids)} new tokens", highlight=False)
+        raise typer.Exit(130) from None
+    out.write("\n")
+    out.flush()
+    figures = speed(start, printer, int(gen.prompt_lengths[0]))
+    err.print(_speed_line(figures), highlight=False, soft_wrap=True)
+    _write_outputs(net, gen, model_id, maps_path, html_path)
+    write_json(json_path, {**gen.to_dict(), "model": model_id, "prompt": prompt, "text": gen.text[0], "speed": figures,
+                           "options": {k: v for k, v in kw.items() if k != "on_token"}})
+
+
+def _speed_line(f: dict) -> str:
+    line = f"{f['new_tokens']} new tokens after a prompt of {f['prompt_tokens']} in {f['seconds']:.2f} s"
+    if f["time_to_first_token_s"] is not None:
+        line += f" · first token {1000 * f['time_to_first_token_s']:.0f} ms"
+    if f["tokens_per_second"] is not None:
+        line += f" · {f['tokens_per_second']:.1f} tokens/s after it"
+    return line
+
+
+def _write_outputs(net: Any, gen: Any, model_id: str, maps_path: str | None, html_path: str | None) -> None:
+    from attnlab.viz.generation import generation_maps, steps_payload
+
+    if maps_path:
+        written = generation_maps(net, gen, model_id).save(maps_path)
+        err.print(f"wrote {written}", highlight=False)
+    if html_path:
+        from attnlab.viz.page import write_generation_html
+
+        written = write_generation_html(steps_payload(net, gen, model_id), html_path)
+        err.print(f"wrote {written}", highlight=False)
