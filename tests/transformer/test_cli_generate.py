@@ -68,7 +68,7 @@ def test_an_encoder_is_refused_before_its_weights_load(capsys, monkeypatch):
         raise AssertionError("the encoder's weights were loaded")
 
     monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
-    assert main(["generate", "The bank", "--model", pkg.get_model_path()]) == 2
+    assert main(["generate", "The bank", "--model", str(pkg.get_model_path())]) == 2
     one_error(capsys, "is a bert encoder")
 
 
@@ -128,4 +128,4 @@ def test_sampling_with_a_seed_repeats(decoder, capsys):
 def test_past_the_models_positions_is_one_line_naming_the_cache(capsys):
     assert main(["generate", "Return the number of", "--max-new-tokens", "500"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: max_new_tokens=500") and "cache='sink'" in err and err.count("\n") == 1
+    assert err.startswith("error: --max-new-tokens=500") and "cache='sink'" in err and err.count("\n") == 1

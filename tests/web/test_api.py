@@ -382,6 +382,6 @@ def test_every_endpoint_is_its_own_small_function_with_one_error_mapping():
     from attnlab.web import server
 
     assert [path for path, *_ in server.POSTS] == ["/api/maps", "/api/head", "/api/neuron", "/api/rollout",
-                                                   "/api/roles", "/api/find-head"]
+                                                   "/api/roles", "/api/find-head", "/api/generate"]
     source = inspect.getsource(server)
     assert source.count("except CLIENT_ERRORS") == 1 and "except ValueError" not in source
