@@ -85,7 +85,7 @@ def test_sweep_skips_over_budget_and_the_lessons_code_under_causal():
     by = {(m.method, m.n, m.causal): m for m in res.measurements}
     assert len(res.measurements) == 2 * 6
     assert by["numpy", 1024, False].skipped == "needs ~32 MB > budget 4 MB"  # four 1024² float64 buffers
-    assert by["naive", 1024, True].skipped == "the lesson's code has no mask"
+    assert by["naive", 1024, True].skipped == "the naive listing has no mask"
     assert by["gemm", 1024, False].pct_of_gemm == pytest.approx(100.0)
     assert set(res.to_dict()) == {"config", "machine", "measurements"}
 

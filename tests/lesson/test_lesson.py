@@ -178,10 +178,10 @@ def test_cost_section_searched_within_the_limits_it_was_given(sections):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["lesson", "--deadline-ms", "0"], "deadline_ms"),
-        (["lesson", "--memory-mb", "-3"], "memory_mb"),
+        (["lesson", "--deadline-ms", "0"], "--deadline-ms"),
+        (["lesson", "--memory-mb", "-3"], "--memory-mb"),
         (["lesson", "--seed", "-1"], "seed"),
-        (["cost", "--deadline-ms", "-1"], "deadline_ms"),
+        (["cost", "--deadline-ms", "-1"], "--deadline-ms"),
     ],
 )
 def test_bad_flags_end_in_one_error_line(args, message, capsys):
