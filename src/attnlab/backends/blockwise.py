@@ -124,13 +124,14 @@ def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
                 weights = online.weights_rows(c.q, c.k, lse, c.tiling, call.rows, scale=p.scale)
         else:
             weights = online.weights_rows(c.q, c.k, lse, c.tiling, call.rows, scale=p.scale)
-        weights = _result(weights.reshape(*p.batch, len(call.rows), p.tk), p.dtype, c.torch)
-    out = _result(out.reshape(*p.batch, p.tq, p.dv), p.dtype, c.torch)  # (..., Tq, Dv)
-    lse = _result(lse.reshape(*p.batch, p.tq), p.dtype, c.torch) if call.request.lse else None
+        weights = as_result(weights.reshape(*p.batch, len(call.rows), p.tk), p.dtype, c.torch)
+    out = as_result(out.reshape(*p.batch, p.tq, p.dv), p.dtype, c.torch)  # (..., Tq, Dv)
+    lse = as_result(lse.reshape(*p.batch, p.tq), p.dtype, c.torch) if call.request.lse else None
     return out, weights, lse
 
 
-def _result(x: Any, dtype: str, torch_in: bool) -> Any:
+def as_result(x: Any, dtype: str, torch_in: bool) -> Any:
+    """A float32 result in the call's dtype and array library."""
     if torch_in:
         import torch
 

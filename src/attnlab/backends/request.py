@@ -79,6 +79,17 @@ def _window(window: Any) -> tuple[int, int] | None:
     return int(pair[0]), int(pair[1])
 
 
+def band(causal: bool, window: Any) -> tuple[int | None, int | None]:
+    """The band (left, right) of ``causal`` and ``window`` (see :func:`attnlab.attention`): query at position
+    p sees keys p − left .. p + right, None = unbounded; causal cuts the right side at 0."""
+    win = _window(window)
+    left = None if win is None else win[0]
+    right = 0 if causal else None
+    if win is not None:
+        right = win[1] if right is None else min(right, win[1])
+    return left, right
+
+
 def _lengths(lengths: Any, p: validate.Problem) -> np.ndarray | None:
     """Key-padding lengths: ints shaped like the first dims of the batch, e.g. (B,) for (B, H, T, D)."""
     if lengths is None:
@@ -179,11 +190,7 @@ def prepare(
     for name, x in (("mask", mask), ("bias", bias)):
         if x is not None and validate.is_torch(x) != validate.is_torch(q):
             raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
-    win = _window(window)
-    left = None if win is None else win[0]
-    right = 0 if causal else None
-    if win is not None:
-        right = win[1] if right is None else min(right, win[1])
+    left, right = band(causal, window)
     torch_in = validate.is_torch(q)
     request = Request(
         library="torch" if torch_in else "numpy",
@@ -194,7 +201,7 @@ def prepare(
         bias=bias is not None,
         band=left is not None or right is not None,
         causal=bool(causal),
-        window=win is not None,
+        window=window is not None,
         lengths=lengths is not None,
         weights=bool(return_weights),
         weights_rows=weights_rows is not None,

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from attnlab.backends.base import Backend, Supports
-from attnlab.backends.blockwise import run_blockwise, work_dtype
-from attnlab.backends.request import Call, Request
+from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
+from attnlab.backends.request import Call, Request, band
 from attnlab.backends.tiling import Tiling, block_sizes
-from attnlab.reference.validate import FLOAT_DTYPES, is_torch
+from attnlab.reference.validate import FLOAT_DTYPES, dtype_name, is_torch
 
 try:
     from attnlab.backends.kernel import _tiles
@@ -147,6 +147,107 @@ def stats(q: Any, k: Any, lse: Any, *, scale: float, left: int | None, right: in
     return sums, received
 
 
+DECODE_MAX_TQ = 16  # the kernel backend's decode pass serves calls of at most this many query rows
+STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v in, as stored
+
+
+def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
+           threads: int | None = None) -> tuple[Any, Any]:
+    """Attention of a few query rows against a cache, compiled: out (B, H, Tq, Dv) and LSE (B, H, Tq), float32.
+
+    q (B, H, Tq, D) float32 (or k's dtype); k (B, H_kv, Tk, D) and v (B, H_kv, Tk, Dv) float32, float16 or
+    bfloat16, read as stored, each head's (Tk, ·) rows contiguous (a slice ``[:, :, :T]`` of a longer
+    cache is read in place); H a multiple of H_kv (query head h reads k/v head h // (H / H_kv), once
+    for all of its group). ``lengths`` (B,) ints in 0..Tk, or None (Tk): sequence b's keys are
+    0..lengths[b] − 1 and its query i sits at position lengths[b] − Tq + i, the band (``causal``,
+    ``window`` as in :func:`attnlab.attention`) measured from there; a row that sees nothing gives zeros
+    and LSE −inf. The cache is split into chunks of keys spread over the threads (None: OpenMP's
+    default) and merged by their LSE; the chunks follow the shapes only, so any thread count gives the
+    same bits. NumPy or CPU torch in, the same out (torch: views of NumPy buffers, float32).
+    """
+    if _tiles is None:
+        raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
+    left, right = band(causal, window)
+    torch_in = is_torch(q)
+    stored = dtype_name(k)
+    if dtype_name(v) != stored or stored not in STORED:
+        raise TypeError(f"k and v must share one dtype of {', '.join(STORED)}, got k {stored} and v {dtype_name(v)}")
+    if dtype_name(q) not in ("float32", stored):
+        raise TypeError(f"q must be float32 or k's dtype ({stored}), got {dtype_name(q)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if torch_in and x.device.type != "cpu":
+            raise ValueError(f"{name} must be on the CPU, got a tensor on {x.device}")
+    if q.ndim != 4:
+        raise ValueError(f"q must have shape (B, H, Tq, D), got {tuple(q.shape)}")
+    b, h, tq, _ = q.shape
+    out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
+    if lengths is not None:
+        lengths = np.ascontiguousarray(lengths.cpu().numpy() if is_torch(lengths) else lengths, dtype=np.int64)
+    _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, lengths, stored, scale,
+                  -1 if left is None else left, -1 if right is None else right, threads or 0)
+    if torch_in:
+        import torch
+
+        return torch.from_numpy(out), torch.from_numpy(lse)
+    return out, lse
+
+
+def _stored(x: Any) -> Any:
+    """k or v as the kernel reads it, no copy: NumPy, its bfloat16 values as their 16 bits."""
+    if is_torch(x):
+        import torch
+
+        x = x.detach()
+        return x.view(torch.int16).numpy() if dtype_name(x) == "bfloat16" else x.numpy()
+    return x.view(np.int16) if dtype_name(x) == "bfloat16" else x
+
+
+def _rows_contiguous(x: Any) -> bool:
+    """Each head's (T, ·) rows of x (..., T, ·) contiguous, the leading strides >= 0: decode reads it in place."""
+    strides = x.stride() if is_torch(x) else tuple(s // x.itemsize for s in x.strides)
+    t, d = x.shape[-2:]
+    lead_ok = all(s >= 0 or n <= 1 for s, n in zip(strides[:-2], x.shape[:-2]))
+    return (d <= 1 or strides[-1] == 1) and (t <= 1 or strides[-2] == d) and lead_ok
+
+
+def _decodes(call: Call) -> bool:
+    """The call fits the decode pass: few rows, (B, H, T, ·) inputs, k/v stored as it reads them, no gradients."""
+    p, r = call.problem, call.request
+    q, k, v = call.q, call.k, call.v
+    if p.tq > DECODE_MAX_TQ or r.grad or r.weights_rows or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return False
+    if not (q.shape[0] == k.shape[0] == v.shape[0] and q.shape[1] % k.shape[1] == 0):
+        return False  # a broadcast batch: the tiles path
+    if dtype_name(k) != dtype_name(v) or dtype_name(k) not in STORED or dtype_name(q) not in ("float32", dtype_name(k)):
+        return False
+    if not (_rows_contiguous(k) and _rows_contiguous(v)):
+        return False
+    klen = call.klen
+    if klen is None:
+        return True
+    if not (klen == klen[:, :1]).all():  # per-head lengths: the tiles path
+        return False
+    # attention() aligns causal queries to the buffer's end (Tk − Tq + i), decode to each sequence's
+    # length: they agree without a band, for one query without a left edge, and where every length is Tk
+    return (call.left is None and call.right is None) or (p.tq == 1 and call.left is None) or bool((klen == p.tk).all())
+
+
+def _run_decode(call: Call) -> tuple[Any, Any, Any]:
+    p = call.problem
+    klen = None if call.klen is None else np.ascontiguousarray(call.klen[:, 0])
+    out, lse = decode(call.q, call.k, call.v, klen, scale=p.scale, window=_window_of(call), causal=False)
+    torch_in = call.request.library == "torch"
+    return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
+
+
+def _window_of(call: Call) -> tuple[int, int] | None:
+    """The call's band as decode's window (left, right), None if unbounded on both sides."""
+    if call.left is None and call.right is None:
+        return None
+    far = call.problem.tq + call.problem.tk  # an unbounded side reaches every key
+    return (far if call.left is None else call.left, far if call.right is None else call.right)
+
+
 def _buffers(*xs: Any) -> list[np.ndarray]:
     """C-contiguous float32 NumPy arrays (of torch tensors: views of the same memory where they can be)."""
     return [np.ascontiguousarray(x.detach().contiguous().numpy() if is_torch(x) else x, dtype=np.float32) for x in xs]
@@ -184,4 +285,6 @@ class KernelBackend(Backend):
         return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
+        if _decodes(call):
+            return _run_decode(call)
         return run_blockwise(call, forward, backward)

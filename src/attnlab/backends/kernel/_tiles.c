@@ -78,14 +78,78 @@ struct sscratch {
     double *row;                        /* NROW accumulators per row of the block */
 };
 
+/* The decode pass (_tiles_decode.h): few query rows against a long cache, split into chunks of keys. */
+enum { DT_F32, DT_F16, DT_BF16 }; /* how q, k and v are stored */
+enum { DECODE_MIN_CHUNK = 512, DECODE_MAX_ITEMS = 4096, DECODE_MAX_PART = 1 << 22 };
+struct dproblem {
+    const void *q, *k, *v;        /* q (B, H, Tq, D) contiguous; k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) row-contiguous */
+    float *out, *lse;             /* (B, H, Tq, Dv), (B, H, Tq) */
+    const int64_t *lengths;       /* (B,) keys per sequence (query i of b sits at lengths[b] - Tq + i), or NULL: Tk */
+    int64_t kb, kh, vb, vh;       /* k's and v's batch and head strides, in items */
+    int64_t b, h, hkv, tq, tk, d, dv;
+    int64_t left, right;          /* the band around each query's position, -1 = unbounded */
+    int qtype, kvtype;            /* DT_*: q float32 or as k and v */
+    float scale;
+    int threads;
+    int64_t g, rows, dp, dvp;     /* set by drun: G = H / Hkv, rows per group G Tq, D and Dv padded to vectors */
+    int64_t chunks, part;         /* chunks per (b, k/v head), floats of one chunk's partial result */
+    float *parts;                 /* per work item: acc (rows, dvp), then the rows' maxima and sums (base 2) */
+};
+
+/* The keys query row i of sequence b sees: [*lo, *hi) (empty when hi <= lo). */
+static void decode_row(const struct dproblem *pr, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
+    const int64_t len = pr->lengths ? pr->lengths[b] : pr->tk, pos = len - pr->tq + i;
+    *lo = pr->left >= 0 && pos - pr->left > 0 ? pos - pr->left : 0;
+    *hi = pr->right >= 0 && pos + pr->right + 1 < len ? pos + pr->right + 1 : len;
+}
+
+/* Chunk c of sequence b: keys [*j0, *j1) of the span its rows see, split into at most pr->chunks pieces of
+ * at least DECODE_MIN_CHUNK keys (a multiple of 64). From the shapes, lengths and band alone: the same
+ * chunks, and so the same bits, for any thread count. */
+static void decode_chunk(const struct dproblem *pr, int64_t b, int64_t c, int64_t *j0, int64_t *j1) {
+    int64_t lo, hi, lo_last, hi_first;
+    decode_row(pr, b, 0, &lo, &hi_first);
+    decode_row(pr, b, pr->tq - 1, &lo_last, &hi);
+    const int64_t span = hi - lo;
+    *j0 = *j1 = 0;
+    if (span <= 0) return;
+    int64_t n = (span + DECODE_MIN_CHUNK - 1) / DECODE_MIN_CHUNK;
+    if (n > pr->chunks) n = pr->chunks;
+    const int64_t size = ((span + n - 1) / n + 63) / 64 * 64;
+    if (c * size >= span) return;
+    *j0 = lo + c * size;
+    *j1 = *j0 + size < hi ? *j0 + size : hi;
+}
+
+static float bf16_float(uint16_t x) {
+    const uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static float f16_float(uint16_t x) { /* IEEE half to float: subnormals by a multiplication, Inf and NaN kept */
+    const uint32_t em = x & 0x7fffu, sign = (uint32_t)(x & 0x8000u) << 16;
+    uint32_t bits = em << 13;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    f *= 0x1p112f;
+    memcpy(&bits, &f, sizeof bits);
+    if (em >= 0x7c00u) bits = (em << 13) | 0x7f800000u;
+    bits |= sign;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc wants a multiple of the alignment */
 
 /* Each variant's functions carry __attribute__((target(...))), which GCC and clang both honour
  * (clang ignores `#pragma GCC target`: under it such variants were baseline code in disguise). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define X86_VARIANTS 1
+#include <immintrin.h>
 #define AVX512_TARGET "avx512f,avx512vl,fma"
-#define AVX2_TARGET "avx2,fma"
+#define AVX2_TARGET "avx2,fma,f16c"
 
 #define TARGET __attribute__((target(AVX512_TARGET)))
 #define VW 16
@@ -94,6 +158,7 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #define NVMAX 4
 #define ROWS 24
 #define SFX avx512
+#define CVTPH(p) ((VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))) /* VW float16 values as floats */
 #include "_tiles_body.h"
 
 #define TARGET __attribute__((target(AVX2_TARGET)))
@@ -103,6 +168,7 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #define NVMAX 2
 #define ROWS 12
 #define SFX avx2
+#define CVTPH(p) ((VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
 #include "_tiles_body.h"
 #endif
 
@@ -113,6 +179,7 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc 
 #define NVMAX 2
 #define ROWS 4
 #define SFX base
+#define CVTPH(p) F(f16_soft)(p)
 #include "_tiles_body.h"
 
 /* The instruction sets compiled in, best first, and whether this CPU runs each. */
@@ -121,12 +188,13 @@ static const struct {
     int (*run)(struct problem *);
     int (*brun)(struct bproblem *);
     int (*srun)(struct sproblem *);
+    int (*drun)(struct dproblem *);
 } isas[] = {
 #ifdef X86_VARIANTS
-    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512, srun_avx512},
-    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2, srun_avx2},
+    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512, srun_avx512, drun_avx512},
+    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2, srun_avx2, drun_avx2},
 #endif
-    {"128-bit vectors", "", run_base, brun_base, srun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
+    {"128-bit vectors", "", run_base, brun_base, srun_base, drun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
 };
 #define NISAS ((int)(sizeof isas / sizeof isas[0]))
 static int supported[NISAS];
@@ -137,7 +205,7 @@ static void detect(void) {
 #ifdef X86_VARIANTS
     __builtin_cpu_init();
     supported[0] = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-    supported[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    supported[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
     for (chosen = 0; !supported[chosen]; chosen++) {
     }
@@ -340,6 +408,74 @@ done:
     return result;
 }
 
+/* How k and v are stored, by name. */
+static int stored_type(const char *name) {
+    return !strcmp(name, "float32") ? DT_F32 : !strcmp(name, "float16") ? DT_F16 : !strcmp(name, "bfloat16") ? DT_BF16 : -1;
+}
+
+static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "lengths", "dtype", "scale", "left", "right", "threads", NULL};
+    PyObject *obj[6];
+    Py_buffer view[6] = {{0}};
+    struct dproblem pr = {0};
+    const char *dtype;
+    long long left, right;
+    int64_t bq, bk; /* check_scalars' block sizes: the decode pass has none */
+    int threads;
+    PyObject *result = NULL;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOsfLLi:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &obj[5], &dtype, &pr.scale, &left, &right, &threads))
+        return NULL;
+    pr.kvtype = stored_type(dtype);
+    if (pr.kvtype < 0) {
+        PyErr_Format(PyExc_ValueError, "dtype: expected 'float32', 'float16' or 'bfloat16' (how k and v are stored), got '%s'",
+                     dtype);
+        return NULL;
+    }
+    const char kind = pr.kvtype == DT_F32 ? 'f' : pr.kvtype == DT_F16 ? 'e' : 'u';
+    if (!take(obj[0], &view[0], "q", 0, 'f', "BHTD", dim) || !take_rows(obj[1], &view[1], "k", 0, kind, "BNKD", dim, 1) ||
+        !take_rows(obj[2], &view[2], "v", 0, kind, "BNKV", dim, 1) || !take(obj[3], &view[3], "out", 1, 'f', "BHTV", dim) ||
+        !take(obj[4], &view[4], "lse", 1, 'f', "BHT", dim) ||
+        (obj[5] != Py_None && !take(obj[5], &view[5], "lengths", 0, 'i', "B", dim)))
+        goto done;
+    pr.b = dim['B'], pr.h = dim['H'], pr.hkv = dim['N'], pr.tq = dim['T'], pr.tk = dim['K'], pr.d = dim['D'], pr.dv = dim['V'];
+    if (pr.d < 1 || pr.dv < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a head dim >= 1, got 0", pr.d < 1 ? "q" : "v");
+        goto done;
+    }
+    if (pr.hkv < 1 || pr.h % pr.hkv != 0) {
+        PyErr_Format(PyExc_ValueError, "q: expected a multiple of k's %lld key/value heads (dim 1), got %lld heads",
+                     (long long)pr.hkv, (long long)pr.h);
+        goto done;
+    }
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
+    pr.lengths = view[5].obj ? view[5].buf : NULL;
+    for (int64_t i = 0; pr.lengths && i < pr.b; i++)
+        if (pr.lengths[i] < 0 || pr.lengths[i] > pr.tk) {
+            PyErr_Format(PyExc_ValueError, "lengths: expected cache lengths in 0..Tk = 0..%lld, got %lld at [%lld]",
+                         (long long)pr.tk, (long long)pr.lengths[i], (long long)i);
+            goto done;
+        }
+    if (!check_scalars(pr.tq, pr.tk, left, right, 1, 1, threads, &pr.left, &pr.right, &bq, &bk, &pr.threads)) goto done;
+    const Py_ssize_t item = view[1].itemsize; /* leading strides in items (a size-1 dim's is never multiplied) */
+    pr.kb = view[1].strides[0] / item, pr.kh = view[1].strides[1] / item;
+    pr.vb = view[2].strides[0] / item, pr.vh = view[2].strides[1] / item;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pr.b * pr.h * pr.tq == 0 ? 0 : isas[chosen].drun(&pr);
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    release(view, 6);
+    return result;
+}
+
 static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
 #ifdef _OPENMP
     return PyLong_FromLong(omp_get_max_threads());
@@ -349,6 +485,14 @@ static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(
 }
 
 static PyMethodDef methods[] = {
+    {"decode", (PyCFunction)(void (*)(void))decode, METH_VARARGS | METH_KEYWORDS,
+     "decode(q, k, v, out, lse, lengths, dtype, scale, left, right, threads)\n\n"
+     "Decode attention, split over the cache: float32 C-contiguous q (B, H, Tq, D) against k (B, Hkv, Tk, D) and\n"
+     "v (B, Hkv, Tk, Dv) stored as `dtype` ('float32'; 'float16' as format 'e' or its bits; 'bfloat16' as its bits,\n"
+     "format 'h' or 'H'), each head's rows contiguous (a slice of a longer cache is fine); H a multiple of Hkv\n"
+     "(query head h reads k/v head h // (H / Hkv)); lengths (B,) int64 in 0..Tk or None (Tk): query i of sequence\n"
+     "b sits at lengths[b] - Tq + i and sees keys in [pos - left, pos + right] below lengths[b] (-1 = unbounded).\n"
+     "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads."},
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
     {"backward", (PyCFunction)(void (*)(void))backward, METH_VARARGS | METH_KEYWORDS,
      "backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads)\n\n"

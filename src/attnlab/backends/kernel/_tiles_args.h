@@ -8,7 +8,8 @@ static int little_endian(void) {
     return first == 1;
 }
 
-/* The buffer's element type: 'f' float32, 'd' float64, 'i' int64, 0 anything else. */
+/* The buffer's element type: 'f' float32, 'd' float64, 'i' int64, 'e' float16, 'u' 16-bit integers (the bits
+ * of bfloat16 or float16 values, as torch's bfloat16 tensors reach NumPy), 0 anything else. */
 static char kind_of(const Py_buffer *view) {
     const char *f = view->format ? view->format : "B";
     if (*f == '@' || *f == '=' || (*f == '<' && little_endian()) || (*f == '>' && !little_endian())) f++;
@@ -16,12 +17,19 @@ static char kind_of(const Py_buffer *view) {
         if (f[0] == 'f' && view->itemsize == 4) return 'f';
         if (f[0] == 'd' && view->itemsize == 8) return 'd';
         if ((f[0] == 'q' || f[0] == 'l') && view->itemsize == 8) return 'i';
+        if (f[0] == 'e' && view->itemsize == 2) return 'e';
+        if ((f[0] == 'h' || f[0] == 'H') && view->itemsize == 2) return 'u';
     }
     return 0;
 }
 
-static const char *kind_name(char kind) { return kind == 'f' ? "float32" : kind == 'd' ? "float64" : "int64"; }
-static const char *kind_format(char kind) { return kind == 'f' ? "'f'" : kind == 'd' ? "'d'" : "'q' or 'l'"; }
+static const char *kind_name(char kind) {
+    return kind == 'f' ? "float32" : kind == 'd' ? "float64" : kind == 'e' ? "float16" : kind == 'u' ? "bfloat16" : "int64";
+}
+static const char *kind_format(char kind) {
+    return kind == 'f' ? "'f'" : kind == 'd' ? "'d'" : kind == 'e' ? "'e', or 'h'/'H' holding its bits"
+         : kind == 'u' ? "'h' or 'H' holding its bits" : "'q' or 'l'";
+}
 
 static void format_shape(char *buf, size_t size, int ndim, const Py_ssize_t *shape) {
     size_t used = (size_t)snprintf(buf, size, "(");
@@ -30,11 +38,25 @@ static void format_shape(char *buf, size_t size, int ndim, const Py_ssize_t *sha
     if (used < size) snprintf(buf + used, size - used, ")");
 }
 
-/* Take `obj`'s buffer as argument `name`: a C-contiguous array of `kind` ('f' float32, 'd' float64, 'i' int64),
- * `ndim` dims named by the letters of `dims` (e.g. "BGTD"). dim[letter] holds each size seen so far
- * (-1 unset): the first array to show a letter sets it, every later one must match. */
-static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, char kind, const char *dims,
-                Py_ssize_t dim[128]) {
+/* The last two dims C-contiguous (a size-1 dim's stride is free), every leading stride a multiple of the
+ * item size and >= 0: what a slice [:, :, :T] of a (B, H, capacity, D) cache is. */
+static int rows_contiguous(const Py_buffer *view) {
+    const Py_ssize_t n = view->ndim, item = view->itemsize;
+    if (n < 2 || !view->strides) return PyBuffer_IsContiguous(view, 'C');
+    if (view->shape[n - 1] > 1 && view->strides[n - 1] != item) return 0;
+    if (view->shape[n - 2] > 1 && view->strides[n - 2] != view->shape[n - 1] * item) return 0;
+    for (Py_ssize_t i = 0; i < n - 2; i++)
+        if (view->shape[i] > 1 && (view->strides[i] < 0 || view->strides[i] % item != 0)) return 0;
+    return 1;
+}
+
+/* Take `obj`'s buffer as argument `name`: a C-contiguous array of `kind` ('f' float32, 'd' float64, 'i' int64;
+ * 'e' float16 takes 'u' buffers too, and 'u' stands for bfloat16), `ndim` dims named by the letters of `dims`
+ * (e.g. "BGTD"). dim[letter] holds each size seen so far (-1 unset): the first array to show a letter sets
+ * it, every later one must match. With `rows`, only the last two dims need be contiguous (a cache's
+ * (T, D) rows per head; the leading dims may have any strides >= 0). */
+static int take_rows(PyObject *obj, Py_buffer *view, const char *name, int writable, char kind, const char *dims,
+                     Py_ssize_t dim[128], int rows) {
     const int ndim = (int)strlen(dims);
     if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0)) < 0) {
         view->obj = NULL;
@@ -48,7 +70,7 @@ static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, 
         return 0;
     }
     const char got = kind_of(view);
-    if (got != kind) {
+    if (got != kind && !(kind == 'e' && got == 'u')) {
         PyErr_Format(PyExc_ValueError, "%s: expected %s items (buffer format %s), got format '%s' of %zd bytes", name,
                      kind_name(kind), kind_format(kind),
                      view->format ? view->format : "B", view->itemsize);
@@ -69,12 +91,18 @@ static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, 
         PyErr_Format(PyExc_ValueError, "%s: expected shape %s, got %s", name, expected, seen);
         return 0;
     }
-    if (!PyBuffer_IsContiguous(view, 'C')) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous array, got strides that are not", name);
+    if (rows ? !rows_contiguous(view) : !PyBuffer_IsContiguous(view, 'C')) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a %s array, got strides that are not", name,
+                     rows ? "row-contiguous (last two dims C-contiguous, leading strides >= 0)" : "C-contiguous");
         return 0;
     }
     for (int i = 0; i < ndim; i++) dim[(int)dims[i]] = view->shape[i];
     return 1;
+}
+
+static int take(PyObject *obj, Py_buffer *view, const char *name, int writable, char kind, const char *dims,
+                Py_ssize_t dim[128]) {
+    return take_rows(obj, view, name, writable, kind, dims, dim, 0);
 }
 
 static void release(Py_buffer *views, int n) {

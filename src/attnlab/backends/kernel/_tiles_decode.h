@@ -1,0 +1,272 @@
+/* The decode pass, included by _tiles_body.h once per instruction set (struct dproblem is in _tiles.c).
+ *
+ * A few query rows (Tq of them, for the G query heads of a key/value head: G Tq rows) against a long
+ * cache: the work is reading the keys and values, so each is read once. A work item is one chunk of
+ * one (sequence, k/v head)'s keys: every row of the group meets each key block (VW keys) while it is
+ * in L1, so grouped-query attention reads each k/v head once, not G times. Keys are used as stored:
+ * float32 straight from the cache, bfloat16 and float16 converted a block at a time into L1 (a
+ * shift; F16C's or AVX-512's vcvtph2ps; bit arithmetic on the baseline). Scores: for each row,
+ * VW dot products over D folded into one vector of VW scores by a tree of shuffles. Each item keeps
+ * its rows' running maxima, sums and unnormalised outputs (FlashDecoding's partial results); after
+ * every item is done each row merges its chunks by their log-sum-exp, in chunk order. Chunks come
+ * from the shapes, lengths and band (decode_chunk), never from the thread count: the same bits for
+ * any number of threads. */
+
+typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
+#define VH F(vh)
+
+static inline TARGET VF F(bf16v)(const uint16_t *p) { /* VW bfloat16 values as floats: the top 16 bits */
+    const VU bits = __builtin_convertvector(*(const VH *)p, VU) << 16;
+    VF f;
+    __builtin_memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* VW float16 values as floats without F16C (the baseline): as f16_float, lane by lane. */
+static inline TARGET VF F(f16_soft)(const uint16_t *p) {
+    const VU x = __builtin_convertvector(*(const VH *)p, VU);
+    const VU em = x & 0x7fffu, sign = (x & 0x8000u) << 16, special = (VU)(em >= 0x7c00u);
+    VU bits = em << 13;
+    VF f;
+    __builtin_memcpy(&f, &bits, sizeof f);
+    f *= 0x1p112f;
+    __builtin_memcpy(&bits, &f, sizeof bits);
+    bits = (bits & ~special) | (((em << 13) | 0x7f800000u) & special);
+    bits |= sign;
+    __builtin_memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* n rows of len items stored as `type` (rows len apart) into dst[VW][ldd] floats, zero past them. */
+static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, float *restrict dst, int64_t ldd) {
+    for (int64_t r = 0; r < VW; r++) {
+        float *restrict row = dst + r * ldd;
+        int64_t t = 0;
+        if (r < n && type == DT_F32) {
+            memcpy(row, (const float *)src + r * len, sizeof(float) * len);
+            t = len;
+        } else if (r < n) {
+            const uint16_t *s = (const uint16_t *)src + r * len;
+            for (; t + VW <= len; t += VW) *(VF *)(row + t) = type == DT_BF16 ? F(bf16v)(s + t) : CVTPH(s + t);
+            for (; t < len; t++) row[t] = type == DT_BF16 ? bf16_float(s[t]) : f16_float(s[t]);
+        }
+        for (; t < ldd; t++) row[t] = 0.0f;
+    }
+}
+
+/* The fold of VW vectors c[u] (lane sums of key u's products) into one vector of the VW sums: at each
+ * level a pair (a, b) becomes lo + hi, lo the first w lanes of every 2w of a then of b, hi the second
+ * w; the keys stay in order. */
+#define COMB(a, b, LO, HI) (__builtin_shufflevector(a, b, LO) + __builtin_shufflevector(a, b, HI))
+#if VW == 16
+#define LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define LO4 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define HI4 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#define LO2 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29
+#define HI2 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31
+#define LO1 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define HI1 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#elif VW == 8
+#define LO4 0, 1, 2, 3, 8, 9, 10, 11
+#define HI4 4, 5, 6, 7, 12, 13, 14, 15
+#define LO2 0, 1, 4, 5, 8, 9, 12, 13
+#define HI2 2, 3, 6, 7, 10, 11, 14, 15
+#define LO1 0, 2, 4, 6, 8, 10, 12, 14
+#define HI1 1, 3, 5, 7, 9, 11, 13, 15
+#else
+#define LO2 0, 1, 4, 5
+#define HI2 2, 3, 6, 7
+#define LO1 0, 2, 4, 6
+#define HI1 1, 3, 5, 7
+#endif
+
+static inline TARGET VF F(fold)(VF *c) {
+#if VW == 16
+    for (int m = 0; m < 8; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO8, HI8);
+#endif
+#if VW >= 8
+    for (int m = 0; m < 4; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO4, HI4);
+#endif
+    for (int m = 0; m < 2; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO2, HI2);
+    return COMB(c[0], c[1], LO1, HI1);
+}
+
+/* The scores of one query row (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp floats read). */
+static inline TARGET VF F(dots)(const float *restrict q, const float *restrict k, int64_t ldk, int64_t dp) {
+    VF c[VW];
+    for (int u = 0; u < VW; u++) c[u] = (VF){};
+    for (int64_t t = 0; t < dp; t += VW) {
+        const VF a = *(const VF *)(q + t);
+        for (int u = 0; u < VW; u++) c[u] += a * *(const VFU *)(k + u * ldk + t);
+    }
+    return F(fold)(c);
+}
+
+/* acc[dvp] += sum over keys u in [a, z) of p[u] v[u] (v's rows ldv apart). */
+static inline TARGET void F(pv_row)(const float *restrict p, int64_t a, int64_t z, const float *restrict v, int64_t ldv,
+                                    int64_t dvp, float *restrict acc) {
+    int64_t t = 0;
+    for (; t + 4 * VW <= dvp; t += 4 * VW) {
+        VF c0 = *(VF *)(acc + t), c1 = *(VF *)(acc + t + VW), c2 = *(VF *)(acc + t + 2 * VW), c3 = *(VF *)(acc + t + 3 * VW);
+        for (int64_t u = a; u < z; u++) {
+            const float w = p[u];
+            const float *row = v + u * ldv + t;
+            c0 += w * *(const VFU *)row;
+            c1 += w * *(const VFU *)(row + VW);
+            c2 += w * *(const VFU *)(row + 2 * VW);
+            c3 += w * *(const VFU *)(row + 3 * VW);
+        }
+        *(VF *)(acc + t) = c0, *(VF *)(acc + t + VW) = c1, *(VF *)(acc + t + 2 * VW) = c2, *(VF *)(acc + t + 3 * VW) = c3;
+    }
+    for (; t < dvp; t += VW) {
+        VF c0 = *(VF *)(acc + t);
+        for (int64_t u = a; u < z; u++) c0 += p[u] * *(const VFU *)(v + u * ldv + t);
+        *(VF *)(acc + t) = c0;
+    }
+}
+
+/* One work item: chunk it % chunks of (sequence b, k/v head hk), it / chunks = b Hkv + hk, for the group's
+ * rows r = gi Tq + i (query head hk G + gi, query i). Writes the item's partial result: acc (rows, dvp)
+ * unnormalised, then each row's maximum and sum (base 2; -inf and 0 where it saw nothing here).
+ * Not inlined: the variant's work sits in a function named for it (the tests disassemble it). */
+static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr, float *scr, int64_t it) {
+    const int64_t rows = pr->rows, d = pr->d, dv = pr->dv, dp = pr->dp, dvp = pr->dvp, tq = pr->tq;
+    const int64_t bh = it / pr->chunks, b = bh / pr->hkv, hk = bh % pr->hkv;
+    float *restrict acc = pr->parts + it * pr->part, *restrict m = acc + rows * dvp, *restrict l = m + rows;
+    for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    int64_t j0, j1;
+    decode_chunk(pr, b, it % pr->chunks, &j0, &j1);
+    if (j1 <= j0) return;
+    float *restrict q = scr, *restrict kf = q + rows * dp, *restrict vf = kf + VW * dp, *restrict lv = vf + VW * dvp;
+    float *restrict p = lv + rows * VW;
+    int64_t *bound = (int64_t *)(p + VW); /* each query's keys [lo, hi) */
+    for (int64_t i = 0; i < tq; i++) decode_row(pr, b, i, bound + 2 * i, bound + 2 * i + 1);
+    const float mul = pr->scale * 1.4426950408889634f; /* scores in base 2: exp2 instead of exp */
+    const float *src = (const float *)pr->q + (b * pr->h + hk * pr->g) * tq * d; /* the group's rows, contiguous */
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t t = 0; t < dp; t++) q[r * dp + t] = t < d ? src[r * d + t] * mul : 0.0f;
+    memset(acc, 0, sizeof(float) * rows * dvp);
+    memset(lv, 0, sizeof(float) * rows * VW);
+    const size_t item = pr->kvtype == DT_F32 ? 4 : 2;
+    const char *kh = (const char *)pr->k + (b * pr->kb + hk * pr->kh) * item;
+    const char *vh = (const char *)pr->v + (b * pr->vb + hk * pr->vh) * item;
+    const int direct = pr->kvtype == DT_F32 && dp == d && dvp == dv; /* whole float32 blocks: read in place */
+    VI lane;
+    for (int u = 0; u < VW; u++) lane[u] = u;
+    for (int64_t j = j0; j < j1; j += VW) {
+        const int64_t nk = j1 - j < VW ? j1 - j : VW;
+        const float *kb = kf, *vb = vf;
+        int64_t ldk = dp, ldv = dvp;
+        if (direct && nk == VW) {
+            kb = (const float *)kh + j * d, vb = (const float *)vh + j * dv, ldk = d, ldv = dv;
+        } else {
+            F(stage)(kh + j * d * item, pr->kvtype, nk, d, kf, dp);
+            F(stage)(vh + j * dv * item, pr->kvtype, nk, dv, vf, dvp);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t i = r % tq;
+            const int64_t a = bound[2 * i] - j > 0 ? bound[2 * i] - j : 0;
+            const int64_t z = bound[2 * i + 1] - j < nk ? bound[2 * i + 1] - j : nk; /* the row sees keys j + [a, z) */
+            if (z <= a) continue;
+            const VI seen = (lane >= (int32_t)a) & (lane < (int32_t)z);
+            const VF s = F(select)(seen, F(dots)(q + r * dp, kb, ldk, dp), (VF){} - INFINITY);
+            float top = m[r];
+            for (int u = 0; u < VW; u++) top = s[u] > top ? s[u] : top;
+            if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
+                const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - top);
+                *(VF *)(lv + r * VW) *= alpha;
+                for (int64_t t = 0; t < dvp; t++) acc[r * dvp + t] *= alpha;
+                m[r] = top;
+            }
+            const VF e = F(exp2v)(s - m[r]);
+            *(VF *)(lv + r * VW) += e;
+            *(VF *)p = e;
+            F(pv_row)(p, a, z, vb, ldv, dvp, acc + r * dvp);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int u = 0; u < VW; u++) l[r] += lv[r * VW + u];
+}
+
+/* Output row `row` of the B Hkv groups' rows: its chunks merged by their log-sum-exp, in chunk order. */
+static TARGET void F(dmerge)(const struct dproblem *pr, int64_t row) {
+    const int64_t rows = pr->rows, dv = pr->dv, dvp = pr->dvp, r = row % rows;
+    const float *first = pr->parts + (row / rows) * pr->chunks * pr->part;
+    float *restrict out = pr->out + row * dv; /* group bh's rows start at (b H + hk G) Tq = bh rows */
+    float top = -INFINITY;
+    for (int64_t c = 0; c < pr->chunks; c++) {
+        const float mc = first[c * pr->part + rows * dvp + r];
+        top = mc > top ? mc : top;
+    }
+    for (int64_t t = 0; t < dv; t++) out[t] = 0.0f;
+    if (top == -INFINITY) { /* nothing seen: zeros, LSE -inf */
+        pr->lse[row] = -INFINITY;
+        return;
+    }
+    float sum = 0.0f;
+    for (int64_t c = 0; c < pr->chunks; c++) {
+        const float *part = first + c * pr->part, mc = part[rows * dvp + r];
+        if (mc == -INFINITY) continue;
+        const float w = exp2f(mc - top);
+        sum += w * part[rows * dvp + rows + r];
+        for (int64_t t = 0; t < dv; t++) out[t] += w * part[r * dvp + t];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t t = 0; t < dv; t++) out[t] *= inv;
+    pr->lse[row] = (float)(((double)top + log2((double)sum)) * 0.69314718055994531);
+}
+
+/* The whole call: every chunk of every (sequence, k/v head) on the threads, then every row's merge. */
+static TARGET int F(drun)(struct dproblem *pr) {
+    pr->g = pr->h / pr->hkv;
+    pr->rows = pr->g * pr->tq;
+    pr->dp = (pr->d + VW - 1) / VW * VW;
+    pr->dvp = (pr->dv + VW - 1) / VW * VW;
+    pr->part = (pr->rows * (pr->dvp + 2) + 15) / 16 * 16; /* every item's partial starts on a 64-byte line */
+    const int64_t heads = pr->b * pr->hkv;
+    int64_t chunks = (pr->tk + DECODE_MIN_CHUNK - 1) / DECODE_MIN_CHUNK;
+    if (chunks > DECODE_MAX_ITEMS / heads) chunks = DECODE_MAX_ITEMS / heads;
+    if (chunks > DECODE_MAX_PART / (heads * pr->part)) chunks = DECODE_MAX_PART / (heads * pr->part);
+    pr->chunks = chunks < 1 ? 1 : chunks;
+    const int64_t items = heads * pr->chunks;
+    float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * pr->part)));
+    if (!parts) return -1;
+    pr->parts = parts;
+    const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + VW) + VW * (pr->dp + pr->dvp + 1) + 4 * pr->tq);
+    int64_t next = 0;
+    int failed = 0;
+#pragma omp parallel num_threads(pr->threads)
+    {
+        float *mem = aligned_alloc(64, round64(per_thread));
+        if (!mem) {
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        } else {
+            for (;;) {
+                const int64_t it = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+                if (it >= items) break;
+                F(ditem)(pr, mem, it);
+            }
+            free(mem);
+        }
+#pragma omp barrier
+        if (!__atomic_load_n(&failed, __ATOMIC_RELAXED)) {
+#pragma omp for schedule(static)
+            for (int64_t row = 0; row < heads * pr->rows; row++) F(dmerge)(pr, row);
+        }
+    }
+    free(parts);
+    return failed ? -1 : 0;
+}
+
+#undef COMB
+#undef LO8
+#undef HI8
+#undef LO4
+#undef HI4
+#undef LO2
+#undef HI2
+#undef LO1
+#undef HI1
+#undef VH
+#undef CVTPH
