@@ -147,7 +147,7 @@ def stats(q: Any, k: Any, lse: Any, *, scale: float, left: int | None, right: in
     return sums, received
 
 
-DECODE_MAX_TQ = 16  # the kernel backend's decode pass serves calls of at most this many query rows
+DECODE_MAX_TQ = 32  # the kernel backend serves calls of at most this many query rows by the decode pass
 STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v in, as stored
 
 
@@ -250,7 +250,7 @@ def _window_of(call: Call) -> tuple[int, int] | None:
 
 def _buffers(*xs: Any) -> list[np.ndarray]:
     """C-contiguous float32 NumPy arrays (of torch tensors: views of the same memory where they can be)."""
-    return [np.ascontiguousarray(x.detach().contiguous().numpy() if is_torch(x) else x, dtype=np.float32) for x in xs]
+    return [np.ascontiguousarray(x.detach().float().contiguous().numpy() if is_torch(x) else x, dtype=np.float32) for x in xs]
 
 
 def _band(tiling: Tiling) -> tuple[np.ndarray | None, int, int]:
