@@ -170,3 +170,28 @@ def test_each_head_count_is_measured_at_its_own_sizes(heads):
     assert calibrate.profile(request(x8, x8, x8)).key() != calibrate.profile(request(x12, x12, x12)).key()
     many = torch.ones(4096, 16, 64)
     assert calibrate.profile(request(many, many, many)).heads == calibrate.MAX_HEADS
+
+
+def test_decoding_calls_have_their_own_profile_measured_against_long_caches():
+    """Tq = 1 (or a few rows) against a long cache, GQA and padded as generate calls it: its own table."""
+    q, k = torch.ones(1, 32, 1, 128), torch.ones(1, 8, 8192, 128)
+    prof = calibrate.profile(request(q, k, k, causal=True, lengths=torch.tensor([8000])))
+    assert (prof.tq, prof.groups, prof.heads) == (1, 4, 32) and "decode-tq1-g4" in prof.key()
+    assert calibrate.profile(request(torch.ones(1, 32, 3, 128), k, k, causal=True)).tq == 4
+    ns = prof.sizes()
+    assert len(ns) >= 2 and all(n in calibrate.DECODE_KEYS for n in ns)
+    assert 8 * ns[-1] * 2 * 128 * 4 > 32 << 20  # the largest beyond a last-level cache of 32 MB
+    q0, k0, _ = calibrate._inputs(prof, ns[0])
+    assert tuple(q0.shape) == (1, 32, 1, 128) and tuple(k0.shape) == (1, 8, ns[0], 128)
+    assert prof.scores(ns[0]) == 32 * ns[0]
+
+
+def test_auto_takes_the_backend_measured_fastest_for_decoding(cache):
+    q, k = torch.randn(1, 32, 1, 64), torch.randn(1, 8, 4096, 64)
+    r = request(q, k, k, causal=True, lengths=torch.tensor([4000]))
+    fake = {"sdpa": [[2**15, 1e-3], [2**17, 4e-3]], "torch": [[2**15, 2e-3], [2**17, 8e-3]],
+            "blockwise": [[2**15, 5e-3], [2**17, 2e-2]], "kernel": [[2**15, 1e-4], [2**17, 4e-4]]}
+    profiles = {calibrate.profile(r).key(): fake}
+    calibrate.cache_path().write_text(json.dumps({"machine": calibrate.machine_facts(), "profiles": profiles}))
+    choice = explain(r)
+    assert choice.backend == "kernel" and choice.measured

@@ -2,12 +2,14 @@
 
 ``auto`` ranks the backends that fit a call by what they cost here, not by constants fitted on
 another machine. For a call of a common kind (no dense mask, bias or padding; full attention or
-square causal; on the CPU) it looks up the *profile* of the call (input library, dtype, head dim,
-the number of (batch, head) pairs, causal, gradients) in a small table of timings measured at four
-sizes, the first time such a call is large enough for the choice to matter, and interpolates the
-time at the call's number of scores (log-log). The head count is the call's own: how the backends
-rank depends on how much of q, k and v stays in the caches, which one head of 8 192 tokens and
-twelve heads of 2 048 do not share, so a table measured at one count misranks calls at another. Calls of other kinds, and small ones, are ranked by each
+square causal; or decoding, a few query rows against a long cache, padded or not; on the CPU) it
+looks up the *profile* of the call (input library, dtype, head dim, the number of (batch, head)
+pairs, causal, gradients; decoding: the query rows and heads per k/v head) in a small table of
+timings measured at a few sizes, the first time such a call is large enough for the choice to
+matter, and interpolates the time at the call's number of scores (log-log). The head count is the
+call's own: how the backends rank depends on how much of q, k and v stays in the caches, which one
+head of 8 192 tokens and twelve heads of 2 048 do not share, so a table measured at one count
+misranks calls at another. Calls of other kinds, and small ones, are ranked by each
 backend's rough prior (:meth:`attnlab.backends.base.Backend.estimate`).
 
 The table is cached as JSON in ``$ATTNLAB_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnlab``, else
@@ -52,6 +54,15 @@ REPEATS = 3  # timings per point; the fastest is kept (a busy machine only ever 
 MIN_TIMING_S = 0.005  # calls shorter than this are timed over several in a row
 
 
+# Decoding: a few query rows against a long cache. Such a call's profile keeps its query rows (rounded up
+# to a power of 2, at most DECODE_TQ) and its query heads per k/v head, and is measured against caches
+# of DECODE_KEYS keys, those of at most DECODE_MAX_BYTES of keys and values (the largest beyond a
+# last-level cache, so its figure is a read from memory), at least two.
+DECODE_TQ = 32
+DECODE_KEYS = (1024, 4096, 16384, 65536)
+DECODE_MAX_BYTES = 1 << 27
+
+
 @dataclass(frozen=True)
 class Profile:
     """The kind of call a timing table is for."""
@@ -62,9 +73,23 @@ class Profile:
     heads: int  # (batch, head) pairs of the call
     causal: bool
     grad: bool
+    tq: int = 0  # decoding: the query rows (0: self-attention, Tq = Tk)
+    groups: int = 1  # decoding: query heads per key/value head
 
     def key(self) -> str:
-        return f"{self.library}/{self.dtype}/d{self.d}/h{self.heads}/{'causal' if self.causal else 'full'}/{'grad' if self.grad else 'fwd'}"
+        key = f"{self.library}/{self.dtype}/d{self.d}/h{self.heads}/{'causal' if self.causal else 'full'}/{'grad' if self.grad else 'fwd'}"
+        return key + (f"/decode-tq{self.tq}-g{self.groups}" if self.tq else "")
+
+    def sizes(self) -> tuple[int, ...]:
+        """The key lengths measured (:func:`sizes` for self-attention; cache lengths for decoding)."""
+        if not self.tq:
+            return sizes(self.heads)
+        item = 2 if self.dtype in ("float16", "bfloat16") else np.dtype(self.dtype).itemsize
+        fit = [n for n in DECODE_KEYS if self.heads // self.groups * n * 2 * self.d * item <= DECODE_MAX_BYTES]
+        return tuple(DECODE_KEYS[: max(2, len(fit))])
+
+    def scores(self, n: int) -> int:
+        return self.heads * (self.tq or n) * n
 
 
 def enabled() -> bool:
@@ -72,14 +97,18 @@ def enabled() -> bool:
 
 
 def profile(r: Request) -> Profile | None:
-    """The profile of ``r``, or None where auto uses the priors (small, masked, padded, windowed, GPU calls)."""
+    """The profile of ``r``, or None where auto uses the priors (small, masked, windowed, GPU calls; padded
+    ones other than decoding's, whose cache lengths are about its Tk)."""
     p = r.problem
-    if r.scores < MIN_SCORES or r.device != "cpu" or r.mask or r.bias or r.lengths or p.d != p.dv or p.groups != 1:
-        return None
-    if r.window or (r.causal and p.tq != p.tk):
+    if r.scores < MIN_SCORES or r.device != "cpu" or r.mask or r.bias or p.d != p.dv or r.window:
         return None  # a window's cost depends on its width, which no table holds
     d = min(HEAD_DIMS, key=lambda h: abs(math.log(h / p.d)))
     heads = min(int(np.prod(p.batch, dtype=np.int64)), MAX_HEADS)
+    if p.tq <= DECODE_TQ < p.tk:
+        heads = max(p.groups, heads // p.groups * p.groups)
+        return Profile(r.library, r.dtype, d, heads, r.causal, r.grad, 1 << (p.tq - 1).bit_length(), p.groups)
+    if r.lengths or p.groups != 1 or (r.causal and p.tq != p.tk):
+        return None
     return Profile(r.library, r.dtype, d, heads, r.causal, r.grad)
 
 
@@ -204,8 +233,10 @@ def _timer(fn: Callable[[], Any]) -> float:
 
 def _inputs(prof: Profile, n: int) -> tuple[Any, Any, Any]:
     rng = np.random.default_rng(0)
-    shape = (1, prof.heads, n, prof.d)
-    qkv = [rng.standard_normal(shape).astype("float32" if prof.dtype == "bfloat16" else prof.dtype) for _ in range(3)]
+    dtype = "float32" if prof.dtype == "bfloat16" else prof.dtype
+    kv = (1, prof.heads // prof.groups, n, prof.d)  # (1, H_kv, n, D)
+    shapes = ((1, prof.heads, prof.tq or n, prof.d), kv, kv)
+    qkv = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
     if prof.library == "torch":
         import torch
 
@@ -220,10 +251,10 @@ def measure(prof: Profile, names: list[str], run: Callable[[str, tuple, bool], A
     """
     points: dict[str, list[list[float]]] = {name: [] for name in names}
     alive = list(names)
-    ns = sizes(prof.heads)
+    ns = prof.sizes()
     for n in ns:
         q, k, v = _inputs(prof, n)
-        scores = prof.heads * n * n
+        scores = prof.scores(n)
 
         def call(name: str) -> Callable[[], Any]:
             def go() -> None:
