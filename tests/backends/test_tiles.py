@@ -272,7 +272,7 @@ def test_each_variant_is_compiled_with_vectors_of_its_width(variant, register, w
     if {"avx512": "AVX-512", "avx2": "AVX2"}[variant] not in compiled:
         pytest.skip(f"{variant} was not compiled in on this platform")
     functions = _disassembly()
-    for name in ("item", "btile", "shead"):  # the forward's work item, the backward's tile, the statistics' head
+    for name in ("item", "btile", "shead", "ditem"):  # forward's work item, backward's tile, statistics' head, decode's chunk
         code = functions.get(f"{name}_{variant}")
         assert code is not None, f"no {name}_{variant} symbol in the extension (stripped?): {sorted(functions)[:20]}"
         assert len(re.findall(rf"%{register}\d+", code)) > 20, f"{name}_{variant} uses no {register} registers"

@@ -318,3 +318,30 @@ def test_a_dense_cache_past_the_positions_says_which_cache_allows_it(decoder_fol
     encoder = Transformer(TransformerConfig(vocab_size=10, d_model=16, num_layers=1, num_heads=2, causal=False))
     with pytest.raises(ValueError, match="generate needs a causal decoder"):
         encoder.generate([[1, 2]], 2)
+
+
+@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "dense"), ("mistral", "window")])
+def test_the_compiled_decode_pass_generates_what_torch_does(decoder_folder, family, cache, monkeypatch):
+    """backend="kernel": each one-token step (GQA, the cache's lengths, a band) goes through kernel.decode."""
+    from attnlab.backends import kernel
+
+    if kernel.isa() is None:
+        pytest.skip("the compiled kernel was not built here")
+    steps = []
+    real = kernel.decode
+    monkeypatch.setattr(kernel, "decode", lambda *a, **kw: steps.append(a[1].shape) or real(*a, **kw))
+    g = _model(decoder_folder, family, "float32", "kernel").generate([PROMPT], 40, cache=cache)
+    want = _model(decoder_folder, family, "float32", "torch").generate([PROMPT], 40, cache=cache)
+    assert float((g.logits - want.logits).abs().max()) < 1e-4
+    assert len(steps) >= 2 * 39  # two layers, every decoded step (and the prompt: 9 rows)
+
+
+def test_generate_leaves_each_steps_backend_to_auto(decoder_folder, monkeypatch):
+    """Not told a backend, every attention call of generate() is auto's (which measures decoding on this machine)."""
+    from attnlab.transformer import Transformer, model
+
+    asked = []
+    real = model.attention
+    monkeypatch.setattr(model, "attention", lambda *a, **kw: asked.append(kw["backend"]) or real(*a, **kw))
+    Transformer.from_pretrained(decoder_folder("llama")).generate([PROMPT], 5)
+    assert asked and set(asked) == {"auto"}
