@@ -12,6 +12,10 @@ from attnlab.bench.sweep import BenchConfig
 from attnlab.cli.common import console, counter, err, ints, json_option, names, out_file, progress, status, write_json
 
 CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
+DECODE_HELP = ("Decoding instead: one query row per head (B = 1, H = 32, H_kv = 8, D = 128) against caches of --sizes "
+               "keys (default 4096 … 131072) in float32, bfloat16 and float16: time, GB/s of k and v, % of the read "
+               "bandwidth measured in the same run, ratios to SDPA and to the kernel's tiles path (--repeats, "
+               "--threads, --json apply).")
 CALIBRATE_HELP = ("Forget auto's cached timings and measure them again (float32 torch tensors (1, 1, 4096, 64) and "
                   "(1, 12, 1024, 64), full and causal); print the cache file and the backends auto chooses.")
 
@@ -73,8 +77,8 @@ def _print_check(rows: list, told: dict, kernel: Any, calibration: dict | None) 
 
 
 def bench(
-    sizes: str = typer.Option(",".join(map(str, BenchConfig.sizes)), "--sizes",
-                              help="Context lengths n, comma-separated (up to 65536)."),
+    sizes: str | None = typer.Option(None, "--sizes", help=f"Context lengths n, comma-separated (up to 65536; default "
+                                     f"{','.join(map(str, BenchConfig.sizes))}); with --decode the cache lengths."),
     heads: str = typer.Option(",".join(map(str, BenchConfig.heads)), "--heads", help="Head counts, comma-separated."),
     causal: str = typer.Option("both", "--causal", help="both, yes or no."),
     methods: str = typer.Option(",".join(METHODS), "--methods", help="Methods, comma-separated (benchmarks/README.md says what each is)."),
@@ -88,10 +92,15 @@ def bench(
     json_path: str | None = json_option(),
     png_path: str | None = typer.Option(None, "--png", metavar="PATH", help="Write the time and memory plot to this PNG.",
                                         callback=out_file("--png")),
+    decode: bool = typer.Option(False, "--decode", help=DECODE_HELP),
 ) -> None:
     """Time, GFLOP/s, % of GEMM, peak extra memory and error of each way to compute attention; auto's choice and why."""
     from attnlab.bench.sweep import run
 
+    if decode:
+        _bench_decode(sizes, repeats, threads, json_path)
+        return
+    sizes = sizes or ",".join(map(str, BenchConfig.sizes))
     if causal not in CAUSAL:
         raise ValueError(f"--causal must be both, yes or no, got {causal!r}")
     cfg = BenchConfig(sizes=ints("--sizes", sizes), heads=ints("--heads", heads), causal=CAUSAL[causal],
@@ -110,6 +119,33 @@ def bench(
     if write_json(json_path, result):
         return
     _print_bench(result)
+
+
+def _bench_decode(sizes: str | None, repeats: int, threads: int | None, json_path: str | None) -> None:
+    from attnlab.bench.decode import DecodeConfig, run
+
+    cfg = DecodeConfig(repeats=repeats, threads=threads, **({"lengths": ints("--sizes", sizes)} if sizes else {}))
+    bar, update = progress("benchmarking decoding")
+    tick = counter(update)
+    tick.total = len(cfg.lengths) * len(cfg.dtypes) * len(cfg.methods) * cfg.repeats
+    with bar:
+        result = run(cfg, tick).to_dict()
+    if write_json(json_path, result):
+        return
+    console.print(f"{result['machine']['cpu']}: reads memory at {result['bandwidth_gbs']:.1f} GB/s (a sum over "
+                  f"{8 * result['llc_bytes'] / 2**20:,.0f} MB, 8 times the last-level cache)", highlight=False)
+    table = Table(title=f"decoding: B = 1, H = {cfg.heads}, H_kv = {cfg.kv_heads}, D = {cfg.d}, one query row")
+    for col in ("dtype", "keys", "method", "ms", "GB/s", "% bandwidth", "× SDPA", "× tiles", "note"):
+        table.add_column(col, justify="left" if col in ("dtype", "method", "note") else "right")
+    for m in result["measurements"]:
+        if m["time_s"] is None:
+            table.add_row(m["dtype"], f"{m['n']:,}", m["method"], "", "", "", "", "", f"skipped: {m['skipped']}")
+            continue
+        note = f"auto chose {m['backend']}" if m["backend"] else ""
+        table.add_row(m["dtype"], f"{m['n']:,}", m["method"], f"{m['time_s'] * 1e3:,.3f}", f"{m['gbs']:.1f}",
+                      f"{m['pct_of_bandwidth']:.0f} %", "" if m["vs_sdpa"] is None else f"{m['vs_sdpa']:.2f}",
+                      "" if m["vs_tiles"] is None else f"{m['vs_tiles']:.2f}", note)
+    console.print(table)
 
 
 def _print_bench(result: dict) -> None:

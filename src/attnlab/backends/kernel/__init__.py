@@ -212,10 +212,11 @@ def _rows_contiguous(x: Any) -> bool:
 
 
 def _decodes(call: Call) -> bool:
-    """The call fits the decode pass: few rows, (B, H, T, ·) inputs, k/v stored as it reads them, no gradients."""
+    """The call fits the decode pass: few rows, (B, H, T, ·) inputs, k/v stored as it reads them, no gradients
+    (nor a block size: that is the tiles' parameter)."""
     p, r = call.problem, call.request
     q, k, v = call.q, call.k, call.v
-    if p.tq > DECODE_MAX_TQ or r.grad or r.weights_rows or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    if p.tq > DECODE_MAX_TQ or r.grad or r.weights_rows or r.block_size or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         return False
     if not (q.shape[0] == k.shape[0] == v.shape[0] and q.shape[1] % k.shape[1] == 0):
         return False  # a broadcast batch: the tiles path
