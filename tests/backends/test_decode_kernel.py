@@ -48,7 +48,7 @@ def _cache(name, b=2, h=8, hkv=2, tq=1, tk=97, d=64, dv=None):
 def _expected(q, k, v, lengths=None, causal=False, window=None):
     """float64 out and LSE, the mask from the per-sequence rule: query i of b at lengths[b] − Tq + i."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    b, h, tq, d = q.shape
+    b, h, tq, _ = q.shape
     tk, g = k.shape[2], h // k.shape[1]
     k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)  # (B, H, Tk, ·)
     n = np.full(b, tk) if lengths is None else np.asarray(lengths)
@@ -74,14 +74,14 @@ def _check(got, want, tol=2e-5):
 
 
 CASES = {  # (shapes, decode's arguments)
-    "mha-tq1-97": (dict(h=4, hkv=4, tk=97, d=59, dv=40), dict(causal=True)),
-    "gqa4-tq1-4099-ragged": (dict(b=3, tk=4099, d=64), dict(causal=True, lengths=[0, 4099, 1234])),
-    "gqa8-tq4-causal-ragged": (dict(b=2, h=16, hkv=2, tq=4, tk=1500, d=32), dict(causal=True, lengths=[3, 1500])),
-    "gqa4-tq4-window": (dict(tq=4, tk=3000, d=16), dict(causal=True, window=(700, 0), lengths=[2999, 1800])),
-    "gqa1-tq4-two-sided-window": (dict(h=2, hkv=2, tq=4, tk=600, d=24), dict(window=(50, 7), lengths=[600, 99])),
-    "gqa8-full-no-lengths": (dict(b=1, h=8, hkv=1, tq=3, tk=513, d=128), dict()),
-    "tq-beyond-lengths": (dict(tq=4, tk=40, d=8), dict(causal=True, lengths=[2, 0])),
-    "one-head-100003": (dict(b=1, h=4, hkv=1, tk=100_003, d=16), dict(causal=True)),
+    "mha-tq1-97": ({"h": 4, "hkv": 4, "tk": 97, "d": 59, "dv": 40}, {"causal": True}),
+    "gqa4-tq1-4099-ragged": ({"b": 3, "tk": 4099, "d": 64}, {"causal": True, "lengths": [0, 4099, 1234]}),
+    "gqa8-tq4-causal-ragged": ({"b": 2, "h": 16, "hkv": 2, "tq": 4, "tk": 1500, "d": 32}, {"causal": True, "lengths": [3, 1500]}),
+    "gqa4-tq4-window": ({"tq": 4, "tk": 3000, "d": 16}, {"causal": True, "window": (700, 0), "lengths": [2999, 1800]}),
+    "gqa1-tq4-two-sided-window": ({"h": 2, "hkv": 2, "tq": 4, "tk": 600, "d": 24}, {"window": (50, 7), "lengths": [600, 99]}),
+    "gqa8-full-no-lengths": ({"b": 1, "h": 8, "hkv": 1, "tq": 3, "tk": 513, "d": 128}, {}),
+    "tq-beyond-lengths": ({"tq": 4, "tk": 40, "d": 8}, {"causal": True, "lengths": [2, 0]}),
+    "one-head-100003": ({"b": 1, "h": 4, "hkv": 1, "tk": 100_003, "d": 16}, {"causal": True}),
 }
 
 

@@ -181,3 +181,44 @@ def test_cli_check_calibrate_forgets_the_cache_and_lists_autos_choices(tmp_path,
     shapes = {(tuple(c["shape"]), c["causal"]) for c in cal["choices"]}
     assert shapes == {((1, 1, 4096, 64), False), ((1, 1, 4096, 64), True), ((1, 12, 1024, 64), False), ((1, 12, 1024, 64), True)}
     assert all(c["backend"] in c["reason"] and c["measured"] is False for c in cal["choices"])
+
+
+def test_decode_config_rejects_bad_values():
+    from attnlab.bench.decode import DecodeConfig
+
+    with pytest.raises(ValueError, match="lengths must be ints >= 1"):
+        DecodeConfig(lengths=(0,))
+    with pytest.raises(ValueError, match="dtypes must be among float32, bfloat16, float16, got float64"):
+        DecodeConfig(dtypes=("float64",))
+    with pytest.raises(ValueError, match="heads must be a multiple of kv_heads, got 32 and 6"):
+        DecodeConfig(kv_heads=6)
+
+
+def test_the_decode_benchmark_calls_attention_as_generate_does():
+    """Its "generate" method passes what the KV cache's read of a dense one-token step passes."""
+    import torch
+
+    from attnlab.bench.decode import GENERATE_KWARGS
+    from attnlab.transformer.cache import KVCache, LayerCache
+
+    cache = KVCache([LayerCache(1, 2, 8, 16, torch.float32, "cpu")])
+    cache.lengths = torch.tensor([5])
+    step = cache.begin(torch.tensor([1]), 1)
+    kw = cache.update(0, step, torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8)).kwargs()
+    assert {n: x for n, x in kw.items() if n != "lengths"} == GENERATE_KWARGS and kw["lengths"].tolist() == [6]
+
+
+def test_cli_bench_decode_reports_bytes_read_over_time(capsys):
+    from attnlab.bench.decode import DECODE_METHODS, STORED, DecodeConfig
+
+    assert main(["bench", "--decode", "--sizes", "64", "--repeats", "1", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bandwidth_gbs"] > 0 and data["llc_bytes"] > 0
+    ms = data["measurements"]
+    assert {(m["dtype"], m["method"]) for m in ms} == {(d, m) for d in STORED for m in DECODE_METHODS}
+    cfg = DecodeConfig(lengths=(64,))
+    for m in ms:
+        assert m["gbs"] == pytest.approx(cfg.cache_bytes(64, m["dtype"]) / m["time_s"] / 1e9)
+        assert m["caches"] * cfg.cache_bytes(64, m["dtype"]) >= min(64 * cfg.cache_bytes(64, m["dtype"]),
+                                                                    2 * data["llc_bytes"])
+    assert all(m["backend"] for m in ms if m["method"] == "generate")

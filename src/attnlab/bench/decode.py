@@ -106,7 +106,8 @@ def llc_bytes() -> int:
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         try:
-            text = open(path).read().strip()
+            with open(path) as f:
+                text = f.read().strip()
             sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
         except (OSError, ValueError):
             pass
