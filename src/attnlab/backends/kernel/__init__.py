@@ -2,14 +2,16 @@
 
 Built at install when a C compiler with OpenMP is there (``pyproject.toml``: an optional
 extension); without it the backend refuses every call and says so, and ``blockwise`` (the same
-algorithm as a Python loop) serves them. Float16/bfloat16 inputs are computed in float32.
+algorithm as a Python loop) serves them. Float16/bfloat16 inputs are computed in float32 (the decode pass reads them as stored).
 
 What it serves: q, k, v on the CPU (NumPy or torch) with a band (causal, sliding window,
 bottom-right aligned) and key-padding lengths; not a dense mask or a bias. Its tiles: ``BLOCK`` =
 96 query rows × 512 keys (a 192 kB score tile, inside a core's L2); a key block is rounded up to
 whole vectors of keys (16 with AVX-512). Gradients: FlashAttention-2's backward compiled beside
 the forward (:func:`backward`, the twin of :func:`attnlab.backends.online.backward`), tiles of
-``BACKWARD_BLOCK``, deterministic for any thread count. Threads: OpenMP's default, which torch shares
+``BACKWARD_BLOCK``, deterministic for any thread count. Decoding: calls of at most
+:data:`DECODE_MAX_TQ` query rows go to :func:`decode`, which splits the cache into chunks over the
+threads, reads each k/v head once for its whole GQA group and reads 16-bit caches as stored. Threads: OpenMP's default, which torch shares
 (the process has one libgomp): ``torch.set_num_threads(n)`` or ``OMP_NUM_THREADS``, else every CPU.
 The best instruction-set variant this CPU runs is used; ``ATTNLAB_KERNEL_ISA`` (e.g. ``AVX2``) picks
 another one at import, to measure how a machine without the better one would fare.
@@ -267,7 +269,8 @@ def _band(tiling: Tiling) -> tuple[np.ndarray | None, int, int]:
 
 class KernelBackend(Backend):
     name = "kernel"
-    summary = "the blockwise online softmax compiled (C, OpenMP, SIMD): float32 on the CPU, band, padding, LSE, gradients"
+    summary = ("the blockwise online softmax compiled (C, OpenMP, SIMD): float32 on the CPU, band, padding, LSE, "
+               "gradients; a decode pass for few query rows")
     supports = Supports(
         libraries=frozenset({"numpy", "torch"}),
         devices="cpu",
