@@ -103,27 +103,52 @@ static inline TARGET VF F(dots)(const float *restrict q, const float *restrict k
     return F(fold)(c);
 }
 
-/* acc[dvp] += sum over keys u in [a, z) of p[u] v[u] (v's rows ldv apart). */
-static inline TARGET void F(pv_row)(const float *restrict p, int64_t a, int64_t z, const float *restrict v, int64_t ldv,
-                                    int64_t dvp, float *restrict acc) {
-    int64_t t = 0;
-    for (; t + 4 * VW <= dvp; t += 4 * VW) {
-        VF c0 = *(VF *)(acc + t), c1 = *(VF *)(acc + t + VW), c2 = *(VF *)(acc + t + 2 * VW), c3 = *(VF *)(acc + t + 3 * VW);
-        for (int64_t u = a; u < z; u++) {
-            const float w = p[u];
-            const float *row = v + u * ldv + t;
-            c0 += w * *(const VFU *)row;
-            c1 += w * *(const VFU *)(row + VW);
-            c2 += w * *(const VFU *)(row + 2 * VW);
-            c3 += w * *(const VFU *)(row + 3 * VW);
-        }
-        *(VF *)(acc + t) = c0, *(VF *)(acc + t + VW) = c1, *(VF *)(acc + t + 2 * VW) = c2, *(VF *)(acc + t + 3 * VW) = c3;
+/* acc[r][dvp] += sum over keys u in [a, z) of p[r][u] v[u] for NR rows (p's rows VW apart, acc's dvp,
+ * v's ldv): each row of v loaded once for the NR rows, 4 vectors of columns at a time. */
+#define PVG(NAME, NR)                                                                                          \
+    static inline TARGET void F(NAME)(const float *restrict p, int64_t a, int64_t z, const float *restrict v,  \
+                                      int64_t ldv, int64_t dvp, float *restrict acc) {                         \
+        int64_t t = 0;                                                                                         \
+        for (; t + 4 * VW <= dvp; t += 4 * VW) {                                                               \
+            VF c[NR][4];                                                                                       \
+            for (int r = 0; r < NR; r++)                                                                       \
+                for (int i = 0; i < 4; i++) c[r][i] = *(const VF *)(acc + r * dvp + t + i * VW);               \
+            for (int64_t u = a; u < z; u++) {                                                                  \
+                const float *row = v + u * ldv + t;                                                            \
+                const VF b0 = *(const VFU *)row, b1 = *(const VFU *)(row + VW), b2 = *(const VFU *)(row + 2 * VW); \
+                const VF b3 = *(const VFU *)(row + 3 * VW);                                                    \
+                for (int r = 0; r < NR; r++) {                                                                 \
+                    const float w = p[r * VW + u];                                                             \
+                    c[r][0] += w * b0, c[r][1] += w * b1, c[r][2] += w * b2, c[r][3] += w * b3;                \
+                }                                                                                              \
+            }                                                                                                  \
+            for (int r = 0; r < NR; r++)                                                                       \
+                for (int i = 0; i < 4; i++) *(VF *)(acc + r * dvp + t + i * VW) = c[r][i];                     \
+        }                                                                                                      \
+        for (; t < dvp; t += VW) {                                                                             \
+            VF c[NR];                                                                                          \
+            for (int r = 0; r < NR; r++) c[r] = *(const VF *)(acc + r * dvp + t);                              \
+            for (int64_t u = a; u < z; u++) {                                                                  \
+                const VF b0 = *(const VFU *)(v + u * ldv + t);                                                 \
+                for (int r = 0; r < NR; r++) c[r] += p[r * VW + u] * b0;                                       \
+            }                                                                                                  \
+            for (int r = 0; r < NR; r++) *(VF *)(acc + r * dvp + t) = c[r];                                    \
+        }                                                                                                      \
     }
-    for (; t < dvp; t += VW) {
-        VF c0 = *(VF *)(acc + t);
-        for (int64_t u = a; u < z; u++) c0 += p[u] * *(const VFU *)(v + u * ldv + t);
-        *(VF *)(acc + t) = c0;
-    }
+PVG(pv_rows1, 1)
+PVG(pv_rows2, 2)
+#if VW == 16
+PVG(pv_rows4, 4) /* 16 accumulators: AVX-512 has the registers, AVX2 and the baseline pair their rows */
+#define PV_ROWS 4
+#else
+#define PV_ROWS 2
+#endif
+#undef PVG
+
+/* Keys j + [*a, *z) of a block of nk are those a query with keys bound[0] .. bound[1] - 1 sees. */
+static inline TARGET void F(seen_in)(const int64_t *bound, int64_t j, int64_t nk, int64_t *a, int64_t *z) {
+    *a = bound[0] - j > 0 ? bound[0] - j : 0;
+    *z = bound[1] - j < nk ? bound[1] - j : nk;
 }
 
 /* One work item: chunk it % chunks of (sequence b, k/v head hk), it / chunks = b Hkv + hk, for the group's
@@ -139,8 +164,8 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     decode_chunk(pr, b, it % pr->chunks, &j0, &j1);
     if (j1 <= j0) return;
     float *restrict q = scr, *restrict kf = q + rows * dp, *restrict vf = kf + VW * dp, *restrict lv = vf + VW * dvp;
-    float *restrict p = lv + rows * VW;
-    int64_t *bound = (int64_t *)(p + VW); /* each query's keys [lo, hi) */
+    float *restrict p = lv + rows * VW; /* (rows, VW) weights of the block */
+    int64_t *bound = (int64_t *)(p + rows * VW); /* each query's keys [lo, hi) */
     for (int64_t i = 0; i < tq; i++) decode_row(pr, b, i, bound + 2 * i, bound + 2 * i + 1);
     const float mul = pr->scale * 1.4426950408889634f; /* scores in base 2: exp2 instead of exp */
     const float *src = (const float *)pr->q + (b * pr->h + hk * pr->g) * tq * d; /* the group's rows, contiguous */
@@ -164,11 +189,13 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             F(stage)(kh + j * d * item, pr->kvtype, nk, d, kf, dp);
             F(stage)(vh + j * dv * item, pr->kvtype, nk, dv, vf, dvp);
         }
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t i = r % tq;
-            const int64_t a = bound[2 * i] - j > 0 ? bound[2 * i] - j : 0;
-            const int64_t z = bound[2 * i + 1] - j < nk ? bound[2 * i + 1] - j : nk; /* the row sees keys j + [a, z) */
-            if (z <= a) continue;
+        for (int64_t r = 0; r < rows; r++) { /* each row's weights of the block: p[r] (0 where unseen) */
+            int64_t a, z; /* the row sees keys j + [a, z) */
+            F(seen_in)(bound + 2 * (r % tq), j, nk, &a, &z);
+            if (z <= a) {
+                *(VF *)(p + r * VW) = (VF){};
+                continue;
+            }
             const VI seen = (lane >= (int32_t)a) & (lane < (int32_t)z);
             const VF s = F(select)(seen, F(dots)(q + r * dp, kb, ldk, dp), (VF){} - INFINITY);
             float top = m[r];
@@ -181,8 +208,29 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             }
             const VF e = F(exp2v)(s - m[r]);
             *(VF *)(lv + r * VW) += e;
-            *(VF *)p = e;
-            F(pv_row)(p, a, z, vb, ldv, dvp, acc + r * dvp);
+            *(VF *)(p + r * VW) = e;
+        }
+        for (int64_t r = 0; r < rows; r += PV_ROWS) { /* acc += p v, PV_ROWS rows sharing each row of v */
+            const int64_t nr = rows - r < PV_ROWS ? rows - r : PV_ROWS;
+            int64_t a = nk, z = 0; /* the keys some row of them sees */
+            for (int64_t x = r; x < r + nr; x++) {
+                int64_t xa, xz;
+                F(seen_in)(bound + 2 * (x % tq), j, nk, &xa, &xz);
+                if (xz > xa) a = xa < a ? xa : a, z = xz > z ? xz : z;
+            }
+            if (z <= a) continue;
+#if PV_ROWS == 4
+            if (nr == 4) {
+                F(pv_rows4)(p + r * VW, a, z, vb, ldv, dvp, acc + r * dvp);
+                continue;
+            }
+#endif
+            for (int64_t x = r; x < r + nr; x += 2) {
+                if (r + nr - x >= 2)
+                    F(pv_rows2)(p + x * VW, a, z, vb, ldv, dvp, acc + x * dvp);
+                else
+                    F(pv_rows1)(p + x * VW, a, z, vb, ldv, dvp, acc + x * dvp);
+            }
         }
     }
     for (int64_t r = 0; r < rows; r++)
@@ -233,7 +281,7 @@ static TARGET int F(drun)(struct dproblem *pr) {
     float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * pr->part)));
     if (!parts) return -1;
     pr->parts = parts;
-    const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + VW) + VW * (pr->dp + pr->dvp + 1) + 4 * pr->tq);
+    const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 4 * pr->tq);
     int64_t next = 0;
     int failed = 0;
 #pragma omp parallel num_threads(pr->threads)
@@ -269,4 +317,5 @@ static TARGET int F(drun)(struct dproblem *pr) {
 #undef LO1
 #undef HI1
 #undef VH
+#undef PV_ROWS
 #undef CVTPH
