@@ -104,9 +104,10 @@ static inline TARGET VF F(dots)(const float *restrict q, const float *restrict k
 }
 
 /* acc[r][dvp] += sum over keys u in [a, z) of p[r][u] v[u] for NR rows (p's rows VW apart, acc's dvp,
- * v's ldv): each row of v loaded once for the NR rows, 4 vectors of columns at a time. */
-#define PVG(NAME, NR)                                                                                          \
-    static inline TARGET void F(NAME)(const float *restrict p, int64_t a, int64_t z, const float *restrict v,  \
+ * v's ldv items of type ELEM, LOAD(x) the VW values at x as floats): each row of v loaded (and converted)
+ * once for the NR rows, 4 vectors of columns at a time. */
+#define PVG(NAME, NR, ELEM, LOAD)                                                                              \
+    static inline TARGET void F(NAME)(const float *restrict p, int64_t a, int64_t z, const ELEM *restrict v,   \
                                       int64_t ldv, int64_t dvp, float *restrict acc) {                         \
         int64_t t = 0;                                                                                         \
         for (; t + 4 * VW <= dvp; t += 4 * VW) {                                                               \
@@ -114,9 +115,8 @@ static inline TARGET VF F(dots)(const float *restrict q, const float *restrict k
             for (int r = 0; r < NR; r++)                                                                       \
                 for (int i = 0; i < 4; i++) c[r][i] = *(const VF *)(acc + r * dvp + t + i * VW);               \
             for (int64_t u = a; u < z; u++) {                                                                  \
-                const float *row = v + u * ldv + t;                                                            \
-                const VF b0 = *(const VFU *)row, b1 = *(const VFU *)(row + VW), b2 = *(const VFU *)(row + 2 * VW); \
-                const VF b3 = *(const VFU *)(row + 3 * VW);                                                    \
+                const ELEM *row = v + u * ldv + t;                                                             \
+                const VF b0 = LOAD(row), b1 = LOAD(row + VW), b2 = LOAD(row + 2 * VW), b3 = LOAD(row + 3 * VW);  \
                 for (int r = 0; r < NR; r++) {                                                                 \
                     const float w = p[r * VW + u];                                                             \
                     c[r][0] += w * b0, c[r][1] += w * b1, c[r][2] += w * b2, c[r][3] += w * b3;                \
@@ -129,21 +129,55 @@ static inline TARGET VF F(dots)(const float *restrict q, const float *restrict k
             VF c[NR];                                                                                          \
             for (int r = 0; r < NR; r++) c[r] = *(const VF *)(acc + r * dvp + t);                              \
             for (int64_t u = a; u < z; u++) {                                                                  \
-                const VF b0 = *(const VFU *)(v + u * ldv + t);                                                 \
+                const VF b0 = LOAD(v + u * ldv + t);                                                           \
                 for (int r = 0; r < NR; r++) c[r] += p[r * VW + u] * b0;                                       \
             }                                                                                                  \
             for (int r = 0; r < NR; r++) *(VF *)(acc + r * dvp + t) = c[r];                                    \
         }                                                                                                      \
     }
-PVG(pv_rows1, 1)
-PVG(pv_rows2, 2)
-#if VW == 16
-PVG(pv_rows4, 4) /* 16 accumulators: AVX-512 has the registers, AVX2 and the baseline pair their rows */
+#define LOAD_F32(x) (*(const VFU *)(x))
+#define LOAD_BF16(x) F(bf16v)(x)
+#define LOAD_F16(x) CVTPH(x)
+#define PVGS(T, ELEM, LOAD) PVG(CAT(pv1, T), 1, ELEM, LOAD) PVG(CAT(pv2, T), 2, ELEM, LOAD) PVG4(CAT(pv4, T), ELEM, LOAD)
+#if VW == 16 /* 16 accumulators: AVX-512 has the registers, AVX2 and the baseline pair their rows */
+#define PVG4(NAME, ELEM, LOAD) PVG(NAME, 4, ELEM, LOAD)
 #define PV_ROWS 4
 #else
+#define PVG4(NAME, ELEM, LOAD)
 #define PV_ROWS 2
 #endif
+PVGS(f32, float, LOAD_F32)
+PVGS(bf16, uint16_t, LOAD_BF16)
+PVGS(f16, uint16_t, LOAD_F16)
+
+/* pv for nr (1, 2 or PV_ROWS) rows of v stored as `type` */
+static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64_t a, int64_t z, const void *v,
+                                     int64_t ldv, int64_t dvp, float *acc) {
+#define PV_CASE(T, ELEM)                                                                                       \
+    if (nr == 1) F(CAT(pv1, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);                                      \
+    else if (nr == 2) F(CAT(pv2, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);                                 \
+    else PV4_CALL(T, ELEM)
+#if VW == 16
+#define PV4_CALL(T, ELEM) F(CAT(pv4, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);
+#else
+#define PV4_CALL(T, ELEM) {}
+#endif
+    if (type == DT_F32) {
+        PV_CASE(f32, float)
+    } else if (type == DT_BF16) {
+        PV_CASE(bf16, uint16_t)
+    } else {
+        PV_CASE(f16, uint16_t)
+    }
+#undef PV_CASE
+#undef PV4_CALL
+}
+#undef PVGS
+#undef PVG4
 #undef PVG
+#undef LOAD_F32
+#undef LOAD_BF16
+#undef LOAD_F16
 
 /* Keys j + [*a, *z) of a block of nk are those a query with keys bound[0] .. bound[1] - 1 sees. */
 static inline TARGET void F(seen_in)(const int64_t *bound, int64_t j, int64_t nk, int64_t *a, int64_t *z) {
@@ -176,19 +210,26 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     const size_t item = pr->kvtype == DT_F32 ? 4 : 2;
     const char *kh = (const char *)pr->k + (b * pr->kb + hk * pr->kh) * item;
     const char *vh = (const char *)pr->v + (b * pr->vb + hk * pr->vh) * item;
-    const int direct = pr->kvtype == DT_F32 && dp == d && dvp == dv; /* whole float32 blocks: read in place */
+    /* read in place: whole blocks of float32 keys; values of any dtype, converted as loaded, where their
+     * rows are whole vectors (else staged in L1, padded) */
+    const int k_direct = pr->kvtype == DT_F32 && dp == d, v_direct = dvp == dv;
     VI lane;
     for (int u = 0; u < VW; u++) lane[u] = u;
     for (int64_t j = j0; j < j1; j += VW) {
         const int64_t nk = j1 - j < VW ? j1 - j : VW;
-        const float *kb = kf, *vb = vf;
-        int64_t ldk = dp, ldv = dvp;
-        if (direct && nk == VW) {
-            kb = (const float *)kh + j * d, vb = (const float *)vh + j * dv, ldk = d, ldv = dv;
-        } else {
+        const float *kb = kf;
+        int64_t ldk = dp;
+        if (k_direct && nk == VW)
+            kb = (const float *)kh + j * d, ldk = d;
+        else
             F(stage)(kh + j * d * item, pr->kvtype, nk, d, kf, dp);
+        const void *vb = vf; /* the block's values: rows u in [0, nk) */
+        int64_t ldv = dvp;
+        int vtype = DT_F32;
+        if (v_direct)
+            vb = vh + j * dv * item, ldv = dv, vtype = pr->kvtype;
+        else
             F(stage)(vh + j * dv * item, pr->kvtype, nk, dv, vf, dvp);
-        }
         for (int64_t r = 0; r < rows; r++) { /* each row's weights of the block: p[r] (0 where unseen) */
             int64_t a, z; /* the row sees keys j + [a, z) */
             F(seen_in)(bound + 2 * (r % tq), j, nk, &a, &z);
@@ -219,18 +260,12 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                 if (xz > xa) a = xa < a ? xa : a, z = xz > z ? xz : z;
             }
             if (z <= a) continue;
-#if PV_ROWS == 4
-            if (nr == 4) {
-                F(pv_rows4)(p + r * VW, a, z, vb, ldv, dvp, acc + r * dvp);
+            if (nr == PV_ROWS) {
+                F(pv_rows)(vtype, nr, p + r * VW, a, z, vb, ldv, dvp, acc + r * dvp);
                 continue;
             }
-#endif
-            for (int64_t x = r; x < r + nr; x += 2) {
-                if (r + nr - x >= 2)
-                    F(pv_rows2)(p + x * VW, a, z, vb, ldv, dvp, acc + x * dvp);
-                else
-                    F(pv_rows1)(p + x * VW, a, z, vb, ldv, dvp, acc + x * dvp);
-            }
+            for (int64_t x = r; x < r + nr; x += 2)
+                F(pv_rows)(vtype, r + nr - x >= 2 ? 2 : 1, p + x * VW, a, z, vb, ldv, dvp, acc + x * dvp);
         }
     }
     for (int64_t r = 0; r < rows; r++)
