@@ -3,9 +3,10 @@
  * A few query rows (Tq of them, for the G query heads of a key/value head: G Tq rows) against a long
  * cache: the work is reading the keys and values, so each is read once. A work item is one chunk of
  * one (sequence, k/v head)'s keys: every row of the group meets each key block (VW keys) while it is
- * in L1, so grouped-query attention reads each k/v head once, not G times. Keys are used as stored:
- * float32 straight from the cache, bfloat16 and float16 converted a block at a time into L1 (a
- * shift; F16C's or AVX-512's vcvtph2ps; bit arithmetic on the baseline). Scores: for each row,
+ * in L1, so grouped-query attention reads each k/v head once, not G times. Keys and values are used
+ * as stored: float32 keys straight from the cache, bfloat16 and float16 keys converted a block at a
+ * time into L1 (a shift; F16C's or AVX-512's vcvtph2ps; bit arithmetic on the baseline), values
+ * converted as each row is loaded for up to PV_ROWS rows at once. Scores: for each row,
  * VW dot products over D folded into one vector of VW scores by a tree of shuffles. Each item keeps
  * its rows' running maxima, sums and unnormalised outputs (FlashDecoding's partial results); after
  * every item is done each row merges its chunks by their log-sum-exp, in chunk order. Chunks come
