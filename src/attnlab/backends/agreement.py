@@ -12,8 +12,6 @@ backend that refuses a case says why; that is not a failure.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -23,6 +21,7 @@ import numpy as np
 
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import BACKENDS, refusals
+from attnlab.backends.options import Options
 from attnlab.backends.request import Request, prepare
 from attnlab.reference import attention as reference
 from attnlab.reference.masks import causal_mask, window_mask
@@ -120,29 +119,33 @@ def allowed_of(
     return allowed
 
 
-def reference_of(
-    q: Any, k: Any, v: Any, *, causal: bool = False, window: Any = None, lengths: Any = None, mask: Any = None,
-    bias: Any = None, scale: float | None = None, return_weights: bool = False, return_lse: bool = False,
-) -> Any:
-    """What attention() must return, by the float64 spec alone: ``attention()``'s options (NumPy values)
-    written out as repeated key/value heads and one dense mask (:func:`allowed_of`).
+def reference_of(q: Any, k: Any, v: Any, **options: Any) -> Any:
+    """What attention() must return, by the float64 spec alone: ``attention()``'s options (NumPy values,
+    :class:`~attnlab.backends.options.Options`) written out as repeated key/value heads and one dense
+    mask (:func:`allowed_of`).
 
     Grouped-query heads are repeated (query head h uses key/value head h // G). Returns ``out``, or
     a tuple ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)`` as asked, in float64.
     """
+    o = Options.of(options, caller="reference_of()")
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     if q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] not in (1, q.shape[-3]):
         g = q.shape[-3] // k.shape[-3]
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
-    allowed = allowed_of(q.shape[-2], k.shape[-2], causal=causal, window=window, lengths=lengths, mask=mask,
+    allowed = allowed_of(q.shape[-2], k.shape[-2], causal=o.causal, window=o.window, lengths=o.lengths, mask=o.mask,
                          batch_dims=q.ndim - 2)
-    bias = None if bias is None else np.asarray(bias, np.float64)
-    res = reference.attention(q, k, v, mask=allowed, bias=bias, scale=scale, return_weights=return_weights)
-    if not return_lse:
+    bias = None if o.bias is None else np.asarray(o.bias, np.float64)
+    res = reference.attention(q, k, v, mask=allowed, bias=bias, scale=o.scale, return_weights=o.wants_weights,
+                              softcap=o.softcap)
+    if o.weights_rows is not None:
+        res = (res[0], res[1][..., np.asarray(o.weights_rows).reshape(-1), :])
+    if not o.return_lse:
         return res
-    s = reference.scores(q, k, scale=scale) + (0.0 if bias is None else bias)
-    lse = reference.logsumexp(np.where(allowed, s, -np.inf))
-    return (*res, lse) if return_weights else (res, lse)
+    s = reference.scores(q, k, scale=o.scale)
+    if o.softcap is not None:
+        s = o.softcap * np.tanh(s / o.softcap)
+    lse = reference.logsumexp(np.where(allowed, s + (0.0 if bias is None else bias), -np.inf))
+    return (*res, lse) if o.wants_weights else (res, lse)
 
 
 # ------------------------------------------------------------------ running a case
@@ -190,16 +193,9 @@ def _exact(args: tuple, kwargs: dict[str, Any], **flags: Any) -> Any:
     return reference_of(*(to_float64(x) for x in args), **{n: to_float64(x) for n, x in kwargs.items()}, **flags)
 
 
-@functools.cache
-def _defaults() -> dict[str, Any]:
-    """attention()'s keywords and their defaults, which prepare() takes all of (but the backend's name)."""
-    params = inspect.signature(attention).parameters.values()
-    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "backend"}
-
-
-def request_of(q: Any, k: Any, v: Any, **kwargs: Any) -> Request:
-    """The request that ``attention(q, k, v, **kwargs)`` shows the backends (without the backend's name)."""
-    return prepare(q, k, v, **{**_defaults(), **kwargs}).request
+def request_of(q: Any, k: Any, v: Any, **options: Any) -> Request:
+    """The request that ``attention(q, k, v, **options)`` shows the backends (without the backend's name)."""
+    return prepare(q, k, v, Options.of(options)).request
 
 
 @dataclass(frozen=True, eq=False)

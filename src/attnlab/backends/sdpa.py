@@ -63,7 +63,7 @@ class SdpaBackend(Backend):
         import torch
         import torch.nn.functional as F
 
-        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.bias))
+        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.options.bias))
         batch = call.problem.batch
         gqa = call.problem.groups > 1
         kv_batch = (*batch[:-1], k.shape[-3]) if gqa else batch
