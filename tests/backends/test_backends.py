@@ -140,14 +140,18 @@ def test_check_rows_give_the_error_or_the_reasons():
 
 def test_reference_of_spells_out_each_option_as_a_mask_written_by_hand():
     """q (1, 2, 3, 2) over one key/value head (Tk = 4): both query heads see it. Causal with Tq < Tk is
-    bottom-right (query i sits at key i + 1), the window keeps keys pos − 1 .. pos, length 3 drops key 3."""
+    bottom-right (query i sits at key i + 1), the window keeps keys pos − 1 .. pos; with length 3 the
+    sequence's own end places query i at 3 − 3 + i = i, and key 3 is padding."""
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((1, 2, 3, 2)), rng.standard_normal((1, 1, 4, 2)), rng.standard_normal((1, 1, 4, 5))
-    by_hand = np.array([[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 0]], bool)
-    np.testing.assert_array_equal(allowed_of(3, 4, causal=True, window=1, lengths=[3], batch_dims=2), by_hand[None, None])
-    got = reference_of(q, k, v, causal=True, window=1, lengths=np.array([3]))
-    for h in range(2):
-        np.testing.assert_allclose(got[0, h], reference.attention(q[0, h], k[0, 0], v[0, 0], mask=by_hand), atol=1e-15)
+    bottom_right = np.array([[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]], bool)
+    by_length = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0]], bool)
+    np.testing.assert_array_equal(allowed_of(3, 4, causal=True, window=1), bottom_right)
+    np.testing.assert_array_equal(allowed_of(3, 4, causal=True, window=1, lengths=[3], batch_dims=2), by_length[None, None])
+    for options, by_hand in (({}, bottom_right), ({"lengths": np.array([3])}, by_length)):
+        got = reference_of(q, k, v, causal=True, window=1, **options)
+        for h in range(2):
+            np.testing.assert_allclose(got[0, h], reference.attention(q[0, h], k[0, 0], v[0, 0], mask=by_hand), atol=1e-15)
     out, lse = reference_of(q, k, v, mask=np.ones((3, 4), bool), bias=np.zeros((3, 4)), return_lse=True)
     s = np.einsum("hqd,kd->hqk", q[0], k[0, 0]) / np.sqrt(2)
     np.testing.assert_allclose(lse[0], np.log(np.exp(s).sum(-1)), atol=1e-12)

@@ -58,12 +58,14 @@ def _data(name, b=2, hq=2, hkv=None, tq=97, tk=None, d=59, dv=None, spread=1.0):
 
 
 def _allowed(tq, tk, causal=False, window=None, lengths=None):
+    """(Tq, Tk), or (B, 1, Tq, Tk) with lengths (B,): with causal each sequence's queries end at its length."""
     allowed = np.ones((tq, tk), bool)
+    ends = np.asarray(lengths)[:, None] if causal and lengths is not None else None  # (B, 1)
     if causal:
-        allowed = allowed & causal_mask(tq, tk)
+        allowed = allowed & causal_mask(tq, tk, lengths=ends)
     if window is not None:
         left, right = window if isinstance(window, tuple) else (window, window)
-        allowed = allowed & window_mask(tq, tk, left=left, right=right)
+        allowed = allowed & window_mask(tq, tk, left=left, right=right, lengths=ends)
     if lengths is not None:
         allowed = allowed & (np.arange(tk) < np.asarray(lengths)[:, None, None, None])
     return allowed

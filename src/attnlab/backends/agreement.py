@@ -24,7 +24,7 @@ from attnlab.backends.dispatch import BACKENDS, refusals
 from attnlab.backends.options import Options
 from attnlab.backends.request import Request, prepare
 from attnlab.reference import attention as reference
-from attnlab.reference.masks import causal_mask, window_mask
+from attnlab.reference.masks import by_batch, causal_mask, window_mask
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}  # absolute, outputs of unit scale
 LOW_PRECISION_FACTOR = 2.0  # float16/bfloat16: at most this times plain torch's error
@@ -73,7 +73,7 @@ def _cases() -> tuple[Case, ...]:
         Case("grouped-query causal", (2, 6, 41, 16), 2, 41, 16, (("causal", True),)),
         Case("sliding window (5, 2)", (2, 2, 70, 16), 2, 70, 16, (("window", (5, 2)),)),
         Case("causal sliding window 8", (1, 2, 70, 16), 2, 70, 16, (("window", 8), ("causal", True))),
-        # every key restriction at once: in the second sequence (23 keys) the last 17 query rows see none
+        # every key restriction at once: the second sequence (23 keys) places query i at 23 − 30 + i, so its first 7 rows see none
         Case("grouped-query, Tq<Tk, causal window, padding", (2, 4, 30, 16), 2, 50, 8,
              (("causal", True), ("window", 10), ("lengths", np.array([50, 23])))),
         Case("scale=1", (2, 2, 20, 8), 2, 20, 8, (("scale", 1.0),)),
@@ -105,14 +105,15 @@ def allowed_of(
 ) -> np.ndarray:
     """attention()'s causal, window, lengths and mask as one boolean mask (True = may attend), from
     :mod:`attnlab.reference.masks`: (Tq, Tk), or (*batch, Tq, Tk) broadcastable with ``lengths`` (ints over
-    the first of ``batch_dims`` leading dims; by default as many as ``lengths`` has)."""
-    allowed = causal_mask(tq, tk) if causal else np.ones((tq, tk), bool)
+    the first of ``batch_dims`` leading dims; by default as many as ``lengths`` has). With causal and
+    lengths the band is each sequence's own (query i of sequence b at lengths[b] − Tq + i)."""
+    n = None if lengths is None else by_batch(lengths, np.ndim(lengths) if batch_dims is None else batch_dims)
+    ends = n if causal else None
+    allowed = causal_mask(tq, tk, lengths=ends) if causal else np.ones((tq, tk), bool)
     if window is not None:
         left, right = window if isinstance(window, (tuple, list)) else (window, window)
-        allowed = allowed & window_mask(tq, tk, left=left, right=right)
-    if lengths is not None:
-        n = np.asarray(lengths)
-        n = n.reshape(n.shape + (1,) * ((n.ndim if batch_dims is None else batch_dims) - n.ndim))
+        allowed = allowed & window_mask(tq, tk, left=left, right=right, lengths=ends)
+    if n is not None:
         allowed = allowed & (np.arange(tk) < n[..., None, None])
     if mask is not None:
         allowed = allowed & np.asarray(mask)

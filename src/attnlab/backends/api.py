@@ -15,7 +15,9 @@ def attention(q: Any, k: Any, v: Any, *, backend: str = "auto", **options: Any) 
 
     Shapes: q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv), leading dims broadcast. k and v may
     have fewer heads (dim −3) than q, Hq = G·Hkv (grouped-query attention: query head h uses
-    key/value head h // G). The result has q's kind, device and dtype (promoted for NumPy).
+    key/value head h // G). k and v share one dtype; q has it too, or q is float32 and k, v are
+    float16 or bfloat16 (a 16-bit cache read by a float32 query). The result has q's kind, device
+    and dtype (NumPy arrays: their promoted dtype).
 
     backend: "auto", "numpy", "torch", "sdpa", "blockwise" or "kernel" (:mod:`attnlab.backends.dispatch`
         says what each serves). "auto" takes, among the backends that fit, the fastest on this

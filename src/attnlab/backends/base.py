@@ -32,6 +32,7 @@ FEATURES = {
     "bias_grad": "a gradient of the bias",
     "block_size": "a block size (block_size=)",
     "softcap": "logit softcapping (softcap=)",
+    "kv_dtype": "keys and values in another dtype than the query (a 16-bit cache under a float32 query)",
 }
 
 

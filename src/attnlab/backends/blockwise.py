@@ -71,11 +71,12 @@ def canonical(call: Call) -> Canonical:
             x = x.to(dtype) if torch_in else x.astype(dtype, copy=False)
         return xp.broadcast_to(x, (*p.batch, p.tq, p.tk)).reshape(*lead, groups, p.tq, p.tk)
 
-    klen = None
+    klen = ends = None
     if call.klen is not None:
-        klen = call.klen.reshape(b, groups)  # (B, G)
+        klen = ends = call.klen.reshape(b, groups)  # (B, G)
         klen = xp.from_numpy(np.array(klen)).to(q.device) if torch_in else klen
-    tiling = Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.options.mask), bias=view(call.options.bias))
+    tiling = Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.options.mask),
+                    bias=view(call.options.bias), ends=ends if call.options.by_length else None)
     return Canonical(q, k, v, tiling, torch_in)
 
 
@@ -145,7 +146,8 @@ class BlockwiseBackend(Backend):
         libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
-        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size"}),
+        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size",
+                            "kv_dtype"}),
         instead={"weights": "it never materialises (Tq, Tk); ask weights_rows= for the rows you need"},
     )
 

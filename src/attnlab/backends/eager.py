@@ -27,7 +27,7 @@ class TorchBackend(Backend):
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "lse", "grad", "bias_grad",
-                            "softcap"}),
+                            "softcap", "kv_dtype"}),
     )
 
     def more_refusals(self, r: Request) -> list[str]:
@@ -41,7 +41,7 @@ class TorchBackend(Backend):
 
         q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.options.bias))
         g = call.problem.groups
-        k, v = repeat_groups(k, g), repeat_groups(v, g)
+        k, v = repeat_groups(k.to(q.dtype), g), repeat_groups(v.to(q.dtype), g)  # a 16-bit cache: q's dtype
         s = torch.matmul(q, k.transpose(-1, -2)) * call.problem.scale  # (..., Tq, Tk)
         if call.options.softcap is not None:
             s = torch.tanh(s / call.options.softcap) * call.options.softcap

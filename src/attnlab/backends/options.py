@@ -22,10 +22,13 @@ from attnlab.reference import validate
 HELP = """\
 mask: bool, True = may attend, broadcastable to (..., Tq, Tk).
 bias: float added to the scores (−inf blocks a pair), broadcastable to (..., Tq, Tk).
-causal: query i sees keys up to its position pos(i) = Tk − Tq + i (bottom-right aligned when Tq ≠ Tk).
+causal: query i sees keys up to its position pos(i) = Tk − Tq + i (bottom-right aligned when Tq ≠ Tk,
+    decoding with a cache); with ``lengths``, each sequence's own: query i of sequence b sits at
+    pos(i) = lengths[b] − Tq + i (its last query is its newest token; rows before its first see nothing).
 scale: default 1/√D.
 window: sliding window, an int w (w keys each side) or (left, right): query i sees keys
-    pos(i) − left .. pos(i) + right (pos(i) as for ``causal``); with ``causal`` the right side is cut at 0.
+    pos(i) − left .. pos(i) + right (pos(i) as for ``causal``: with ``causal`` and ``lengths``, each
+    sequence's own); with ``causal`` the right side is cut at 0.
 lengths: key-padding lengths, ints shaped like the first batch dims (e.g. (B,) for q (B, H, T, D)):
     keys at positions ≥ length are padding.
 return_weights: also return every weight (..., Tq, Tk) (materialising backends only).
@@ -125,6 +128,12 @@ class Options:
         if self.window is not None:
             right = self.window[1] if right is None else min(right, self.window[1])
         return left, right
+
+    @property
+    def by_length(self) -> bool:
+        """The band is measured from each sequence's length: causal with ``lengths``, query i of sequence b
+        at position lengths[b] − Tq + i (else every sequence's at Tk − Tq + i)."""
+        return self.causal and self.lengths is not None
 
     @property
     def wants_weights(self) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 
 from attnlab.backends.options import Options
 from attnlab.reference import validate
-from attnlab.reference.masks import band_mask, combine
+from attnlab.reference.masks import band_mask, by_batch, combine
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class Request:
     bias_grad: bool  # ... and of the bias
     block_size: bool  # a block size was given (a blockwise parameter)
     softcap: bool  # logit softcapping (Gemma-2)
+    kv_dtype: bool  # k and v stored in another dtype than q (a 16-bit cache under a float32 query)
     visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
     score_bound: float = 0.0  # no score |scale·q·k + bias| exceeds this (Cauchy–Schwarz): what overflow checks use
 
@@ -69,23 +70,10 @@ class Call:
 
 
 def _lengths(lengths: Any, p: validate.Problem) -> np.ndarray | None:
-    """Key-padding lengths: ints shaped like the first dims of the batch, e.g. (B,) for (B, H, T, D)."""
+    """Key-padding lengths broadcast to the batch shape (they are shaped like its first dims, e.g. (B,))."""
     if lengths is None:
         return None
-    if validate.is_torch(lengths):
-        lengths = lengths.detach().cpu().numpy()
-    arr = np.asarray(lengths)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"lengths must be integers (real keys per sequence), got dtype {arr.dtype}")
-    if arr.ndim > len(p.batch) or tuple(arr.shape) != tuple(p.batch[: arr.ndim]):
-        raise ValueError(
-            f"lengths must have the shape of the leading batch dims {p.batch} or a prefix of it "
-            f"(e.g. {p.batch[:1]}), got {tuple(arr.shape)}"
-        )
-    if ((arr < 0) | (arr > p.tk)).any():
-        raise ValueError(f"lengths must lie in 0..Tk={p.tk}, got values from {arr.min()} to {arr.max()}")
-    arr = arr.reshape(arr.shape + (1,) * (len(p.batch) - arr.ndim))  # left-aligned with the batch dims
-    return np.broadcast_to(arr.astype(np.int64), p.batch)
+    return np.broadcast_to(by_batch(validate.check_lengths(lengths, p), len(p.batch)), p.batch)
 
 
 def _rows(rows: Any, p: validate.Problem) -> np.ndarray | None:
@@ -197,6 +185,7 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
         bias_grad=_needs_grad(o.bias) if o.bias is not None else False,
         block_size=o.block_size is not None,
         softcap=o.softcap is not None,
+        kv_dtype=p.kv_dtype != p.dtype,
         visible=_visible(p.tk, left, right),
         score_bound=_bound(q, k, v, o, p),
     )
@@ -221,7 +210,8 @@ def dense_mask(call: Call) -> np.ndarray | None:
     p = call.problem
     parts = []
     if call.left is not None or call.right is not None:
-        parts.append(band_mask(p.tq, p.tk, left=call.left, right=call.right))  # (Tq, Tk)
+        ends = call.klen if call.options.by_length else None  # each sequence's own positions
+        parts.append(band_mask(p.tq, p.tk, left=call.left, right=call.right, lengths=ends))  # (Tq, Tk) or (*batch, Tq, Tk)
     if call.klen is not None:
         parts.append(np.arange(p.tk) < call.klen[..., None, None])  # (*batch, 1, Tk)
     if not parts:

@@ -1,7 +1,8 @@
 """The ``sdpa`` backend: ``torch.nn.functional.scaled_dot_product_attention``, attnlab's conventions kept.
 
 Translated faithfully: causal with Tq ≠ Tk is aligned bottom-right (SDPA's ``is_causal`` is
-top-left), so that case, windows and key padding go in as an explicit mask; a row with nothing to
+top-left), so that case, windows and key padding (with causal each sequence's own band: query i of
+sequence b at lengths[b] − Tq + i) go in as an explicit mask; a row with nothing to
 attend to gives zeros (SDPA's kernels differ on it); k/v with fewer heads use ``enable_gqa``.
 Fused kernels keep no weights: SDPA refuses calls that ask for weights or the LSE.
 """

@@ -88,7 +88,8 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
     q, k, v = _buffers(q, k, v)
     out, lse = np.empty((b, g, tq, dv), np.float32), np.empty((b, g, tq), np.float32)
     klen, left, right = _band(tiling)
-    _tiles.forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads or 0)
+    _tiles.forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads or 0,
+                   by_length=tiling.ends is not None)
     if torch_in:
         import torch
 
@@ -113,7 +114,8 @@ def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, t
     dlse = None if dlse is None else _buffers(dlse)[0]
     dq, dk, dv = np.empty(q.shape, np.float32), np.empty(k.shape, np.float32), np.empty(v.shape, np.float32)
     klen, left, right = _band(tiling)
-    _tiles.backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads or 0)
+    _tiles.backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads or 0,
+                    by_length=tiling.ends is not None)
     if torch_in:
         import torch
 
