@@ -180,13 +180,6 @@ def test_hooks_run_at_every_step(decoder_folder):
     assert g.ids[0].tolist() != m.generate([PROMPT], 30, cache="window").ids[0].tolist()
 
 
-def _decoding_backends():
-    from attnlab.transformer.cache import ALIGNED_BY_LENGTHS
-
-    # the kernel takes no dense mask: it serves decoding once the cache's reads need none (the per-sequence rule)
-    return ["torch", "sdpa", "blockwise", "numpy", "auto"] + (["kernel"] if ALIGNED_BY_LENGTHS else [])
-
-
 def test_a_watched_pattern_reads_the_cache_in_the_model(decoder_folder):
     """With hook_pattern watched the model computes the scores itself, over the cache's slots: same logits."""
     seen = []
@@ -200,7 +193,8 @@ def test_a_watched_pattern_reads_the_cache_in_the_model(decoder_folder):
                          ("blocks.1.attn.hook_pattern", (1, 4, 1, len(PROMPT) + 11))]  # a global one, every key
 
 
-@pytest.mark.parametrize("backend", _decoding_backends())
+# every backend, the kernel too: the cache's reads need no dense mask (causal with lengths is each sequence's own)
+@pytest.mark.parametrize("backend", ["torch", "sdpa", "blockwise", "numpy", "auto", "kernel"])
 def test_every_backend_that_serves_decoding_agrees(decoder_folder, backend):
     import torch
 
@@ -318,3 +312,30 @@ def test_a_dense_cache_past_the_positions_says_which_cache_allows_it(decoder_fol
     encoder = Transformer(TransformerConfig(vocab_size=10, d_model=16, num_layers=1, num_heads=2, causal=False))
     with pytest.raises(ValueError, match="generate needs a causal decoder"):
         encoder.generate([[1, 2]], 2)
+
+
+def test_decoding_checks_the_cache_once_when_appended_and_a_plain_call_checks_everything(decoder_folder, monkeypatch):
+    """Entries are checked when the cache appends them; each step's attention call then scans q alone
+    (kv_checked, k_norm), never the whole cache again, while a plain attnlab.attention call checks q, k and v."""
+    import torch
+
+    import attnlab
+    from attnlab.reference import validate
+
+    scanned = []
+    check = validate.check_finite
+
+    def spy(name, x):
+        scanned.append((name, tuple(x.shape)))
+        return check(name, x)
+
+    m = _model(decoder_folder, "llama", "float32")
+    free = m.generate([PROMPT, PROMPT[:5]], 6)
+    monkeypatch.setattr(validate, "check_finite", spy)
+    g = m.generate([PROMPT, PROMPT[:5]], 6)
+    assert torch.equal(g.ids, free.ids)
+    assert scanned and {name for name, _ in scanned} == {"q"}
+    scanned.clear()
+    x = torch.ones(1, 2, 3, 4)
+    attnlab.attention(x, x, x, causal=True)
+    assert [name for name, _ in scanned] == ["q", "k", "v"]

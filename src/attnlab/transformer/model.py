@@ -153,7 +153,7 @@ def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at:
     the softmax) and ``hook_pattern`` can read or replace the scores and weights (B, H, Tq, Tk); z = pattern · v.
     Decoding: the keys are the cache's, in its slot order (``allowed`` says which each query sees)."""
     c, g = p.config, q.shape[1] // k.shape[1]
-    k, v = repeat_groups(k, g), repeat_groups(v, g)  # (B, H, Tk, Dh): each query head's k/v head
+    k, v = repeat_groups(k.to(q.dtype), g), repeat_groups(v.to(q.dtype), g)  # (B, H, Tk, Dh): each query head's k/v head
     scale = c.attn_scale if c.attn_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
     if c.attn_softcap is not None:
