@@ -43,7 +43,10 @@ case_ids = pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 
 @functools.cache
 def target(case: agreement.Case, kind: str, dtype: str) -> agreement.Target:
-    """A case's inputs and expected answer, made once per session (the n = 1025 one costs most)."""
+    """A case's inputs and expected answer, made once per session (the n = 1025 one costs most); a case
+    with a 16-bit cache runs with a float32 query on tensors only (agreement.dtypes), others skip."""
+    if dtype not in agreement.dtypes(kind, case):
+        pytest.skip(f"{case.name!r} is checked in {agreement.dtypes(kind, case) or 'no dtype'} on {kind}")
     return agreement.target(case, kind, dtype)
 
 
@@ -78,9 +81,10 @@ def test_every_backend_agrees_with_the_float64_reference(case, backend, kind, dt
 
 @case_ids
 def test_every_case_is_served_by_the_reference_and_a_fast_backend(case):
-    assert not target(case, "numpy", "float64").refusals(REFERENCE)
+    if case.kv_dtype is None:  # a 16-bit cache is a tensor's: the reference gets its exact values (Target.reference)
+        assert not target(case, "numpy", "float64").refusals(REFERENCE)
     for kind in agreement.libraries():
-        for dtype in agreement.dtypes(kind):
+        for dtype in agreement.dtypes(kind, case):
             t = target(case, kind, dtype)
             assert any(not t.refusals(n) for n in FAST), (kind, dtype, {n: t.refusals(n) for n in FAST})
 

@@ -35,6 +35,11 @@ PLAIN = "torch"  # the yardstick in float16/bfloat16: the reference's math in th
 # tiles (which do not divide 1025 either) so the blockwise loop stays short there.
 SMALL_TILES = (16, 23)
 SMALL_TILES_UP_TO = 1 << 16  # scores per head
+SMALL_TILES_KEYS = 1 << 10  # and keys: a decode case over 4,099 keys keeps the default tiles (which divide 4,099 neither)
+# Long caches (Tk of 100,003): key blocks of 4,093 keys (dividing no case's length either), so that the
+# blockwise loop runs a few dozen tiles, not hundreds of the default 256 keys.
+LONG_TILES = (16, 4093)
+LONG_TILES_FROM = 1 << 16  # keys
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: the cases are constants
@@ -47,6 +52,7 @@ class Case:
     tk: int
     dv: int
     options: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs for attention(); NumPy values
+    kv_dtype: str | None = None  # k and v stored in this 16-bit dtype under a float32 query (tensors only)
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -54,7 +60,12 @@ class Case:
 
     @property
     def small(self) -> bool:
-        return self.q_shape[2] * self.tk <= SMALL_TILES_UP_TO
+        return self.q_shape[2] * self.tk <= SMALL_TILES_UP_TO and self.tk <= SMALL_TILES_KEYS
+
+    @property
+    def tiles(self) -> tuple[int, int] | None:
+        """The block size the backends that take one get on this case (None: their defaults)."""
+        return SMALL_TILES if self.small else LONG_TILES if self.tk >= LONG_TILES_FROM else None
 
 
 def _cases() -> tuple[Case, ...]:
@@ -77,6 +88,32 @@ def _cases() -> tuple[Case, ...]:
         Case("grouped-query, Tq<Tk, causal window, padding", (2, 4, 30, 16), 2, 50, 8,
              (("causal", True), ("window", 10), ("lengths", np.array([50, 23])))),
         Case("scale=1", (2, 2, 20, 8), 2, 20, 8, (("scale", 1.0),)),
+        *_decode_cases(),
+    )
+
+
+def _decode_cases() -> tuple[Case, ...]:
+    """Decoding: Tq = 1 and 4 new tokens over caches of 1, 97, 4,099 and 100,003 keys (causal, each
+    sequence placed at its own length), GQA ratios 1, 4 and 8, windows, ragged lengths, and 16-bit
+    caches under a float32 query. Small heads where the cache is long: a check, not a benchmark."""
+    causal = (("causal", True),)
+
+    def ragged(*n: int) -> tuple[tuple[str, Any], ...]:
+        return (*causal, ("lengths", np.array(n)))
+
+    return (
+        Case("decode Tq=1 Tk=1", (2, 2, 1, 16), 2, 1, 16, causal),
+        Case("decode Tq=4 Tk=1 (3 rows before the cache)", (2, 4, 4, 16), 1, 1, 16, ragged(1, 0)),
+        Case("decode Tq=1 Tk=97 GQA 4 ragged", (3, 8, 1, 32), 2, 97, 32, ragged(97, 40, 0)),
+        Case("decode Tq=4 Tk=97 GQA 8 ragged window 16", (3, 8, 4, 16), 1, 97, 16,
+             (*ragged(97, 50, 2), ("window", (15, 0)))),
+        Case("decode Tq=1 Tk=4099 GQA 8 window 256", (1, 8, 1, 16), 1, 4099, 16, (*causal, ("window", (255, 0)))),
+        Case("decode Tq=4 Tk=4099 ragged", (2, 2, 4, 16), 2, 4099, 16, ragged(4099, 1000)),
+        Case("decode Tq=1 Tk=100003 GQA 8", (1, 8, 1, 16), 1, 100003, 16, causal),
+        Case("decode Tq=4 Tk=100003 GQA 4 ragged window 1024", (2, 4, 4, 8), 1, 100003, 8,
+             (*ragged(100003, 70001), ("window", (1023, 0)))),
+        Case("decode Tq=1 Tk=4099 GQA 4 bfloat16 cache", (1, 8, 1, 16), 2, 4099, 16, ragged(4099), "bfloat16"),
+        Case("decode Tq=4 Tk=97 float16 cache ragged", (2, 4, 4, 16), 4, 97, 16, ragged(97, 30), "float16"),
     )
 
 
@@ -161,8 +198,11 @@ def libraries() -> list[str]:
     return ["numpy", "torch:cpu"] + (["torch:cuda"] if torch.cuda.is_available() else [])
 
 
-def dtypes(library: str) -> list[str]:
-    """The dtypes an array library is checked in: float16/bfloat16 on tensors only (NumPy has no bfloat16)."""
+def dtypes(library: str, case: Case | None = None) -> list[str]:
+    """The dtypes an array library is checked in: float16/bfloat16 on tensors only (NumPy has no bfloat16).
+    A case with a 16-bit cache: its float32 query, on tensors only."""
+    if case is not None and case.kv_dtype is not None:
+        return ["float32"] if library != "numpy" else []
     return ["float64", "float32"] + (list(LOW_PRECISION) if library != "numpy" else [])
 
 
@@ -213,10 +253,10 @@ class Target:
     note: str = ""  # how the tolerance was set, where it was measured
 
     def call_kwargs(self, backend: str) -> dict[str, Any]:
-        """attention()'s keywords for ``backend``: the case's, with small tiles where it takes a block size."""
+        """attention()'s keywords for ``backend``: the case's, with the case's tiles where it takes a block size."""
         kw = dict(self.kwargs)
-        if self.case.small and "block_size" in BACKENDS[backend].supports.features:
-            kw["block_size"] = SMALL_TILES
+        if self.case.tiles is not None and "block_size" in BACKENDS[backend].supports.features:
+            kw["block_size"] = self.case.tiles
         return kw
 
     def request(self, backend: str, **extra: Any) -> Request:
@@ -253,7 +293,9 @@ class Target:
 
 def target(case: Case, library: str, dtype: str) -> Target:
     """``case`` in ``library`` and ``dtype``, with its expected answer and tolerance."""
-    args = tuple(_convert(x, library, dtype) for x in data(case))
+    q, k, v = data(case)
+    kv = case.kv_dtype or dtype  # a 16-bit cache is rounded to its dtype; the reference takes the values as stored
+    args = (_convert(q, library, dtype), _convert(k, library, kv), _convert(v, library, kv))
     kwargs = {n: _convert(x, library, dtype) for n, x in case.options}
     t = Target(case, library, dtype, args, kwargs, _exact(args, kwargs), TOLERANCE.get(dtype, np.inf))
     if dtype not in LOW_PRECISION:
@@ -296,7 +338,7 @@ def run_check(tick: Callable[[str], None] | None = None) -> list[CheckRow]:
     rows: list[CheckRow] = []
     for c in CASES:
         for library in libraries():
-            for dtype in dtypes(library):
+            for dtype in dtypes(library, c):
                 t = target(c, library, dtype)
                 for name in BACKENDS:
                     if tick:
