@@ -88,7 +88,6 @@ def _cases() -> tuple[Case, ...]:
         Case("grouped-query, Tq<Tk, causal window, padding", (2, 4, 30, 16), 2, 50, 8,
              (("causal", True), ("window", 10), ("lengths", np.array([50, 23])))),
         Case("scale=1", (2, 2, 20, 8), 2, 20, 8, (("scale", 1.0),)),
-        *_decode_cases(),
     )
 
 
@@ -117,7 +116,8 @@ def _decode_cases() -> tuple[Case, ...]:
     )
 
 
-CASES: tuple[Case, ...] = _cases()
+DECODE_CASES: tuple[Case, ...] = _decode_cases()
+CASES: tuple[Case, ...] = (*_cases(), *DECODE_CASES)
 
 
 def case(name: str) -> Case:
