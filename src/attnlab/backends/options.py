@@ -84,7 +84,6 @@ class Options:
     ``window`` is kept as a pair (left, right), ``softcap``, ``scale`` and ``k_norm`` as floats; the
     checks that need q, k and v (shapes, the array library) are :func:`attnlab.backends.request.prepare`'s.
     Build it from keywords with :meth:`of`, which names an unknown one. The options:
-
     """
 
     mask: Any = None
@@ -150,4 +149,4 @@ def defaults() -> str:
 
 
 if Options.__doc__:  # None under python -OO
-    Options.__doc__ += textwrap.indent(HELP, "    ") + "\n"
+    Options.__doc__ = Options.__doc__.rstrip() + "\n\n" + textwrap.indent(HELP, "    ") + "\n"
