@@ -57,7 +57,8 @@ def load_decoder(model: str | None, command: str, python: str) -> tuple[Any, str
                          f"(leave out --model for the bundled attnlab:decoder)")
     net = Transformer.from_pretrained(name)
     if net.tokenizer is None:
-        raise ValueError(f"--model {name!r} has no tokenizer; attnlab {command} takes text (use {python} with token ids)")
+        raise ValueError(f"--model {name!r} has no tokenizer; attnlab {command} takes text (use {python} with "
+                         "token ids)")
     return net, name
 
 

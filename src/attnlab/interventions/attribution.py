@@ -86,7 +86,8 @@ def token_id(model: Any, token: Any, argument: str) -> int:
             raise ValueError(f"{argument} {token!r} is text, which needs the model's tokenizer; give a token id")
         ids = model.tokenizer.encode(token, add_special_tokens=False)
         if len(ids) != 1:
-            raise ValueError(f"{argument} must be one token, got {token!r}, which is {len(ids)} tokens {ids}")
+            split = f" ({' + '.join(repr(model.tokenizer.decode([i])) for i in ids)})" if ids else ""
+            raise ValueError(f"{argument} must be one token, got {token!r}, which is {len(ids)} tokens {ids}{split}")
         return int(ids[0])
     if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < v:
         raise ValueError(f"{argument} must be a token id in 0..{v - 1} or one token's text, got {token!r}")

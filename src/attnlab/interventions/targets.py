@@ -1,4 +1,4 @@
-"""What the CLI and the viewer ask the circuit tools in words: a target token named by its text, two
+"""What the CLI and the viewer ask the circuit tools in words: target tokens named by their text, two
 texts that patching can line up position by position, and the logit (difference) they measure.
 
 The library's tools (:func:`attnlab.patch`, :func:`attnlab.logit_attribution`) take token ids and a
@@ -17,23 +17,21 @@ def pieces(tokenizer: Any, ids: list[int]) -> list[str]:
     return [tokenizer.decode([i]) for i in ids]
 
 
-def token_id(tokenizer: Any, text: str, argument: str = "target") -> int:
-    """The id of ``text`` where it is exactly one token of the tokenizer's vocabulary, read as it
-    would be in running text (no special tokens added: " Paris", with its space, for a byte-level BPE)."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) == 1:
-        return int(ids[0])
-    if not ids:
-        raise ValueError(f"{argument} {text!r} is no token at all; give one token of the model, e.g. ' the'")
-    split = " + ".join(repr(p) for p in pieces(tokenizer, ids))
-    raise ValueError(f"{argument} {text!r} is {len(ids)} tokens of this model ({split}), not one; give a single "
-                     f"token, such as {pieces(tokenizer, ids[:1])[0]!r}")
+def check_texts(texts: dict[str, str]) -> None:
+    """Each text given (not empty, not only spaces), and no two the same: {argument: text}. Needs no
+    model, so that a command can check them before it loads one."""
+    for argument, text in texts.items():
+        if not text.strip():
+            raise ValueError(f"{argument} is empty; give the text the model reads")
+    if len(texts) == 2 and len(set(texts.values())) == 1:
+        a, b = texts
+        raise ValueError(f"{a} and {b} are the same text; patching needs a {b} text that changes what the model "
+                         "predicts (the same number of tokens, a few of them different)")
 
 
 def encode(tokenizer: Any, text: str, max_tokens: int, argument: str = "text") -> list[int]:
     """``text`` as the model reads it (with the special tokens its tokenizer adds), at most ``max_tokens`` ids."""
-    if not text.strip():
-        raise ValueError(f"{argument} is empty; give the text the model reads")
+    check_texts({argument: text})
     ids = [int(i) for i in tokenizer(text)["input_ids"]]
     if len(ids) > max_tokens:
         raise ValueError(f"{argument} has {len(ids)} tokens; this model takes at most {max_tokens}")
@@ -44,6 +42,7 @@ def encode_pair(tokenizer: Any, clean: str, corrupted: str, max_tokens: int,
                 arguments: tuple[str, str] = ("clean", "corrupted")) -> tuple[list[int], list[int]]:
     """The ids of ``clean`` and ``corrupted``, which must have as many tokens: patching puts each
     activation of the clean run back at the same position of the corrupted one."""
+    check_texts(dict(zip(arguments, (clean, corrupted))))
     a, b = (encode(tokenizer, text, max_tokens, name) for text, name in zip((clean, corrupted), arguments))
     if len(a) != len(b):
         shown = "; ".join(f"{name}: {' '.join(repr(p) for p in pieces(tokenizer, ids))}"
@@ -53,13 +52,16 @@ def encode_pair(tokenizer: Any, clean: str, corrupted: str, max_tokens: int,
     return a, b
 
 
-def target_ids(tokenizer: Any, target: str, baseline: str | None,
+def target_ids(model: Any, target: str, baseline: str | None,
                arguments: tuple[str, str] = ("target", "baseline")) -> tuple[int, int | None]:
-    """The ids of ``target`` and of ``baseline`` (None: no baseline), which must be different tokens."""
-    t = token_id(tokenizer, target, arguments[0])
+    """The ids of ``target`` and of ``baseline`` (None: no baseline), each exactly one token of the
+    model's tokenizer (read as in running text: " Paris", with its space), and different tokens."""
+    from attnlab.interventions.attribution import token_id
+
+    t = token_id(model, target, arguments[0])
     if baseline is None:
         return t, None
-    b = token_id(tokenizer, baseline, arguments[1])
+    b = token_id(model, baseline, arguments[1])
     if b == t:
         raise ValueError(f"{arguments[1]} {baseline!r} is the same token as {arguments[0]} {target!r}; their logit "
                          f"difference is always 0: give another token, or leave {arguments[1]} out")

@@ -20,13 +20,14 @@ PER_ROW = 2  # layers side by side in the per-position figure
 
 def patching_figure(effect: Any, title: str, tokens: list[str] | None = None) -> Figure:
     """``effect`` [L, H] (one panel: layers down, heads across) or [L, H, T] (one panel per layer:
-    heads down, the positions' ``tokens`` across), the normalised effect of patching each."""
+    heads down, the positions' ``tokens`` across), the normalised effect of patching each; the cells
+    carry it in percent. ``title`` may hold a line break (a narrow grid has room for short lines)."""
     e = np.asarray(effect, dtype=np.float64)
     if e.ndim == 2:
         L, H = e.shape
         cells = Cells(value=EFFECT, rows="layer", cols="head", signed=True)
         panel = {"weights": e, "rows": [str(l + 1) for l in range(L)], "cols": [str(h + 1) for h in range(H)],
-                 "title": "each head's output patched"}
+                 "title": ""}
         return heatmap_grid([panel], title=title, cells=cells)
     if e.ndim != 3:
         raise ValueError(f"effect must be [L, H] or [L, H, T], got shape {e.shape}")
