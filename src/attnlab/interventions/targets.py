@@ -32,7 +32,7 @@ def check_texts(texts: dict[str, str]) -> None:
 def encode(tokenizer: Any, text: str, max_tokens: int, argument: str = "text") -> list[int]:
     """``text`` as the model reads it (with the special tokens its tokenizer adds), at most ``max_tokens`` ids."""
     check_texts({argument: text})
-    ids = [int(i) for i in tokenizer(text)["input_ids"]]
+    ids = [int(i) for i in tokenizer(text, verbose=False)["input_ids"]]  # the length is checked here, in our words
     if len(ids) > max_tokens:
         raise ValueError(f"{argument} has {len(ids)} tokens; this model takes at most {max_tokens}")
     return ids
