@@ -89,7 +89,7 @@ class Patching:
                "effect": self.effect.tolist(), "raw": self.raw.tolist(), "clean": self.clean.tolist(),
                "corrupted": self.corrupted.tolist(), "correlation": self.correlation}
         if self.axes[:2] == ("layer", "head"):
-            out["top"] = [s.to_dict() for s in self.top(min(10, self.effect[..., 0].size))]
+            out["top"] = [s.to_dict() for s in self.top(10)]  # the ten largest (all, in a smaller model)
         return out
 
 

@@ -16,7 +16,8 @@ K-composition of Elhage et al. 2021 is a previous-token head reaching an inducti
 The metric is as :mod:`attnlab.interventions.patching` has it: ``metric(logits)`` → [B], or with
 ``names=[hook, …]`` ``metric(logits, cache)`` reading those hook points of the patched run (the
 receiver's own ``hook_pattern``, say). The effect is normalised as patching's, on the batch means.
-A sender at or after the receiver's layer cannot reach it: its effect is exactly 0.
+A sender at or after the receiver's layer cannot reach it: its effect is exactly 0 (computed for one
+sender; the grid does not run those, its other senders share forward passes as patching's do).
 """
 
 from __future__ import annotations
@@ -149,21 +150,34 @@ def path_patch(model: Any, clean: Any, corrupted: Any, metric: Callable, sender:
     with torch.no_grad():
         m_clean = run(model, a, metric, names, watch, 1, backend)[0].numpy()
         m_corr = run(model, b, metric, names, watch, 1, backend)[0].numpy()
-        z_clean, z_corr, mlp_corr = _runs(model, a, b, backend)
-        g = group_size(b, copies, len(senders))
-        raw = []
-        for s in range(0, len(senders), g):
-            part = senders[s:s + g]
-            point = f"blocks.{recv.layer}.attn.hook_{which}"
-            kept = _capture(model, b, _frozen(c, z_clean, z_corr, mlp_corr, part), len(part), [point], backend)[point]
-            hooks = _into_receiver(model, b, recv, which, kept, len(part), backend)
-            raw.append(run(model, b, metric, names, watch + hooks, len(part), backend))
-    raw = torch.cat(raw).numpy()  # (senders, B)
+        raw = np.tile(m_corr, (len(senders), 1))  # (senders, B)
+        reach = [i for i, s in enumerate(senders) if s.layer < recv.layer or sender is not None]
+        if reach:
+            raw[reach] = _through(model, a, b, metric, names, [senders[i] for i in reach], recv, which, watch, copies,
+                                  backend)
     effect = normalised(raw, m_clean, m_corr)
     if sender is not None:
         return PathPatching(float(effect[0]), raw[0], senders[0], recv, which, m_clean, m_corr)
     return PathPatching(effect.reshape(c.num_layers, c.num_heads), raw.reshape(c.num_layers, c.num_heads, -1), None,
                         recv, which, m_clean, m_corr)
+
+
+def _through(model: Any, a: Any, b: Any, metric: Callable, names: Any, senders: list, recv: Head, which: str,
+             watch: list, copies: int | None, backend: str | None) -> np.ndarray:
+    """The metric (senders, B) with each sender's clean output reaching only the receiver's input (steps 1, 2)."""
+    import torch
+
+    c = model.config
+    z_clean, z_corr, mlp_corr = _runs(model, a, b, backend)
+    point = f"blocks.{recv.layer}.attn.hook_{which}"
+    g = group_size(b, copies, len(senders))
+    raw = []
+    for s in range(0, len(senders), g):
+        part = senders[s:s + g]
+        kept = _capture(model, b, _frozen(c, z_clean, z_corr, mlp_corr, part), len(part), [point], backend)[point]
+        hooks = _into_receiver(model, b, recv, which, kept, len(part), backend)
+        raw.append(run(model, b, metric, names, watch + hooks, len(part), backend))
+    return torch.cat(raw).numpy()
 
 
 def _watched(c: Any, recv: Head, which: str) -> list:
