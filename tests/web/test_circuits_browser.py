@@ -17,6 +17,7 @@ import pytest
 import attnlab
 
 pytestmark = [pytest.mark.browser, pytest.mark.needs("torch", "transformers", "fastapi")]
+# ATTNLAB_SCREENSHOT_DIR=docs/viewer keeps the picture (docs/viewer/model-patching.png)
 SHOTS = Path(os.environ["ATTNLAB_SCREENSHOT_DIR"]) if os.environ.get("ATTNLAB_SCREENSHOT_DIR") else None
 CLEAN, CORRUPTED, TARGET, BASELINE = "Set the class of the", "Set the file of the", " class", " file"
 BLUE, RED = (44, 111, 187), (192, 57, 43)  # the viewer's --blue and --accent
@@ -94,7 +95,7 @@ def test_the_model_view_colours_its_heads_by_patching_and_by_attribution(page, d
     np.testing.assert_allclose(colour(page, "attribute", CLEAN), want, rtol=0, atol=1e-12)
     assert not page.is_visible("#circuit-corrupted")  # attribution reads one text
     assert (want < 0).any()  # both ends of the ramp were checked
-    page.screenshot(path=str((SHOTS or tmp_path) / "model-attribution.png"), full_page=True)
+    page.screenshot(path=str(tmp_path / "model-attribution.png"), full_page=True)
     page.click("#circuit-clear")
     assert page.locator("#model-grid .cell.coloured").count() == 0
 
