@@ -97,3 +97,21 @@ def test_attribute_of_the_target_alone_is_its_logit(decoder, capsys):
     assert f"logit of {TARGET!r} at the last token" in out and "… and 20 more (--top 0 lists them all)" in out
     logit = float(re.search(r"the model's ([-\d.]+)", out).group(1))
     assert logit == pytest.approx(float(decoder.run_with_hooks(ids_of(decoder, CLEAN))[0, -1, t]), abs=1e-5)
+
+
+def test_another_decoder_through_model(tiny_folder, capsys):
+    """--model takes any decoder attnlab's transformer builds: a tiny Gemma-2 from its folder, whose final
+    softcap the check says the logit is taken before."""
+    from attnlab.transformer import Transformer
+
+    folder = str(tiny_folder("gemma2"))
+    net = Transformer.from_pretrained(folder)
+    text, target = "the cat sat on the mat", "the"
+    want = attnlab.logit_attribution(net, ids_of(net, text), target)
+    assert main(["attribute", text, "--target", target, "--model", folder]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"the model's {want.logit:.6f}" in out
+    assert net.config.final_softcap and "(before its final softcap)" in out
+    assert main(["patch", "--clean", "the cat sat", "--corrupted", "the mat sat", "--target", target, "--model",
+                 folder, "--json", "-"]) == 0
+    assert np.shape(json.loads(capsys.readouterr().out)["effect"]) == (net.config.num_layers, net.config.num_heads)
