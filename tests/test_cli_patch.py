@@ -83,8 +83,9 @@ def test_attribute_prints_components_and_the_check_that_they_add_up(decoder, tmp
     own = decoder.run_with_hooks(ids_of(decoder, CLEAN))[0, -1]  # the model's logits, not the tool's
     assert logit == pytest.approx(float(own[t] - own[b]), abs=1e-5)
     assert total == pytest.approx(logit, abs=1e-5) and abs(error) < 1e-5
-    assert main(["attribute", CLEAN, "--target", TARGET, "--baseline", BASELINE, "--json", str(tmp_path / "a.json")]) == 0
-    got = json.loads((tmp_path / "a.json").read_text())
+    path = tmp_path / "a.json"
+    assert main(["attribute", CLEAN, "--target", TARGET, "--baseline", BASELINE, "--json", str(path)]) == 0
+    got = json.loads(path.read_text())
     assert [c["value"] for c in got["components"]] == want.values.tolist()
     assert got["components"][1] == {"kind": "head", "label": "L1H1", "layer": 0, "head": 0, "value": want.values[1]}
     assert got["total"] == want.total and got["logit"] == want.logit

@@ -60,8 +60,8 @@ def colour(page, kind: str, text: str, corrupted: str | None = None) -> np.ndarr
     page.click("#circuit-run")
     page.wait_for_function("(k) => { const c = window.attnlab.model.colour(); return c && c.kind === k; }", arg=kind)
     page.wait_for_selector("#model-grid .cell.coloured")
-    cells = page.eval_on_selector_all("#model-grid .cell", "cs => cs.map((c) => [Number(c.dataset.layer), "
-                                      "Number(c.dataset.head), Number(c.dataset.value), getComputedStyle(c).backgroundColor])")
+    cells = page.eval_on_selector_all("#model-grid .cell", "cs => cs.map((c) => [Number(c.dataset.layer), Number("
+                                      "c.dataset.head), Number(c.dataset.value), getComputedStyle(c).backgroundColor])")
     L, H = max(c[0] for c in cells) + 1, max(c[1] for c in cells) + 1
     values = np.zeros((L, H))
     for layer, head, value, background in cells:

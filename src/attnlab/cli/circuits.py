@@ -37,7 +37,7 @@ def patch(
     model: str = decoder_option(),
     over: str = typer.Option("head", "--over", help="head: one patch per head, an [L, H] grid; head_pos: per head "
                              "and position, [L, H, T]."),
-    top: int = typer.Option(10, "--top", min=1, help="How many heads (or heads at a position) the table lists."),
+    top: int = typer.Option(10, "--top", min=1, help="How many heads the table lists."),
     png: str = typer.Option(None, "--png", metavar="PATH", help="Write the effect of every patch as a heat map.",
                             callback=out_file("--png")),
     json_path: str = json_option(),

@@ -349,7 +349,8 @@ def _circuits(max_chars: int) -> dict[str, type]:
         target: int
         baseline: int | None
         heads: list[list[float]] = Field(description=f"{HEADS}: each head's direct contribution to the metric")
-        components: list[ComponentOut] = Field(description="every component's direct contribution, in the model's order")
+        components: list[ComponentOut] = Field(description="every component's direct contribution, in the "
+                                               "model's order")
         total: float = Field(description="the sum of the components")
         logit: float = Field(description="the model's own logit (difference) at the last position, before any softcap")
         error: float = Field(description="total − logit")
