@@ -38,7 +38,8 @@ def patched(generator: Any, clean: str, corrupted: str, target: str, baseline: s
     """Each head's output patched from ``clean`` into ``corrupted`` (as many tokens), measured by the
     logit of ``target`` (minus ``baseline``'s) at the last position."""
     from attnlab.interventions.patching import patch
-    from attnlab.interventions.targets import describe, encode_pair, logit_metric, pieces, target_ids
+    from attnlab.interventions.targets import describe, encode_pair, logit_metric, target_ids
+    from attnlab.viz.generation import token_texts
 
     net, lm = _decoder(generator), generator.cache.loaded()
     tok = net.tokenizer
@@ -47,15 +48,16 @@ def patched(generator: Any, clean: str, corrupted: str, target: str, baseline: s
     with generator.cache.lock:  # one model call at a time, as the captures
         found = patch(net, _ids(net, a), _ids(net, b), logit_metric(t, base))
     return {"model": _model(net, lm.model_id), "metric": describe(tok, t, base), "target": t, "baseline": base,
-            "clean_labels": pieces(tok, a), "corrupted_labels": pieces(tok, b), "heads": found.effect.tolist(),
-            "clean": float(found.clean[0]), "corrupted": float(found.corrupted[0])}
+            "clean_labels": token_texts(tok, a), "corrupted_labels": token_texts(tok, b),
+            "heads": found.effect.tolist(), "clean": float(found.clean[0]), "corrupted": float(found.corrupted[0])}
 
 
 def attributed(generator: Any, text: str, target: str, baseline: str | None) -> dict:
     """What each component writes straight into the logit of ``target`` (minus ``baseline``'s) at the
     last position of ``text``: the heads as a grid, everything in ``components``, and the sum's check."""
     from attnlab.interventions.attribution import logit_attribution
-    from attnlab.interventions.targets import describe, encode, pieces, target_ids
+    from attnlab.interventions.targets import describe, encode, target_ids
+    from attnlab.viz.generation import token_texts
 
     net, lm = _decoder(generator), generator.cache.loaded()
     tok = net.tokenizer
@@ -69,5 +71,5 @@ def attributed(generator: Any, text: str, target: str, baseline: str | None) -> 
     for part in data["components"]:
         if part["kind"] == "head":
             heads[part["layer"]][part["head"]] = part["value"]
-    return {"model": _model(net, lm.model_id), "metric": describe(tok, t, base), "labels": pieces(tok, ids),
+    return {"model": _model(net, lm.model_id), "metric": describe(tok, t, base), "labels": token_texts(tok, ids),
             "heads": heads, **{k: data[k] for k in ("target", "baseline", "total", "logit", "error", "components")}}
