@@ -37,7 +37,7 @@ Heads are :class:`~attnlab.maps.heads.Head`, 0-based (docs/design.md, the index 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -72,7 +72,7 @@ class Patching:
     corrupted: np.ndarray
     axes: tuple[str, ...]
     method: str = "activation"
-    correlation: float | None = field(default=None)
+    correlation: float | None = None
 
     def top(self, k: int = 5) -> list[ScoredHead]:
         """The ``k`` heads whose patch restores most, largest effect first, as (Head, effect); for
@@ -230,7 +230,7 @@ def _swap_hooks(point: str, clean: list, patches: Any, units: tuple) -> list:
     return hooks
 
 
-def _grid(model: Any, clean: list, over: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def _grid(clean: list, over: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """(axes, the unit dims after the layer) of the grid of ``over`` on tensors like ``clean[0]`` (B, …)."""
     names = OVERS[over]
     return ("layer", *names), tuple(clean[0].shape[1:1 + len(names)])
@@ -255,7 +255,7 @@ def patch(model: Any, clean: Any, corrupted: Any, metric: Callable, site: str = 
         m_clean = run(model, a, metric, names, [], 1, backend)[0].numpy()
         m_corr = run(model, b, metric, names, [], 1, backend)[0].numpy()
         acts = _caches(model, a, point, backend)
-        axes, units = _grid(model, acts, over)
+        axes, units = _grid(acts, over)
         n, L = int(np.prod(units)), model.config.num_layers
         todo = [(i // n, i % n) for i in range(L * n)]
         g = group_size(model, b, copies, len(todo))
@@ -279,7 +279,7 @@ def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Callable, 
     a, b = pair(model, clean, corrupted)
     names = check_names(model, names)
     acts = _caches(model, a, point, backend)
-    axes, units = _grid(model, acts, over)
+    axes, units = _grid(acts, over)
     with torch.no_grad():
         m_clean = run(model, a, metric, names, [], 1, backend)[0].numpy()
     m_corr, corr, grads = _gradients(model, b, metric, names, point, backend)
