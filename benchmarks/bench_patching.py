@@ -7,8 +7,8 @@ An [L, H] grid of ``attnlab.patch(site="z", over="head")``, one clean / corrupte
 corrupted text differing in one word), the metric a logit difference at the last position. Two
 models: the bundled attnlab:decoder (Llama-style, 4 layers × 4 heads, d = 128) and a random model of
 GPT-2 small's shape (12 layers × 12 heads, d = 768, vocabulary 50,257), float32, ``--threads`` threads.
-Batched is ``copies=None`` (as many patched copies per pass as about PASS_TOKENS positions allow);
-one pass per head is ``copies=1``. Each is timed as the median of ``--rounds`` rounds (the two
+Batched is ``copies=None`` (as many patched copies per pass as about PASS_TOKENS positions and
+PASS_LOGITS logits allow); one pass per head is ``copies=1``. Each is timed as the median of ``--rounds`` rounds (the two
 alternating), with the spread; the speed-up is one-pass-per-head / batched. The two grids are checked
 equal (max |difference| printed). ``--quick``: the decoder only, 2 rounds.
 """

@@ -15,7 +15,7 @@ per-sequence values are kept (``raw``, ``clean``, ``corrupted``).
 
 **Batched.** Many patches share one forward pass: the corrupted input is stacked k times along the
 batch and each copy has a different activation patched (``copies`` = k; by default as many as
-about :data:`~attnlab.interventions.ablation.PASS_TOKENS` positions allow), so an [L, H] grid
+about :data:`~attnlab.interventions.ablation.PASS_TOKENS` positions and :data:`PASS_LOGITS` logits allow), so an [L, H] grid
 costs L·H / k passes rather than L·H. ``copies=1`` is one pass per patch.
 
 Sites (the hook point patched at every layer) and the grids they give (``over``):
@@ -37,7 +37,7 @@ Heads are :class:`~attnlab.maps.heads.Head`, 0-based (docs/design.md, the index 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ from attnlab.maps.heads import ScoredHead, ranked
 
 SITES = {"z": "attn.hook_z", "pattern": "attn.hook_pattern", "q": "attn.hook_q", "k": "attn.hook_k",
          "v": "attn.hook_v", "resid_pre": "hook_resid_pre", "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out"}
+PASS_LOGITS = 2 ** 25  # logits per pass when patched copies share it (128 MiB in float32)
 HEAD_SITES = ("z", "pattern", "q", "k", "v")
 # over → the axes of its grid after the layer: how many leading dims of a site's tensor (after the batch) a patch names
 OVERS = {"head": ("head",), "head_pos": ("head", "position"), "layer": (), "layer_pos": ("position",)}
@@ -71,7 +72,7 @@ class Patching:
     corrupted: np.ndarray
     axes: tuple[str, ...]
     method: str = "activation"
-    correlation: float | None = field(default=None)
+    correlation: float | None = None
 
     def top(self, k: int = 5) -> list[ScoredHead]:
         """The ``k`` heads whose patch restores most, largest effect first, as (Head, effect); for
@@ -176,10 +177,11 @@ def normalised(raw: np.ndarray, clean: np.ndarray, corrupted: np.ndarray) -> np.
     return (raw.mean(-1) - corrupted.mean()) / span
 
 
-def group_size(ids: Any, copies: int | None, total: int) -> int:
-    """How many patched copies of ``ids`` share a pass: ``copies``, or about PASS_TOKENS positions' worth."""
+def group_size(model: Any, ids: Any, copies: int | None, total: int) -> int:
+    """How many patched copies of ``ids`` share a pass: ``copies``, or about PASS_TOKENS positions' worth and
+    at most PASS_LOGITS logits (a large vocabulary's logits are most of a pass's memory)."""
     if copies is None:
-        return max(1, min(total, PASS_TOKENS // ids.numel()))
+        return max(1, min(total, PASS_TOKENS // ids.numel(), PASS_LOGITS // (ids.numel() * model.config.vocab_size)))
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
         raise ValueError(f"copies must be None or an int >= 1 (patched copies per forward pass), got {copies!r}")
     return min(copies, total)
@@ -228,7 +230,7 @@ def _swap_hooks(point: str, clean: list, patches: Any, units: tuple) -> list:
     return hooks
 
 
-def _grid(model: Any, clean: list, over: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def _grid(clean: list, over: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """(axes, the unit dims after the layer) of the grid of ``over`` on tensors like ``clean[0]`` (B, …)."""
     names = OVERS[over]
     return ("layer", *names), tuple(clean[0].shape[1:1 + len(names)])
@@ -241,7 +243,8 @@ def patch(model: Any, clean: Any, corrupted: Any, metric: Callable, site: str = 
     model: a causal :class:`~attnlab.transformer.Transformer` (an encoder's metric gets its last hidden
     state). clean, corrupted: token ids (B, T) of one shape ((T,): B = 1). metric(logits [B, T, V]) →
     [B] (or metric(logits, cache) with ``names``: see the module). site, over: see the module.
-    copies: patched copies per forward pass (None: about PASS_TOKENS positions; 1: one pass per patch).
+    copies: patched copies per forward pass (None: about PASS_TOKENS positions, at most PASS_LOGITS logits; 1: one
+    pass per patch).
     """
     import torch
 
@@ -252,10 +255,10 @@ def patch(model: Any, clean: Any, corrupted: Any, metric: Callable, site: str = 
         m_clean = run(model, a, metric, names, [], 1, backend)[0].numpy()
         m_corr = run(model, b, metric, names, [], 1, backend)[0].numpy()
         acts = _caches(model, a, point, backend)
-        axes, units = _grid(model, acts, over)
+        axes, units = _grid(acts, over)
         n, L = int(np.prod(units)), model.config.num_layers
         todo = [(i // n, i % n) for i in range(L * n)]
-        g = group_size(b, copies, len(todo))
+        g = group_size(model, b, copies, len(todo))
         raw = [run(model, b, metric, names, _swap_hooks(point, acts, todo[s:s + g], units), len(todo[s:s + g]),
                    backend) for s in range(0, len(todo), g)]
     raw = torch.cat(raw).numpy().reshape(L, *units, b.shape[0])
@@ -276,7 +279,7 @@ def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Callable, 
     a, b = pair(model, clean, corrupted)
     names = check_names(model, names)
     acts = _caches(model, a, point, backend)
-    axes, units = _grid(model, acts, over)
+    axes, units = _grid(acts, over)
     with torch.no_grad():
         m_clean = run(model, a, metric, names, [], 1, backend)[0].numpy()
     m_corr, corr, grads = _gradients(model, b, metric, names, point, backend)

@@ -137,7 +137,7 @@ def path_patch(model: Any, clean: Any, corrupted: Any, metric: Callable, sender:
     ``receiver`` = (layer, head, "q" | "k" | "v"): see the module for the two steps and the metric.
 
     clean, corrupted: token ids (B, T) of one shape ((T,): B = 1); copies: senders per forward pass
-    (None: about PASS_TOKENS positions each)."""
+    (None: about PASS_TOKENS positions and at most PASS_LOGITS logits each)."""
     import torch
 
     c = model.config
@@ -170,7 +170,7 @@ def _through(model: Any, a: Any, b: Any, metric: Callable, names: Any, senders: 
     c = model.config
     z_clean, z_corr, mlp_corr = _runs(model, a, b, backend)
     point = f"blocks.{recv.layer}.attn.hook_{which}"
-    g = group_size(b, copies, len(senders))
+    g = group_size(model, b, copies, len(senders))
     raw = []
     for s in range(0, len(senders), g):
         part = senders[s:s + g]
