@@ -180,6 +180,26 @@ def test_hooks_run_at_every_step(decoder_folder):
     assert g.ids[0].tolist() != m.generate([PROMPT], 30, cache="window").ids[0].tolist()
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+def test_greedy_decoding_with_a_head_knocked_out_is_recomputing_with_it(decoder_folder, family):
+    """knockout's hooks in generate: each greedy token is the argmax of the whole sequence so far, recomputed
+    without a cache under the same hooks (the cache holds the knocked-out run's keys and values)."""
+    import torch
+
+    from attnlab.interventions.ablation import knockout
+
+    m = _model(decoder_folder, family)
+    keep = torch.ones(m.config.num_layers, m.config.num_heads)
+    keep[0, 1] = 0.0
+    hooks = knockout(m.config, keep)
+    g = m.generate([PROMPT], 16, fwd_hooks=hooks)
+    seq = list(PROMPT)
+    for t in range(16):
+        seq.append(int(_full_logits(m, seq, hooks)[-1].argmax()))
+        assert seq[-1] == int(g.ids[0, t])
+    assert g.ids[0].tolist() != m.generate([PROMPT], 16).ids[0].tolist()  # the knockout changed the text
+
+
 def test_a_watched_pattern_reads_the_cache_in_the_model(decoder_folder):
     """With hook_pattern watched the model computes the scores itself, over the cache's slots: same logits."""
     seen = []
