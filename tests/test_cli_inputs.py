@@ -293,3 +293,61 @@ def test_no_command_prints_the_help_and_help_is_not_an_error(capsys):
     assert "Usage: attnlab" in capsys.readouterr().out
     assert main(["--help"]) == 0 and main(["maps", "--help"]) == 0
     assert "--model" in capsys.readouterr().out
+
+
+# issue 24: patch and attribute, on the bundled decoder
+
+PATCH = ["patch", "--clean", "Set the class of the", "--corrupted", "Set the file of the", "--target", " class"]
+
+
+@pytest.fixture
+def no_decoder(monkeypatch):
+    """Loading attnlab's transformer (or finding its folder) fails the test: the flags' errors come first."""
+
+    def refuse(*a, **k):
+        raise AssertionError("the command loaded a model before checking its flags")
+
+    monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
+    monkeypatch.setattr("attnlab.locate.folder.resolve", refuse)
+
+
+@pytest.mark.parametrize("args, text", [
+    (PATCH + ["--over", "layer"], "error: --over must be one of head, head_pos, got 'layer'"),
+    (["patch", "--clean", "  ", "--corrupted", "x", "--target", " a"], "error: --clean is empty; give the text the model reads"),
+    (["patch", "--clean", "a b", "--corrupted", "a b", "--target", " a"],
+     "error: --clean and --corrupted are the same text; patching needs a --corrupted text that changes"),
+    (["patch", "--clean", "a", "--target", " a"], "error: Missing option '--corrupted'."),
+    (PATCH + ["--top", "0"], "'--top'"),
+    (PATCH + ["--model", ""], "error: --model is empty"),
+    (PATCH + ["--png", "/no/such/folder/p.png"], "error: --png '/no/such/folder/p.png': the folder '/no/such/folder'"),
+    (["attribute", " ", "--target", " a"], "error: TEXT is empty; give the text the model reads"),
+    (["attribute", "x", "--target", " a", "--top", "-1"], "'--top'"),
+])
+def test_patch_and_attribute_check_their_flags_before_any_work(capsys, no_decoder, args, text):
+    _flagged(capsys, args, text)
+
+
+@pytest.mark.needs("torch", "transformers")
+@pytest.mark.parametrize("args, text", [
+    (["patch", "--clean", "Set the class of the", "--corrupted", "Set the file", "--target", " class"],
+     "error: --clean has 6 tokens and --corrupted has 4; patching lines the two runs up position by position, so they "
+     "need the same number of tokens (--clean: 'S' 'et' ' the' ' class' ' of' ' the'; --corrupted: 'S' 'et' ' the' ' file')"),
+    (PATCH[:-1] + [" Paris"], "error: --target must be one token, got ' Paris', which is 3 tokens [486, 287, 270] "
+                              "(' P' + 'ar' + 'is')"),
+    (PATCH + ["--baseline", "xyzzy"], "error: --baseline must be one token, got 'xyzzy', which is"),
+    (PATCH + ["--baseline", " class"], "error: --baseline ' class' is the same token as --target ' class'"),
+    (["attribute", "Set the class of the", "--target", ""], "error: --target must be one token, got '', which is 0 tokens"),
+    (["attribute", "word " * 200, "--target", " class"], "error: TEXT has 400 tokens; this model takes at most 128"),
+])
+def test_patch_and_attribute_say_how_the_text_and_tokens_tokenize(capsys, args, text):
+    _flagged(capsys, args, text)
+
+
+def test_patch_and_attribute_refuse_an_unknown_model_and_an_encoder(tmp_path, capsys):
+    _flagged(capsys, PATCH + ["--model", str(tmp_path / "nothing")], f"model folder '{tmp_path / 'nothing'}' does not exist")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10, "hidden_size": 8,
+                                                      "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                      "intermediate_size": 16, "max_position_embeddings": 16}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    _flagged(capsys, ["attribute", "x", "--target", " a", "--model", str(tmp_path)],
+             f"error: --model '{tmp_path}' is a bert encoder")

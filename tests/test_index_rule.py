@@ -164,6 +164,34 @@ def test_the_induction_probe_names_heads_with_the_type(tiny_dir):
         assert 0 <= entry["layer"] < L and 0 <= entry["head"] < H
 
 
+@pytest.mark.needs("torch")
+def test_the_circuit_tools_take_and_give_heads():
+    import torch
+
+    from attnlab.transformer import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    net = Transformer(TransformerConfig(vocab_size=20, d_model=12, num_layers=L, num_heads=H), dtype="float64")
+    clean, corrupted = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[6, 2, 7, 4, 5]])
+
+    def metric(logits):
+        return logits[:, -1, 0] - logits[:, -1, 1]
+
+    grid = attnlab.patch(net, clean, corrupted, metric)
+    assert grid.effect.shape == (L, H) and all(isinstance(t.head, Head) for t in grid.top(L * H))
+    assert grid.top(1)[0].score == grid.effect[grid.top(1)[0].head]
+    path = attnlab.path_patch(net, clean, corrupted, metric, sender=(0, 2), receiver=(*GOOD, "k"))
+    assert path.sender == (0, 2) and path.receiver == GOOD and path.to_dict()["receiver"] == {"layer": 1, "head": 2}
+    for kw, argument in (({"sender": (0, 2), "receiver": (*BAD, "k")}, "receiver"),
+                         ({"sender": BAD, "receiver": (*GOOD, "k")}, "sender")):
+        with pytest.raises(ValueError, match=rf"^{argument} must be a 0-based \(layer, head\)"):
+            attnlab.path_patch(net, clean, corrupted, metric, **kw)
+    parts = attnlab.logit_attribution(net, clean[0], 0)
+    assert Head(*GOOD) in parts.components and str(Head(*GOOD)) == "L2H3"
+    entry = next(c for c in parts.to_dict()["components"] if c["label"] == "L2H3")
+    assert (entry["layer"], entry["head"]) == GOOD
+
+
 # ---------------------------------------------------------------- the web API and the CLI
 
 

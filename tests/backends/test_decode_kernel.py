@@ -17,7 +17,7 @@ import pytest
 
 from attnlab.backends import kernel
 from attnlab.backends.api import attention
-from attnlab.backends.request import band
+from attnlab.backends.options import Options
 from attnlab.reference import attention as reference
 
 if kernel.isa() is None:
@@ -55,7 +55,7 @@ def _expected(q, k, v, lengths=None, causal=False, window=None):
     pos = (n - tq)[:, None, None] + np.arange(tq)[None, :, None]  # (B, Tq, 1)
     j = np.arange(tk)[None, None, :]  # (1, 1, Tk)
     allowed = j < n[:, None, None]
-    left, right = band(causal, window)
+    left, right = Options(causal=causal, window=window).band
     if left is not None:
         allowed = allowed & (j >= pos - left)
     if right is not None:
@@ -217,3 +217,35 @@ def test_the_wrapper_refuses_what_it_does_not_read():
         kernel.decode(q.astype(np.float64), k.astype(np.float16), v.astype(np.float16), scale=1.0)
     with pytest.raises(ValueError, match=r"q must have shape \(B, H, Tq, D\), got \(8, 1, 8\)"):
         kernel.decode(q[0], k, v, scale=1.0)
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+def test_a_float32_query_over_a_16_bit_cache_is_read_as_stored(kv, monkeypatch):
+    """attention()'s kv_dtype call: the decode pass reads the cache as it is, the result in q's float32."""
+    import torch
+
+    seen = []
+    real = kernel._stored
+    monkeypatch.setattr(kernel, "_stored", lambda x: seen.append(x.dtype) or real(x))
+    q, k, v = (torch.from_numpy(x) for x in _cache("kv-dtype", b=2, h=8, hkv=2, tq=1, tk=700, d=64))
+    k16, v16 = k.to(getattr(torch, kv)), v.to(getattr(torch, kv))
+    out = attention(q, k16, v16, lengths=torch.tensor([700, 33]), causal=True, backend="kernel")
+    assert out.dtype == torch.float32 and seen == [getattr(torch, kv)] * 2
+    want, _ = _expected(q.numpy(), k16.float().numpy(), v16.float().numpy(), [700, 33], causal=True)
+    np.testing.assert_allclose(out.numpy(), want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.needs("torch")
+def test_ragged_causal_windows_go_through_the_decode_pass_as_attention_defines_them(monkeypatch):
+    """causal with lengths is each sequence's own (query i of b at lengths[b] − Tq + i): decode's rule."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(kernel, "decode", lambda *a, **kw: calls.append(1) or kernel_decode(*a, **kw))
+    q, k, v = (torch.from_numpy(x) for x in _cache("ragged", b=3, h=8, hkv=2, tq=4, tk=900, d=32))
+    lengths = [900, 2, 401]
+    out = attention(q, k, v, lengths=torch.tensor(lengths), causal=True, window=(100, 0), backend="kernel")
+    want, _ = _expected(q.numpy(), k.numpy(), v.numpy(), lengths, causal=True, window=(100, 0))
+    np.testing.assert_allclose(out.numpy(), want, atol=2e-5, rtol=0)
+    assert calls == [1]

@@ -10,6 +10,7 @@ import pytest
 from attnlab.backends import calibrate, dispatch
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import BACKENDS, NoBackendError, explain
+from attnlab.backends.options import Options
 from attnlab.backends.request import prepare
 
 pytestmark = pytest.mark.needs("torch")
@@ -18,12 +19,8 @@ try:
 except ImportError:  # the needs mark skips every test here (on CI: fails them)
     torch = None
 
-PLAIN = dict(mask=None, bias=None, causal=False, scale=None, window=None, lengths=None,
-             return_weights=False, weights_rows=None, return_lse=False, block_size=None)
-
-
 def request(*qkv, **kw):
-    return prepare(*qkv, **{**PLAIN, **kw}).request
+    return prepare(*qkv, Options(**kw)).request
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])

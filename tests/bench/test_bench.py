@@ -205,7 +205,8 @@ def test_the_decode_benchmark_calls_attention_as_generate_does():
     cache.lengths = torch.tensor([5])
     step = cache.begin(torch.tensor([1]), 1)
     kw = cache.update(0, step, torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8)).kwargs()
-    assert {n: x for n, x in kw.items() if n != "lengths"} == GENERATE_KWARGS and kw["lengths"].tolist() == [6]
+    assert {n: x for n, x in kw.items() if n not in ("lengths", "k_norm")} == GENERATE_KWARGS
+    assert kw["lengths"].tolist() == [6] and kw["k_norm"] > 0
 
 
 def test_cli_bench_decode_reports_bytes_read_over_time(capsys):

@@ -95,3 +95,41 @@ def test_section_matches_the_schema_and_draws(section):
 
     fig = induction_training(doc["data"])
     assert len(fig.axes) >= 5
+
+
+def test_patching_finds_the_circuit(section):
+    """At seed 0: activation patching names the induction head; path patching says the previous-token head
+    works through its keys, at least 3 times the larger of q and v (v is 0: values cannot move a pattern)."""
+    d, circ = section.data, section.data["circuit"]
+    grid = np.asarray(circ["patching"]["effect"])
+    assert grid.shape == (2, d["config"]["heads"]) and circ["head"] == d["induction_head"]
+    assert grid[1].max() == grid.max() and grid[1].max() > 0.2  # a layer-2 head carries the copying
+    assert circ["sender"] == d["previous_token_head"]
+    s = circ["sender"]["head"]
+    q, k, v = (circ["path"][w][s] for w in ("q", "k", "v"))
+    assert v == 0.0 and k >= 3 * max(abs(q), abs(v)) and circ["k_over_qv"] == pytest.approx(k / max(abs(q), abs(v)))
+    assert circ["patching"]["clean"] > circ["patching"]["corrupted"] and circ["path"]["clean"] > circ["path"]["corrupted"]
+    text = " ".join(section.findings)
+    assert "through the keys" in text and "K-composition" in text
+    assert section.tables[-1].columns == ("layer-1 head", "through q", "through k", "through v")
+
+
+def test_the_corruption_replaces_the_first_copy_only():
+    from attnlab.lesson.circuit import corrupt
+
+    c = InductionConfig()
+    x, _, source = repeats(np.random.default_rng(3), 50, c)
+    y = corrupt(np.random.default_rng(4), x, source, c.vocab)
+    for r in range(50):
+        after = source[r][source[r] >= 0]
+        first = set(range(int(after.min()) - 1, int(after.max()) + 1))
+        changed = set(torch.nonzero(y[r] != x[r]).flatten().tolist())
+        assert changed == first  # every token of the first copy, nothing else
+    assert int(y.min()) >= 0 and int(y.max()) < c.vocab
+
+
+def test_the_circuit_figure_draws(section):
+    from attnlab.viz.induction import induction_circuit
+
+    fig = induction_circuit(json.loads(json.dumps(section.to_dict()))["data"])
+    assert len(fig.axes) == 3  # the heat map, its colour bar, the three bars

@@ -24,17 +24,17 @@ def _cache(kind="dense", batch=2, window=None, sink=None, capacity=None, dtype=N
                              dtype=dtype or torch.float64)
 
 
-def test_alignment_switch_matches_attention():
-    """cache.ALIGNED_BY_LENGTHS must say which causal rule attnlab.attention has (flip it when that changes)."""
+def test_attention_has_the_per_sequence_rule_the_cache_reads_by():
+    """The cache's reads pass lengths + causal alone: attnlab.attention must place query i of sequence b at
+    lengths[b] − Tq + i (docs/design.md, causal alignment)."""
     import torch
 
     import attnlab
-    from attnlab.transformer import cache
 
     q, k = torch.ones(1, 1, 2, 4, dtype=torch.float64), torch.ones(1, 1, 3, 4, dtype=torch.float64)
     _, w = attnlab.attention(q, k, k, lengths=torch.tensor([2]), causal=True, return_weights=True, backend="torch")
-    per_sequence = float(w[0, 0, 0, 1]) == 0.0  # query 0 sits at position 0 (= lengths − Tq + 0), not at 1
-    assert per_sequence == cache.ALIGNED_BY_LENGTHS
+    assert float(w[0, 0, 0, 1]) == 0.0  # query 0 sits at position 0 (= lengths − Tq + 0), not at 1
+    assert w[0, 0].tolist() == [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]
 
 
 def _full_reference(kind, keys, values, q, qpos, window, sink):
@@ -147,9 +147,15 @@ def test_a_bfloat16_cache_under_float32_queries():
     step = cache.begin(torch.tensor([2]), 2)
     k = torch.randn(1, HKV, 2, D)
     read = cache.update(0, step, k, k, torch.float32)
-    assert cache.layers[0].k.dtype == torch.bfloat16 and read.k.dtype == torch.float32
-    assert torch.equal(read.k[0, :, :2], k[0].to(torch.bfloat16).float())
+    # a float32 query reads a 16-bit cache as stored (a view, no copy): attention() takes the mix
+    assert cache.layers[0].k.dtype == torch.bfloat16 and read.k.dtype == torch.bfloat16
+    assert read.k.data_ptr() == cache.layers[0].k.data_ptr()
+    assert torch.equal(read.k[0, :, :2].float(), k[0].to(torch.bfloat16).float())
+    assert read.kwargs()["kv_checked"] and read.kwargs()["k_norm"] >= float(k.norm(dim=-1).max()) * (1 - 2 ** -7)
     assert cache.nbytes == 2 * 2 * HKV * D * 8 * 2
+    # a float64 query reads it widened, exactly; a float16 one rounded, so that its call checks the keys again
+    assert cache.update(1, step, k, k, torch.float64).kwargs()["kv_checked"]
+    assert "kv_checked" not in cache.update(1, step, k, k, torch.float16).kwargs()
 
 
 @pytest.mark.parametrize("k, error, match", [

@@ -180,11 +180,24 @@ def test_hooks_run_at_every_step(decoder_folder):
     assert g.ids[0].tolist() != m.generate([PROMPT], 30, cache="window").ids[0].tolist()
 
 
-def _decoding_backends():
-    from attnlab.transformer.cache import ALIGNED_BY_LENGTHS
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+def test_greedy_decoding_with_a_head_knocked_out_is_recomputing_with_it(decoder_folder, family):
+    """knockout's hooks in generate: each greedy token is the argmax of the whole sequence so far, recomputed
+    without a cache under the same hooks (the cache holds the knocked-out run's keys and values)."""
+    import torch
 
-    # the kernel takes no dense mask: it serves decoding once the cache's reads need none (the per-sequence rule)
-    return ["torch", "sdpa", "blockwise", "numpy", "auto"] + (["kernel"] if ALIGNED_BY_LENGTHS else [])
+    from attnlab.interventions.ablation import knockout
+
+    m = _model(decoder_folder, family)
+    keep = torch.ones(m.config.num_layers, m.config.num_heads)
+    keep[0, 1] = 0.0
+    hooks = knockout(m.config, keep)
+    g = m.generate([PROMPT], 16, fwd_hooks=hooks)
+    seq = list(PROMPT)
+    for t in range(16):
+        seq.append(int(_full_logits(m, seq, hooks)[-1].argmax()))
+        assert seq[-1] == int(g.ids[0, t])
+    assert g.ids[0].tolist() != m.generate([PROMPT], 16).ids[0].tolist()  # the knockout changed the text
 
 
 def test_a_watched_pattern_reads_the_cache_in_the_model(decoder_folder):
@@ -200,7 +213,8 @@ def test_a_watched_pattern_reads_the_cache_in_the_model(decoder_folder):
                          ("blocks.1.attn.hook_pattern", (1, 4, 1, len(PROMPT) + 11))]  # a global one, every key
 
 
-@pytest.mark.parametrize("backend", _decoding_backends())
+# every backend, the kernel too: the cache's reads need no dense mask (causal with lengths is each sequence's own)
+@pytest.mark.parametrize("backend", ["torch", "sdpa", "blockwise", "numpy", "auto", "kernel"])
 def test_every_backend_that_serves_decoding_agrees(decoder_folder, backend):
     import torch
 
@@ -320,6 +334,33 @@ def test_a_dense_cache_past_the_positions_says_which_cache_allows_it(decoder_fol
         encoder.generate([[1, 2]], 2)
 
 
+def test_decoding_checks_the_cache_once_when_appended_and_a_plain_call_checks_everything(decoder_folder, monkeypatch):
+    """Entries are checked when the cache appends them; each step's attention call then scans q alone
+    (kv_checked, k_norm), never the whole cache again, while a plain attnlab.attention call checks q, k and v."""
+    import torch
+
+    import attnlab
+    from attnlab.reference import validate
+
+    scanned = []
+    check = validate.check_finite
+
+    def spy(name, x):
+        scanned.append((name, tuple(x.shape)))
+        return check(name, x)
+
+    m = _model(decoder_folder, "llama", "float32")
+    free = m.generate([PROMPT, PROMPT[:5]], 6)
+    monkeypatch.setattr(validate, "check_finite", spy)
+    g = m.generate([PROMPT, PROMPT[:5]], 6)
+    assert torch.equal(g.ids, free.ids)
+    assert scanned and {name for name, _ in scanned} == {"q"}
+    scanned.clear()
+    x = torch.ones(1, 2, 3, 4)
+    attnlab.attention(x, x, x, causal=True)
+    assert [name for name, _ in scanned] == ["q", "k", "v"]
+
+
 @pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "dense"), ("mistral", "window")])
 def test_the_compiled_decode_pass_generates_what_torch_does(decoder_folder, family, cache, monkeypatch):
     """backend="kernel": each one-token step (GQA, the cache's lengths, a band) goes through kernel.decode."""
@@ -330,10 +371,10 @@ def test_the_compiled_decode_pass_generates_what_torch_does(decoder_folder, fami
     steps = []
     real = kernel.decode
     monkeypatch.setattr(kernel, "decode", lambda *a, **kw: steps.append(a[1].shape) or real(*a, **kw))
-    g = _model(decoder_folder, family, "float32", "kernel").generate([PROMPT], 40, cache=cache)
-    want = _model(decoder_folder, family, "float32", "torch").generate([PROMPT], 40, cache=cache)
+    g = _model(decoder_folder, family, "float32", "kernel").generate([PROMPT, PROMPT[:4]], 40, cache=cache)
+    want = _model(decoder_folder, family, "float32", "torch").generate([PROMPT, PROMPT[:4]], 40, cache=cache)
     assert float((g.logits - want.logits).abs().max()) < 1e-4
-    assert len(steps) >= 2 * 39  # two layers, every decoded step (and the prompt: 9 rows)
+    assert len(steps) >= 2 * 39  # two layers, every decoded step of the ragged batch (and the prompt: 9 rows)
 
 
 def test_generate_leaves_each_steps_backend_to_auto(decoder_folder, monkeypatch):

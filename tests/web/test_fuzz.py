@@ -23,7 +23,8 @@ pytestmark = pytest.mark.needs("fastapi")  # every test runs the viewer's app
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 OPERATIONS = [("POST", "/api/maps"), ("POST", "/api/head"), ("POST", "/api/neuron"), ("POST", "/api/roles"),
               ("POST", "/api/rollout"),
-              ("POST", "/api/find-head"), ("POST", "/api/generate"), ("GET", "/api/info"), ("GET", "/api/scene")]
+              ("POST", "/api/find-head"), ("POST", "/api/generate"), ("POST", "/api/patch"), ("POST", "/api/attribute"),
+              ("GET", "/api/info"), ("GET", "/api/scene")]
 EXAMPLES = 15  # per operation and mode
 
 
@@ -145,3 +146,31 @@ def test_a_decoder_gets_no_server_error_when_generating(tiny_folder):
 
     run()
     assert 200 in statuses, statuses  # it generated, not only refused
+
+
+@pytest.mark.needs("torch", "transformers")
+@pytest.mark.parametrize("path", ["/api/patch", "/api/attribute"])
+def test_a_decoder_gets_no_server_error_when_patching_or_attributing(tiny_folder, path):
+    """/api/patch and /api/attribute on a tiny Gemma-2 (a decoder): valid bodies, most of them made
+    runnable (the target a one-token word, the corrupted text the clean one with its last character
+    changed, usually as many tokens), are served or refused with a documented status, never a 5xx."""
+    from attnlab.web.guard import allowed_hosts
+    from attnlab.web.server import create_app
+
+    app = create_app(str(tiny_folder("gemma2")), hosts={*allowed_hosts(), "testserver"})
+    operation = schemathesis.openapi.from_asgi("/openapi.json", app)[path]["POST"]
+    statuses = []
+
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE), runnable=st.booleans())
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    def run(case, runnable):
+        if runnable:
+            case.body["target"] = "the"
+            if "clean" in case.body:
+                clean = case.body["clean"]
+                case.body["corrupted"] = clean[:-1] + ("b" if clean[-1] == "a" else "a")
+        statuses.append(case.call_and_validate(checks=CHECKS).status_code)
+
+    run()
+    assert 200 in statuses, statuses  # it ran the tool, not only refused

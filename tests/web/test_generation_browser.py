@@ -31,8 +31,10 @@ def choose(page, step: int, layer: int, head: int) -> None:
     page.select_option("#gen-head", str(head))
 
 
-def check_lines(page, want: np.ndarray) -> None:
-    page.wait_for_function("(n) => window.attnlab.generation.drawn().length === n", arg=len(want))
+def check_lines(page, want: np.ndarray, step: int, layer: int, head: int) -> None:
+    page.wait_for_function("([n, s, l, h]) => { const c = window.attnlab.generation.state();"
+                           " return c.step === s - 1 && c.layer === l && c.head === h"
+                           " && window.attnlab.generation.drawn().length === n; }", arg=[len(want), step, layer, head])
     drawn = np.array(page.evaluate("() => window.attnlab.generation.drawn()"))
     np.testing.assert_array_equal(drawn[:, 0], np.arange(len(want)))
     np.testing.assert_allclose(drawn[:, 1], want, atol=6e-6)
@@ -53,7 +55,7 @@ def test_page_draws_the_rows_of_the_step_and_head_chosen(page, decoder, steps, t
         want = steps.attention[0][step - 1][layer - 1, head - 1]
         assert page.inner_text("#gen-caption").startswith(f"attnlab:decoder: layer {layer}, head {head}. Step {step}:")
         assert page.locator("#gen-tokens .chosen").get_attribute("data-index") == str(P - 2 + step)
-        check_lines(page, want)
+        check_lines(page, want, step, layer, head)
     page.select_option("#gen-display", "heat")
     page.wait_for_selector("#gen-heat")
     t, j = 7, int(want.argmax())
@@ -93,5 +95,5 @@ def test_served_view_generates_and_draws_the_librarys_rows(page, decoder, decode
     P = want.prompt_lengths[0]
     assert len(labels) == P + 12 and "".join(labels[P:]).replace("␣", " ") == want.text[0].replace("\n", "↵")
     choose(page, 9, 2, 3)
-    check_lines(page, want.attention[0][8][1, 2])
+    check_lines(page, want.attention[0][8][1, 2], 9, 2, 3)
     page.screenshot(path=str((SHOTS or tmp_path) / "generation.png"), full_page=True)

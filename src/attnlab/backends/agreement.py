@@ -12,8 +12,6 @@ backend that refuses a case says why; that is not a failure.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -23,9 +21,10 @@ import numpy as np
 
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import BACKENDS, refusals
+from attnlab.backends.options import Options
 from attnlab.backends.request import Request, prepare
 from attnlab.reference import attention as reference
-from attnlab.reference.masks import causal_mask, window_mask
+from attnlab.reference.masks import by_batch, causal_mask, window_mask
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}  # absolute, outputs of unit scale
 LOW_PRECISION_FACTOR = 2.0  # float16/bfloat16: at most this times plain torch's error
@@ -36,6 +35,11 @@ PLAIN = "torch"  # the yardstick in float16/bfloat16: the reference's math in th
 # tiles (which do not divide 1025 either) so the blockwise loop stays short there.
 SMALL_TILES = (16, 23)
 SMALL_TILES_UP_TO = 1 << 16  # scores per head
+SMALL_TILES_KEYS = 1 << 10  # and keys: a decode case over 4,099 keys keeps the default tiles (which divide 4,099 neither)
+# Long caches (Tk of 100,003): key blocks of 4,093 keys (dividing no case's length either), so that the
+# blockwise loop runs a few dozen tiles, not hundreds of the default 256 keys.
+LONG_TILES = (16, 4093)
+LONG_TILES_FROM = 1 << 16  # keys
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: the cases are constants
@@ -48,6 +52,7 @@ class Case:
     tk: int
     dv: int
     options: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs for attention(); NumPy values
+    kv_dtype: str | None = None  # k and v stored in this 16-bit dtype under a float32 query (tensors only)
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -55,7 +60,12 @@ class Case:
 
     @property
     def small(self) -> bool:
-        return self.q_shape[2] * self.tk <= SMALL_TILES_UP_TO
+        return self.q_shape[2] * self.tk <= SMALL_TILES_UP_TO and self.tk <= SMALL_TILES_KEYS
+
+    @property
+    def tiles(self) -> tuple[int, int] | None:
+        """The block size the backends that take one get on this case (None: their defaults)."""
+        return SMALL_TILES if self.small else LONG_TILES if self.tk >= LONG_TILES_FROM else None
 
 
 def _cases() -> tuple[Case, ...]:
@@ -74,14 +84,40 @@ def _cases() -> tuple[Case, ...]:
         Case("grouped-query causal", (2, 6, 41, 16), 2, 41, 16, (("causal", True),)),
         Case("sliding window (5, 2)", (2, 2, 70, 16), 2, 70, 16, (("window", (5, 2)),)),
         Case("causal sliding window 8", (1, 2, 70, 16), 2, 70, 16, (("window", 8), ("causal", True))),
-        # every key restriction at once: in the second sequence (23 keys) the last 17 query rows see none
+        # every key restriction at once: the second sequence (23 keys) places query i at 23 − 30 + i, so its first 7 rows see none
         Case("grouped-query, Tq<Tk, causal window, padding", (2, 4, 30, 16), 2, 50, 8,
              (("causal", True), ("window", 10), ("lengths", np.array([50, 23])))),
         Case("scale=1", (2, 2, 20, 8), 2, 20, 8, (("scale", 1.0),)),
     )
 
 
-CASES: tuple[Case, ...] = _cases()
+def _decode_cases() -> tuple[Case, ...]:
+    """Decoding: Tq = 1 and 4 new tokens over caches of 1, 97, 4,099 and 100,003 keys (causal, each
+    sequence placed at its own length), GQA ratios 1, 4 and 8, windows, ragged lengths, and 16-bit
+    caches under a float32 query. Small heads where the cache is long: a check, not a benchmark."""
+    causal = (("causal", True),)
+
+    def ragged(*n: int) -> tuple[tuple[str, Any], ...]:
+        return (*causal, ("lengths", np.array(n)))
+
+    return (
+        Case("decode Tq=1 Tk=1", (2, 2, 1, 16), 2, 1, 16, causal),
+        Case("decode Tq=4 Tk=1 (3 rows before the cache)", (2, 4, 4, 16), 1, 1, 16, ragged(1, 0)),
+        Case("decode Tq=1 Tk=97 GQA 4 ragged", (3, 8, 1, 32), 2, 97, 32, ragged(97, 40, 0)),
+        Case("decode Tq=4 Tk=97 GQA 8 ragged window 16", (3, 8, 4, 16), 1, 97, 16,
+             (*ragged(97, 50, 2), ("window", (15, 0)))),
+        Case("decode Tq=1 Tk=4099 GQA 8 window 256", (1, 8, 1, 16), 1, 4099, 16, (*causal, ("window", (255, 0)))),
+        Case("decode Tq=4 Tk=4099 ragged", (2, 2, 4, 16), 2, 4099, 16, ragged(4099, 1000)),
+        Case("decode Tq=1 Tk=100003 GQA 8", (1, 8, 1, 16), 1, 100003, 16, causal),
+        Case("decode Tq=4 Tk=100003 GQA 4 ragged window 1024", (2, 4, 4, 8), 1, 100003, 8,
+             (*ragged(100003, 70001), ("window", (1023, 0)))),
+        Case("decode Tq=1 Tk=4099 GQA 4 bfloat16 cache", (1, 8, 1, 16), 2, 4099, 16, ragged(4099), "bfloat16"),
+        Case("decode Tq=4 Tk=97 float16 cache ragged", (2, 4, 4, 16), 4, 97, 16, ragged(97, 30), "float16"),
+    )
+
+
+DECODE_CASES: tuple[Case, ...] = _decode_cases()
+CASES: tuple[Case, ...] = (*_cases(), *DECODE_CASES)
 
 
 def case(name: str) -> Case:
@@ -106,43 +142,48 @@ def allowed_of(
 ) -> np.ndarray:
     """attention()'s causal, window, lengths and mask as one boolean mask (True = may attend), from
     :mod:`attnlab.reference.masks`: (Tq, Tk), or (*batch, Tq, Tk) broadcastable with ``lengths`` (ints over
-    the first of ``batch_dims`` leading dims; by default as many as ``lengths`` has)."""
-    allowed = causal_mask(tq, tk) if causal else np.ones((tq, tk), bool)
+    the first of ``batch_dims`` leading dims; by default as many as ``lengths`` has). With causal and
+    lengths the band is each sequence's own (query i of sequence b at lengths[b] − Tq + i)."""
+    n = None if lengths is None else by_batch(lengths, np.ndim(lengths) if batch_dims is None else batch_dims)
+    ends = n if causal else None
+    allowed = causal_mask(tq, tk, lengths=ends) if causal else np.ones((tq, tk), bool)
     if window is not None:
         left, right = window if isinstance(window, (tuple, list)) else (window, window)
-        allowed = allowed & window_mask(tq, tk, left=left, right=right)
-    if lengths is not None:
-        n = np.asarray(lengths)
-        n = n.reshape(n.shape + (1,) * ((n.ndim if batch_dims is None else batch_dims) - n.ndim))
+        allowed = allowed & window_mask(tq, tk, left=left, right=right, lengths=ends)
+    if n is not None:
         allowed = allowed & (np.arange(tk) < n[..., None, None])
     if mask is not None:
         allowed = allowed & np.asarray(mask)
     return allowed
 
 
-def reference_of(
-    q: Any, k: Any, v: Any, *, causal: bool = False, window: Any = None, lengths: Any = None, mask: Any = None,
-    bias: Any = None, scale: float | None = None, return_weights: bool = False, return_lse: bool = False,
-) -> Any:
-    """What attention() must return, by the float64 spec alone: ``attention()``'s options (NumPy values)
-    written out as repeated key/value heads and one dense mask (:func:`allowed_of`).
+def reference_of(q: Any, k: Any, v: Any, **options: Any) -> Any:
+    """What attention() must return, by the float64 spec alone: ``attention()``'s options (NumPy values,
+    :class:`~attnlab.backends.options.Options`) written out as repeated key/value heads and one dense
+    mask (:func:`allowed_of`).
 
     Grouped-query heads are repeated (query head h uses key/value head h // G). Returns ``out``, or
     a tuple ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)`` as asked, in float64.
     """
+    o = Options.of(options, caller="reference_of()")
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     if q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] not in (1, q.shape[-3]):
         g = q.shape[-3] // k.shape[-3]
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
-    allowed = allowed_of(q.shape[-2], k.shape[-2], causal=causal, window=window, lengths=lengths, mask=mask,
+    allowed = allowed_of(q.shape[-2], k.shape[-2], causal=o.causal, window=o.window, lengths=o.lengths, mask=o.mask,
                          batch_dims=q.ndim - 2)
-    bias = None if bias is None else np.asarray(bias, np.float64)
-    res = reference.attention(q, k, v, mask=allowed, bias=bias, scale=scale, return_weights=return_weights)
-    if not return_lse:
+    bias = None if o.bias is None else np.asarray(o.bias, np.float64)
+    res = reference.attention(q, k, v, mask=allowed, bias=bias, scale=o.scale, return_weights=o.wants_weights,
+                              softcap=o.softcap)
+    if o.weights_rows is not None:
+        res = (res[0], res[1][..., np.asarray(o.weights_rows).reshape(-1), :])
+    if not o.return_lse:
         return res
-    s = reference.scores(q, k, scale=scale) + (0.0 if bias is None else bias)
-    lse = reference.logsumexp(np.where(allowed, s, -np.inf))
-    return (*res, lse) if return_weights else (res, lse)
+    s = reference.scores(q, k, scale=o.scale)
+    if o.softcap is not None:
+        s = o.softcap * np.tanh(s / o.softcap)
+    lse = reference.logsumexp(np.where(allowed, s + (0.0 if bias is None else bias), -np.inf))
+    return (*res, lse) if o.wants_weights else (res, lse)
 
 
 # ------------------------------------------------------------------ running a case
@@ -157,8 +198,11 @@ def libraries() -> list[str]:
     return ["numpy", "torch:cpu"] + (["torch:cuda"] if torch.cuda.is_available() else [])
 
 
-def dtypes(library: str) -> list[str]:
-    """The dtypes an array library is checked in: float16/bfloat16 on tensors only (NumPy has no bfloat16)."""
+def dtypes(library: str, case: Case | None = None) -> list[str]:
+    """The dtypes an array library is checked in: float16/bfloat16 on tensors only (NumPy has no bfloat16).
+    A case with a 16-bit cache: its float32 query, on tensors only."""
+    if case is not None and case.kv_dtype is not None:
+        return ["float32"] if library != "numpy" else []
     return ["float64", "float32"] + (list(LOW_PRECISION) if library != "numpy" else [])
 
 
@@ -190,16 +234,9 @@ def _exact(args: tuple, kwargs: dict[str, Any], **flags: Any) -> Any:
     return reference_of(*(to_float64(x) for x in args), **{n: to_float64(x) for n, x in kwargs.items()}, **flags)
 
 
-@functools.cache
-def _defaults() -> dict[str, Any]:
-    """attention()'s keywords and their defaults, which prepare() takes all of (but the backend's name)."""
-    params = inspect.signature(attention).parameters.values()
-    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "backend"}
-
-
-def request_of(q: Any, k: Any, v: Any, **kwargs: Any) -> Request:
-    """The request that ``attention(q, k, v, **kwargs)`` shows the backends (without the backend's name)."""
-    return prepare(q, k, v, **{**_defaults(), **kwargs}).request
+def request_of(q: Any, k: Any, v: Any, **options: Any) -> Request:
+    """The request that ``attention(q, k, v, **options)`` shows the backends (without the backend's name)."""
+    return prepare(q, k, v, Options.of(options)).request
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,10 +253,10 @@ class Target:
     note: str = ""  # how the tolerance was set, where it was measured
 
     def call_kwargs(self, backend: str) -> dict[str, Any]:
-        """attention()'s keywords for ``backend``: the case's, with small tiles where it takes a block size."""
+        """attention()'s keywords for ``backend``: the case's, with the case's tiles where it takes a block size."""
         kw = dict(self.kwargs)
-        if self.case.small and "block_size" in BACKENDS[backend].supports.features:
-            kw["block_size"] = SMALL_TILES
+        if self.case.tiles is not None and "block_size" in BACKENDS[backend].supports.features:
+            kw["block_size"] = self.case.tiles
         return kw
 
     def request(self, backend: str, **extra: Any) -> Request:
@@ -256,7 +293,9 @@ class Target:
 
 def target(case: Case, library: str, dtype: str) -> Target:
     """``case`` in ``library`` and ``dtype``, with its expected answer and tolerance."""
-    args = tuple(_convert(x, library, dtype) for x in data(case))
+    q, k, v = data(case)
+    kv = case.kv_dtype or dtype  # a 16-bit cache is rounded to its dtype; the reference takes the values as stored
+    args = (_convert(q, library, dtype), _convert(k, library, kv), _convert(v, library, kv))
     kwargs = {n: _convert(x, library, dtype) for n, x in case.options}
     t = Target(case, library, dtype, args, kwargs, _exact(args, kwargs), TOLERANCE.get(dtype, np.inf))
     if dtype not in LOW_PRECISION:
@@ -299,7 +338,7 @@ def run_check(tick: Callable[[str], None] | None = None) -> list[CheckRow]:
     rows: list[CheckRow] = []
     for c in CASES:
         for library in libraries():
-            for dtype in dtypes(library):
+            for dtype in dtypes(library, c):
                 t = target(c, library, dtype)
                 for name in BACKENDS:
                     if tick:

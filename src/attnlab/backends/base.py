@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,12 +32,19 @@ FEATURES = {
     "bias_grad": "a gradient of the bias",
     "block_size": "a block size (block_size=)",
     "softcap": "logit softcapping (softcap=)",
+    "kv_dtype": "keys and values in another dtype than the query (a 16-bit cache under a float32 query)",
 }
 
 
 def asked(r: Request) -> list[str]:
     """The features of FEATURES that ``r`` asks for."""
     return [f for f in FEATURES if (r.problem.groups > 1 if f == "gqa" else getattr(r, f))]
+
+
+def refusal(s: Supports, feature: str) -> str:
+    """The reason a backend that declares ``s`` gives for a feature it does not serve."""
+    hint = s.instead.get(feature)
+    return f"does not support {FEATURES[feature]}" + (f" ({hint})" if hint else "")
 
 
 # The largest score bound a backend computing in each dtype accepts: a quarter of the dtype's range,
@@ -47,12 +54,16 @@ OVERFLOW_LIMIT = {"float16": 65504.0 / 4, "bfloat16": 3.39e38 / 4, "float32": 3.
 
 @dataclass(frozen=True)
 class Supports:
-    """What a backend serves: array libraries ("numpy", "torch"), devices ("cpu" or "any"), dtypes, features."""
+    """What a backend serves: array libraries ("numpy", "torch"), devices ("cpu" or "any"), dtypes, features.
+
+    ``instead``: for a feature it does not serve, what to ask for instead (its refusal says so).
+    """
 
     libraries: frozenset[str]
     devices: str
     dtypes: frozenset[str]
     features: frozenset[str]
+    instead: dict[str, str] = field(default_factory=dict, hash=False)
 
 
 class Backend:
@@ -77,7 +88,7 @@ class Backend:
             reasons.append(f"runs on {s.devices} only, got {r.device}")
         if r.dtype not in s.dtypes:
             reasons.append(f"computes {', '.join(d for d in validate.FLOAT_DTYPES if d in s.dtypes)} only, got {r.dtype}")
-        reasons += [f"does not support {FEATURES[f]}" for f in asked(r) if f not in s.features]
+        reasons += [refusal(s, f) for f in asked(r) if f not in s.features]
         if r.dtype in s.dtypes and r.score_bound > (limit := OVERFLOW_LIMIT[self.compute_dtype(r.dtype)]):
             reasons.append(f"scores reach up to {r.score_bound:.3g} (|scale|·max|q|·max|k|), beyond what it computes in "
                            f"{self.compute_dtype(r.dtype)} without overflow ({limit:.3g}); scale q or k down, or use float64")

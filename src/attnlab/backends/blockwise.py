@@ -71,11 +71,12 @@ def canonical(call: Call) -> Canonical:
             x = x.to(dtype) if torch_in else x.astype(dtype, copy=False)
         return xp.broadcast_to(x, (*p.batch, p.tq, p.tk)).reshape(*lead, groups, p.tq, p.tk)
 
-    klen = None
+    klen = ends = None
     if call.klen is not None:
-        klen = call.klen.reshape(b, groups)  # (B, G)
+        klen = ends = call.klen.reshape(b, groups)  # (B, G)
         klen = xp.from_numpy(np.array(klen)).to(q.device) if torch_in else klen
-    tiling = Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.mask), bias=view(call.bias))
+    tiling = Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.options.mask),
+                    bias=view(call.options.bias), ends=ends if call.options.by_length else None)
     return Canonical(q, k, v, tiling, torch_in)
 
 
@@ -112,9 +113,9 @@ def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
     """
     c, p = canonical(call), call.problem
     if call.request.grad:
-        out, lse = autograd_function().apply(c.q, c.k, c.v, c.tiling, p.scale, call.block_size, forward, backward)
+        out, lse = autograd_function().apply(c.q, c.k, c.v, c.tiling, p.scale, call.options.block_size, forward, backward)
     else:
-        out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=call.block_size)
+        out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=call.options.block_size)
     weights = None
     if call.rows is not None:
         if c.torch:  # a diagnostic: computed outside the graph
@@ -146,15 +147,10 @@ class BlockwiseBackend(Backend):
         libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
-        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size"}),
+        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size",
+                            "kv_dtype"}),
+        instead={"weights": "it never materialises (Tq, Tk); ask weights_rows= for the rows you need"},
     )
-
-    def refusals(self, r: Request) -> list[str]:
-        reasons = super().refusals(r)
-        if r.weights:  # say what to do instead
-            reasons = [w + " (it never materialises (Tq, Tk); ask weights_rows= for the rows you need)"
-                       if "every weight" in w else w for w in reasons]
-        return reasons
 
     def compute_dtype(self, dtype: str) -> str:
         return work_dtype(dtype)

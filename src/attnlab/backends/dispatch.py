@@ -29,6 +29,7 @@ from attnlab.backends.blockwise import BlockwiseBackend
 from attnlab.backends.eager import TorchBackend
 from attnlab.backends.kernel import KernelBackend
 from attnlab.backends.numpy_ref import NumpyBackend
+from attnlab.backends.options import Options
 from attnlab.backends.request import Request, prepare
 from attnlab.backends.sdpa import SdpaBackend
 
@@ -78,8 +79,7 @@ def _listing(reasons: dict[str, list[str]]) -> str:
 
 
 def _run_for_calibration(name: str, qkv: tuple, causal: bool) -> Any:
-    call = prepare(*qkv, mask=None, bias=None, causal=causal, scale=None, window=None, lengths=None,
-                   return_weights=False, weights_rows=None, return_lse=False, block_size=None)
+    call = prepare(*qkv, Options(causal=causal))
     return BACKENDS[name].run(call)[0]
 
 

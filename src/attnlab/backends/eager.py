@@ -27,7 +27,7 @@ class TorchBackend(Backend):
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "lse", "grad", "bias_grad",
-                            "softcap"}),
+                            "softcap", "kv_dtype"}),
     )
 
     def more_refusals(self, r: Request) -> list[str]:
@@ -39,12 +39,12 @@ class TorchBackend(Backend):
     def run(self, call: Call) -> tuple[Any, Any, Any]:
         import torch
 
-        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.bias))
+        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.options.bias))
         g = call.problem.groups
-        k, v = repeat_groups(k, g), repeat_groups(v, g)
+        k, v = repeat_groups(k.to(q.dtype), g), repeat_groups(v.to(q.dtype), g)  # a 16-bit cache: q's dtype
         s = torch.matmul(q, k.transpose(-1, -2)) * call.problem.scale  # (..., Tq, Tk)
-        if call.softcap is not None:
-            s = torch.tanh(s / call.softcap) * call.softcap
+        if call.options.softcap is not None:
+            s = torch.tanh(s / call.options.softcap) * call.options.softcap
         if bias is not None:
             s = s + bias.to(s.dtype)
         allowed = dense_mask(call)

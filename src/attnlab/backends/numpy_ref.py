@@ -33,8 +33,8 @@ class NumpyBackend(Backend):
         g = call.problem.groups
         k, v = repeat_groups(call.k, g), repeat_groups(call.v, g)
         want = call.request.weights or call.request.weights_rows
-        res = reference.attention(call.q, k, v, mask=dense_mask(call), bias=call.bias, scale=call.problem.scale,
-                                  return_weights=want, softcap=call.softcap)
+        res = reference.attention(call.q, k, v, mask=dense_mask(call), bias=call.options.bias, scale=call.problem.scale,
+                                  return_weights=want, softcap=call.options.softcap)
         if not want:
             return res, None, None
         out, w = res

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.backends.options import Options
 from attnlab.reference import validate
-from attnlab.reference.masks import band_mask, combine
+from attnlab.reference.masks import band_mask, by_batch, combine
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,9 @@ class Request:
     grad: bool  # autograd will need gradients of q, k or v through this call
     bias_grad: bool  # ... and of the bias
     block_size: bool  # a block size was given (a blockwise parameter)
+    softcap: bool  # logit softcapping (Gemma-2)
+    kv_dtype: bool  # k and v stored in another dtype than q (a 16-bit cache under a float32 query)
     visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
-    softcap: bool = False  # logit softcapping (Gemma-2)
     score_bound: float = 0.0  # no score |scale·q·k + bias| exceeds this (Cauchy–Schwarz): what overflow checks use
 
     @property
@@ -50,64 +52,28 @@ class Request:
 
 @dataclass(frozen=True)
 class Call:
-    """The checked arguments of one call (q, k, v as given: NumPy arrays or torch tensors)."""
+    """The checked arguments of one call (q, k, v as given: NumPy arrays or torch tensors) and its options."""
 
     q: Any
     k: Any
     v: Any
-    mask: Any
-    bias: Any
+    options: Options
     left: int | None  # band: query i sees keys pos(i) − left .. pos(i) + right (None = unbounded)
     right: int | None
     klen: np.ndarray | None  # key-padding lengths broadcast to the batch shape, int64
     rows: np.ndarray | None  # query rows whose weights are wanted
-    block_size: Any
     request: Request
-    softcap: float | None = None  # c: scaled scores become c · tanh(s / c) before bias and mask
 
     @property
     def problem(self) -> validate.Problem:
         return self.request.problem
 
 
-def _window(window: Any) -> tuple[int, int] | None:
-    if window is None:
-        return None
-    pair = (window, window) if not isinstance(window, (tuple, list)) else tuple(window)
-    if len(pair) != 2 or any(isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0 for w in pair):
-        raise ValueError(f"window must be an int >= 0 (keys each side) or a pair (left, right) of them, got {window!r}")
-    return int(pair[0]), int(pair[1])
-
-
-def band(causal: bool, window: Any) -> tuple[int | None, int | None]:
-    """The band (left, right) of ``causal`` and ``window`` (see :func:`attnlab.attention`): query at position
-    p sees keys p − left .. p + right, None = unbounded; causal cuts the right side at 0."""
-    win = _window(window)
-    left = None if win is None else win[0]
-    right = 0 if causal else None
-    if win is not None:
-        right = win[1] if right is None else min(right, win[1])
-    return left, right
-
-
 def _lengths(lengths: Any, p: validate.Problem) -> np.ndarray | None:
-    """Key-padding lengths: ints shaped like the first dims of the batch, e.g. (B,) for (B, H, T, D)."""
+    """Key-padding lengths broadcast to the batch shape (they are shaped like its first dims, e.g. (B,))."""
     if lengths is None:
         return None
-    if validate.is_torch(lengths):
-        lengths = lengths.detach().cpu().numpy()
-    arr = np.asarray(lengths)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"lengths must be integers (real keys per sequence), got dtype {arr.dtype}")
-    if arr.ndim > len(p.batch) or tuple(arr.shape) != tuple(p.batch[: arr.ndim]):
-        raise ValueError(
-            f"lengths must have the shape of the leading batch dims {p.batch} or a prefix of it "
-            f"(e.g. {p.batch[:1]}), got {tuple(arr.shape)}"
-        )
-    if ((arr < 0) | (arr > p.tk)).any():
-        raise ValueError(f"lengths must lie in 0..Tk={p.tk}, got values from {arr.min()} to {arr.max()}")
-    arr = arr.reshape(arr.shape + (1,) * (len(p.batch) - arr.ndim))  # left-aligned with the batch dims
-    return np.broadcast_to(arr.astype(np.int64), p.batch)
+    return np.broadcast_to(by_batch(validate.check_lengths(lengths, p), len(p.batch)), p.batch)
 
 
 def _rows(rows: Any, p: validate.Problem) -> np.ndarray | None:
@@ -142,25 +108,41 @@ def score_bound(q: Any, k: Any, bias: Any, scale: float, q_max: float, k_max: fl
     First |scale|·D·q_max·k_max; where that is large, the closer |scale|·max|q_i|·max|k_j| (Cauchy–Schwarz,
     one more pass over q and k).
     """
-    b_max = 0.0
-    if bias is not None and (bias.numel() if validate.is_torch(bias) else np.size(bias)):
-        b_max = float(bias.detach().abs().max() if validate.is_torch(bias) else np.abs(bias).max())
+    b_max = _bias_max(bias)
     bound = abs(scale) * q.shape[-1] * q_max * k_max
     if bound + b_max <= CHEAP_BOUND_OK:
         return bound + b_max
-
-    def max_norm(x: Any) -> float:  # in the input's dtype (no copy); again in float64 where that overflowed
-        if validate.is_torch(x):
-            import torch
-
-            wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-            norm = float(torch.linalg.vector_norm(x.detach(), dim=-1, dtype=wide).max())
-            return norm if math.isfinite(norm) else float(torch.linalg.vector_norm(x.detach().double(), dim=-1).max())
-        with np.errstate(over="ignore"):
-            norm = float(np.sqrt(np.einsum("...d,...d->...", x, x).max()))
-        return norm if math.isfinite(norm) else float(np.sqrt(np.einsum("...d,...d->...", x, x, dtype=np.float64).max()))
-
     return min(bound, abs(scale) * max_norm(q) * max_norm(k)) + b_max
+
+
+def checked_bound(q: Any, bias: Any, scale: float, k_norm: float) -> float:
+    """The score bound |scale|·max‖q_i‖·k_norm + max|bias| where ``k_norm`` bounds every key's length
+    (keys checked when written): no pass over k."""
+    return abs(scale) * max_norm(q) * k_norm + _bias_max(bias)
+
+
+def max_norm(x: Any) -> float:
+    """The largest row length ‖x_i‖ (last axis) of an array or tensor, 0 when empty: in the input's dtype
+    (no copy, float32 for 16-bit), again in float64 where that overflowed."""
+    if validate.is_torch(x):
+        import torch
+
+        if x.numel() == 0:
+            return 0.0
+        wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        norm = float(torch.linalg.vector_norm(x.detach(), dim=-1, dtype=wide).max())
+        return norm if math.isfinite(norm) else float(torch.linalg.vector_norm(x.detach().double(), dim=-1).max())
+    if x.size == 0:
+        return 0.0
+    with np.errstate(over="ignore"):
+        norm = float(np.sqrt(np.einsum("...d,...d->...", x, x).max()))
+    return norm if math.isfinite(norm) else float(np.sqrt(np.einsum("...d,...d->...", x, x, dtype=np.float64).max()))
+
+
+def _bias_max(bias: Any) -> float:
+    if bias is None or not (bias.numel() if validate.is_torch(bias) else np.size(bias)):
+        return 0.0
+    return float(bias.detach().abs().max() if validate.is_torch(bias) else np.abs(bias).max())
 
 
 def _needs_grad(*xs: Any) -> bool:
@@ -171,50 +153,52 @@ def _needs_grad(*xs: Any) -> bool:
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
 
 
-def prepare(
-    q: Any, k: Any, v: Any, *, mask: Any, bias: Any, causal: bool, scale: Any, window: Any,
-    lengths: Any, return_weights: bool, weights_rows: Any, return_lse: bool, block_size: Any,
-    softcap: Any = None,
-) -> Call:
-    """Check every argument (errors name the argument, what it got and what was expected)."""
-    p = validate.check_qkv(q, k, v, scale, gqa=True, finite=False)
-    q_max, k_max, _ = (validate.check_finite(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-    validate.check_mask(mask, p)
-    validate.check_bias(bias, p)
-    cap = validate.check_softcap(softcap)
-    for name, value in (("causal", causal), ("return_weights", return_weights), ("return_lse", return_lse)):
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-    if return_weights and weights_rows is not None:
-        raise ValueError("pass return_weights=True (every row) or weights_rows= (chosen rows), not both")
-    for name, x in (("mask", mask), ("bias", bias)):
+def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
+    """Check q, k, v against ``options`` (default: none given); errors name the argument, what it got and
+    what was expected. k and v are read for NaN/Inf (and their magnitude) unless ``options.kv_checked``."""
+    o = Options() if options is None else options
+    if not isinstance(o, Options):
+        raise TypeError(f"options must be an attnlab.backends.options.Options, got {type(o).__name__}")
+    p = validate.check_qkv(q, k, v, o.scale, gqa=True, finite=False)
+    validate.check_mask(o.mask, p)
+    validate.check_bias(o.bias, p)
+    for name, x in (("mask", o.mask), ("bias", o.bias)):
         if x is not None and validate.is_torch(x) != validate.is_torch(q):
             raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
-    left, right = band(causal, window)
+    left, right = o.band
     torch_in = validate.is_torch(q)
     request = Request(
         library="torch" if torch_in else "numpy",
         device=str(q.device) if torch_in else "cpu",
         dtype=p.dtype,
         problem=p,
-        mask=mask is not None,
-        bias=bias is not None,
+        mask=o.mask is not None,
+        bias=o.bias is not None,
         band=left is not None or right is not None,
-        causal=bool(causal),
-        window=window is not None,
-        lengths=lengths is not None,
-        weights=bool(return_weights),
-        weights_rows=weights_rows is not None,
-        lse=bool(return_lse),
-        grad=_needs_grad(q, k, v, bias),
-        bias_grad=_needs_grad(bias) if bias is not None else False,
-        block_size=block_size is not None,
+        causal=o.causal,
+        window=o.window is not None,
+        lengths=o.lengths is not None,
+        weights=o.return_weights,
+        weights_rows=o.weights_rows is not None,
+        lse=o.return_lse,
+        grad=_needs_grad(q, k, v, o.bias),
+        bias_grad=_needs_grad(o.bias) if o.bias is not None else False,
+        block_size=o.block_size is not None,
+        softcap=o.softcap is not None,
+        kv_dtype=p.kv_dtype != p.dtype,
         visible=_visible(p.tk, left, right),
-        score_bound=score_bound(q, k, bias, p.scale, q_max, k_max),
-        softcap=cap is not None,
+        score_bound=_bound(q, k, v, o, p),
     )
-    return Call(q, k, v, mask, bias, left, right, _lengths(lengths, p), _rows(weights_rows, p), block_size, request,
-                softcap=cap)
+    return Call(q, k, v, o, left, right, _lengths(o.lengths, p), _rows(o.weights_rows, p), request)
+
+
+def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem) -> float:
+    """The call's score bound, after the finite checks: of q, k and v, or of q alone where k and v were checked."""
+    q_max = validate.check_finite("q", q)
+    if o.kv_checked:
+        return checked_bound(q, o.bias, p.scale, o.k_norm)
+    k_max, _ = (validate.check_finite(name, x) for name, x in (("k", k), ("v", v)))
+    return score_bound(q, k, o.bias, p.scale, q_max, k_max)
 
 
 def dense_mask(call: Call) -> np.ndarray | None:
@@ -226,12 +210,13 @@ def dense_mask(call: Call) -> np.ndarray | None:
     p = call.problem
     parts = []
     if call.left is not None or call.right is not None:
-        parts.append(band_mask(p.tq, p.tk, left=call.left, right=call.right))  # (Tq, Tk)
+        ends = call.klen if call.options.by_length else None  # each sequence's own positions
+        parts.append(band_mask(p.tq, p.tk, left=call.left, right=call.right, lengths=ends))  # (Tq, Tk) or (*batch, Tq, Tk)
     if call.klen is not None:
         parts.append(np.arange(p.tk) < call.klen[..., None, None])  # (*batch, 1, Tk)
     if not parts:
-        return call.mask
-    m = call.mask
+        return call.options.mask
+    m = call.options.mask
     if m is not None and validate.is_torch(m):
         m = m.detach().cpu().numpy()
     return combine(m, *parts)

@@ -1,7 +1,8 @@
 """The ``sdpa`` backend: ``torch.nn.functional.scaled_dot_product_attention``, attnlab's conventions kept.
 
 Translated faithfully: causal with Tq ≠ Tk is aligned bottom-right (SDPA's ``is_causal`` is
-top-left), so that case, windows and key padding go in as an explicit mask; a row with nothing to
+top-left), so that case, windows and key padding (with causal each sequence's own band: query i of
+sequence b at lengths[b] − Tq + i) go in as an explicit mask; a row with nothing to
 attend to gives zeros (SDPA's kernels differ on it); k/v with fewer heads use ``enable_gqa``.
 Fused kernels keep no weights: SDPA refuses calls that ask for weights or the LSE.
 """
@@ -63,7 +64,7 @@ class SdpaBackend(Backend):
         import torch
         import torch.nn.functional as F
 
-        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.bias))
+        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.options.bias))
         batch = call.problem.batch
         gqa = call.problem.groups > 1
         kv_batch = (*batch[:-1], k.shape[-3]) if gqa else batch

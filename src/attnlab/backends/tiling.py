@@ -82,7 +82,8 @@ class Tiling:
     """Which scores exist: the band, key-padding lengths, a boolean mask and an additive bias.
 
     ``left``/``right``: query i sees keys pos(i) − left .. pos(i) + right, pos(i) = Tk − Tq + i
-    (None = unbounded; causal is right = 0). ``klen`` (B, G): keys j ≥ klen are padding.
+    (None = unbounded; causal is right = 0), or with ``ends`` (B, G) (NumPy ints: causal with lengths)
+    each sequence's own, pos(i) = ends − Tq + i. ``klen`` (B, G): keys j ≥ klen are padding.
     ``mask`` (bool, True = may attend) and ``bias`` are views broadcast to (..., G, Tq, Tk) whose
     leading dims flatten to B; a tile of them is copied out only when visited.
     """
@@ -94,10 +95,14 @@ class Tiling:
     klen: Any = None
     mask: Any = None
     bias: Any = None
+    ends: np.ndarray | None = None
 
     @property
-    def _offset(self) -> int:
-        return self.tk - self.tq
+    def _offsets(self) -> tuple[int, int]:
+        """The least and the greatest pos(i) − i over the sequences."""
+        if self.ends is None:
+            return self.tk - self.tq, self.tk - self.tq
+        return int(self.ends.min()) - self.tq, int(self.ends.max()) - self.tq
 
     def _klen_range(self) -> tuple[int, int]:
         if self.klen is None:
@@ -106,7 +111,7 @@ class Tiling:
 
     def key_blocks(self, i0: int, i1: int, block_k: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int, bool]]:
         """(k0, k1, edge) for the key blocks (of keys start..stop−1) that queries i0..i1−1 may see; edge: the band cuts the tile."""
-        p0, p1 = i0 + self._offset, i1 - 1 + self._offset  # positions of the first and last query
+        p0, p1 = i0 + self._offsets[0], i1 - 1 + self._offsets[1]  # the first and last query's positions
         lo, hi = start, self._klen_range()[1] if stop is None else min(stop, self._klen_range()[1])
         if self.left is not None:
             lo = max(lo, p0 - self.left)
@@ -121,9 +126,14 @@ class Tiling:
 
     def mask_tile(self, lib: Lib, s4: Any, rows: Any, k0: int, k1: int, edge: bool) -> None:
         """Hide (−inf) and bias the scores s4 (B, G, r, k1 − k0) of queries ``rows``, in place."""
-        if edge:
+        if edge and self.ends is not None:  # each sequence's band: (B, G, r, k1 − k0)
+            idx = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows)
+            hidden = ~band_mask(self.tq, self.tk, left=self.left, right=self.right, rows=idx, cols=np.arange(k0, k1),
+                                lengths=self.ends)
+            lib.fill_hidden_(s4, lib.asarray(hidden))
+        elif edge:
             if isinstance(rows, slice):  # a tile's band depends only on where it sits relative to the diagonal
-                p0, p1 = rows.start + self._offset, rows.stop - 1 + self._offset
+                p0, p1 = rows.start + self._offsets[0], rows.stop - 1 + self._offsets[0]
                 # only the columns left of p1 − left and right of p0 + right hold hidden scores: fill those
                 for c0, c1 in (
                     (k0, min(k1, p1 - self.left) if self.left is not None else k0),

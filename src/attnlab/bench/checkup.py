@@ -14,6 +14,7 @@ from typing import Any
 from attnlab.backends import calibrate
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import explain
+from attnlab.backends.options import Options
 from attnlab.backends.request import prepare
 
 # The usual profiles auto measures: one long head, and a BERT-base layer's twelve heads; full and causal.
@@ -44,8 +45,7 @@ def auto_choices(shapes: Iterable[tuple[int, ...]] = PROFILES, causal: Iterable[
         for c in causal:
             with torch.no_grad():
                 attention(q, k, v, causal=c)  # the call itself, as a user makes it
-            choice = explain(prepare(q, k, v, mask=None, bias=None, causal=c, scale=None, window=None, lengths=None,
-                                     return_weights=False, weights_rows=None, return_lse=False, block_size=None).request)
+            choice = explain(prepare(q, k, v, Options(causal=c)).request)
             rows.append(AutoChoice(tuple(shape), c, choice.backend, choice.measured, choice.reason))
     return rows
 

@@ -9,7 +9,8 @@ in the same run (:func:`read_bandwidth`). The methods:
 - ``attention``: ``attnlab.attention(q, k, v, causal=True, backend="kernel")``, a plain call (it
   checks q, k and v for NaN/Inf first);
 - ``generate``: the call attnlab's ``generate`` makes at each step (:data:`GENERATE_KWARGS`: the
-  cache's lengths, causal; k, v the filled prefix of a cache one slot longer), ``backend="auto"``;
+  cache's lengths, causal, the entries checked when written and the largest key length; k, v the
+  filled prefix of a cache one slot longer), ``backend="auto"``;
 - ``tiles``: the kernel's many-row path (``block_size=kernel.BLOCK`` forces it; a float32 copy of a
   16-bit cache);
 - ``sdpa-gqa``: ``torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)``;
@@ -31,7 +32,7 @@ from attnlab.bench.sweep import machine, memory_available
 from attnlab.bench.timing import interleaved, torch_threads
 
 DECODE_METHODS = ("attention", "generate", "tiles", "sdpa-gqa", "sdpa-repeated")
-GENERATE_KWARGS = {"causal": True, "window": None}  # with lengths=: what cache.Read.kwargs() gives a dense step
+GENERATE_KWARGS = {"causal": True, "window": None, "kv_checked": True}  # with lengths= and k_norm=: cache.Read.kwargs()
 STORED = ("float32", "bfloat16", "float16")
 
 
@@ -141,7 +142,8 @@ def run(cfg: DecodeConfig, tick: Any = None) -> DecodeResult:
 
 
 def _caches(cfg: DecodeConfig, dtype: str, n: int, count: int) -> list[tuple]:
-    """``count`` (q, k, v): k and v the first n slots of a cache of n + 1, as attnlab's KV cache holds them."""
+    """``count`` (q, k, v): k and v the first n slots of a cache of n + 1, as attnlab's KV cache holds them,
+    q in their dtype (SDPA's) and as float32 (attnlab's: a float32 model's query over a 16-bit cache)."""
     import torch
 
     dt = getattr(torch, dtype)
@@ -150,7 +152,7 @@ def _caches(cfg: DecodeConfig, dtype: str, n: int, count: int) -> list[tuple]:
     for _ in range(count):
         q = torch.randn(cfg.batch, cfg.heads, 1, cfg.d, generator=gen).to(dt)  # (B, H, 1, D)
         k, v = (torch.randn(cfg.batch, cfg.kv_heads, n + 1, cfg.d, generator=gen).to(dt)[:, :, :n] for _ in "kv")
-        out.append((q, k, v))  # k, v (B, H_kv, n, D) views
+        out.append((q, q.float(), k, v))  # k, v (B, H_kv, n, D) views
     return out
 
 
@@ -162,8 +164,9 @@ def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) 
     from attnlab.backends.api import attention
 
     g = cfg.heads // cfg.kv_heads
-    lengths = torch.full((cfg.batch,), n)
-    repeated = [(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)) for q, k, v in caches] if repeated_fits else []
+    step = _generate_kwargs(cfg, n, caches[0][2])
+    repeated = [(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)) for q, _, k, v in caches] if repeated_fits else []
+    ours, theirs = [(q32, k, v) for _, q32, k, v in caches], [(q, k, v) for q, _, k, v in caches]
     turn = {"i": 0}
 
     def cycling(fn: Any, sets: list[tuple]) -> Any:
@@ -174,17 +177,29 @@ def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) 
 
     calls = {
         "attention": lambda q, k, v: attention(q, k, v, causal=True, backend="kernel"),
-        "generate": lambda q, k, v: attention(q, k, v, lengths=lengths, backend="auto", **GENERATE_KWARGS),
+        "generate": lambda q, k, v: attention(q, k, v, backend="auto", **step),
         "tiles": lambda q, k, v: attention(q, k, v, causal=True, backend="kernel", block_size=kernel.BLOCK),
         "sdpa-gqa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         "sdpa-repeated": F.scaled_dot_product_attention,
     }
-    return {m: cycling(fn, repeated if m == "sdpa-repeated" else caches) for m, fn in calls.items()
+    sets = {"sdpa-gqa": theirs, "sdpa-repeated": repeated}
+    return {m: cycling(fn, sets.get(m, ours)) for m, fn in calls.items()
             if m in cfg.methods and (m != "sdpa-repeated" or repeated_fits)}
+
+
+def _generate_kwargs(cfg: DecodeConfig, n: int, k: Any) -> dict[str, Any]:
+    """The keywords of generate's call at a step over ``n`` cached keys ``k`` (its largest key length
+    as the cache keeps it)."""
+    import torch
+
+    from attnlab.backends.request import max_norm
+
+    return {"lengths": torch.full((cfg.batch,), n), "k_norm": max_norm(k), **GENERATE_KWARGS}
 
 
 def _one(cfg: DecodeConfig, dtype: str, n: int, llc: int, bandwidth: float, tick: Any) -> list[DecodeMeasurement]:
     from attnlab.backends.dispatch import explain
+    from attnlab.backends.options import Options
     from attnlab.backends.request import prepare
 
     size = cfg.cache_bytes(n, dtype)
@@ -197,12 +212,8 @@ def _one(cfg: DecodeConfig, dtype: str, n: int, llc: int, bandwidth: float, tick
     times, _, _ = interleaved(calls, lambda key, out: None, cfg.repeats, tick=tick)
     median = {m: statistics.median(t) for m, t in times.items()}
     sdpa = min((median[m] for m in ("sdpa-gqa", "sdpa-repeated") if m in median), default=None)
-    q, k, v = caches[0]
-    import torch
-
-    chosen = explain(prepare(q, k, v, mask=None, bias=None, scale=None, lengths=torch.full((cfg.batch,), n),
-                             return_weights=False, weights_rows=None, return_lse=False, block_size=None,
-                             **GENERATE_KWARGS).request).backend
+    _, q32, k, v = caches[0]
+    chosen = explain(prepare(q32, k, v, Options(**_generate_kwargs(cfg, n, k))).request).backend
     found = []
     for m in cfg.methods:
         if m not in median:

@@ -27,6 +27,7 @@ import numpy as np
 from attnlab.backends import kernel, tiling
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import Choice, explain, refusals
+from attnlab.backends.options import Options
 from attnlab.backends.request import prepare
 from attnlab.reference import attention as reference
 from attnlab.reference.masks import band_mask
@@ -107,8 +108,7 @@ def estimate_bytes(method: str, n: int, d: int, heads: int) -> float:
 
 
 def _request(q: Any, k: Any, v: Any, causal: bool) -> Any:
-    return prepare(q, k, v, mask=None, bias=None, causal=causal, scale=None, window=None, lengths=None,
-                   return_weights=False, weights_rows=None, return_lse=False, block_size=None).request
+    return prepare(q, k, v, Options(causal=causal)).request
 
 
 def auto_choice(data: dict[str, Any], causal: bool) -> Choice:

@@ -25,11 +25,41 @@ JSON_HELP = "Write the result as JSON to PATH; '-' for stdout (then no tables ar
 MODEL_HELP = ("A model folder or a hub id (BERT/RoBERTa/GPT-2-style), or attnlab:decoder (the bundled decoder); "
               "default: the bundled all-MiniLM-L6-v2.")
 REVISION_HELP = "The hub revision (commit) to pin, for a hub id."
+DECODER_HELP = ("A decoder's folder or hub id (GPT-2, Llama, Mistral, Qwen2, Gemma-2-style); default: attnlab:decoder, "
+                "the small decoder bundled with attnlab (trained on Python's standard-library docstrings).")
 
 
 def model_option() -> Any:
     """``--model``, the same in every command: refused when empty, which would read as the current folder."""
     return typer.Option(None, "--model", help=MODEL_HELP, callback=not_empty("--model"))
+
+
+def decoder_option() -> Any:
+    """``--model`` of the commands that run attnlab's transformer on a decoder (default: attnlab:decoder)."""
+    return typer.Option(None, "--model", help=DECODER_HELP, callback=not_empty("--model"))
+
+
+def load_decoder(model: str | None, command: str, python: str) -> tuple[Any, str]:
+    """(attnlab's transformer for ``model``, its name): None is attnlab:decoder. An encoder is refused
+    from its config.json before its weights load, and a model without a tokenizer after, since the
+    command takes text (``python``: the library call that takes token ids instead)."""
+    import json
+
+    from attnlab.locate.folder import DECODER, resolve
+    from attnlab.transformer import Transformer
+    from attnlab.transformer.config import TransformerConfig
+
+    name = model or DECODER
+    folder, model_id, _ = resolve(name)
+    config = TransformerConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    if not config.causal:
+        raise ValueError(f"--model {model!r} is a {config.family} encoder ({model_id}); {command} needs a decoder "
+                         f"(leave out --model for the bundled attnlab:decoder)")
+    net = Transformer.from_pretrained(name)
+    if net.tokenizer is None:
+        raise ValueError(f"--model {name!r} has no tokenizer; attnlab {command} takes text (use {python} with "
+                         "token ids)")
+    return net, name
 
 
 def revision_option() -> Any:

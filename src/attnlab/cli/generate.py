@@ -14,12 +14,10 @@ from typing import Any
 
 import typer
 
-from attnlab.cli.common import err, json_option, out_file, write_json
+from attnlab.cli.common import decoder_option, err, json_option, load_decoder, out_file, write_json
 
 CACHES = ("dense", "window", "sink")
 SAMPLING = "Sampling is on when --temperature, --top-k or --top-p is given; otherwise greedy."
-MODEL_HELP = ("A decoder's folder or hub id (GPT-2, Llama, Mistral, Qwen2, Gemma-2-style); default: attnlab:decoder, "
-              "the small decoder bundled with attnlab (trained on Python's standard-library docstrings).")
 
 
 def check_flags(prompt: str, temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None,
@@ -46,20 +44,6 @@ def check_flags(prompt: str, temperature: float | None, top_k: int | None, top_p
     if window is not None and cache == "dense":
         raise ValueError(f"--window {window} goes with --cache window or sink; a dense cache keeps every position")
     return sample
-
-
-def refuse_encoder(model: str | None) -> None:
-    """An encoder asked to generate is refused from its config.json, before its weights load."""
-    import json
-
-    from attnlab.locate.folder import DECODER, resolve
-    from attnlab.transformer.config import TransformerConfig
-
-    folder, model_id, _ = resolve(model or DECODER)
-    config = TransformerConfig.from_hf(json.loads((folder / "config.json").read_text()))
-    if not config.causal:
-        raise ValueError(f"--model {model!r} is a {config.family} encoder ({model_id}); generate needs a decoder "
-                         f"(leave out --model for the bundled attnlab:decoder)")
 
 
 class Printer:
@@ -99,7 +83,7 @@ def speed(start: float, printer: Printer, prompt_tokens: int) -> dict:
 
 def generate(
     prompt: str = typer.Argument(..., help="The text to continue."),
-    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    model: str = decoder_option(),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", min=1, help="How many tokens to generate, at most."),
     temperature: float = typer.Option(None, "--temperature", help=f"Divide the logits by T > 0. {SAMPLING}"),
     top_k: int = typer.Option(None, "--top-k", help=f"Sample among the K most likely tokens (K >= 1). {SAMPLING}"),
@@ -121,15 +105,7 @@ def generate(
     Sampling is on when --temperature, --top-k or --top-p is given; otherwise greedy.
     """
     sample = check_flags(prompt, temperature, top_k, top_p, seed, cache, window, sink)
-    refuse_encoder(model)
-    from attnlab.locate.folder import DECODER
-    from attnlab.transformer import Transformer
-
-    model_id = model or DECODER
-    net = Transformer.from_pretrained(model_id)
-    if net.tokenizer is None:
-        raise ValueError(f"--model {model_id!r} has no tokenizer; attnlab generate takes text (use Transformer.generate "
-                         "with token ids)")
+    net, model_id = load_decoder(model, "generate", "Transformer.generate")
     out = sys.stderr if json_path == "-" else sys.stdout
     printer = Printer(net.tokenizer, out, prompt)
     kw = dict(sample=sample, temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,

@@ -33,7 +33,7 @@ FIGURES: dict[str, list[tuple[str, str]]] = {
     "maps": [("5_bank_head.png", "bank_head"), ("5_role_heads.png", "role_heads")],
     "cost": [("6_cost.png", "cost_curves"), ("6_serving.png", "planplot:serving_figure")],
     "next": [("7_next.png", "next_maps")],
-    "transformer": [("8_induction.png", "induction:induction_training")],  # "module:function" in attnlab.viz
+    "transformer": [("8_induction.png", "induction:induction_training"), ("8_circuit.png", "induction:induction_circuit")],  # "module:function" in attnlab.viz
 }
 
 

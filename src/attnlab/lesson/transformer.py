@@ -6,7 +6,9 @@ FlashAttention-2 backward), is trained on the CPU on random tokens in which a ra
 repeats at a random offset, so only copying can predict the repeat and position alone cannot.
 The section shows the loss on the repeated part over the steps (the sudden drop of Olsson et al.
 2022), the maps of every head before and after, the roles found (a previous-token head in layer 1,
-an induction head in layer 2, with their scores) and what knocking them out does to the loss.
+an induction head in layer 2, with their scores), what knocking them out does to the loss, and the
+circuit proved by patching (:mod:`attnlab.lesson.circuit`): which head's output carries the copying,
+and that the previous-token head reaches the induction head through its keys.
 
 The set-up. With learned absolute positions, an induction head can form in layer 2 without a
 previous-token head in layer 1: with positions in the residual stream a layer-1 head can find the
@@ -28,6 +30,13 @@ from typing import Any
 import numpy as np
 
 from attnlab.analysis.induction import induction_score, source_pattern
+from attnlab.lesson.circuit import (
+    SEQUENCES,
+    circuit,
+    circuit_findings,
+    circuit_tables,
+    corrupt,
+)
 from attnlab.lesson.fmt import num
 from attnlab.lesson.section import Section, table
 from attnlab.maps.heads import Head
@@ -178,9 +187,41 @@ def _ablations(net: Any, ex: Any, et: Any, es: Any, prev_head: int, ind_head: in
     return out
 
 
+def _circuit(net: Any, c: InductionConfig) -> dict:
+    """Patching and path patching on fresh sequences of the training kind (their own seed): lesson.json's ``circuit``."""
+    rng = np.random.default_rng([c.seed, 2])
+    x, targets, source = repeats(rng, SEQUENCES, c)
+    return circuit(net, x, targets, source, corrupt(rng, x, source, c.vocab))
+
+
 def _maps(weights: tuple, i: int = 0) -> list:
     """Every head's map of held-out sequence ``i``, [L][H][T][T], rounded for lesson.json."""
     return [np.round(w[i].numpy().astype(np.float64), 4).tolist() for w in weights]
+
+
+def _tables(c: InductionConfig, run: dict, losses: dict, prev_head: int, ind_head: int) -> tuple:
+    """The section's tables of training: the curve, every head's scores, the knock-outs."""
+    h, before, after = run["history"], run["before"], run["after"]
+    score_rows = [[f"layer {layer + 1}, head {head + 1}", num(before["previous_token"][layer, head], 2),
+                   num(after["previous_token"][layer, head], 2), num(before["induction"][layer, head], 2),
+                   num(after["induction"][layer, head], 2)]
+                  for layer in range(2) for head in range(c.heads)]
+    curve_rows = [[s, f"{t:.1f}", f"{r:.2f}", f"{p[0]:.2f}", f"{i[1]:.2f}"]
+                  for s, t, r, p, i in zip(h["step"], h["seconds"], h["repeat_loss"], h["previous_token"],
+                                           h["induction"]) if s % 100 == 0 or s == c.steps]
+    return (
+        table("The loss on the repeat and the best scores over training",
+              ["step", "seconds", "loss on the repeat (nats)", "best previous-token score, layer 1",
+               "best induction score, layer 2"], curve_rows),
+        table("Every head's scores, before and after training",
+              ["head", "previous-token before", "previous-token after", "induction before", "induction after"],
+              score_rows),
+        table("The loss on the repeat with heads knocked out (zeroed)", ["heads out", "loss (nats)"],
+              [["none", f"{losses['none']:.2f}"],
+               [f"the induction head (layer 2, head {ind_head + 1})", f"{losses['induction_head']:.2f}"],
+               [f"the previous-token head (layer 1, head {prev_head + 1})", f"{losses['previous_token_head']:.2f}"],
+               ["both", f"{losses['both']:.2f}"]]),
+    )
 
 
 def transformer_section(seed: int = 0, config: InductionConfig | None = None) -> Section:
@@ -213,26 +254,9 @@ def transformer_section(seed: int = 0, config: InductionConfig | None = None) ->
         f"{losses['previous_token_head']:.2f}; both, {losses['both']:.2f}. A map shows where a head looks; the "
         f"ablation shows the model needs it.",
     )
-    score_rows = [[f"layer {layer + 1}, head {head + 1}", num(before["previous_token"][layer, head], 2),
-                   num(after["previous_token"][layer, head], 2), num(before["induction"][layer, head], 2),
-                   num(after["induction"][layer, head], 2)]
-                  for layer in range(2) for head in range(c.heads)]
-    curve_rows = [[s, f"{t:.1f}", f"{r:.2f}", f"{p[0]:.2f}", f"{i[1]:.2f}"]
-                  for s, t, r, p, i in zip(h["step"], h["seconds"], h["repeat_loss"], h["previous_token"],
-                                           h["induction"]) if s % 100 == 0 or s == c.steps]
-    tables = (
-        table("The loss on the repeat and the best scores over training",
-              ["step", "seconds", "loss on the repeat (nats)", "best previous-token score, layer 1",
-               "best induction score, layer 2"], curve_rows),
-        table("Every head's scores, before and after training",
-              ["head", "previous-token before", "previous-token after", "induction before", "induction after"],
-              score_rows),
-        table("The loss on the repeat with heads knocked out (zeroed)", ["heads out", "loss (nats)"],
-              [["none", f"{losses['none']:.2f}"],
-               [f"the induction head (layer 2, head {ind_head + 1})", f"{losses['induction_head']:.2f}"],
-               [f"the previous-token head (layer 1, head {prev_head + 1})", f"{losses['previous_token_head']:.2f}"],
-               ["both", f"{losses['both']:.2f}"]]),
-    )
+    circ = _circuit(run["net"], c)
+    findings += circuit_findings(circ, Head(1, ind_head).to_dict(), Head(0, prev_head).to_dict())
+    tables = _tables(c, run, losses, prev_head, ind_head) + circuit_tables(circ)
     data = {
         "config": dict(asdict(c), segment=list(c.segment)),
         "induction_score": ind_score,
@@ -254,6 +278,7 @@ def transformer_section(seed: int = 0, config: InductionConfig | None = None) ->
                    "induction": {"before": before["induction"].tolist(), "after": after["induction"].tolist()}},
         "example": {"tokens": ex[0].tolist(), "repeat": et[0].tolist(), "source": es[0].tolist()},
         "maps": {"before": _maps(before["weights"]), "after": _maps(after["weights"])},
+        "circuit": circ,
     }
     return Section(KEY, NUMBER, "The transformer around attention: an induction head being learned", findings, tables,
                    data)

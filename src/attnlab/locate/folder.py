@@ -42,6 +42,10 @@ def _default_folder() -> tuple[Path, str]:
     return Path(pkg.get_model_path()), f"{DEFAULT_PACKAGE.replace('_', '-')}=={pkg.__version__}"
 
 
+# What leaving out --model gives: every command has a bundled model, one of these two
+BUNDLED = "the bundled model (all-MiniLM-L6-v2; attnlab:decoder for generate, patch and attribute)"
+
+
 def decoder_folder() -> Path:
     """The bundled decoder's folder (config.json, model.safetensors, tokenizer.json, training.json)."""
     return Path(__file__).resolve().parents[1] / "transformer" / "decoder"
@@ -62,14 +66,14 @@ def _hub_folder(repo_id: str, revision: str | None) -> tuple[Path, str]:
                 f"model {repo_id!r} at revision {rev!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is "
                 f"set, so it cannot be downloaded; download it once with network access "
                 f"(huggingface-cli download {repo_id} --revision {rev}), pass a local model folder, or omit "
-                f"--model to use the bundled all-MiniLM-L6-v2"
+                f"--model to use {BUNDLED}"
             ) from None
         unreachable = _hub_unreachable()
         if unreachable:
             raise LookupError(
                 f"model {repo_id!r} at revision {rev!r} is not in the Hugging Face cache and the hub cannot be "
                 f"reached ({unreachable}); download it where there is network access, pass a local model folder, "
-                f"or omit --model to use the bundled all-MiniLM-L6-v2"
+                f"or omit --model to use {BUNDLED}"
             )
         log.info("downloading %s at revision %s", repo_id, rev)
         try:
@@ -78,7 +82,7 @@ def _hub_folder(repo_id: str, revision: str | None) -> tuple[Path, str]:
             raise LookupError(
                 f"model {repo_id!r} at revision {rev!r} is neither a local folder nor in the Hugging Face cache, "
                 f"and downloading it failed ({type(e).__name__}: {e}); pass a local model folder or omit --model "
-                f"to use the bundled all-MiniLM-L6-v2"
+                f"to use {BUNDLED}"
             ) from None
     folder = Path(folder)
     if revision is None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.reference import validate
-from attnlab.reference.masks import causal_mask, combine
+from attnlab.reference.masks import by_batch, causal_mask, combine
 
 
 def logsumexp(x: Any, axis: int = -1, keepdims: bool = False) -> np.ndarray:
@@ -58,6 +58,15 @@ def scores(q: Any, k: Any, *, scale: float | None = None) -> np.ndarray:
     return np.matmul(np.asarray(q, np.float64), np.swapaxes(np.asarray(k, np.float64), -1, -2)) * scale
 
 
+def _keys(p: validate.Problem, causal: bool, lengths: Any) -> np.ndarray | None:
+    """The causal band and the key padding as one mask broadcastable to (..., Tq, Tk), or None."""
+    if lengths is None:
+        return causal_mask(p.tq, p.tk) if causal else None
+    n = by_batch(validate.check_lengths(lengths, p), len(p.batch))  # (*batch prefix, 1, …)
+    padding = np.arange(p.tk) < n[..., None, None]  # (..., 1, Tk)
+    return padding & causal_mask(p.tq, p.tk, lengths=n) if causal else padding
+
+
 def attention(
     q: Any,
     k: Any,
@@ -69,18 +78,23 @@ def attention(
     scale: float | None = None,
     return_weights: bool = False,
     softcap: float | None = None,
+    lengths: Any = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Scaled dot-product attention, the float64 specification.
 
     Shapes: q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv); leading dims broadcast.
     mask: bool, True = may attend, broadcastable to (..., Tq, Tk).
     bias: float added to the scores (−inf blocks a pair), broadcastable to (..., Tq, Tk).
-    causal: query i sees keys 0..Tk−Tq+i (aligned bottom-right when Tq ≠ Tk).
+    causal: query i sees keys 0..Tk−Tq+i (aligned bottom-right when Tq ≠ Tk); with ``lengths``
+        each sequence's own: query i of sequence b sees keys 0..lengths[b]−Tq+i.
     scale: default 1/√D; ``scale=1.0`` is the unscaled scene.
     softcap: logit softcapping c > 0 (Gemma-2): the scaled scores become c · tanh(s / c), bounded
         by ±c, before the bias and the mask.
+    lengths: each sequence's real keys, ints shaped like the first batch dims (a prefix of them):
+        keys at positions ≥ length are padding.
 
-    Returns the output (..., Tq, Dv) in the promoted dtype of q, k, v (computed in float64),
+    Returns the output (..., Tq, Dv) in q's dtype where k and v are a 16-bit cache under a float32
+    query, else in the promoted dtype of q, k, v (computed in float64 on the values as stored),
     and with ``return_weights`` the weights (..., Tq, Tk) too.
     """
     p = validate.check_qkv(q, k, v, scale)
@@ -95,7 +109,7 @@ def attention(
         s = softcap * np.tanh(s / softcap)
     if bias is not None:
         s = s + np.asarray(bias, np.float64)
-    allowed = combine(mask, causal_mask(p.tq, p.tk) if causal else None)
+    allowed = combine(mask, _keys(p, causal, lengths))
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
     weights = softmax(s, axis=-1)  # (..., Tq, Tk); all-blocked rows are 0

@@ -2,7 +2,9 @@
 
 Every mask broadcasts to the scores' shape (..., Tq, Tk) and masks combine with :func:`combine`
 (logical and). When Tq ≠ Tk, positions are aligned bottom-right: query i sits at key position
-Tk − Tq + i, as when decoding with a cache (the last query is the newest token).
+Tk − Tq + i, as when decoding with a cache (the last query is the newest token). Given each
+sequence's length (``lengths``, a ragged batch of caches), each sequence's own: query i of sequence
+b sits at lengths[b] − Tq + i, and the mask is (*lengths.shape, Tq, Tk).
 """
 
 from __future__ import annotations
@@ -21,32 +23,40 @@ def _length(name: str, value: Any) -> int:
     return int(value)
 
 
-def _offsets(tq: int, tk: int | None, rows: Any = None, cols: Any = None) -> np.ndarray:
-    """j − pos(i) for queries i in ``rows`` and keys j in ``cols`` (default: all), pos(i) = Tk − Tq + i.
+def _offsets(tq: int, tk: int | None, rows: Any = None, cols: Any = None, lengths: Any = None) -> np.ndarray:
+    """j − pos(i) for queries i in ``rows`` and keys j in ``cols`` (default: all), pos(i) = Tk − Tq + i,
+    or with ``lengths`` (ints, any shape S) pos(i) = lengths − Tq + i, each sequence's own.
 
-    (len(rows), len(cols)); a blockwise kernel asks for one tile at a time.
+    (len(rows), len(cols)), or (*S, len(rows), len(cols)); a blockwise kernel asks for one tile at a time.
     """
     tq = _length("tq", tq)
     tk = tq if tk is None else _length("tk", tk)
     rows = np.arange(tq) if rows is None else np.asarray(rows)
     cols = np.arange(tk) if cols is None else np.asarray(cols)
-    return cols[None, :] - (rows[:, None] + (tk - tq))
+    if lengths is None:
+        return cols[None, :] - (rows[:, None] + (tk - tq))
+    ends = np.asarray(lengths)
+    if ends.dtype == bool or not np.issubdtype(ends.dtype, np.integer):
+        raise TypeError(f"lengths must be integers (each sequence's length), got dtype {ends.dtype}")
+    return cols[None, :] - (rows[:, None] + (ends[..., None, None].astype(np.int64) - tq))  # (*S, rows, cols)
 
 
-def causal_mask(tq: int, tk: int | None = None) -> np.ndarray:
-    """(Tq, Tk): query i may attend to keys up to its own position Tk − Tq + i."""
-    return _offsets(tq, tk) <= 0
+def causal_mask(tq: int, tk: int | None = None, *, lengths: Any = None) -> np.ndarray:
+    """(Tq, Tk): query i may attend to keys up to its own position Tk − Tq + i; with ``lengths``
+    (*S, Tq, Tk), up to lengths − Tq + i."""
+    return _offsets(tq, tk, lengths=lengths) <= 0
 
 
-def window_mask(tq: int, tk: int | None = None, *, left: int, right: int = 0) -> np.ndarray:
-    """(Tq, Tk) sliding window: query i sees keys from pos(i) − left to pos(i) + right.
+def window_mask(tq: int, tk: int | None = None, *, left: int, right: int = 0, lengths: Any = None) -> np.ndarray:
+    """(Tq, Tk) sliding window: query i sees keys from pos(i) − left to pos(i) + right (pos(i) as
+    :func:`causal_mask` places it, by ``lengths`` where given: then (*S, Tq, Tk)).
 
     ``right=0`` is the causal sliding window of Longformer/Mistral; ``right=left`` a symmetric one.
     """
     for name, value in (("left", left), ("right", right)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    off = _offsets(tq, tk)
+    off = _offsets(tq, tk, lengths=lengths)
     return (off >= -left) & (off <= right)
 
 
@@ -58,19 +68,28 @@ def band_mask(
     right: int | None = None,
     rows: Any = None,
     cols: Any = None,
+    lengths: Any = None,
 ) -> np.ndarray:
     """(len(rows), len(cols)): query i sees keys pos(i) − left .. pos(i) + right; ``None`` = unbounded.
 
     The causal mask is ``right=0``, the sliding window ``left=w``; ``rows``/``cols`` (index ranges or
-    arrays, default all) cut out one tile of the (Tq, Tk) mask without building the rest.
+    arrays, default all) cut out one tile of the (Tq, Tk) mask without building the rest. With
+    ``lengths`` (ints, shape S) pos(i) = lengths − Tq + i and the mask is (*S, len(rows), len(cols)).
     """
-    off = _offsets(tq, tk, rows, cols)
+    off = _offsets(tq, tk, rows, cols, lengths)
     keep = np.ones(off.shape, dtype=bool)
     if left is not None:
         keep &= off >= -left
     if right is not None:
         keep &= off <= right
     return keep
+
+
+def by_batch(lengths: Any, batch_dims: int) -> np.ndarray:
+    """``lengths`` shaped like the first of ``batch_dims`` leading dims (a prefix of them), reshaped to
+    broadcast against them: (*lengths.shape, 1, …) with ``batch_dims`` dims in all."""
+    n = np.asarray(lengths)
+    return n.reshape(n.shape + (1,) * (batch_dims - n.ndim))
 
 
 def padding_mask(lengths: Iterable[int], t: int, *, heads: bool = False) -> np.ndarray:

@@ -44,9 +44,14 @@ class Problem:
     tk: int
     d: int
     dv: int
-    dtype: str  # the dtype of the result (promoted from q, k, v)
+    dtype: str  # the dtype of the result: q's (tensors), promoted from q, k, v (NumPy arrays)
     scale: float
     groups: int = 1  # query heads per key/value head (grouped-query attention; 1 = none)
+    kv_dtype: str = ""  # the dtype k and v are stored in: a 16-bit cache under a float32 q, else dtype
+
+    def __post_init__(self) -> None:
+        if not self.kv_dtype:
+            object.__setattr__(self, "kv_dtype", self.dtype)
 
 
 def check_array(name: str, x: Any) -> None:
@@ -158,11 +163,45 @@ def check_qkv(q: Any, k: Any, v: Any, scale: Any = None, *, finite: bool = True,
     if finite:
         for name, x in (("q", q), ("k", k), ("v", v)):
             check_finite(name, x)
-    dtypes = {dtype_name(x) for x in (q, k, v)}
-    if len(dtypes) > 1 and kinds == {True}:
-        raise TypeError(f"q, k and v must share one dtype, got {sorted(dtypes)}")
-    dtype = str(np.result_type(*(np.dtype(t) for t in dtypes))) if kinds == {False} else dtypes.pop()
-    return Problem(batch, int(tq), int(tk), int(d), int(dv), dtype, check_scale(scale, int(d)), groups)
+    dtype, kv_dtype = _dtypes(q, k, v)
+    return Problem(batch, int(tq), int(tk), int(d), int(dv), dtype, check_scale(scale, int(d)), groups, kv_dtype)
+
+
+# A query may read keys and values stored narrower than itself: a 16-bit cache under a float32 query.
+CACHE_DTYPES = {"float32": ("float16", "bfloat16")}
+
+
+def _dtypes(q: Any, k: Any, v: Any) -> tuple[str, str]:
+    """(the result's dtype, k and v's): tensors share one dtype, but for a float32 q over a float16 or
+    bfloat16 k and v (the result is q's); NumPy arrays are promoted together, as NumPy does."""
+    names = [dtype_name(x) for x in (q, k, v)]
+    if not is_torch(q):
+        dtype = str(np.result_type(*(np.dtype(t) for t in names)))
+        return dtype, dtype
+    if names[1] != names[2]:
+        raise TypeError(f"k and v must share one dtype, got k {names[1]} and v {names[2]}")
+    if names[0] != names[1] and names[1] not in CACHE_DTYPES.get(names[0], ()):
+        raise TypeError(f"q, k and v must share one dtype, or q be float32 over float16 or bfloat16 k and v "
+                        f"(a 16-bit cache), got q {names[0]} and k, v {names[1]}")
+    return names[0], names[1]
+
+
+def check_lengths(lengths: Any, p: Problem) -> np.ndarray:
+    """Per-sequence key lengths (an int array or tensor shaped like a prefix of the batch dims, each in
+    0..Tk), as an int64 NumPy array of that shape."""
+    if is_torch(lengths):
+        lengths = lengths.detach().cpu().numpy()
+    arr = np.asarray(lengths)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"lengths must be integers (real keys per sequence), got dtype {arr.dtype}")
+    if arr.ndim > len(p.batch) or tuple(arr.shape) != tuple(p.batch[: arr.ndim]):
+        raise ValueError(
+            f"lengths must have the shape of the leading batch dims {p.batch} or a prefix of it "
+            f"(e.g. {p.batch[:1]}), got {tuple(arr.shape)}"
+        )
+    if arr.size and ((arr < 0) | (arr > p.tk)).any():
+        raise ValueError(f"lengths must lie in 0..Tk={p.tk}, got values from {arr.min()} to {arr.max()}")
+    return arr.astype(np.int64)
 
 
 def check_mask(mask: Any, p: Problem) -> None:

@@ -26,39 +26,30 @@ positions the model has not seen (rotary models compute them; learned positions 
 of :meth:`Transformer.generate` are put back in position order through it.
 
 Entries are validated once, when appended (shape, dtype, finite, after the cast to the cache's
-dtype); the attention calls that read them then skip that scan (``kv_checked``, passed with the
-per-sequence rule: :data:`ALIGNED_BY_LENGTHS`). A cache may hold a
-narrower dtype than the weights (``cache_dtype``, e.g. bfloat16 under float32): it is read back in
-the query's dtype.
+dtype), and each layer keeps the largest key length ‖k_j‖ it was given; the attention calls that
+read them then skip the scan of the whole cache (``kv_checked=True, k_norm=``). A read is one call
+``attnlab.attention(q, k, v, lengths=, causal=True, window=)``: causal with lengths is each sequence's
+own (query i of sequence b at lengths[b] − Tq + i), which is how a step's new tokens are placed.
+A cache may hold a narrower dtype than the weights (``cache_dtype``, e.g. bfloat16 under float32):
+a float32 query reads a float16 or bfloat16 cache as stored (attention() takes that mix); any other
+is read back in the query's dtype.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from attnlab.backends.request import max_norm
+from attnlab.reference.validate import CACHE_DTYPES
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.weights import torch_dtype
 
 KINDS = ("dense", "window", "sink")
 SINK_DEFAULT = 4  # StreamingLLM's choice: four initial tokens carry the attention sink
 DENSE_START = 256  # slots a dense layer starts with when no capacity is given (a model may have 128k positions)
-
-# The single switch of the alignment rule. False: attnlab.attention aligns causal (and a window's band)
-# to the end of the buffer it is given (query i at Tk − Tq + i), so a read whose sequences end at
-# different lengths (a ragged batch) passes the per-sequence alignment (query i of sequence b at
-# lengths[b] − Tq + i) as an explicit mask. True, once attention() has the per-sequence rule and
-# ``kv_checked``: lengths + causal + window alone, always.
-# tests/transformer/test_cache.py checks this constant against attention()'s behaviour.
-ALIGNED_BY_LENGTHS = False
-
-
-def _needs_mask(lengths: torch.Tensor) -> bool:
-    """Under the buffer-end rule, a read of sequences of unequal lengths needs the mask; equal ones end the buffer."""
-    return not ALIGNED_BY_LENGTHS and bool((lengths != lengths[0]).any())
-
 
 @dataclass(frozen=True)
 class Step:
@@ -90,24 +81,40 @@ class Step:
 
 @dataclass(frozen=True)
 class Read:
-    """What one layer's attention reads for one step: keys and values [B, H_kv, Tk, D] in the query's
-    dtype, their ``lengths`` (B,), the band or an explicit mask, and each key's position (B, Tk) (−1: none)."""
+    """What one layer's attention reads for one step: keys and values [B, H_kv, Tk, D] (:func:`_as_read`),
+    their ``lengths`` (B,), the band or an explicit mask, each key's position (B, Tk) (−1: none) and
+    the bound of the key lengths when the keys are read exactly as checked (None: the call checks them)."""
 
     k: torch.Tensor
     v: torch.Tensor
     lengths: torch.Tensor
     window: tuple[int, int] | None
-    mask: torch.Tensor | None  # (B, 1, Tq, Tk) bool where the lengths and the band cannot say it
+    mask: torch.Tensor | None  # (B, 1, Tq, Tk) bool where the lengths and the band cannot say it (a sink's gap)
     key_positions: torch.Tensor
+    k_norm: float | None = None
 
     def kwargs(self) -> dict:
         """The keyword arguments of :func:`attnlab.attention` for this read."""
+        checked = {} if self.k_norm is None else {"kv_checked": True, "k_norm": self.k_norm}
         if self.mask is not None:
-            return {"mask": self.mask, "lengths": self.lengths, "causal": False}
-        kw: dict[str, Any] = {"lengths": self.lengths, "causal": True, "window": self.window}
-        if ALIGNED_BY_LENGTHS:
-            kw["kv_checked"] = True
-        return kw
+            return {"mask": self.mask, "lengths": self.lengths, "causal": False, **checked}
+        return {"lengths": self.lengths, "causal": True, "window": self.window, **checked}
+
+
+def _as_read(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cached keys or values as a ``dtype`` query reads them: as stored where attention() takes the mix
+    (a 16-bit cache under a float32 query), else converted to ``dtype``."""
+    name, want = str(x.dtype).removeprefix("torch."), str(dtype).removeprefix("torch.")
+    return x if name == want or name in CACHE_DTYPES.get(want, ()) else x.to(dtype)
+
+
+def _read(layer: LayerCache, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, window: Any, mask: Any,
+          positions: torch.Tensor, dtype: torch.dtype) -> Read:
+    """A :class:`Read` of the cache's ``k``, ``v`` by a ``dtype`` query; checked where the read is exact
+    (as stored, or widened), so that the attention call skips its own scan."""
+    rk, rv = _as_read(k, dtype), _as_read(v, dtype)
+    exact = rk.dtype == k.dtype or torch.finfo(rk.dtype).bits > torch.finfo(k.dtype).bits
+    return Read(rk, rv, lengths, window, mask, positions, layer.k_norm if exact else None)
 
 
 class LayerCache:
@@ -122,6 +129,7 @@ class LayerCache:
         self.k = torch.zeros(batch, heads, capacity, dim, dtype=dtype, device=device)  # (B, H_kv, C, D)
         self.v = torch.zeros_like(self.k)
         self.slot_positions = torch.full((batch, capacity), -1, dtype=torch.long, device=device)  # (B, C)
+        self.k_norm = 0.0  # the largest ‖k_j‖ ever appended (an upper bound of the keys held)
 
     @property
     def capacity(self) -> int:
@@ -180,11 +188,7 @@ class LayerCache:
         self.write(step, k, v)
         tk = max(int(step.end.max()), 1)
         band = None if self.window is None else (self.window - 1, 0)
-        read = Read(self.k[:, :, :tk].to(dtype), self.v[:, :, :tk].to(dtype), step.end, band, None,
-                    self.slot_positions[:, :tk])
-        # one query per sequence and no band: under either rule it sees every key below its length
-        one = step.tq == 1 and band is None
-        return _with_mask(read, step, self) if not one and _needs_mask(step.end) else read
+        return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], step.end, band, None, self.slot_positions[:, :tk], dtype)
 
 
 class WindowCache(LayerCache):
@@ -206,8 +210,7 @@ class WindowCache(LayerCache):
             self.write(step, k, v)
             n = torch.clamp(step.end, max=self.capacity)  # (B,) filled slots, a prefix of the ring
             tk = int(n.max())
-            return Read(self.k[:, :, :tk].to(dtype), self.v[:, :, :tk].to(dtype), n, None, None,
-                        self.slot_positions[:, :tk])
+            return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], n, None, None, self.slot_positions[:, :tk], dtype)
         read = _gathered(self, step, k, v, dtype)  # before the write: a chunk may overwrite what it reads
         self.write(step, k, v)
         return read
@@ -253,17 +256,17 @@ def _gathered(layer: LayerCache, step: Step, k: torch.Tensor, v: torch.Tensor, d
     index = torch.where(old, old_slot, torch.where(new, new_col, 0))  # (B, Tk)
     kpos = torch.where(old, stored.gather(1, old_slot), torch.where(new, step.start[:, None] + j - count[:, None], -1))
     idx = index[:, None, :, None].expand(B, k.shape[1], tk, k.shape[-1])  # (B, H_kv, Tk, D)
-    keys = torch.cat((layer.k, k), dim=2).gather(2, idx).to(dtype)  # (B, H_kv, C + Tq, D) → (B, H_kv, Tk, D)
-    values = torch.cat((layer.v, v), dim=2).gather(2, idx).to(dtype)
-    read = Read(keys, values, count + step.new, (layer.window - 1, 0), None, kpos)
-    return read if layer.kind == "window" and not _needs_mask(read.lengths) else _with_mask(read, step, layer)
+    keys = torch.cat((layer.k, k), dim=2).gather(2, idx)  # (B, H_kv, C + Tq, D) → (B, H_kv, Tk, D)
+    values = torch.cat((layer.v, v), dim=2).gather(2, idx)
+    read = _read(layer, keys, values, count + step.new, (layer.window - 1, 0), None, kpos, dtype)
+    return read if layer.kind == "window" else _with_mask(read, step, layer)
 
 
 def _with_mask(read: Read, step: Step, layer: LayerCache) -> Read:
     """The read with its visibility as one boolean mask (B, 1, Tq, Tk): each query's position against each key's."""
     qpos = torch.where(step.real, step.positions, -1)  # (B, Tq): padding columns see nothing
     mask = layer.sees(read.key_positions[:, None, :], qpos[:, :, None])  # (B, Tq, Tk)
-    return Read(read.k, read.v, read.lengths, None, mask[:, None], read.key_positions)
+    return replace(read, window=None, mask=mask[:, None])
 
 
 def _check_entries(name: str, x: Any, shape: tuple, dtype: torch.dtype, layer: int) -> torch.Tensor:
@@ -346,6 +349,7 @@ class KVCache:
         shape = (self.batch, lc.k.shape[1], step.tq, lc.k.shape[3])
         k = _check_entries("k", k, shape, self.dtype, layer)
         v = _check_entries("v", v, shape, self.dtype, layer)
+        lc.k_norm = max(lc.k_norm, max_norm(k))
         return lc.update(step, k, v, dtype or self.dtype)
 
     def visible(self, layer: int, step: Step, read: Read) -> torch.Tensor:

@@ -55,9 +55,9 @@ class Pass:
     backend: str
     causal: bool
     positions: Any  # (T,) or (B, T) position of each token
-    lengths: Any  # (B,) real tokens when padding is on the right, else None
-    key_mask: Any  # (B, 1, 1, T) bool when the padding is elsewhere, else None
     hooks: Hooks
+    lengths: Any = None  # (B,) real tokens when padding is on the right, else None
+    key_mask: Any = None  # (B, 1, 1, T) bool when the padding is elsewhere, else None
     rope: Any = None  # rotary cos and sin of the positions, (T, Dh) or (B, 1, T, Dh) each
     kv: KVCache | None = None  # decoding: the cache the new tokens are appended to ...
     step: Step | None = None  # ... and what this call appends
@@ -153,7 +153,7 @@ def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at:
     the softmax) and ``hook_pattern`` can read or replace the scores and weights (B, H, Tq, Tk); z = pattern · v.
     Decoding: the keys are the cache's, in its slot order (``allowed`` says which each query sees)."""
     c, g = p.config, q.shape[1] // k.shape[1]
-    k, v = repeat_groups(k, g), repeat_groups(v, g)  # (B, H, Tk, Dh): each query head's k/v head
+    k, v = repeat_groups(k.to(q.dtype), g), repeat_groups(v.to(q.dtype), g)  # (B, H, Tk, Dh): each query head's k/v head
     scale = c.attn_scale if c.attn_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
     if c.attn_softcap is not None:
@@ -333,7 +333,7 @@ class Transformer(nn.Module):
         if c.position_offset:
             real = ids.ne(c.pad_token_id).long()  # (B, T)
             pos = real.cumsum(-1) * real + c.pad_token_id
-        return Pass(c, backend, c.causal, pos, lengths, key_mask, hooks, self._rope(pos))
+        return Pass(c, backend, c.causal, pos, hooks, lengths=lengths, key_mask=key_mask, rope=self._rope(pos))
 
     def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache, rows: Any) -> torch.Tensor:
         """Decoding: the real tokens of each row right-aligned (a stable sort puts padding first), one
@@ -352,7 +352,7 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids: the cache holds {int(kv.lengths.max())} tokens; {T} more pass the model's "
                              f"{c.max_positions} learned positions")
         pos = step.positions.clamp(min=0)  # (B, T)
-        p = Pass(c, backend, True, pos, None, None, hooks, self._rope(pos), kv, step, rows)
+        p = Pass(c, backend, True, pos, hooks, rope=self._rope(pos), kv=kv, step=step, rows=rows)
         x = self._body(ids, p)
         kv.commit(step)
         return x.scatter(1, order[..., None].expand_as(x), x)  # (B, T, d) in the rows' own order

@@ -6,6 +6,7 @@ no display is needed; save with ``fig.savefig(path)``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +21,24 @@ HIGHLIGHT = "#c0392b"  # the row a figure is about (the viewer's accent colour)
 PAGE_INCHES = 1150 / 110  # the report's page (1150 px) at its 110 dpi: a wider figure is shrunk, and its text with it
 
 
+@dataclass(frozen=True)
+class Cells:
+    """What a heat map's cells hold: the colour bar's name, the axes' names, and whether the values
+    take both signs (then a diverging scale, red below 0 and blue above, symmetric about 0)."""
+
+    value: str = "weight"
+    rows: str = "attending (query)"
+    cols: str = "attended to (key)"
+    signed: bool = False
+
+    @property
+    def cmap(self) -> str:
+        return "RdBu" if self.signed else "Blues"
+
+
+WEIGHTS = Cells()  # attention weights, in 0..1
+
+
 def plot_heatmap(
     weights2d: Any,
     row_labels: list[str],
@@ -31,6 +50,7 @@ def plot_heatmap(
     highlight_rows: tuple[int, ...] = (),
     vmax: float | None = None,
     colorbar: bool = True,
+    cells: Cells = WEIGHTS,
 ):
     """Draw one attention map [Tq, Tk] (weights in 0..1) and return the Figure.
 
@@ -38,7 +58,9 @@ def plot_heatmap(
     their weight in percent when the map is small enough to read (``annotate=None``: up to
     :data:`ANNOTATE_MAX` tokens). ``highlight_rows`` (0-based) are framed and their labels set in
     bold red: the word the figure is about. ``vmax``: the top of the colour scale (default: the
-    map's largest weight); ``colorbar=False`` leaves the scale to the caller (one for several maps).
+    map's largest weight, or largest magnitude for signed cells, whose scale runs from −vmax to
+    vmax); ``colorbar=False`` leaves the scale to the caller (one for several maps). ``cells``: what
+    else than attention weights the grid holds (a patching effect per layer and head, say).
     """
     from matplotlib.figure import Figure
 
@@ -56,12 +78,12 @@ def plot_heatmap(
         ax = fig.add_subplot()
     else:
         fig = ax.figure
-    top = max(1e-9, float(w.max()) if vmax is None else vmax)
-    image = ax.imshow(w, cmap="Blues", vmin=0.0, vmax=top, aspect="equal")
+    top = max(1e-9, float(np.abs(w).max() if cells.signed else w.max()) if vmax is None else vmax)
+    image = ax.imshow(w, cmap=cells.cmap, vmin=-top if cells.signed else 0.0, vmax=top, aspect="equal")
     ax.set_xticks(range(w.shape[1]), col_labels, rotation=60, ha="right", rotation_mode="anchor")
     ax.set_yticks(range(w.shape[0]), row_labels)
-    ax.set_xlabel("attended to (key)")
-    ax.set_ylabel("attending (query)")
+    ax.set_xlabel(cells.cols)
+    ax.set_ylabel(cells.rows)
     ax.tick_params(length=0)
     if annotate is None:
         annotate = max(w.shape) <= ANNOTATE_MAX
@@ -69,7 +91,7 @@ def plot_heatmap(
         dark = 0.6 * top
         for i, j in np.ndindex(*w.shape):
             ax.text(j, i, f"{round(100 * w[i, j])}", ha="center", va="center", fontsize=ANNOTATE_POINTS,
-                    color="white" if w[i, j] > dark else "black", gid="cell")
+                    color="white" if abs(w[i, j]) > dark else "black", gid="cell")
     for r in highlight_rows:
         from matplotlib.patches import Rectangle
 
@@ -81,7 +103,7 @@ def plot_heatmap(
     if title:
         ax.set_title(title)
     if colorbar:
-        fig.colorbar(image, ax=ax, shrink=0.8, label="weight")
+        fig.colorbar(image, ax=ax, shrink=0.8, label=cells.value)
     return fig
 
 
@@ -94,12 +116,13 @@ def plot_maps(maps2d: list[Any], labels: list[list[str]], title: str | None = No
 
 
 def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None = None,
-                 shared_scale: bool = False) -> Figure:
+                 shared_scale: bool = False, cells: Cells = WEIGHTS) -> Figure:
     """Several attention maps side by side, each drawn by :func:`plot_heatmap`, no wider than the
     report's page, so the numbers in the cells are read at the size they are drawn.
 
     ``panels``: dicts with ``weights`` [Tq, Tk], ``rows`` and ``cols`` (labels), ``title`` and
-    optionally ``highlight`` (row indices to frame). ``shared_scale``: one colour scale, 0 to 1, for all.
+    optionally ``highlight`` (row indices to frame). ``shared_scale``: one colour scale for all, 0
+    to 1 (signed ``cells``: −m to m, m the largest magnitude of any panel).
     """
     from matplotlib.figure import Figure
 
@@ -113,13 +136,14 @@ def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None
     fig = Figure(figsize=(ncols * (side + bar) + shared_bar, nrows * side + (0.4 if title else 0)),
                  layout="constrained")
     axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
+    vmax = (max(float(np.abs(p["weights"]).max()) for p in panels) if cells.signed else 1.0) if shared_scale else None
     for ax, p in zip(axes, panels):
         plot_heatmap(p["weights"], p["rows"], p["cols"], title=p["title"], ax=ax, highlight_rows=tuple(p.get("highlight", ())),
-                     vmax=1.0 if shared_scale else None, colorbar=not shared_scale)
+                     vmax=vmax, colorbar=not shared_scale, cells=cells)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     if shared_scale:
-        fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label="weight")
+        fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label=cells.value)
     if title:
         fig.suptitle(title)
     return fig

@@ -49,3 +49,34 @@ def induction_training(data: dict) -> Figure:
                 a.set_ylabel("previous-token" if layer == 0 else "induction", fontsize=9)
     right.suptitle("Where the two heads look (query ↓, key →)", fontsize=10)
     return fig
+
+
+def induction_circuit(data: dict) -> Figure:
+    """The circuit's proof: activation patching's [2, H] grid as a heat map, and the path-patching effects of
+    the sender (the layer-1 head of largest effect through k) into the head found, through q, k and v."""
+    d = data["circuit"]
+    grid = np.asarray(d["patching"]["effect"])
+    head, sender = d["head"], d["sender"]  # 0-based, as lesson.json names heads
+    fig = Figure(figsize=(10.4, 3.6), layout="constrained")
+    heat, bars = fig.subplots(1, 2, width_ratios=[1.5, 1])
+    span = max(float(np.abs(grid).max()), 1e-9)
+    im = heat.imshow(grid, cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
+    for (layer, h), value in np.ndenumerate(grid):
+        heat.text(h, layer, f"{value:.0%}", ha="center", va="center", fontsize=9,
+                  color="white" if abs(value) > 0.6 * span else "black", fontweight="bold" if (layer, h) == (head["layer"], head["head"]) else "normal")
+    heat.set_xticks(range(grid.shape[1]), [f"head {h + 1}" for h in range(grid.shape[1])])
+    heat.set_yticks(range(grid.shape[0]), [f"layer {layer + 1}" for layer in range(grid.shape[0])])
+    heat.set_title("Activation patching: share of the log-probability restored", fontsize=10)
+    fig.colorbar(im, ax=heat, shrink=0.8)
+    inputs = ("q", "k", "v")
+    values = [d["path"][w][sender["head"]] for w in inputs]
+    bars.bar([f"through {w}" for w in inputs], values, color=[PREV if w == "k" else "#999999" for w in inputs])
+    for i, v in enumerate(values):
+        bars.text(i, v, f"{v:.1%}", ha="center", va="bottom", fontsize=9)
+    bars.axhline(0, color=LOSS, lw=0.8)
+    bars.set_ylim(min(0.0, *values) - 0.05, max(1.0, *values) * 1.12)
+    bars.set_ylabel("share of the attention restored")
+    bars.spines[["top", "right"]].set_visible(False)
+    bars.set_title(f"Path patching: layer 1, head {sender['head'] + 1} → layer {head['layer'] + 1}, "
+                   f"head {head['head'] + 1}", fontsize=10)
+    return fig

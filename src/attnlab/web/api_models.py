@@ -21,7 +21,8 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
     """Every request and answer model of the API, for sentences of at most ``max_chars``
     characters, at most ``max_sentences`` at a time, and generations of at most ``max_new`` tokens."""
     return SimpleNamespace(**_requests(max_sentences, max_chars, default_overview), **_map_answers(),
-                           **_head_answers(), **_scene_answers(), **_generation(max_chars, max_new))
+                           **_head_answers(), **_scene_answers(), **_generation(max_chars, max_new),
+                           **_circuits(max_chars))
 
 
 def _models(names: dict[str, Any]) -> dict[str, type]:
@@ -103,6 +104,10 @@ def _map_answers() -> dict[str, type]:
         refusal: str | None = Field(description="why this model cannot generate (an encoder); null: it can")
         max_new_tokens: int
 
+    class CircuitsInfoOut(BaseModel):
+        refusal: str | None = Field(description="why /api/patch and /api/attribute cannot run this model (an "
+                                    "encoder); null: they can")
+
     class InfoOut(BaseModel):
         model_id: str
         revision: str | None
@@ -113,6 +118,7 @@ def _map_answers() -> dict[str, type]:
         max_chars: int
         encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; attentions decoder and cross exist")
         generate: GenerateInfoOut = Field(description="what /api/generate can do with this model")
+        circuits: CircuitsInfoOut = Field(description="whether /api/patch and /api/attribute can run this model")
 
     class OverviewOut(BaseModel):
         size: int
@@ -285,5 +291,68 @@ def _generation(max_chars: int, max_new: int) -> dict[str, type]:
         prompt: str | None
         text: str | None = Field(description="the new tokens decoded")
         steps: list[StepOut]
+
+    return _models(locals())
+
+
+def _circuits(max_chars: int) -> dict[str, type]:
+    """What /api/patch and /api/attribute take (texts of at most ``max_chars``, tokens as their text) and
+    answer: ``heads`` [layer][head], 0-based, for the model view's colours."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    Text = Annotated[str, Field(min_length=1, max_length=max_chars, pattern=r"\S")]
+    Token = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS, description="one token of the model, as "
+                                 "its text reads in running text (a leading space included: ' Paris')")]
+    HEADS = "[layer][head], 0-based"
+
+    class PatchIn(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        clean: Text = Field(description="the text where the model predicts target")
+        corrupted: Text = Field(description="the same number of tokens, what matters changed")
+        target: Token
+        baseline: Token | None = Field(None, description="the metric becomes target's logit minus this one's")
+
+    class AttributeIn(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        text: Text
+        target: Token
+        baseline: Token | None = None
+
+    class CircuitModelOut(BaseModel):
+        id: str
+        num_layers: int
+        num_heads: int
+
+    class PatchOut(BaseModel):
+        model: CircuitModelOut
+        metric: str = Field(description="in words: the logit (difference) measured at the last position")
+        target: int = Field(description="the target's token id")
+        baseline: int | None
+        clean_labels: list[str]
+        corrupted_labels: list[str]
+        heads: list[list[float]] = Field(description=f"{HEADS}: (patched − corrupted) / (clean − corrupted) of the "
+                                         "metric, each head's output put back from the clean run")
+        clean: float = Field(description="the metric on the clean text")
+        corrupted: float = Field(description="the metric on the corrupted text")
+
+    class ComponentOut(BaseModel):
+        kind: str = Field(description="embed, pos_embed, head, mlp or bias")
+        label: str = Field(description="for people: L1H3 (1-based), mlp 2, embed, bias")
+        layer: int | None = Field(None, description="0-based, for a head or an MLP")
+        head: int | None = Field(None, description="0-based, for a head")
+        value: float
+
+    class AttributeOut(BaseModel):
+        model: CircuitModelOut
+        metric: str
+        labels: list[str] = Field(description="the text's tokens")
+        target: int
+        baseline: int | None
+        heads: list[list[float]] = Field(description=f"{HEADS}: each head's direct contribution to the metric")
+        components: list[ComponentOut] = Field(description="every component's direct contribution, in the "
+                                               "model's order")
+        total: float = Field(description="the sum of the components")
+        logit: float = Field(description="the model's own logit (difference) at the last position, before any softcap")
+        error: float = Field(description="total − logit")
 
     return _models(locals())

@@ -22,24 +22,25 @@ class Generator:
     def __init__(self, cache: Any) -> None:
         self.cache = cache
         self._net: Any = None
-        self._refusal: str | None | bool = False  # False: not decided yet
+        self._config: Any = None  # the model's TransformerConfig, or why attnlab's transformer cannot build it
         self.lock = threading.Lock()
 
-    def refusal(self) -> str | None:
-        """Why this model cannot generate, or None."""
-        if self._refusal is False:
+    def refusal(self, cannot: str = "does not generate") -> str | None:
+        """Why attnlab's transformer cannot run this model as a decoder, or None; an encoder's reason
+        ends in what it ``cannot`` do (the circuits say their own)."""
+        if self._config is None:
             from attnlab.transformer.config import TransformerConfig
 
             lm = self.cache.loaded()
             try:
-                config = TransformerConfig.from_hf(json.loads((lm.path / "config.json").read_text()))
+                self._config = TransformerConfig.from_hf(json.loads((lm.path / "config.json").read_text()))
             except (ValueError, KeyError, OSError) as e:
-                self._refusal = f"attnlab's transformer cannot build {lm.model_id!r}: {e}"
-            else:
-                self._refusal = None if config.causal else (
-                    f"{lm.model_id!r} is a {config.family} encoder: it reads a whole text at once and does not "
-                    "generate; serve a decoder (attnlab serve --model attnlab:decoder) for this view")
-        return self._refusal
+                self._config = f"attnlab's transformer cannot build {lm.model_id!r}: {e}"
+        if isinstance(self._config, str):
+            return self._config
+        return None if self._config.causal else (
+            f"{self.cache.loaded().model_id!r} is a {self._config.family} encoder: it reads a whole text at once and "
+            f"{cannot}; serve a decoder (attnlab serve --model attnlab:decoder) for this view")
 
     def info(self) -> dict:
         return {"refusal": self.refusal(), "max_new_tokens": MAX_NEW_TOKENS}

@@ -23,7 +23,8 @@ told otherwise.
 
 /api/generate runs attnlab's own transformer on the same weights, generating with its KV cache and
 keeping each step's attention row (:mod:`attnlab.web.generation`); for an encoder /api/info says why
-it cannot, and the Generation view shows that reason.
+it cannot, and the Generation view shows that reason. /api/patch and /api/attribute run the circuit
+tools on that transformer (:mod:`attnlab.web.circuits`), for the model view to colour its heads by.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' request models, made by
@@ -40,6 +41,7 @@ from attnlab.viz import payload
 from attnlab.viz.assets import STATIC_FILES, read_static
 from attnlab.viz.neuron import head_qk
 from attnlab.viz.rollout_view import served_rollout
+from attnlab.web import circuits
 from attnlab.web.attentions import attention_head
 from attnlab.web.generation import MAX_NEW_TOKENS, Generator
 from attnlab.web.api_models import api_models
@@ -82,7 +84,7 @@ class Viewer:
         return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
                 "num_heads": lm.num_heads, "max_tokens": lm.max_tokens, "max_sentences": MAX_SENTENCES,
                 "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder")),
-                "generate": self.generator.info()}
+                "generate": self.generator.info(), "circuits": {"refusal": self.generator.refusal(circuits.CANNOT)}}
 
 
 # The POST endpoints: each a small function from the request to its answer, run on the worker pool
@@ -151,6 +153,21 @@ def generate_answer(v: Viewer, req: Any) -> dict:
     return v.generator.run(req.prompt, req.max_new_tokens, req.temperature, req.top_k, req.top_p, req.seed)
 
 
+def patch_answer(v: Viewer, req: Any) -> dict:
+    """Activation patching: each head's output put back from the clean text into the corrupted one (as many
+    tokens), and how much of the clean logit of ``target`` (minus ``baseline``'s) at the last position it
+    restores, [layer][head] (0-based): what the model view colours its heads by. A model without next-token
+    logits (an encoder) is a 400 saying so."""
+    return circuits.patched(v.generator, req.clean, req.corrupted, req.target, req.baseline)
+
+
+def attribute_answer(v: Viewer, req: Any) -> dict:
+    """Direct logit attribution: what each head, MLP, the embeddings and the biases write straight into the
+    logit of ``target`` (minus ``baseline``'s) at the last position of ``text``; the heads also as
+    [layer][head] (0-based), and the check that the parts add up to the model's own logit."""
+    return circuits.attributed(v.generator, req.text, req.target, req.baseline)
+
+
 POSTS = (  # path, request model, answer model, answer
     ("/api/maps", "MapsIn", "MapsOut", maps_answer),
     ("/api/head", "HeadIn", "HeadOut", head_answer),
@@ -159,6 +176,8 @@ POSTS = (  # path, request model, answer model, answer
     ("/api/roles", "MapsIn", "RolesOut", roles_answer),
     ("/api/find-head", "FindHeadIn", "FindHeadOut", find_head_answer),
     ("/api/generate", "GenerateIn", "GenerateOut", generate_answer),
+    ("/api/patch", "PatchIn", "PatchOut", patch_answer),
+    ("/api/attribute", "AttributeIn", "AttributeOut", attribute_answer),
 )
 
 

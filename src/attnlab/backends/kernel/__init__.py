@@ -27,7 +27,8 @@ import numpy as np
 
 from attnlab.backends.base import Backend, Supports
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
-from attnlab.backends.request import Call, Request, band
+from attnlab.backends.options import Options
+from attnlab.backends.request import Call, Request
 from attnlab.backends.tiling import Tiling, block_sizes
 from attnlab.reference.validate import FLOAT_DTYPES, dtype_name, is_torch
 
@@ -91,7 +92,8 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
     q, k, v = _buffers(q, k, v)
     out, lse = np.empty((b, g, tq, dv), np.float32), np.empty((b, g, tq), np.float32)
     klen, left, right = _band(tiling)
-    _tiles.forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads or 0)
+    _tiles.forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads or 0,
+                   by_length=tiling.ends is not None)
     if torch_in:
         import torch
 
@@ -116,7 +118,8 @@ def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, t
     dlse = None if dlse is None else _buffers(dlse)[0]
     dq, dk, dv = np.empty(q.shape, np.float32), np.empty(k.shape, np.float32), np.empty(v.shape, np.float32)
     klen, left, right = _band(tiling)
-    _tiles.backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads or 0)
+    _tiles.backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads or 0,
+                    by_length=tiling.ends is not None)
     if torch_in:
         import torch
 
@@ -170,7 +173,7 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     """
     if _tiles is None:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
-    left, right = band(causal, window)
+    left, right = Options(causal=causal, window=window).band
     torch_in = is_torch(q)
     stored = dtype_name(k)
     if dtype_name(v) != stored or stored not in STORED:
@@ -231,8 +234,10 @@ def _decodes(call: Call) -> bool:
         return True
     if not (klen == klen[:, :1]).all():  # per-head lengths: the tiles path
         return False
-    # attention() aligns causal queries to the buffer's end (Tk − Tq + i), decode to each sequence's
-    # length: they agree without a band, for one query without a left edge, and where every length is Tk
+    if call.options.by_length:
+        return True
+    # decode places query i at lengths[b] − Tq + i, attention() without causal at Tk − Tq + i: they agree
+    # without a band, for one query without a left edge, and where every length is Tk
     return (call.left is None and call.right is None) or (p.tq == 1 and call.left is None) or bool((klen == p.tk).all())
 
 
@@ -275,7 +280,7 @@ class KernelBackend(Backend):
         libraries=frozenset({"numpy", "torch"}),
         devices="cpu",
         dtypes=frozenset(FLOAT_DTYPES) - {"float64"},
-        features=frozenset({"band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size"}),
+        features=frozenset({"band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size", "kv_dtype"}),
     )
 
     def more_refusals(self, r: Request) -> list[str]:

@@ -31,6 +31,7 @@ struct problem {
     const float *kp, *vp;         /* packed keys, padded values (or NULL: v as it is) */
     int64_t b, g, tq, tk, d, dv;
     int64_t left, right;          /* the band, -1 = unbounded */
+    int by_length;                /* 1: query i of head (b, g) sits at klen[b, g] - Tq + i, else at Tk - Tq + i */
     int64_t bq, bk;               /* query rows and keys per tile */
     int64_t bqp, tkp, dvp;        /* bq, Tk, Dv rounded up to whole register tiles / vectors */
     float scale;
@@ -49,6 +50,7 @@ struct bproblem {
     float *delta;                 /* (B, G, Tq): D = rowsum(dout out) - dlse */
     int64_t b, g, tq, tk, d, dv;
     int64_t left, right, bq, bk;
+    int by_length;                /* as the forward's */
     int64_t bqp, dp, dvp;         /* bq, D, Dv rounded up to whole register tiles / vectors */
     float scale;
     int threads;
@@ -267,7 +269,7 @@ static PyObject *build_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)
 
 static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "klen", "scale", "left", "right", "block_q", "block_k",
-                             "threads", NULL};
+                             "threads", "by_length", NULL};
     PyObject *obj[6];
     Py_buffer view[6] = {{0}};
     struct problem pr = {0};
@@ -276,8 +278,8 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOfLLLLi:forward", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &obj[5], &pr.scale, &left, &right, &bq, &bk, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOfLLLLi|$p:forward", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &obj[5], &pr.scale, &left, &right, &bq, &bk, &threads, &pr.by_length))
         return NULL;
     if (!take(obj[0], &view[0], "q", 0, 'f', "BGTD", dim) || !take(obj[1], &view[1], "k", 0, 'f', "BKD", dim) ||
         !take(obj[2], &view[2], "v", 0, 'f', "BKV", dim) || !take(obj[3], &view[3], "out", 1, 'f', "BGTV", dim) ||
@@ -292,7 +294,7 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
     pr.klen = view[5].obj ? view[5].buf : NULL;
     if (!check_scalars(pr.tq, pr.tk, left, right, bq, bk, threads, &pr.left, &pr.right, &pr.bq, &pr.bk, &pr.threads) ||
-        !check_klen(pr.klen, pr.b, pr.g, pr.tk))
+        !check_klen(pr.klen, pr.b, pr.g, pr.tk) || !check_by_length(pr.by_length, pr.klen))
         goto done;
     int status;
     Py_BEGIN_ALLOW_THREADS
@@ -310,7 +312,7 @@ done:
 
 static PyObject *backward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "klen", "dq", "dk", "dv", "scale", "left",
-                             "right", "block_q", "block_k", "threads", NULL};
+                             "right", "block_q", "block_k", "threads", "by_length", NULL};
     PyObject *obj[11];
     Py_buffer view[11] = {{0}};
     struct bproblem pr = {0};
@@ -319,9 +321,9 @@ static PyObject *backward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *k
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOfLLLLi:backward", kwlist, &obj[0], &obj[1], &obj[2],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOfLLLLi|$p:backward", kwlist, &obj[0], &obj[1], &obj[2],
                                      &obj[3], &obj[4], &obj[5], &obj[6], &obj[7], &obj[8], &obj[9], &obj[10], &pr.scale,
-                                     &left, &right, &bq, &bk, &threads))
+                                     &left, &right, &bq, &bk, &threads, &pr.by_length))
         return NULL;
     static const char *names[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "klen", "dq", "dk", "dv"};
     static const char *dims[] = {"BGTD", "BKD", "BKV", "BGTV", "BGT", "BGTV", "BGT", "BG", "BGTD", "BKD", "BKV"};
@@ -345,7 +347,7 @@ static PyObject *backward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *k
     pr.dout = view[5].buf, pr.dlse = view[6].obj ? view[6].buf : NULL, pr.klen = view[7].obj ? view[7].buf : NULL;
     pr.gq = view[8].buf, pr.gk = view[9].buf, pr.gv = view[10].buf;
     if (!check_scalars(pr.tq, pr.tk, left, right, bq, bk, threads, &pr.left, &pr.right, &pr.bq, &pr.bk, &pr.threads) ||
-        !check_klen(pr.klen, pr.b, pr.g, pr.tk))
+        !check_klen(pr.klen, pr.b, pr.g, pr.tk) || !check_by_length(pr.by_length, pr.klen))
         goto done;
     int status = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -495,7 +497,7 @@ static PyMethodDef methods[] = {
      "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads."},
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
     {"backward", (PyCFunction)(void (*)(void))backward, METH_VARARGS | METH_KEYWORDS,
-     "backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads)\n\n"
+     "backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads, *, by_length=False)\n\n"
      "FlashAttention-2's backward of forward(): dq (B, G, Tq, D), dk (B, Tk, D), dv (B, Tk, Dv) written from\n"
      "q, k, v, out and lse as forward took and gave them, dout like out and dlse like lse (or None). The same\n"
      "checks as forward; the outputs may not overlap the inputs. Deterministic: the same bits for any threads."},
@@ -503,10 +505,11 @@ static PyMethodDef methods[] = {
      "build_info() -> {'variants': [{'name', 'target', 'runs_here'}, ...] (compiled in, best first), 'chosen',\n"
      "'compiler', 'openmp' (the _OPENMP date, None without OpenMP)}."},
     {"forward", (PyCFunction)(void (*)(void))forward, METH_VARARGS | METH_KEYWORDS,
-     "forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads)\n\n"
+     "forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads, *, by_length=False)\n\n"
      "Blockwise attention of float32 C-contiguous arrays q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) into\n"
      "out (B, G, Tq, Dv) and lse (B, G, Tq); klen (B, G) int64 key-padding lengths in 0..Tk, or None;\n"
-     "left/right the band (-1 = none); block sizes >= 1; threads 0: OpenMP's default. Every argument is\n"
+     "left/right the band (-1 = none) around query i's position Tk - Tq + i, or with by_length (needs klen)\n"
+     "klen[b, g] - Tq + i, each sequence's own; block sizes >= 1; threads 0: OpenMP's default. Every argument is\n"
      "checked first (ValueError naming it)."},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_VARARGS | METH_KEYWORDS,
      "stats(q, k, lse, sums, received, scale, left, right, block_q, block_k, threads)\n\n"

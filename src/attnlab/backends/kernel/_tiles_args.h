@@ -152,4 +152,13 @@ static int check_klen(const int64_t *klen, int64_t b, int64_t g, int64_t tk) {
     return 1;
 }
 
+/* by_length: the band measured from each sequence's klen, which must be there. */
+static int check_by_length(int by_length, const int64_t *klen) {
+    if (by_length && !klen) {
+        PyErr_SetString(PyExc_ValueError, "by_length: expected klen (the lengths the band is measured from), got None");
+        return 0;
+    }
+    return 1;
+}
+
 enum { B_ = 'B', G_ = 'G', T_ = 'T', K_ = 'K', D_ = 'D', V_ = 'V' };

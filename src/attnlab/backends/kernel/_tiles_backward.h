@@ -95,8 +95,8 @@ static TARGET void F(bpack)(const struct bproblem *pr, struct bscratch *sc, int6
 /* The keys [lo, hi) that some row of query rows i0..i1-1 of head (b, g) may see (the band and the padding). */
 static inline TARGET void F(bkeys)(const struct bproblem *pr, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t *lo,
                                    int64_t *hi) {
-    const int64_t off = pr->tk - pr->tq;
-    *lo = 0, *hi = pr->klen ? pr->klen[b * pr->g + g] : pr->tk;
+    const int64_t klen = pr->klen ? pr->klen[b * pr->g + g] : pr->tk, off = (pr->by_length ? klen : pr->tk) - pr->tq;
+    *lo = 0, *hi = klen;
     if (pr->left >= 0 && i0 + off - pr->left > *lo) *lo = i0 + off - pr->left;
     if (pr->right >= 0 && i1 - 1 + off + pr->right + 1 < *hi) *hi = i1 - 1 + off + pr->right + 1;
 }
@@ -140,9 +140,9 @@ static TARGET __attribute__((noinline)) void F(brows)(const struct bproblem *pr,
 static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr, struct bscratch *sc, int64_t b,
                                                       int64_t g, int64_t i0, int64_t nr, int64_t j0, int64_t nc,
                                                       float *dk, float *dv, float *dq) {
-    const int64_t d = pr->d, dp = pr->dp, dvp = pr->dvp, bk = pr->bk, off = pr->tk - pr->tq;
+    const int64_t d = pr->d, dp = pr->dp, dvp = pr->dvp, bk = pr->bk;
     const int64_t ncp = (nc + VW - 1) / VW * VW, nrq = (nr + ROWS - 1) / ROWS * ROWS;
-    const int64_t klen = pr->klen ? pr->klen[b * pr->g + g] : pr->tk;
+    const int64_t klen = pr->klen ? pr->klen[b * pr->g + g] : pr->tk, off = (pr->by_length ? klen : pr->tk) - pr->tq;
     float *restrict s = sc->s, *restrict ds = sc->ds;
     F(bpack)(pr, sc, b, j0);
     const float *kp = sc->kp, *vp = sc->vp;

@@ -167,8 +167,8 @@ static TARGET void F(pack)(const struct problem *pr, int64_t b, float *kp, float
  * Not inlined: the work of the variant sits in a function named for it (the tests disassemble it). */
 static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, const struct scratch *sc, int64_t b, int64_t g, int64_t i0, int64_t i1) {
     const int64_t d = pr->d, dv = pr->dv, dvp = pr->dvp, bqp = pr->bqp, bk = pr->bk, tk = pr->tk;
-    const int64_t nr = i1 - i0, off = tk - pr->tq; /* query i sits at key position i + off */
     const int64_t bg = b * pr->g + g, klen = pr->klen ? pr->klen[bg] : tk;
+    const int64_t nr = i1 - i0, off = (pr->by_length ? klen : tk) - pr->tq; /* query i sits at key position i + off */
     float *restrict q = sc->q, *restrict s = sc->s, *restrict acc = sc->acc, *restrict m = sc->m, *restrict l = sc->l;
     const float *src = pr->q + (bg * pr->tq + i0) * d;
     const float mul = pr->scale * 1.4426950408889634f; /* scores in base 2: exp2 instead of exp */

@@ -32,6 +32,16 @@ AL.heatRGB = function (w) {
 };
 AL.heat = (w) => `rgb(${AL.heatRGB(w).join(",")})`;
 
+// A signed value in [-1, 1] -> colour on a red-white-blue ramp, linear in |x|: 0 white, 1 the
+// viewer's blue (#2c6fbb), -1 its red (#c0392b), as the patching heat maps (red below 0, blue above).
+AL.SIGNED_ENDS = {below: [192, 57, 43], above: [44, 111, 187]};
+AL.signedRGB = function (x) {
+  const t = Math.max(-1, Math.min(1, x));
+  const end = t < 0 ? AL.SIGNED_ENDS.below : AL.SIGNED_ENDS.above;
+  return end.map((c) => Math.round(255 + (c - 255) * Math.abs(t)));
+};
+AL.signed = (x) => `rgb(${AL.signedRGB(x).join(",")})`;
+
 // Draw an n x n map (Float32Array or array, row-major) into a canvas of `px` pixels a side.
 // An n x m map (rows x columns, m = n when left out) is drawn with square cells, its longer side px.
 AL.drawMatrix = function (canvas, data, n, px, m = n) {
@@ -121,6 +131,8 @@ AL.status = function (text, isError) {
 //                          source columns), which the maps announce in their `seq2seq` part
 //   scene()             -> the /api/scene answer (the lesson's scene, as `attnlab scene --json`)
 //   findHead(req)       -> the /api/find-head answer
+//   patch(req), attribute(req) (served only) -> the /api/patch and /api/attribute answers: {model, metric,
+//                          heads: [L][H] (0-based), ...}: what the model view colours its heads by
 //   generate(req) (served) / generation() (a page) -> the /api/generate answer: {model, labels,
 //                          prompt_length, prompt, text, steps: [{step, position, token, rows: [L][H][position + 1]}]}
 //   neuronInfo()        -> what the Neuron view can show, at once: {sentences: [{text}], attentions: {encoder:
@@ -188,6 +200,8 @@ class ServerSource {
   }
   findHead(req) { return this.call("/api/find-head", req); }
   generate(req) { return this.call("/api/generate", req); }
+  patch(req) { return this.call("/api/patch", req); }
+  attribute(req) { return this.call("/api/attribute", req); }
 }
 
 // The embedded data of a self-contained page: every head of every sentence, packed as uint16

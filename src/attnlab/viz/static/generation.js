@@ -98,6 +98,9 @@
   function linesPanel() {
     const w = row(), n = w.length, q = cur().position, H = n * ROW;
     const canvas = el("canvas", {id: "gen-lines"});
+    // [position, weight] of every line drawn, set with the panel (not in the frame that paints it), so
+    // that it always tells the step, layer and head chosen last: what a test reads back
+    st.drawn = Array.from(w, (x, j) => [j, x]);
     const scroller = el("div", {id: "gen-scroll", class: "scroller", style: `height:${Math.min(MAX_VIEW_H, H) + 2}px`}, canvas);
     requestAnimationFrame(() => {
       if (!canvas.isConnected) return;
@@ -112,12 +115,10 @@
       ctx.textAlign = "left";
       let max = 0;
       for (let j = 0; j < n; j++) max = Math.max(max, w[j]);
-      st.drawn = []; // [position, weight] of every line drawn: what a test reads back
       for (let j = 0; j < n; j++) {
         ctx.fillStyle = j < st.gen.prompt_length ? "#222" : "#2c6fbb";
         ctx.fillText(labels()[j], W - colW + 8, y(j));
         const r = w[j] / (max || 1);
-        st.drawn.push([j, w[j]]);
         ctx.strokeStyle = "#c0392b"; ctx.globalAlpha = 0.9 * r; ctx.lineWidth = 1 + 3 * r;
         ctx.beginPath(); ctx.moveTo(colW, y(q)); ctx.lineTo(W - colW, y(j)); ctx.stroke();
         ctx.globalAlpha = 1;

@@ -152,6 +152,7 @@
       const j = Math.floor((e.clientY - r.top + scroller.scrollTop) / ROW);
       return e.clientX - r.left < 160 && j >= 0 && j < nRows() ? j : null;
     };
+    st.drawn = []; // until this panel's first frame: no lines of the head shown before
     st.redraw = () => drawLines(canvas, scroller);
     scroller.addEventListener("scroll", st.redraw);
     canvas.addEventListener("mousemove", (e) => preview(rowAt(e)));
