@@ -157,7 +157,7 @@ def _caches(cfg: DecodeConfig, dtype: str, n: int, count: int) -> list[tuple]:
 
 
 def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) -> dict[str, Any]:
-    import torch
+    """Each method's call, cycling through the caches (SDPA's over q in the cache's dtype)."""
     import torch.nn.functional as F
 
     from attnlab.backends import kernel

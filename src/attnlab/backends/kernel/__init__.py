@@ -56,7 +56,7 @@ BLOCK = (96, 512)
 BACKWARD_BLOCK = (96, 256)  # P and dS tiles of 96 x 256 (192 kB together), the key block's dK, dV beside them
 PRIOR_NS_PER_SCORE = 1.5  # a rough prior for auto where nothing was measured, per visited score
 PRIOR_OVERHEAD_S = 5e-5
-PRIOR_DECODE_BYTES_PER_S = 10e9  # the decode pass's prior: bytes of k and v read per second
+PRIOR_DECODE_BYTES_PER_S = 20e9  # the decode pass's prior: bytes of k and v (as stored) read per second
 
 
 def isa() -> str | None:
@@ -294,7 +294,7 @@ class KernelBackend(Backend):
     def estimate(self, r: Request) -> float:
         p = r.problem
         if p.tq <= DECODE_MAX_TQ and not r.grad:  # the decode pass: a read of the keys and values
-            item = 4 if r.dtype in ("float32", "float64") else 2
+            item = 2 if p.kv_dtype in ("float16", "bfloat16") else 4
             heads = int(np.prod(p.batch, dtype=np.int64)) // p.groups
             return PRIOR_OVERHEAD_S + heads * p.tk * (p.d + p.dv) * item * r.visible / PRIOR_DECODE_BYTES_PER_S
         return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible
