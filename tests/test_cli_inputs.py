@@ -183,6 +183,8 @@ def _flagged(capsys, args, text, status=2):
     (["bench", "--d", "0"], "'--d'"),
     (["bench", "--memory-mb", "0"], "error: --memory-mb must be > 0, got 0.0"),
     (["bench", "--max-seconds", "0"], "error: --max-seconds must be > 0"),
+    (["bench", "--decode", "--heads", "4", "--png", "x.png"], "error: --heads, --png do not apply to --decode"),
+    (["bench", "--decode", "--methods", "sdpa,gemm"], "error: --methods with --decode takes some of attention,"),
     (["ablate", RIVER, "--how", "half"], "error: --how must be one of zero, mean, got 'half'"),
     (["ablate", RIVER, "--heads", "1.1,2.3,1.1"], "error: --heads names 1.1 twice; name each head once"),
     (["rollout", RIVER, "--residual", "1"], "error: --residual must be a number in [0, 1), got 1.0"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from attnlab.bench.methods import METHODS
@@ -14,8 +15,8 @@ from attnlab.cli.common import console, counter, err, ints, json_option, names, 
 CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
 DECODE_HELP = ("Decoding instead: one query row per head (B = 1, H = 32, H_kv = 8, D = 128) against caches of --sizes "
                "keys (default 4096 … 131072) in float32, bfloat16 and float16: time, GB/s of k and v, % of the read "
-               "bandwidth measured in the same run, ratios to SDPA and to the kernel's tiles path (--repeats, "
-               "--threads, --json apply).")
+               "bandwidth measured in the same run, ratios to SDPA and to the kernel's tiles path (--methods, "
+               "--repeats, --threads, --json apply).")
 CALIBRATE_HELP = ("Forget auto's cached timings and measure them again (float32 torch tensors (1, 1, 4096, 64) and "
                   "(1, 12, 1024, 64), full and causal); print the cache file and the backends auto chooses.")
 
@@ -98,7 +99,14 @@ def bench(
     from attnlab.bench.sweep import run
 
     if decode:
-        _bench_decode(sizes, repeats, threads, json_path)
+        given = {"--heads": heads != ",".join(map(str, BenchConfig.heads)), "--causal": causal != "both",
+                 "--d": d != BenchConfig.d, "--memory-mb": memory_mb != BenchConfig.memory_mb,
+                 "--max-seconds": max_seconds != BenchConfig.max_seconds, "--png": png_path is not None}
+        if stray := [flag for flag, was_given in given.items() if was_given]:
+            raise ValueError(f"{', '.join(stray)} do{'es' if len(stray) == 1 else ''} not apply to --decode, which "
+                             f"measures B = 1, H = 32, H_kv = 8, D = 128, one query row (--sizes, --methods, "
+                             f"--repeats, --threads and --json do)")
+        _bench_decode(sizes, None if methods == ",".join(METHODS) else names(methods), repeats, threads, json_path)
         return
     sizes = sizes or ",".join(map(str, BenchConfig.sizes))
     if causal not in CAUSAL:
@@ -121,10 +129,14 @@ def bench(
     _print_bench(result)
 
 
-def _bench_decode(sizes: str | None, repeats: int, threads: int | None, json_path: str | None) -> None:
-    from attnlab.bench.decode import DecodeConfig, run
+def _bench_decode(sizes: str | None, methods: tuple[str, ...] | None, repeats: int, threads: int | None,
+                  json_path: str | None) -> None:
+    from attnlab.bench.decode import DECODE_METHODS, DecodeConfig, run
 
-    cfg = DecodeConfig(repeats=repeats, threads=threads, **({"lengths": ints("--sizes", sizes)} if sizes else {}))
+    if methods is not None and (not methods or set(methods) - set(DECODE_METHODS)):
+        raise ValueError(f"--methods with --decode takes some of {','.join(DECODE_METHODS)}, got {','.join(methods)!r}")
+    chosen = {"lengths": ints("--sizes", sizes)} if sizes else {}
+    cfg = DecodeConfig(repeats=repeats, threads=threads, **chosen, **({"methods": methods} if methods else {}))
     bar, update = progress("benchmarking decoding")
     tick = counter(update)
     tick.total = len(cfg.lengths) * len(cfg.dtypes) * len(cfg.methods) * cfg.repeats
@@ -134,18 +146,22 @@ def _bench_decode(sizes: str | None, repeats: int, threads: int | None, json_pat
         return
     console.print(f"{result['machine']['cpu']}: reads memory at {result['bandwidth_gbs']:.1f} GB/s (a sum over "
                   f"{8 * result['llc_bytes'] / 2**20:,.0f} MB, 8 times the last-level cache)", highlight=False)
-    table = Table(title=f"decoding: B = 1, H = {cfg.heads}, H_kv = {cfg.kv_heads}, D = {cfg.d}, one query row")
-    for col in ("dtype", "keys", "method", "ms", "GB/s", "% bandwidth", "× SDPA", "× tiles", "note"):
-        table.add_column(col, justify="left" if col in ("dtype", "method", "note") else "right")
-    for m in result["measurements"]:
-        if m["time_s"] is None:
-            table.add_row(m["dtype"], f"{m['n']:,}", m["method"], "", "", "", "", "", f"skipped: {m['skipped']}")
-            continue
-        note = f"auto chose {m['backend']}" if m["backend"] else ""
-        table.add_row(m["dtype"], f"{m['n']:,}", m["method"], f"{m['time_s'] * 1e3:,.3f}", f"{m['gbs']:.1f}",
-                      f"{m['pct_of_bandwidth']:.0f} %", "" if m["vs_sdpa"] is None else f"{m['vs_sdpa']:.2f}",
-                      "" if m["vs_tiles"] is None else f"{m['vs_tiles']:.2f}", note)
-    console.print(table)
+    for dtype in cfg.dtypes:  # one table per cache dtype: its eight columns fit a terminal of 80
+        table = Table(title=f"decoding over {dtype} caches: B = 1, H = {cfg.heads}, H_kv = {cfg.kv_heads}, "
+                            f"D = {cfg.d}, one query row", box=box.SIMPLE_HEAD)
+        for col in ("keys", "method", "ms", "GB/s", "% read", "×SDPA", "×tiles", "auto"):
+            table.add_column(col, justify="left" if col in ("method", "auto") else "right", no_wrap=True)
+        for m in (m for m in result["measurements"] if m["dtype"] == dtype):
+            table.add_row(*_decode_row(m))
+        console.print(table)
+
+
+def _decode_row(m: dict) -> list[str]:
+    if m["time_s"] is None:
+        return [f"{m['n']:,}", m["method"], "", "", "", "", "", f"skipped: {m['skipped']}"]
+    ratio = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
+    return [f"{m['n']:,}", m["method"], f"{m['time_s'] * 1e3:,.3f}", f"{m['gbs']:.1f}", f"{m['pct_of_bandwidth']:.0f} %",
+            ratio(m["vs_sdpa"]), ratio(m["vs_tiles"]), m["backend"] or ""]
 
 
 def _print_bench(result: dict) -> None:
