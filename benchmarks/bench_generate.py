@@ -8,8 +8,9 @@ heads, head dim 64, SwiGLU 1,408, vocabulary 32,000), float32, greedy (``eos_tok
 weights never stop early), ``--threads`` threads. Per prompt length: time to the first token (the
 prefill and one choice) and time per output token after it, from each token's arrival time
 (attnlab's ``on_token``, transformers' ``streamer``), as medians of ``--rounds`` rounds in which
-the two run one after the other (the order alternating), with the spread (min–max); the ratio is
-attnlab / transformers. Memory: the KV cache's bytes (``Generation.cache``, and 2·L·H_kv·D·T·4) beside
+the runs follow one another (the order alternating), with the spread (min–max); the ratio is
+attnlab / transformers. ``attnlab-sdpa`` is attnlab's generate with every step's attention on SDPA
+(``backend="sdpa"``), without the compiled decode pass that auto takes: the decode pass's own share. Memory: the KV cache's bytes (``Generation.cache``, and 2·L·H_kv·D·T·4) beside
 the process's peak resident memory after that length (lengths ascending, both libraries in one process).
 Last, greedy tokens per second of the default ``attnlab generate`` (the bundled attnlab:decoder).
 ``--quick``: lengths 128 and 512, 16 new tokens, 3 rounds.
@@ -84,12 +85,12 @@ def runners(hf, ours, ids, new: int) -> dict:  # noqa: ANN001
                         pad_token_id=0, streamer=arr, attention_mask=torch.ones_like(ids))
         return arr.times, None
 
-    def mine():
+    def mine(backend=None):  # noqa: ANN001
         times: list[float] = []
-        gen = ours.generate(ids, new, on_token=lambda step, tok: times.append(time.perf_counter()))
+        gen = ours.generate(ids, new, on_token=lambda step, tok: times.append(time.perf_counter()), backend=backend)
         return times, gen.cache
 
-    return {"transformers": theirs, "attnlab": mine}
+    return {"transformers": theirs, "attnlab": mine, "attnlab-sdpa": lambda: mine("sdpa")}
 
 
 def spread(xs: list[float]) -> dict:
@@ -115,6 +116,8 @@ def at_length(hf, ours, T: int, new: int, rounds: int) -> dict:  # noqa: ANN001
            for name, g in got.items()}
     for key in ("time_to_first_token_s", "time_per_output_token_s"):
         out[f"ratio_{key}"] = out["attnlab"][key]["median"] / out["transformers"][key]["median"]
+    tpot = "time_per_output_token_s"
+    out["ratio_decode_pass_" + tpot] = out["attnlab"][tpot]["median"] / out["attnlab-sdpa"][tpot]["median"]
     c = ours.config
     out["cache"] = cache
     out["cache_bytes_formula"] = 2 * c.num_layers * c.heads_kv * c.head_dim * (T + new - 1) * 4
@@ -160,6 +163,8 @@ def main() -> None:
               f"{r['transformers']['time_to_first_token_s']['median']:.3f} s ({r['ratio_time_to_first_token_s']:.2f}x)  "
               f"tpot {1e3 * r['attnlab']['time_per_output_token_s']['median']:.1f} ms vs "
               f"{1e3 * r['transformers']['time_per_output_token_s']['median']:.1f} ms ({r['ratio_time_per_output_token_s']:.2f}x)  "
+              f"without the decode pass (sdpa) {1e3 * r['attnlab-sdpa']['time_per_output_token_s']['median']:.1f} ms "
+              f"({r['ratio_decode_pass_time_per_output_token_s']:.2f}x)  "
               f"cache {r['cache_bytes_formula'] / 2**20:.1f} MiB  peak {r['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
     result["default_generate"] = default_decoder(64 if not args.quick else 16, rounds)
     print(f"attnlab generate (attnlab:decoder): {result['default_generate']['tokens_per_second']['median']:.1f} tokens/s")

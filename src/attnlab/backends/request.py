@@ -167,6 +167,9 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
             raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
     left, right = o.band
     torch_in = validate.is_torch(q)
+    klen = _lengths(o.lengths, p)
+    if klen is not None and bool((klen == p.tk).all()):
+        klen = None  # every sequence as long as the keys: under either causal rule, the call without lengths
     request = Request(
         library="torch" if torch_in else "numpy",
         device=str(q.device) if torch_in else "cpu",
@@ -177,7 +180,7 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
         band=left is not None or right is not None,
         causal=o.causal,
         window=o.window is not None,
-        lengths=o.lengths is not None,
+        lengths=klen is not None,
         weights=o.return_weights,
         weights_rows=o.weights_rows is not None,
         lse=o.return_lse,
@@ -189,7 +192,7 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
         visible=_visible(p.tk, left, right),
         score_bound=_bound(q, k, v, o, p),
     )
-    return Call(q, k, v, o, left, right, _lengths(o.lengths, p), _rows(o.weights_rows, p), request)
+    return Call(q, k, v, o, left, right, klen, _rows(o.weights_rows, p), request)
 
 
 def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem) -> float:
@@ -201,6 +204,12 @@ def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem) -> float:
     return score_bound(q, k, o.bias, p.scale, q_max, k_max)
 
 
+def _unbroadcast(x: np.ndarray) -> np.ndarray:
+    """A broadcast array with size 1 along the dims it was broadcast over (lengths (B, 1) for (B, H)), so
+    that the masks built from it hold no copies: a mask per sequence, not per head."""
+    return x[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in x.strides)]
+
+
 def dense_mask(call: Call) -> np.ndarray | None:
     """The call's band, key padding and mask as one boolean mask broadcastable to (..., Tq, Tk).
 
@@ -209,11 +218,12 @@ def dense_mask(call: Call) -> np.ndarray | None:
     """
     p = call.problem
     parts = []
+    klen = None if call.klen is None else _unbroadcast(call.klen)
     if call.left is not None or call.right is not None:
-        ends = call.klen if call.options.by_length else None  # each sequence's own positions
-        parts.append(band_mask(p.tq, p.tk, left=call.left, right=call.right, lengths=ends))  # (Tq, Tk) or (*batch, Tq, Tk)
-    if call.klen is not None:
-        parts.append(np.arange(p.tk) < call.klen[..., None, None])  # (*batch, 1, Tk)
+        ends = klen if call.options.by_length else None  # each sequence's own positions
+        parts.append(band_mask(p.tq, p.tk, left=call.left, right=call.right, lengths=ends))  # (Tq, Tk) or (*S, Tq, Tk)
+    if klen is not None:
+        parts.append(np.arange(p.tk) < klen[..., None, None])  # (*S, 1, Tk)
     if not parts:
         return call.options.mask
     m = call.options.mask
