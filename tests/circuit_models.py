@@ -53,3 +53,16 @@ def pair(batch: int = 2, t: int = 9, seed: int = 0):
 def logit_diff(logits):
     """The metric of the tests: logit of token 3 minus token 7 at the last position, one per sequence."""
     return logits[:, -1, 3] - logits[:, -1, 7]
+
+
+def ids_of(decoder, text: str):
+    """A text's token ids as the decoder's tokenizer gives them, (1, T)."""
+    import torch
+
+    return torch.tensor([decoder.tokenizer(text)["input_ids"]])
+
+
+def one_id(decoder, text: str) -> int:
+    """The id of a text that is one token (unpacking fails otherwise)."""
+    (i,) = decoder.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return i

@@ -232,3 +232,14 @@ def tiny_folder(tmp_path_factory):
 def tiny_llama(tiny_folder):
     """A tiny Llama-style decoder (2 layers × 4 heads, RoPE, grouped-query attention) in a folder."""
     return tiny_folder("llama")
+
+
+@pytest.fixture
+def no_decoder(monkeypatch):
+    """Loading attnlab's transformer (or finding its folder) fails the test: a command's flag errors come first."""
+
+    def refuse(*a, **k):
+        raise AssertionError("the command loaded a model before checking its flags")
+
+    monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
+    monkeypatch.setattr("attnlab.locate.folder.resolve", refuse)

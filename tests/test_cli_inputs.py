@@ -302,17 +302,6 @@ def test_no_command_prints_the_help_and_help_is_not_an_error(capsys):
 PATCH = ["patch", "--clean", "Set the class of the", "--corrupted", "Set the file of the", "--target", " class"]
 
 
-@pytest.fixture
-def no_decoder(monkeypatch):
-    """Loading attnlab's transformer (or finding its folder) fails the test: the flags' errors come first."""
-
-    def refuse(*a, **k):
-        raise AssertionError("the command loaded a model before checking its flags")
-
-    monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
-    monkeypatch.setattr("attnlab.locate.folder.resolve", refuse)
-
-
 @pytest.mark.parametrize("args, text", [
     (PATCH + ["--over", "layer"], "error: --over must be one of head, head_pos, got 'layer'"),
     (["patch", "--clean", "  ", "--corrupted", "x", "--target", " a"], "error: --clean is empty; give the text the model reads"),

@@ -12,22 +12,12 @@ import pytest
 
 import attnlab
 from attnlab.cli.app import main
+from circuit_models import ids_of, one_id
 
 pytestmark = pytest.mark.needs("torch", "transformers")
 
 CLEAN, CORRUPTED = "Set the class of the", "Set the file of the"
 TARGET, BASELINE = " class", " file"
-
-
-def ids_of(decoder, text: str):
-    import torch
-
-    return torch.tensor([decoder.tokenizer(text)["input_ids"]])
-
-
-def one_id(decoder, text: str) -> int:
-    (i,) = decoder.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return i
 
 
 def difference(decoder):

@@ -199,7 +199,8 @@ def test_the_decode_benchmark_calls_attention_as_generate_does():
     import torch
 
     from attnlab.bench.decode import GENERATE_KWARGS
-    from attnlab.transformer.cache import KVCache, LayerCache
+    from attnlab.transformer.cache import KVCache
+    from attnlab.transformer.layer_cache import LayerCache
 
     cache = KVCache([LayerCache(1, 2, 8, 16, torch.float32, "cpu")])
     cache.lengths = torch.tensor([5])

@@ -10,17 +10,6 @@ import pytest
 from attnlab.cli.app import main
 
 
-@pytest.fixture
-def no_loading(monkeypatch):
-    """Loading a model fails the test: the flag's error must come first."""
-
-    def refuse(*a, **k):
-        raise AssertionError("attnlab generate loaded a model before checking its flags")
-
-    monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
-    monkeypatch.setattr("attnlab.locate.folder.resolve", refuse)
-
-
 def one_error(capsys, text: str) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
@@ -44,12 +33,12 @@ def one_error(capsys, text: str) -> str:
     (["x", "--maps", "/no/such/folder/x.npz"], "--maps '/no/such/folder/x.npz'"),
     (["x", "--html", "/no/such/folder/x.html"], "--html '/no/such/folder/x.html'"),
 ])
-def test_bad_flags_are_one_line_before_any_work(args, text, capsys, no_loading):
+def test_bad_flags_are_one_line_before_any_work(args, text, capsys, no_decoder):
     assert main(["generate", *args]) == 2
     one_error(capsys, text)
 
 
-def test_max_new_tokens_below_one_is_a_usage_error(capsys, no_loading):
+def test_max_new_tokens_below_one_is_a_usage_error(capsys, no_decoder):
     assert main(["generate", "x", "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens" in capsys.readouterr().err
 

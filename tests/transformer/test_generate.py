@@ -379,10 +379,10 @@ def test_the_compiled_decode_pass_generates_what_torch_does(decoder_folder, fami
 
 def test_generate_leaves_each_steps_backend_to_auto(decoder_folder, monkeypatch):
     """Not told a backend, every attention call of generate() is auto's (which measures decoding on this machine)."""
-    from attnlab.transformer import Transformer, model
+    from attnlab.transformer import Transformer, attend
 
     asked = []
-    real = model.attention
-    monkeypatch.setattr(model, "attention", lambda *a, **kw: asked.append(kw["backend"]) or real(*a, **kw))
+    real = attend.attention
+    monkeypatch.setattr(attend, "attention", lambda *a, **kw: asked.append(kw["backend"]) or real(*a, **kw))
     Transformer.from_pretrained(decoder_folder("llama")).generate([PROMPT], 5)
     assert asked and set(asked) == {"auto"}

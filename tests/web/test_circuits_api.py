@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import attnlab
+from circuit_models import ids_of, one_id
 
 CLEAN, CORRUPTED, TARGET, BASELINE = "Set the class of the", "Set the file of the", " class", " file"
 
@@ -21,17 +22,6 @@ def decoder_client():
 
     with TestClient(create_app("attnlab:decoder"), base_url="http://127.0.0.1") as c:
         yield c
-
-
-def ids(decoder, text: str):
-    import torch
-
-    return torch.tensor([decoder.tokenizer(text)["input_ids"]])
-
-
-def one_id(decoder, text: str) -> int:
-    (i,) = decoder.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return i
 
 
 def test_info_says_an_encoder_cannot_patch_and_its_requests_are_400s(client):
@@ -50,7 +40,7 @@ def test_patch_answers_the_librarys_effect_per_head(decoder_client, decoder):
     assert r.status_code == 200, r.text
     got = r.json()
     t, b = one_id(decoder, TARGET), one_id(decoder, BASELINE)
-    want = attnlab.patch(decoder, ids(decoder, CLEAN), ids(decoder, CORRUPTED),
+    want = attnlab.patch(decoder, ids_of(decoder, CLEAN), ids_of(decoder, CORRUPTED),
                          lambda logits: logits[:, -1, t] - logits[:, -1, b])
     np.testing.assert_allclose(got["heads"], want.effect, rtol=0, atol=1e-12)
     assert (got["target"], got["baseline"], got["clean"]) == (t, b, float(want.clean[0]))
@@ -60,7 +50,7 @@ def test_patch_answers_the_librarys_effect_per_head(decoder_client, decoder):
 @pytest.mark.needs("torch", "transformers", "fastapi")
 def test_attribute_answers_each_heads_direct_contribution_and_the_sum(decoder_client, decoder):
     got = decoder_client.post("/api/attribute", json={"text": CLEAN, "target": TARGET}).json()
-    want = attnlab.logit_attribution(decoder, ids(decoder, CLEAN), one_id(decoder, TARGET))
+    want = attnlab.logit_attribution(decoder, ids_of(decoder, CLEAN), one_id(decoder, TARGET))
     by_head = {c: v for c, v in zip(want.components, want.values) if isinstance(c, attnlab.Head)}
     assert got["heads"] == [[by_head[attnlab.Head(l, h)] for h in range(4)] for l in range(4)]
     assert [c["value"] for c in got["components"]] == want.values.tolist()

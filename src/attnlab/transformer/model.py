@@ -25,17 +25,14 @@ is first used (the package resolves the name lazily), so ``import attnlab`` need
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.backends.api import attention
-from attnlab.backends.request import repeat_groups
-from attnlab.transformer.cache import KVCache, Read, Step
+from attnlab.transformer.attend import Pass, attend, attend_eager
+from attnlab.transformer.cache import KVCache, Read
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
 from attnlab.transformer.norms import norm, normed
@@ -45,35 +42,6 @@ ACT = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "rel
 # The backends whose math the model's own scores path is: the one a layer takes when its scores or
 # pattern are hooked ("auto" then means "torch" for that layer).
 EAGER_BACKENDS = ("torch", "auto")
-
-
-@dataclass(frozen=True)
-class Pass:
-    """One forward pass as every layer sees it."""
-
-    config: TransformerConfig
-    backend: str
-    causal: bool
-    positions: Any  # (T,) or (B, T) position of each token
-    hooks: Hooks
-    lengths: Any = None  # (B,) real tokens when padding is on the right, else None
-    key_mask: Any = None  # (B, 1, 1, T) bool when the padding is elsewhere, else None
-    rope: Any = None  # rotary cos and sin of the positions, (T, Dh) or (B, 1, T, Dh) each
-    kv: KVCache | None = None  # decoding: the cache the new tokens are appended to ...
-    step: Step | None = None  # ... and what this call appends
-    rows: list | None = None  # maps of decoding: each layer appends (weights (B, H, Tk), key positions (B, Tk))
-
-    def allowed(self, t: int, device: Any, window: int | None = None) -> Any:
-        """Which keys each query may attend to, (B or 1, 1, T, T) bool, or None: every one."""
-        keys = self.key_mask
-        if self.lengths is not None:
-            keys = (torch.arange(t, device=device) < self.lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
-        if not self.causal:
-            return keys
-        tril = torch.ones(t, t, dtype=torch.bool, device=device).tril()  # (T, T)
-        if window is not None:
-            tril = tril & ~torch.ones(t, t, dtype=torch.bool, device=device).tril(-window)  # i − W < j ≤ i
-        return tril if keys is None else tril & keys
 
 
 def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -125,44 +93,6 @@ class Attention(nn.Module):
     def _allowed(self, p: Pass, read: Read | None, t: int, device: Any) -> Any:
         """The keys each query may attend to, as a mask for the eager scores (B or 1, 1, Tq, Tk)."""
         return p.allowed(t, device, self.window) if read is None else p.kv.visible(self.layer, p.step, read)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict) -> tuple:
-    """attnlab.attention on torch tensors (the float64 NumPy reference gets NumPy copies, no gradients):
-    z (B, H, Tq, Dh) and, when decoding keeps rows, the last query's weights (B, H, Tk)."""
-    c = p.config
-    kw = dict(kw, backend=p.backend, scale=c.attn_scale, softcap=c.attn_softcap)
-    if p.rows is not None:
-        kw["weights_rows"] = [q.shape[2] - 1]
-    if p.backend == "numpy":
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            raise ValueError("backend 'numpy' computes on float64 NumPy copies, without gradients; run under "
-                             "torch.no_grad() or choose a backend with gradients (torch, blockwise, kernel)")
-        arrays = [t.detach().cpu().double().numpy() for t in (q, k, v)]
-        kw = {n: (x.cpu().numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
-        out = attention(*arrays, **kw)
-        out = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in (out if isinstance(out, tuple) else (out,))]
-    else:
-        out = attention(q, k, v, **kw)
-        out = list(out) if isinstance(out, tuple) else [out]
-    return out[0], (out[1][:, :, 0] if p.rows is not None else None)
-
-
-def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str, allowed: Any) -> tuple:
-    """Backend "torch"'s math written out, so ``hook_attn_scores`` (after scale, softcap and mask, before
-    the softmax) and ``hook_pattern`` can read or replace the scores and weights (B, H, Tq, Tk); z = pattern · v.
-    Decoding: the keys are the cache's, in its slot order (``allowed`` says which each query sees)."""
-    c, g = p.config, q.shape[1] // k.shape[1]
-    k, v = repeat_groups(k.to(q.dtype), g), repeat_groups(v.to(q.dtype), g)  # (B, H, Tk, Dh): each query head's k/v head
-    scale = c.attn_scale if c.attn_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
-    if c.attn_softcap is not None:
-        s = c.attn_softcap * torch.tanh(s / c.attn_softcap)
-    if allowed is not None:
-        s = s.masked_fill(~allowed, -math.inf)
-    s = p.hooks(at + "hook_attn_scores", s)
-    w = p.hooks(at + "hook_pattern", torch.softmax(s, dim=-1).nan_to_num(nan=0.0))  # a row with no key: zeros
-    return torch.matmul(w, v), (w[:, :, -1] if p.rows is not None else None)  # (B, H, Tq, Dh), (B, H, Tk)
 
 
 class FeedForward(nn.Module):

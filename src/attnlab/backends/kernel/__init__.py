@@ -5,7 +5,7 @@ extension); without it the backend refuses every call and says so, and ``blockwi
 algorithm as a Python loop) serves them. Float16/bfloat16 inputs are computed in float32 (the decode pass reads them as stored).
 
 What it serves: q, k, v on the CPU (NumPy or torch) with a band (causal, sliding window,
-bottom-right aligned) and key-padding lengths; not a dense mask or a bias. Its tiles: ``BLOCK`` =
+bottom-right aligned, or at each sequence's own length with causal and lengths) and key-padding lengths; not a dense mask or a bias. Its tiles: ``BLOCK`` =
 96 query rows × 512 keys (a 192 kB score tile, inside a core's L2); a key block is rounded up to
 whole vectors of keys (16 with AVX-512). Gradients: FlashAttention-2's backward compiled beside
 the forward (:func:`backward`, the twin of :func:`attnlab.backends.online.backward`), tiles of

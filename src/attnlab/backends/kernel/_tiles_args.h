@@ -142,6 +142,17 @@ static int check_scalars(int64_t tq, int64_t tk, long long left, long long right
 }
 
 /* klen (B, G): every length in 0..Tk. */
+/* The decode pass's cache lengths (B,): each in 0..Tk (NULL: every cache full). */
+static int check_lengths(const int64_t *lengths, int64_t b, int64_t tk) {
+    for (int64_t i = 0; lengths && i < b; i++)
+        if (lengths[i] < 0 || lengths[i] > tk) {
+            PyErr_Format(PyExc_ValueError, "lengths: expected cache lengths in 0..Tk = 0..%lld, got %lld at [%lld]",
+                         (long long)tk, (long long)lengths[i], (long long)i);
+            return 0;
+        }
+    return 1;
+}
+
 static int check_klen(const int64_t *klen, int64_t b, int64_t g, int64_t tk) {
     for (int64_t i = 0; klen && i < b * g; i++)
         if (klen[i] < 0 || klen[i] > tk) {

@@ -1,0 +1,254 @@
+"""One layer's keys and values in the KV cache (:mod:`attnlab.transformer.cache`), and the read a step
+passes to :func:`attnlab.attention`.
+
+A layer keeps one of three kinds:
+
+- **dense**: slot = position. Its capacity grows by doubling (at least to what a write needs) when
+  a write would pass it; :meth:`Transformer.generate` allocates exactly prompt + max_new_tokens, so
+  there it never grows. A layer with a sliding window reads it through the band.
+- **window** W: a ring of the last W positions, slot = position mod W; memory stops growing at W.
+  A token sees itself and the W − 1 before it (transformers' ``sliding_window = W``).
+- **sink** S + window W (StreamingLLM, Xiao et al. 2023): positions 0..S−1 in slots 0..S−1, later
+  positions in a ring of W slots after them; a token sees the S first tokens and the last W,
+  itself included.
+
+**Positions are those of the original sequence** in every kind: a key keeps the rotary angle (or
+learned position) of the place it stood, and the query at position p is turned by p. A window or
+sink cache therefore computes exactly what a full recompute computes with a mask that keeps keys
+0..S−1 and p − W + 1..p (tested). StreamingLLM instead re-numbers the cached keys by their slot so
+that no distance exceeds S + W; attnlab does not, because that changes every cached key at every
+step and is no longer the model's computation: past the trained length the sink distances are
+positions the model has not seen (rotary models compute them; learned positions refuse them).
+``slot_positions`` (B, capacity) maps each slot back to its position (−1: empty): the attention rows
+of :meth:`Transformer.generate` are put back in position order through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from attnlab.reference.validate import CACHE_DTYPES
+
+SINK_DEFAULT = 4  # StreamingLLM's choice: four initial tokens carry the attention sink
+DENSE_START = 256  # slots a dense layer starts with when no capacity is given (a model may have 128k positions)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call's new tokens. They are right-aligned in the call's Tq columns: the last ``new[b]``
+    columns of sequence b are real, at positions ``start[b]``.. (padding columns come first), which
+    is what the per-sequence causal rule (query i at lengths[b] − Tq + i) computes."""
+
+    start: torch.Tensor  # (B,) tokens in the cache before this call
+    new: torch.Tensor  # (B,) real new tokens
+    tq: int
+    decode: bool = False  # one new token in every sequence: written without a search, rings read as they lie
+
+    @property
+    def end(self) -> torch.Tensor:
+        return self.start + self.new  # (B,)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """(B, Tq) each column's position; padding columns get the ones before (negative: none)."""
+        cols = torch.arange(self.tq, device=self.start.device)
+        return (self.end - self.tq)[:, None] + cols[None]
+
+    @property
+    def real(self) -> torch.Tensor:
+        """(B, Tq) bool: the column holds a new token."""
+        cols = torch.arange(self.tq, device=self.start.device)
+        return cols[None] >= (self.tq - self.new)[:, None]
+
+
+@dataclass(frozen=True)
+class Read:
+    """What one layer's attention reads for one step: keys and values [B, H_kv, Tk, D] (:func:`_as_read`),
+    their ``lengths`` (B,), the band or an explicit mask, each key's position (B, Tk) (−1: none) and
+    the bound of the key lengths when the keys are read exactly as checked (None: the call checks them)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    lengths: torch.Tensor
+    window: tuple[int, int] | None
+    mask: torch.Tensor | None  # (B, 1, Tq, Tk) bool where the lengths and the band cannot say it (a sink's gap)
+    key_positions: torch.Tensor
+    k_norm: float | None = None
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of :func:`attnlab.attention` for this read."""
+        checked = {} if self.k_norm is None else {"kv_checked": True, "k_norm": self.k_norm}
+        if self.mask is not None:
+            return {"mask": self.mask, "lengths": self.lengths, "causal": False, **checked}
+        return {"lengths": self.lengths, "causal": True, "window": self.window, **checked}
+
+
+def _as_read(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cached keys or values as a ``dtype`` query reads them: as stored where attention() takes the mix
+    (a 16-bit cache under a float32 query), else converted to ``dtype``."""
+    name, want = str(x.dtype).removeprefix("torch."), str(dtype).removeprefix("torch.")
+    return x if name == want or name in CACHE_DTYPES.get(want, ()) else x.to(dtype)
+
+
+def _read(layer: LayerCache, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, window: Any, mask: Any,
+          positions: torch.Tensor, dtype: torch.dtype) -> Read:
+    """A :class:`Read` of the cache's ``k``, ``v`` by a ``dtype`` query; checked where the read is exact
+    (as stored, or widened), so that the attention call skips its own scan."""
+    rk, rv = _as_read(k, dtype), _as_read(v, dtype)
+    exact = rk.dtype == k.dtype or torch.finfo(rk.dtype).bits > torch.finfo(k.dtype).bits
+    return Read(rk, rv, lengths, window, mask, positions, layer.k_norm if exact else None)
+
+
+class LayerCache:
+    """One layer's keys, values and slot positions. Subclasses say where a position goes (:meth:`slots`),
+    which positions stay once ``last`` is written (:meth:`retains`) and which keys a query sees (:meth:`sees`)."""
+
+    kind = "dense"
+
+    def __init__(self, batch: int, heads: int, dim: int, capacity: int, dtype: torch.dtype, device: Any,
+                 window: int | None = None):
+        self.window = window  # W: keys a token sees, itself included (None: all before it)
+        self.k = torch.zeros(batch, heads, capacity, dim, dtype=dtype, device=device)  # (B, H_kv, C, D)
+        self.v = torch.zeros_like(self.k)
+        self.slot_positions = torch.full((batch, capacity), -1, dtype=torch.long, device=device)  # (B, C)
+        self.k_norm = 0.0  # the largest ‖k_j‖ ever appended (an upper bound of the keys held)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def slots(self, pos: torch.Tensor) -> torch.Tensor:
+        return pos
+
+    def retains(self, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(pos, dtype=torch.bool)
+
+    def sees(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
+        seen = (kpos >= 0) & (kpos <= qpos)
+        return seen if self.window is None else seen & (kpos > qpos - self.window)
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "capacity": self.capacity, "window": self.window}
+
+    def _grow(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        size = max(2 * self.capacity, needed)
+        B, H, C, D = self.k.shape
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            grown = old.new_zeros(B, H, size, D)  # (B, H_kv, size, D)
+            grown[:, :, :C] = old
+            setattr(self, name, grown)
+        pos = self.slot_positions.new_full((B, size), -1)
+        pos[:, :C] = self.slot_positions
+        self.slot_positions = pos
+
+    def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put the real new columns at their slots (those the kind retains once the last is written)."""
+        if step.decode:  # the newest position is always retained
+            b, pos = torch.arange(k.shape[0], device=k.device), step.start  # (B,), (B,)
+            slot = self.slots(pos)
+            self.k[b, :, slot], self.v[b, :, slot] = k[:, :, 0], v[:, :, 0]  # (B, H_kv, D)
+            self.slot_positions[b, slot] = pos
+            return
+        pos = step.positions  # (B, Tq)
+        keep = step.real & self.retains(pos, (step.end - 1)[:, None])
+        b, col = keep.nonzero(as_tuple=True)  # (N,), (N,)
+        slot = self.slots(pos[b, col])
+        self.k[b, :, slot] = k[b, :, col]  # (N, H_kv, D)
+        self.v[b, :, slot] = v[b, :, col]
+        self.slot_positions[b, slot] = pos[b, col]
+
+    def update(self, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
+        """Write the new keys and values and say what the step's queries read (dense: the prefix in place)."""
+        self._grow(int(step.end.max()))
+        self.write(step, k, v)
+        tk = max(int(step.end.max()), 1)
+        band = None if self.window is None else (self.window - 1, 0)
+        return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], step.end, band, None, self.slot_positions[:, :tk], dtype)
+
+
+class WindowCache(LayerCache):
+    """A ring of the last W positions: slot = position mod W."""
+
+    kind = "window"
+
+    def __init__(self, batch: int, heads: int, dim: int, window: int, dtype: torch.dtype, device: Any):
+        super().__init__(batch, heads, dim, window, dtype, device, window=window)
+
+    def slots(self, pos: torch.Tensor) -> torch.Tensor:
+        return pos % self.window
+
+    def retains(self, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return pos > last - self.window
+
+    def update(self, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
+        if step.decode:  # every slot a query may see, and no other, is filled: read the ring as it lies
+            self.write(step, k, v)
+            n = torch.clamp(step.end, max=self.capacity)  # (B,) filled slots, a prefix of the ring
+            tk = int(n.max())
+            return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], n, None, None, self.slot_positions[:, :tk], dtype)
+        read = _gathered(self, step, k, v, dtype)  # before the write: a chunk may overwrite what it reads
+        self.write(step, k, v)
+        return read
+
+
+class SinkCache(WindowCache):
+    """StreamingLLM: positions 0..S−1 in slots 0..S−1, the last W positions after S in a ring of W slots."""
+
+    kind = "sink"
+
+    def __init__(self, batch: int, heads: int, dim: int, sink: int, window: int, dtype: torch.dtype, device: Any):
+        LayerCache.__init__(self, batch, heads, dim, sink + window, dtype, device, window=window)
+        self.sink = sink
+
+    def slots(self, pos: torch.Tensor) -> torch.Tensor:
+        return torch.where(pos < self.sink, pos, self.sink + (pos - self.sink) % self.window)
+
+    def retains(self, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return (pos < self.sink) | (pos > last - self.window)
+
+    def sees(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
+        return (kpos >= 0) & (kpos <= qpos) & ((kpos < self.sink) | (kpos > qpos - self.window))
+
+    def describe(self) -> dict:
+        return super().describe() | {"sink": self.sink}
+
+
+def _gathered(layer: LayerCache, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
+    """A chunk's read of a ring: the stored keys in position order, then the new ones, from slot 0.
+
+    With the keys contiguous in position (a window's), the band says which a query sees; a sink's
+    gap between its first S and its last W positions needs the mask.
+    """
+    B, C, tq = k.shape[0], layer.capacity, step.tq
+    stored = layer.slot_positions  # (B, C), −1 empty
+    count = (stored >= 0).sum(-1)  # (B,)
+    order = torch.where(stored >= 0, stored, torch.iinfo(torch.long).max).argsort(dim=-1)  # (B, C) slots by position
+    tk = max(int((count + step.new).max()), 1)
+    j = torch.arange(tk, device=k.device)[None]  # (1, Tk)
+    old, new = j < count[:, None], (j >= count[:, None]) & (j < (count + step.new)[:, None])  # (B, Tk) each
+    old_slot = order.gather(1, torch.clamp(j, max=C - 1).expand(B, tk))  # (B, Tk)
+    new_col = C + tq - step.new[:, None] + (j - count[:, None])  # (B, Tk): index into cat(stored, new)
+    index = torch.where(old, old_slot, torch.where(new, new_col, 0))  # (B, Tk)
+    kpos = torch.where(old, stored.gather(1, old_slot), torch.where(new, step.start[:, None] + j - count[:, None], -1))
+    idx = index[:, None, :, None].expand(B, k.shape[1], tk, k.shape[-1])  # (B, H_kv, Tk, D)
+    keys = torch.cat((layer.k, k), dim=2).gather(2, idx)  # (B, H_kv, C + Tq, D) → (B, H_kv, Tk, D)
+    values = torch.cat((layer.v, v), dim=2).gather(2, idx)
+    read = _read(layer, keys, values, count + step.new, (layer.window - 1, 0), None, kpos, dtype)
+    return read if layer.kind == "window" else with_mask(read, step, layer)
+
+
+def with_mask(read: Read, step: Step, layer: LayerCache) -> Read:
+    """The read with its visibility as one boolean mask (B, 1, Tq, Tk): each query's position against each key's."""
+    qpos = torch.where(step.real, step.positions, -1)  # (B, Tq): padding columns see nothing
+    mask = layer.sees(read.key_positions[:, None, :], qpos[:, :, None])  # (B, Tq, Tk)
+    return replace(read, window=None, mask=mask[:, None])
