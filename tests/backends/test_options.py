@@ -60,3 +60,30 @@ def test_refusals_are_composed_from_the_declared_support():
         attention(X, X, X, backend="blockwise", return_weights=True)
     for b in BACKENDS.values():  # every hint is for a feature the backend declares it does not serve
         assert set(b.supports.instead) <= set(base.FEATURES) - b.supports.features, b.name
+
+
+@pytest.mark.parametrize(("tq", "tk", "kw", "hides"), [
+    (1, 7, {"causal": True}, False),  # a decoding step: the one query sees every key
+    (2, 7, {"causal": True}, True),
+    (1, 7, {"causal": True, "window": (6, 0)}, False),  # the window reaches key 0 from position 6
+    (1, 7, {"causal": True, "window": (5, 0)}, True),
+    (3, 3, {"window": (2, 2)}, False),
+    (3, 3, {"window": (1, 2)}, True),
+    (1, 7, {"causal": True, "lengths": np.array([7, 7])}, False),
+    (1, 7, {"causal": True, "lengths": np.array([7, 4])}, True),  # padding: the lengths restrict it
+])
+def test_a_band_that_hides_no_key_is_the_call_without_it(tq, tk, kw, hides):
+    """Dropped before any backend sees it (a step of generate is served as plain attention, no mask),
+    and the result is the reference's either way."""
+    rng = np.random.default_rng(tq * tk)
+    q, k, v = rng.standard_normal((2, tq, 4)), rng.standard_normal((2, tk, 4)), rng.standard_normal((2, tk, 4))
+    call = prepare(q, k, v, Options(**kw))
+    masked = call.request.band or call.request.lengths
+    assert masked == hides
+    if not hides:
+        assert (call.left, call.right, call.klen) == (None, None, None) and not call.request.window
+        np.testing.assert_allclose(attention(q, k, v, **kw), attention(q, k, v), rtol=1e-12, atol=1e-12)
+    for name in ("numpy", "torch", "blockwise", "kernel", "sdpa"):
+        if not BACKENDS[name].refusals(call.request):
+            np.testing.assert_allclose(attention(q, k, v, backend=name, **kw), attention(q, k, v, backend="numpy", **kw),
+                                       rtol=1e-6, atol=1e-6)

@@ -21,7 +21,7 @@ kernel      the same online softmax compiled (C, OpenMP, SIMD): float32 on the C
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnlab.backends.base import Backend
@@ -115,7 +115,7 @@ def _auto(request: Request) -> Backend:
 
     from attnlab.backends import calibrate
 
-    key = (replace(request, score_bound=0.0), calibrate.enabled(), calibrate.generation(),
+    key = (request, calibrate.enabled(), calibrate.generation(),
            os.environ.get(calibrate.ENV_CACHE), os.environ.get("XDG_CACHE_HOME"))
     name = _CHOICES.get(key)
     if name is None or BACKENDS[name].refusals(request):  # a refusal here: this call's scores overflow

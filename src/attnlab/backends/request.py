@@ -9,7 +9,7 @@ turn the call's masks into one dense boolean mask when they materialise the scor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,8 +29,8 @@ class Request:
     problem: validate.Problem
     mask: bool  # a dense boolean mask was given
     bias: bool
-    band: bool  # causal and/or a sliding window
-    causal: bool
+    band: bool  # causal and/or a sliding window that hides some key from some query
+    causal: bool  # causal was asked (its band may hide nothing: one query after every key)
     window: bool  # a sliding window (band beyond causal)
     lengths: bool  # key-padding lengths
     weights: bool  # return_weights=True: every row's weights, (..., Tq, Tk)
@@ -42,7 +42,9 @@ class Request:
     softcap: bool  # logit softcapping (Gemma-2)
     kv_dtype: bool  # k and v stored in another dtype than q (a 16-bit cache under a float32 query)
     visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
-    score_bound: float = 0.0  # no score |scale·q·k + bias| exceeds this (Cauchy–Schwarz): what overflow checks use
+    # no score |scale·q·k + bias| exceeds this (Cauchy–Schwarz): what overflow checks use; not part of the
+    # call's kind (equality, hash), by which auto remembers its choices
+    score_bound: float = field(default=0.0, compare=False)
 
     @property
     def scores(self) -> int:
@@ -74,6 +76,11 @@ def _lengths(lengths: Any, p: validate.Problem) -> np.ndarray | None:
     if lengths is None:
         return None
     return np.broadcast_to(by_batch(validate.check_lengths(lengths, p), len(p.batch)), p.batch)
+
+
+def hides_nothing(left: int | None, right: int | None, tq: int, tk: int) -> bool:
+    """Whether the band (left, right) lets every query i, at pos(i) = Tk − Tq + i, see every key 0..Tk − 1."""
+    return (left is None or left >= tk - 1) and (right is None or right >= tq - 1)
 
 
 def _rows(rows: Any, p: validate.Problem) -> np.ndarray | None:
@@ -170,6 +177,8 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
     klen = _lengths(o.lengths, p)
     if klen is not None and bool((klen == p.tk).all()):
         klen = None  # every sequence as long as the keys: under either causal rule, the call without lengths
+    if klen is None and hides_nothing(left, right, p.tq, p.tk):
+        left = right = None  # one query after every key (a decoding step): the call without its band
     request = Request(
         library="torch" if torch_in else "numpy",
         device=str(q.device) if torch_in else "cpu",
@@ -179,7 +188,7 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
         bias=o.bias is not None,
         band=left is not None or right is not None,
         causal=o.causal,
-        window=o.window is not None,
+        window=o.window is not None and (left, right) != (None, None),
         lengths=klen is not None,
         weights=o.return_weights,
         weights_rows=o.weights_rows is not None,

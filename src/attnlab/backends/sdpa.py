@@ -56,7 +56,7 @@ class SdpaBackend(Backend):
         ns = PRIOR_NS_PER_SCORE
         if r.mask or r.bias or r.lengths or (r.band and not _fast_causal(r)):
             ns = PRIOR_NS_PER_SCORE_MASKED
-        elif r.causal:
+        elif r.band:  # causal: a fraction of the scores
             ns *= PRIOR_CAUSAL_FRACTION
         return torch_overhead(r) + PRIOR_OVERHEAD_S + ns * 1e-9 * r.scores
 
