@@ -195,19 +195,27 @@ def test_decode_config_rejects_bad_values():
 
 
 def test_the_decode_benchmark_calls_attention_as_generate_does():
-    """Its "generate" method passes what the KV cache's read of a dense one-token step passes."""
+    """Its "generate" method passes what the KV cache's read of a dense one-token step passes (every
+    sequence as long: no lengths; ragged ones pass theirs)."""
     import torch
 
     from attnlab.bench.decode import GENERATE_KWARGS
     from attnlab.transformer.cache import KVCache
     from attnlab.transformer.layer_cache import LayerCache
 
-    cache = KVCache([LayerCache(1, 2, 8, 16, torch.float32, "cpu")])
-    cache.lengths = torch.tensor([5])
-    step = cache.begin(torch.tensor([1]), 1)
-    kw = cache.update(0, step, torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8)).kwargs()
-    assert {n: x for n, x in kw.items() if n not in ("lengths", "k_norm")} == GENERATE_KWARGS
-    assert kw["lengths"].tolist() == [6] and kw["k_norm"] > 0
+    for lengths in ([5], [5, 5], [5, 3]):
+        b = len(lengths)
+        cache = KVCache([LayerCache(b, 2, 8, 16, torch.float32, "cpu")])
+        cache.lengths = torch.tensor(lengths)
+        step = cache.begin(torch.ones(b, dtype=torch.long), 1)
+        kw = cache.update(0, step, torch.ones(b, 2, 1, 8), torch.ones(b, 2, 1, 8)).kwargs()
+        assert {n: x for n, x in kw.items() if n not in ("lengths", "k_norm")} == \
+            {n: x for n, x in GENERATE_KWARGS.items() if n != "lengths"}
+        assert kw["k_norm"] > 0
+        if lengths == [5, 3]:
+            assert kw["lengths"].tolist() == [6, 4]
+        else:
+            assert kw["lengths"] is GENERATE_KWARGS["lengths"] is None
 
 
 def test_cli_bench_decode_reports_bytes_read_over_time(capsys):

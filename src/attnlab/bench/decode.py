@@ -8,8 +8,9 @@ in the same run (:func:`read_bandwidth`). The methods:
 
 - ``attention``: ``attnlab.attention(q, k, v, causal=True, backend="kernel")``, a plain call (it
   checks q, k and v for NaN/Inf first);
-- ``generate``: the call attnlab's ``generate`` makes at each step (:data:`GENERATE_KWARGS`: the
-  cache's lengths, causal, the entries checked when written and the largest key length; k, v the
+- ``generate``: the call attnlab's ``generate`` makes at each step (:data:`GENERATE_KWARGS`: causal,
+  the entries checked when written and the largest key length, no lengths as every sequence holds
+  all n keys; k, v the
   filled prefix of a cache one slot longer), ``backend="auto"``;
 - ``tiles``: the kernel's many-row path (``block_size=kernel.BLOCK`` forces it; a float32 copy of a
   16-bit cache);
@@ -32,7 +33,8 @@ from attnlab.bench.sweep import machine, memory_available
 from attnlab.bench.timing import interleaved, torch_threads
 
 DECODE_METHODS = ("attention", "generate", "tiles", "sdpa-gqa", "sdpa-repeated")
-GENERATE_KWARGS = {"causal": True, "window": None, "kv_checked": True}  # with lengths= and k_norm=: cache.Read.kwargs()
+# with k_norm=: cache.Read.kwargs() of a step where every sequence holds the n keys read (no lengths needed)
+GENERATE_KWARGS = {"lengths": None, "causal": True, "window": None, "kv_checked": True}
 STORED = ("float32", "bfloat16", "float16")
 
 
@@ -194,7 +196,7 @@ def _generate_kwargs(cfg: DecodeConfig, n: int, k: Any) -> dict[str, Any]:
 
     from attnlab.backends.request import max_norm
 
-    return {"lengths": torch.full((cfg.batch,), n), "k_norm": max_norm(k), **GENERATE_KWARGS}
+    return {"k_norm": max_norm(k), **GENERATE_KWARGS}
 
 
 def _one(cfg: DecodeConfig, dtype: str, n: int, llc: int, bandwidth: float, tick: Any) -> list[DecodeMeasurement]:

@@ -26,6 +26,7 @@ of :meth:`Transformer.generate` are put back in position order through it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -47,17 +48,28 @@ class Step:
     tq: int
     decode: bool = False  # one new token in every sequence: written without a search, rings read as they lie
 
-    @property
+    # Computed once per step, read by every layer.
+    @cached_property
     def end(self) -> torch.Tensor:
         return self.start + self.new  # (B,)
 
-    @property
+    @cached_property
+    def longest(self) -> int:
+        """The longest sequence once the step is written."""
+        return int(self.end.max())
+
+    @cached_property
+    def even(self) -> bool:
+        """Every sequence starts at one position and gets as many new tokens (one sequence, or equal prompts)."""
+        return bool((self.start == self.start[0]).all() and (self.new == self.new[0]).all())
+
+    @cached_property
     def positions(self) -> torch.Tensor:
         """(B, Tq) each column's position; padding columns get the ones before (negative: none)."""
         cols = torch.arange(self.tq, device=self.start.device)
         return (self.end - self.tq)[:, None] + cols[None]
 
-    @property
+    @cached_property
     def real(self) -> torch.Tensor:
         """(B, Tq) bool: the column holds a new token."""
         cols = torch.arange(self.tq, device=self.start.device)
@@ -72,7 +84,7 @@ class Read:
 
     k: torch.Tensor
     v: torch.Tensor
-    lengths: torch.Tensor
+    lengths: torch.Tensor | None  # None: every sequence's Tk (an even step)
     window: tuple[int, int] | None
     mask: torch.Tensor | None  # (B, 1, Tq, Tk) bool where the lengths and the band cannot say it (a sink's gap)
     key_positions: torch.Tensor
@@ -93,7 +105,7 @@ def _as_read(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if name == want or name in CACHE_DTYPES.get(want, ()) else x.to(dtype)
 
 
-def _read(layer: LayerCache, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, window: Any, mask: Any,
+def _read(layer: LayerCache, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None, window: Any, mask: Any,
           positions: torch.Tensor, dtype: torch.dtype) -> Read:
     """A :class:`Read` of the cache's ``k``, ``v`` by a ``dtype`` query; checked where the read is exact
     (as stored, or widened), so that the attention call skips its own scan."""
@@ -153,6 +165,11 @@ class LayerCache:
 
     def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
         """Put the real new columns at their slots (those the kind retains once the last is written)."""
+        if step.decode and step.even:  # one slot for every sequence: a plain copy
+            slot = int(self.slots(step.start[:1]))
+            self.k[:, :, slot], self.v[:, :, slot] = k[:, :, 0], v[:, :, 0]  # (B, H_kv, D)
+            self.slot_positions[:, slot] = step.start
+            return
         if step.decode:  # the newest position is always retained
             b, pos = torch.arange(k.shape[0], device=k.device), step.start  # (B,), (B,)
             slot = self.slots(pos)
@@ -169,11 +186,12 @@ class LayerCache:
 
     def update(self, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
         """Write the new keys and values and say what the step's queries read (dense: the prefix in place)."""
-        self._grow(int(step.end.max()))
+        self._grow(step.longest)
         self.write(step, k, v)
-        tk = max(int(step.end.max()), 1)
+        tk = max(step.longest, 1)
         band = None if self.window is None else (self.window - 1, 0)
-        return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], step.end, band, None, self.slot_positions[:, :tk], dtype)
+        lengths = None if step.even else step.end  # even: every sequence is the Tk keys read
+        return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], lengths, band, None, self.slot_positions[:, :tk], dtype)
 
 
 class WindowCache(LayerCache):
@@ -193,8 +211,8 @@ class WindowCache(LayerCache):
     def update(self, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
         if step.decode:  # every slot a query may see, and no other, is filled: read the ring as it lies
             self.write(step, k, v)
-            n = torch.clamp(step.end, max=self.capacity)  # (B,) filled slots, a prefix of the ring
-            tk = int(n.max())
+            tk = min(step.longest, self.capacity)  # filled slots, a prefix of the ring
+            n = None if step.even else torch.clamp(step.end, max=self.capacity)  # (B,)
             return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], n, None, None, self.slot_positions[:, :tk], dtype)
         read = _gathered(self, step, k, v, dtype)  # before the write: a chunk may overwrite what it reads
         self.write(step, k, v)
