@@ -45,7 +45,9 @@ def _entry(rank: int, fn: Callable, world: int, port: int, timeout_s: float, thr
     try:
         result = fn(rank, world, *args)
     except BaseException:  # noted with the time: the first failure is the cause, later ones its echo
-        (Path(outdir) / f"{rank}.err").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+        partial = Path(outdir) / f"{rank}.err.partial"  # renamed whole: a rank stopped while writing leaves no .err
+        partial.write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+        os.replace(partial, Path(outdir) / f"{rank}.err")
         raise
     finally:
         dist.destroy_process_group()  # the others' collectives fail at once instead of at their timeout
