@@ -59,7 +59,7 @@ MAX_HEADS = 8  # attention is measured on at most this many query heads (the rat
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS = 4
 MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch computes in on a CPU
-PROFILE_VERSION = 4  # what a profile holds: a new field measures anew
+PROFILE_VERSION = 5  # what a profile holds or how it is measured (5: the linear layers' few-row path): a new one measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
 
@@ -105,7 +105,8 @@ def _best(fn: Callable[[], Any]) -> float:
 def _matmul_points(a: Architecture, dtype: Any) -> list[list[float]]:
     """(FLOPs, seconds) of one layer's matmuls at each row count of :data:`ROWS`."""
     import torch
-    import torch.nn.functional as F
+
+    from attnlab.transformer.linear import linear
 
     layer = sum(layer_matmul_params(a).values())
     rows = [r for r in ROWS if 2 * r * layer <= MAX_MATMUL_FLOPS] or [ROWS[0]]
@@ -115,7 +116,7 @@ def _matmul_points(a: Architecture, dtype: Any) -> list[list[float]]:
         seconds = 0.0
         for i, o, many in matmul_shapes(a):
             x = torch.randn(r, i, dtype=dtype)
-            seconds += many * _best(lambda: F.linear(x, weights[(i, o)]))
+            seconds += many * _best(lambda: linear(x, weights[(i, o)]))
         points.append([2.0 * r * layer, seconds])
     return points
 
@@ -124,7 +125,8 @@ def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> float:
     """Bytes/s of matrix-vector products over the model's matrices, cycled until they hold what the
     layers do (at most :data:`BANDWIDTH_BYTES`): a decode step's weight reads."""
     import torch
-    import torch.nn.functional as F
+
+    from attnlab.transformer.linear import linear
 
     target = min(a.num_layers * sum(layer_matmul_params(a).values()) * nbytes, BANDWIDTH_BYTES)
     mats, total = [], 0
@@ -136,7 +138,7 @@ def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> float:
 
     def sweep() -> None:
         for x, w in mats:
-            F.linear(x, w)
+            linear(x, w)
 
     return total / _best(sweep)
 

@@ -35,6 +35,7 @@ from attnlab.transformer.attend import Pass, attend, attend_eager
 from attnlab.transformer.cache import KVCache, Read
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
+from attnlab.transformer.linear import Linear, linear
 from attnlab.transformer.norms import norm, normed
 from attnlab.transformer.rotary import angles, frequencies, rotate
 
@@ -56,10 +57,10 @@ class Attention(nn.Module):
         super().__init__()
         self.c, self.layer, self.at = c, layer, f"blocks.{layer}.attn."  # at: the prefix of its hook points
         self.window = c.layer_window(layer)  # W keys, itself included (transformers' sliding_window), or None
-        self.q = nn.Linear(c.d_model, c.num_heads * c.head_dim, bias=c.bias)
-        self.k = nn.Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
-        self.v = nn.Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
-        self.o = nn.Linear(c.num_heads * c.head_dim, c.d_model, bias=c.bias if c.out_bias is None else c.out_bias)
+        self.q = Linear(c.d_model, c.num_heads * c.head_dim, bias=c.bias)
+        self.k = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
+        self.v = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
+        self.o = Linear(c.num_heads * c.head_dim, c.d_model, bias=c.bias if c.out_bias is None else c.out_bias)
 
     def forward(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
         c, h, at, (B, T, _) = self.c, p.hooks, self.at, x.shape
@@ -99,9 +100,9 @@ class FeedForward(nn.Module):
     def __init__(self, c: TransformerConfig):
         super().__init__()
         self.act = ACT[c.activation]
-        self.up = nn.Linear(c.d_model, c.hidden_ff, bias=c.ffn_bias)
-        self.gate = nn.Linear(c.d_model, c.hidden_ff, bias=c.ffn_bias) if c.ffn == "gated" else None
-        self.down = nn.Linear(c.hidden_ff, c.d_model, bias=c.ffn_bias)
+        self.up = Linear(c.d_model, c.hidden_ff, bias=c.ffn_bias)
+        self.gate = Linear(c.d_model, c.hidden_ff, bias=c.ffn_bias) if c.ffn == "gated" else None
+        self.down = Linear(c.hidden_ff, c.d_model, bias=c.ffn_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (B, T, d) → (B, T, d_ff) → (B, T, d): act(x W_up), or act(x W_gate) ⊙ x W_up (SwiGLU)
@@ -169,7 +170,7 @@ class Transformer(nn.Module):
         self.emb_norm = norm(c) if c.embed_norm else None
         self.blocks = nn.ModuleList(Block(c, layer) for layer in range(c.num_layers))
         self.final_norm = None if c.post_norm else norm(c)
-        self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head = None if c.tie_embeddings else Linear(c.d_model, c.vocab_size, bias=False)
         # a plain attribute, not a buffer: .to(dtype) must not round the frequencies
         self.inv_freq = frequencies(c) if c.positions == "rotary" else None  # (Dh/2,) float64
         self.to(torch_dtype(dtype))
@@ -317,7 +318,7 @@ class Transformer(nn.Module):
         c = self.config
         if not c.causal:
             raise ValueError(f"logits need a causal language model, got a {c.family} encoder")
-        out = hidden @ self.tok_emb.weight.T if self.lm_head is None else self.lm_head(hidden)
+        out = linear(hidden, self.tok_emb.weight) if self.lm_head is None else self.lm_head(hidden)
         return out if c.final_softcap is None else c.final_softcap * torch.tanh(out / c.final_softcap)
 
     def _decode_step(self, ids: torch.Tensor, real: Any, kv: KVCache, *, backend: str | None, rows: bool,
