@@ -1,14 +1,14 @@
 """The context planner against measurement: predicted ÷ measured TTFT and TPOT of attnlab's generate.
 
     .venv/bin/python benchmarks/bench_planner.py [--prompts 512,1024,2048,4096,8192,16384]
-        [--new-tokens 32] [--configs narrow,wide] [--threads N] [--repeats 3] [--calibrate] [--no-transformers]
+        [--new-tokens 32] [--configs narrow,wide] [--threads N] [--repeats 5] [--calibrate] [--no-transformers]
         [--deadline-search] [--json F]
 
 For two Llama-style configs of different shapes (random weights, float32, attnlab's default backend):
 
 1. ``attnlab.plan(config, "this", …)`` predicts TTFT and TPOT from this machine's calibration (the
    planner's measurements of the rates at the config's shapes; ``--calibrate`` measures them again).
-2. ``Transformer.generate`` runs each prompt length ``--repeats`` times, medians reported (``on_token``
+2. ``Transformer.generate`` runs each prompt length once to warm up, then ``--repeats`` times, medians reported (``on_token``
    stamps each new token: TTFT is the first stamp, TPOT the mean gap between the later ones, as vLLM
    defines it); transformers'
    ``LlamaForCausalLM.generate`` (SDPA, the same config, greedy, no early stop) is measured beside it
@@ -80,11 +80,14 @@ def measure_transformers(model, n: int, new: int, vocab: int) -> dict:  # noqa: 
 
 
 def median_of(repeats: int, run) -> dict:  # noqa: ANN001
-    """Each figure the median of ``repeats`` runs (attnlab's and transformers' runs alternate by row)."""
+    """Each figure the median of ``repeats`` runs after a warm one (attnlab's and transformers' alternate by row),
+    with its spread over them as ``<figure>_range`` (min, max): how far the machine moves one measurement."""
     import statistics
 
+    run()  # warm: a length's first run pays its first calls' costs (auto's choices for new shapes, allocations)
     runs = [run() for _ in range(repeats)]
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return out | {f"{k}_range": (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
 
 
 def search_measured(model, lo: int, hi: int, deadline_s: float, new: int, vocab: int) -> int:  # noqa: ANN001
@@ -159,9 +162,11 @@ def print_row(name: str, r: dict) -> None:
     beside = (f" | transformers TTFT {t['ttft_s'] * 1e3:9,.1f} ms TPOT {t['tpot_s'] * 1e3:7,.2f} ms "
               f"(attnlab ÷ transformers {r['attnlab']['ttft_s'] / t['ttft_s']:.2f} / {r['attnlab']['tpot_s'] / t['tpot_s']:.2f})"
               if t else "")
+    m = r["attnlab"]
+    spread = lambda key: "({:,.1f}–{:,.1f})".format(*(1e3 * x for x in m[f"{key}_range"]))  # noqa: E731
     print(f"{name:6} n={r['prompt']:6,}  TTFT pred {r['predicted']['ttft_s'] * 1e3:9,.1f} ms meas "
-          f"{r['attnlab']['ttft_s'] * 1e3:9,.1f} ms ratio {r['ttft_ratio']:.3f} {ok(r['ttft_ratio']):3} | TPOT pred "
-          f"{r['predicted']['tpot_s'] * 1e3:7,.2f} ms meas {r['attnlab']['tpot_s'] * 1e3:7,.2f} ms ratio "
+          f"{m['ttft_s'] * 1e3:9,.1f} ms {spread('ttft_s')} ratio {r['ttft_ratio']:.3f} {ok(r['ttft_ratio']):3} | TPOT "
+          f"pred {r['predicted']['tpot_s'] * 1e3:7,.2f} ms meas {m['tpot_s'] * 1e3:7,.2f} ms {spread('tpot_s')} ratio "
           f"{r['tpot_ratio']:.3f} {ok(r['tpot_ratio']):3} | {r['limited_by']}{beside}", flush=True)
 
 
@@ -175,7 +180,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=3, help="runs per row (medians)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs per row (medians)")
     ap.add_argument("--calibrate", action="store_true", help="measure the planner's rates again first")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--deadline-search", action="store_true")

@@ -5,10 +5,11 @@ machine facts and torch's thread count: another CPU, thread count or library ver
 ``attnlab plan --calibrate`` measures again; with ``ATTNLAB_CALIBRATE=0`` nothing is written and the
 measurements last for the process):
 
-- the matmul rate: one layer's matrices (torch ``linear`` at the model's (d_in, d_out)) at
+- the matmul rate: one layer's matrices (the transformer's ``linear`` at the model's (d_in, d_out)) at
   several row counts, as (FLOPs, seconds) points;
-- the read bandwidth: one matrix-vector product over a set of the model's matrices as large as its
-  layers (capped at :data:`BANDWIDTH_BYTES`, far beyond the caches), as a decode step reads them;
+- the read bandwidth: one matrix-vector product over a set of the model's matrices and its LM head as
+  large as a decode step's read (capped at :data:`BANDWIDTH_BYTES`, far beyond the caches), through the
+  transformer's own linear layers, as a decode step reads them;
 - the prefill attention's rate: :func:`attnlab.attention`, causal, at the model's head dim and k/v
   grouping (FLOPs → seconds), by the backend attnlab's transformer uses;
 - the decode attention's: a one-layer model of that head dim and grouping decoding after prompts of
@@ -21,16 +22,17 @@ measurements last for the process):
   rest: the loop, sampling), for the first token (with the cache's set-up) and the later ones apart;
 - the memory available is read at each plan (it changes), never cached.
 
-Every time is the fastest of :data:`REPEATS` samples after a warm call (a busy machine only adds time),
-a sample of a short call being several calls in a row.
+Every time is the median of :data:`REPEATS` samples after a warm call, a sample of a short call being
+several calls in a row: the planner predicts the typical run, and on a shared or virtual machine the
+fastest of a few samples is well below it (a quarter and more for a decoding step's few milliseconds).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,7 +41,7 @@ from typing import Any
 
 from attnlab.backends.calibrate import cache_path as auto_cache_path
 from attnlab.backends.calibrate import enabled, machine_facts
-from attnlab.planner.formulas import layer_matmul_params, matmul_shapes
+from attnlab.planner.formulas import decode_weight_bytes, layer_matmul_params, matmul_shapes
 from attnlab.planner.hardware import Hardware, Rate
 from attnlab.planner.models import DTYPE_BYTES, Architecture
 
@@ -52,14 +54,18 @@ MAX_MATMUL_FLOPS = 1e11
 BANDWIDTH_BYTES = 512 * 2**20
 PREFILL_N = (256, 1024, 4096)  # attention lengths measured (fewer where a point would exceed MAX_ATTENTION_FLOPS)
 MAX_ATTENTION_FLOPS = 6e10
-DECODE_T = (256, 2048, 8192)  # prompts of the one-layer model whose decode steps give the KV read's cost
-GEN_NEW = 9  # new tokens per generate run: 8 decode steps timed
+OVERHEAD_PROMPT = 8  # the tiny models' prompt: the fixed costs are a step's over so few keys
+# prompts of the one-layer model whose decode steps give the KV read's cost, from the overheads' prompt on:
+# what a step over more keys costs beyond theirs, whatever path attention takes (a kernel's fixed cost included)
+DECODE_T = (OVERHEAD_PROMPT, 512, 2048, 8192)
+GEN_NEW = 17  # new tokens per generate run: 16 decode steps timed
 ELEMENTWISE = (1 << 16, 1 << 19, 1 << 22, 1 << 24)  # elements of the tensors multiplied  # cache lengths for one decode query
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS = 4
 MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch computes in on a CPU
-PROFILE_VERSION = 5  # what a profile holds or how it is measured (5: the linear layers' few-row path): a new one measures anew
+PROFILE_VERSION = 6  # what a profile holds or how it is measured (5: the linear layers' few-row path; 6: decode
+# from 8 keys, medians): a new one measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
 
@@ -88,18 +94,18 @@ def _save(profiles: dict) -> None:
         log.warning("could not save the planner's calibration to %s: %s", path, e)
 
 
-def _best(fn: Callable[[], Any]) -> float:
-    """Seconds per call: the fastest of REPEATS samples, each over enough calls in a row to last MIN_SAMPLE_S."""
+def _typical(fn: Callable[[], Any]) -> float:
+    """Seconds per call: the median of REPEATS samples, each over enough calls in a row to last MIN_SAMPLE_S."""
     t0 = time.perf_counter()
     fn()  # warm: first-call costs are not the rate's
     calls = max(1, int(MIN_SAMPLE_S / max(time.perf_counter() - t0, 1e-7)))
-    best = math.inf
+    samples = []
     for _ in range(REPEATS):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best
+        samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
 
 
 def _matmul_points(a: Architecture, dtype: Any) -> list[list[float]]:
@@ -116,20 +122,23 @@ def _matmul_points(a: Architecture, dtype: Any) -> list[list[float]]:
         seconds = 0.0
         for i, o, many in matmul_shapes(a):
             x = torch.randn(r, i, dtype=dtype)
-            seconds += many * _best(lambda: linear(x, weights[(i, o)]))
+            seconds += many * _typical(lambda: linear(x, weights[(i, o)]))
         points.append([2.0 * r * layer, seconds])
     return points
 
 
 def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> float:
-    """Bytes/s of matrix-vector products over the model's matrices, cycled until they hold what the
-    layers do (at most :data:`BANDWIDTH_BYTES`): a decode step's weight reads."""
+    """Bytes/s of matrix-vector products over the model's matrices and its LM head, cycled until they hold
+    what a decode step reads (at most :data:`BANDWIDTH_BYTES`): a step's weight reads, from whichever
+    level of the memory holds that many bytes."""
     import torch
 
     from attnlab.transformer.linear import linear
 
-    target = min(a.num_layers * sum(layer_matmul_params(a).values()) * nbytes, BANDWIDTH_BYTES)
-    mats, total = [], 0
+    target = min(decode_weight_bytes(a, nbytes), BANDWIDTH_BYTES)
+    head = min(a.vocab_size, max(1, target // (a.hidden_size * nbytes)))  # the LM head, its rows capped by the target
+    mats = [(torch.randn(1, a.hidden_size, dtype=dtype), torch.randn(head, a.hidden_size, dtype=dtype))]
+    total = head * a.hidden_size * nbytes
     while total < target:
         for i, o, many in matmul_shapes(a):
             for _ in range(many):
@@ -140,7 +149,7 @@ def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> float:
         for x, w in mats:
             linear(x, w)
 
-    return total / _best(sweep)
+    return total / _typical(sweep)
 
 
 def _elementwise_points(dtype: Any, nbytes: int) -> list[list[float]]:
@@ -151,7 +160,7 @@ def _elementwise_points(dtype: Any, nbytes: int) -> list[list[float]]:
     points = []
     for size in ELEMENTWISE:
         x, y = torch.randn(size, dtype=dtype), torch.randn(size, dtype=dtype)
-        points.append([3.0 * size * nbytes, _best(lambda: x * y)])
+        points.append([3.0 * size * nbytes, _typical(lambda: x * y)])
     return points
 
 
@@ -175,7 +184,7 @@ def _attention_points(a: Architecture, dtype: Any) -> list[list[float]]:
         if prefill and flops > MAX_ATTENTION_FLOPS:
             break
         q, k, v = (torch.randn(1, heads, n, d, dtype=dtype) for heads in (h, kv, kv))
-        prefill.append([flops, _best(lambda: attention(q, k, v, causal=True, backend=BACKEND))])
+        prefill.append([flops, _typical(lambda: attention(q, k, v, causal=True, backend=BACKEND))])
     return prefill
 
 
@@ -190,18 +199,20 @@ def _model(a: Architecture, dtype: Any, layers: int, heads: int, kv: int, head_d
 
 
 def _generate(model: Any, prompt: int, repeats: int) -> tuple[float, float]:
-    """(TTFT, TPOT) of ``model.generate`` on a prompt of ``prompt`` tokens, each the fastest of ``repeats`` runs:
-    TTFT the first new token's time, TPOT the mean gap between the later ones (vLLM's definitions)."""
+    """(TTFT, TPOT) of ``model.generate`` on a prompt of ``prompt`` tokens, each the median of ``repeats`` runs
+    after a warm one: TTFT the first new token's time, TPOT the mean gap between the later ones (vLLM's definitions)."""
     import torch
 
     ids = torch.randint(0, 64, (1, prompt), generator=torch.Generator().manual_seed(0))
-    ttft = tpot = math.inf
-    for _ in range(repeats + 1):  # the first run warms up
+    ttft, tpot = [], []
+    for run in range(repeats + 1):
         stamps: list[float] = []
         t0 = time.perf_counter()
         model.generate(ids, GEN_NEW, on_token=lambda step, tok: stamps.append(time.perf_counter()))
-        ttft, tpot = min(ttft, stamps[0] - t0), min(tpot, (stamps[-1] - stamps[0]) / (len(stamps) - 1))
-    return ttft, tpot
+        if run:  # the first run warms up
+            ttft.append(stamps[0] - t0)
+            tpot.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+    return statistics.median(ttft), statistics.median(tpot)
 
 
 def _overheads(a: Architecture, dtype: Any) -> dict:
@@ -209,7 +220,7 @@ def _overheads(a: Architecture, dtype: Any) -> dict:
     is negligible): per layer, the growth from one to the other; per step, the rest (the loop, sampling). The
     first token's (the prefill's set-up: the cache, the checks) apart from the later tokens'."""
     g = a.num_heads // a.num_kv_heads
-    runs = [_generate(_model(a, dtype, layers, 2 * g, 2, 16, 64), 8, REPEATS) for layers in (1, OVERHEAD_LAYERS)]
+    runs = [_generate(_model(a, dtype, layers, 2 * g, 2, 16, 64), OVERHEAD_PROMPT, REPEATS) for layers in (1, OVERHEAD_LAYERS)]
     out = {}
     for i, name in ((1, ""), (0, "prefill_")):  # (TTFT, TPOT): index 0 the prefill, 1 a decode step
         per_layer = max((runs[1][i] - runs[0][i]) / (OVERHEAD_LAYERS - 1), 0.0)
@@ -219,13 +230,19 @@ def _overheads(a: Architecture, dtype: Any) -> dict:
 
 def _decode_points(a: Architecture, dtype: Any, nbytes: int) -> list[list[float]]:
     """(KV bytes read, seconds) of one decode step's attention through ``generate``: a one-layer model of the
-    model's head dim and grouping, its step time at each prompt of DECODE_T less its time at the first (what
-    more cache costs: the path generate takes, whatever kernel it uses)."""
+    model's head dim and grouping, its step time at each prompt of DECODE_T beyond its time at the first (what
+    more cache costs: the path generate takes, whatever kernel it uses). A step is a few milliseconds that move
+    by a tenth from run to run, so the points are a least-squares line's, seconds = fixed + bytes / rate."""
+    import numpy as np
+
     h, kv, d = *_heads(a), a.head_dim
     model = _model(a, dtype, 1, h, kv, d, max(DECODE_T) + GEN_NEW + 1)
-    steps = [_generate(model, t, 1 if t > 4096 else REPEATS)[1] for t in DECODE_T]
+    steps = [_generate(model, t, 3 if t > 4096 else REPEATS)[1] for t in DECODE_T]
     per_token = 2.0 * kv * d * nbytes
-    return [[per_token * (t - DECODE_T[0]), max(s - steps[0], 1e-9)] for t, s in zip(DECODE_T[1:], steps[1:])]
+    work = [per_token * (t - DECODE_T[0]) for t in DECODE_T[1:]]
+    slope, fixed = np.polyfit(work, [s - steps[0] for s in steps[1:]], 1)
+    slope = max(slope, 1e-15)  # more keys never cost less
+    return [[w, max(fixed + slope * w, slope * w)] for w in work]
 
 
 def profile_key(a: Architecture, dtype: str) -> str:
