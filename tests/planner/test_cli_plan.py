@@ -63,3 +63,13 @@ def test_list_shows_models_and_accelerators(capsys):
     data = json.loads(capsys.readouterr().out)
     assert {"llama-3.1-8b", "gemma-2-9b"} <= set(data["models"]) and "h100" in data["accelerators"]
     assert data["models"]["mistral-7b-v0.1"]["windows"][0] == 4096 and data["efficiencies"]["matmul"] == 0.7
+
+
+def test_no_figure_is_cut_to_fit_a_narrow_output(capsys):
+    """Off a terminal rich lays tables out in 80 columns and would cut cells ("128,0…"); the tables
+    print at their own width instead."""
+    assert main(["plan", "--model", "llama-3.1-8b", "--hardware", "h100", "--prompt", "8k,32k,128k",
+                 "--new-tokens", "256", "--deadline-ms", "5000"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert "128,000" in out and "no: deadline" in out and "decode weights (memory bandwidth)" in out

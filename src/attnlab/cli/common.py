@@ -21,6 +21,22 @@ from rich.console import Console
 console = Console()
 err = Console(stderr=True)
 
+
+
+def print_table(table: Any) -> None:
+    """A table at its natural width where the console is narrower (a pipe reads as 80 columns): its cells
+    are figures, and rich would otherwise cut them ("128,0…") to fit."""
+    from rich.measure import Measurement
+
+    need = Measurement.get(console, console.options.update_width(1000), table).maximum
+    width = console.width
+    console.width = max(width, need)  # print(width=) cannot go past the console's own
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 JSON_HELP = "Write the result as JSON to PATH; '-' for stdout (then no tables are printed)."
 MODEL_HELP = ("A model folder or a hub id (BERT/RoBERTa/GPT-2-style), or attnlab:decoder (the bundled decoder); "
               "default: the bundled all-MiniLM-L6-v2.")

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import console, err, json_option, names, out_file, write_json
+from attnlab.cli.common import console, err, json_option, names, out_file, print_table, write_json
 
 PROMPT_HELP = "Prompt lengths in tokens, comma-separated; k = 1,000 (4k = 4,000 tokens)."
 MODEL_HELP = ("A transformers config.json (file or folder) or a bundled name (attnlab plan --list); "
@@ -194,8 +194,8 @@ def _print(p: Any) -> None:
                else "no: deadline" if r.meets_deadline is False else "yes")
         table.add_row(f"{r.prompt_tokens:,}", _seconds(r.ttft_s), _seconds(r.tpot_s), _seconds(r.total_s),
                       f"{r.kv_bytes / 2**30:,.2f}", f"{r.peak_bytes / 1e9:,.1f}", f"{r.max_batch:,}", why, r.limited_by)
-    console.print(table)
-    console.print(_terms(p))
+    print_table(table)
+    print_table(_terms(p))
     best = p.max_prompt_tokens
     meets = "the deadline and the memory" if p.deadline_ms is not None else "the memory"
     console.print(f"largest prompt meeting {meets}: " + (f"{best:,} tokens" if best else "none")
