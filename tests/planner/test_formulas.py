@@ -148,3 +148,23 @@ def test_the_older_field_names_are_read_too():
 
     a = load_model(Older())
     assert (a.num_layers, a.num_heads, a.windows) == (2, 4, (None, None))
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.parametrize(("cache", "window"), [("dense", None), ("window", 8)])
+def test_kv_bytes_equal_attnlabs_own_cache_after_generating(cache, window):
+    """The formula's bytes are those attnlab's generate holds: a dense cache of prompt + new − 1 tokens
+    (the last new token is chosen, never written), a window layer's ring of W beside a full layer."""
+    import torch
+
+    from attnlab.transformer import Transformer, TransformerConfig
+
+    types = None if window is None else ("sliding_attention", "full_attention")
+    c = TransformerConfig(vocab_size=50, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn="gated",
+                          positions="rotary", norm="rmsnorm", activation="silu", d_ff=96, max_positions=128,
+                          sliding_window=window, layer_types=types)
+    prompt, new = 20, 7
+    torch.manual_seed(0)
+    g = Transformer(c).eval().generate(torch.randint(0, 50, (2, prompt)), new, cache=cache, stop_ids=[])
+    assert int(g.lengths.min()) == new  # no sequence stopped early
+    assert g.kv_cache.nbytes == f.kv_bytes(load_model(c), prompt + new - 1, 2, 4)
