@@ -104,8 +104,6 @@ def search_measured(model, lo: int, hi: int, deadline_s: float, new: int, vocab:
 
 
 def run_config(name: str, args: argparse.Namespace) -> dict:
-    import torch
-
     from attnlab.planner import plan
     from attnlab.planner.machine import this_machine
     from attnlab.planner.models import load_model

@@ -234,12 +234,25 @@ def tiny_llama(tiny_folder):
     return tiny_folder("llama")
 
 
+def _refuse(monkeypatch, why: str, *targets: str) -> None:
+    """Each of ``targets`` (dotted paths) fails the test with ``why`` when called."""
+
+    def refuse(*a, **k):
+        raise AssertionError(why)
+
+    for target in targets:
+        monkeypatch.setattr(target, refuse)
+
+
 @pytest.fixture
 def no_decoder(monkeypatch):
     """Loading attnlab's transformer (or finding its folder) fails the test: a command's flag errors come first."""
+    _refuse(monkeypatch, "the command loaded a model before checking its flags",
+            "attnlab.transformer.weights.load_pretrained", "attnlab.locate.folder.resolve")
 
-    def refuse(*a, **k):
-        raise AssertionError("the command loaded a model before checking its flags")
 
-    monkeypatch.setattr("attnlab.transformer.weights.load_pretrained", refuse)
-    monkeypatch.setattr("attnlab.locate.folder.resolve", refuse)
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model (or running the lesson) fails the test: the error must come first."""
+    _refuse(monkeypatch, "the command did its work before checking its input", "attnlab.hf.loading.load_model",
+            "attnlab.hf.capture.load_model", "attnlab.lesson.run.run_lesson", "attnlab.interventions.corpus.corpus_roles")

@@ -9,19 +9,6 @@ from attnlab.cli.app import main
 RIVER, MONEY = "I sat on the bank of the river.", "I put the money in the bank."
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """Loading a model (or running the lesson) fails the test: the error must come first."""
-
-    def refuse(*a, **k):
-        raise AssertionError("the command did its work before checking its input")
-
-    monkeypatch.setattr("attnlab.hf.loading.load_model", refuse)
-    monkeypatch.setattr("attnlab.hf.capture.load_model", refuse)
-    monkeypatch.setattr("attnlab.lesson.run.run_lesson", refuse)
-    monkeypatch.setattr("attnlab.interventions.corpus.corpus_roles", refuse)
-
-
 def _one_error(capsys, text):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err

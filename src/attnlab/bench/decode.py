@@ -166,7 +166,7 @@ def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) 
     from attnlab.backends.api import attention
 
     g = cfg.heads // cfg.kv_heads
-    step = _generate_kwargs(cfg, n, caches[0][2])
+    step = _generate_kwargs(caches[0][2])
     repeated = [(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)) for q, _, k, v in caches] if repeated_fits else []
     ours, theirs = [(q32, k, v) for _, q32, k, v in caches], [(q, k, v) for q, _, k, v in caches]
     turn = {"i": 0}
@@ -189,11 +189,9 @@ def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) 
             if m in cfg.methods and (m != "sdpa-repeated" or repeated_fits)}
 
 
-def _generate_kwargs(cfg: DecodeConfig, n: int, k: Any) -> dict[str, Any]:
-    """The keywords of generate's call at a step over ``n`` cached keys ``k`` (its largest key length
-    as the cache keeps it)."""
-    import torch
-
+def _generate_kwargs(k: Any) -> dict[str, Any]:
+    """The keywords of generate's call at a step over the cached keys ``k``, every sequence holding all of
+    them (its largest key length as the cache keeps it)."""
     from attnlab.backends.request import max_norm
 
     return {"k_norm": max_norm(k), **GENERATE_KWARGS}
@@ -215,7 +213,7 @@ def _one(cfg: DecodeConfig, dtype: str, n: int, llc: int, bandwidth: float, tick
     median = {m: statistics.median(t) for m, t in times.items()}
     sdpa = min((median[m] for m in ("sdpa-gqa", "sdpa-repeated") if m in median), default=None)
     _, q32, k, v = caches[0]
-    chosen = explain(prepare(q32, k, v, Options(**_generate_kwargs(cfg, n, k))).request).backend
+    chosen = explain(prepare(q32, k, v, Options(**_generate_kwargs(k))).request).backend
     found = []
     for m in cfg.methods:
         if m not in median:

@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from attnlab.backends.calibrate import cache_path as auto_cache_path
 from attnlab.backends.calibrate import enabled, machine_facts
 from attnlab.planner.formulas import decode_weight_bytes, layer_matmul_params, matmul_shapes
@@ -233,8 +235,6 @@ def _decode_points(a: Architecture, dtype: Any, nbytes: int) -> list[list[float]
     model's head dim and grouping, its step time at each prompt of DECODE_T beyond its time at the first (what
     more cache costs: the path generate takes, whatever kernel it uses). A step is a few milliseconds that move
     by a tenth from run to run, so the points are a least-squares line's, seconds = fixed + bytes / rate."""
-    import numpy as np
-
     h, kv, d = *_heads(a), a.head_dim
     model = _model(a, dtype, 1, h, kv, d, max(DECODE_T) + GEN_NEW + 1)
     steps = [_generate(model, t, 3 if t > 4096 else REPEATS)[1] for t in DECODE_T]
