@@ -5,6 +5,7 @@ models, teach it (``attnlab lesson``) and measure its cost. ``import attnlab`` n
 torch, transformers and the web server are imported inside the functions that use them.
 """
 
+from attnlab import masks
 from attnlab.reference.additive import AdditiveAttention
 from attnlab.reference.masks import causal_mask, combine, hide_mask, padding_mask, window_mask
 from attnlab.reference.multihead import MultiHeadAttention, MultiHeadResult
@@ -101,6 +102,7 @@ __all__ = [
     "combine",
     "hide_mask",
     "logsumexp",
+    "masks",
     "padding_mask",
     "patch",
     "path_patch",

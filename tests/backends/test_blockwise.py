@@ -5,6 +5,9 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+
+from attnlab import masks
+from attnlab.reference.masks import causal_mask
 import pytest
 
 from attnlab.backends import online, tiling
@@ -103,7 +106,7 @@ def test_scores_of_1e4_and_a_maximum_that_keeps_rising(kind):
 
 def test_causal_visits_about_half_the_tiles_and_windows_fewer():
     def pairs(left, right, t=4096, bq=256, bk=512):
-        band = tiling.Tiling(t, t, left, right)
+        band = tiling.Tiling.of(t, t, masks.window(left, right))
         return sum((k1 - k0) * (min(i0 + bq, t) - i0) for i0 in range(0, t, bq) for k0, k1, _ in band.key_blocks(i0, min(i0 + bq, t), bk))
 
     full = pairs(None, None)
@@ -125,7 +128,7 @@ def test_numpy_loop_memory_grows_with_t_not_t_squared():
     tile = tiling.TILE_ELEMENTS * 8
     assert peak < 4 * tile + 20 * n * d * 8, f"peak {peak / 2**20:.1f} MB"
     rows = [0, 2047, 4095]
-    np.testing.assert_allclose(out[rows], reference.attention(q[rows], k, v, mask=reference.causal_mask(n)[rows]), atol=1e-12)
+    np.testing.assert_allclose(out[rows], reference.attention(q[rows], k, v, mask=causal_mask(n)[rows]), atol=1e-12)
 
 
 @needs_torch

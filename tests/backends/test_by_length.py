@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attnlab import masks
 from attnlab.backends.agreement import reference_of, request_of
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import BACKENDS, refusals
@@ -74,12 +75,18 @@ def test_every_backend_aligns_causal_by_each_sequence_length(library, backend, t
     np.testing.assert_allclose(got, want, atol=1e-5 if got.dtype == np.float32 else 1e-12)
 
 
-def test_without_lengths_causal_stays_bottom_right_and_without_causal_lengths_only_pad():
+def test_without_lengths_causal_stays_bottom_right_and_key_lengths_only_pad():
+    """lengths= means one thing (masks.cache_lengths): with or without causal, a window measures from each
+    sequence's length. Padding that leaves the queries where they are is masks.key_lengths."""
     (q, k, v), n = _inputs(4, "numpy")
     k2, v2 = np.repeat(k, 2, 1), np.repeat(v, 2, 1)
     np.testing.assert_allclose(attention(q, k, v, backend="numpy", causal=True),
                                reference.attention(q, k2, v2, mask=by_hand(4, np.full(4, TK))), atol=1e-14)
     padding = np.arange(TK) < n[:, None, None, None]  # (B, 1, 1, Tk)
     band = np.abs(np.arange(TK) - (np.arange(4)[:, None] + TK - 4)) <= 1  # (Tq, Tk): at Tk − Tq + i, not by length
-    np.testing.assert_allclose(attention(q, k, v, backend="blockwise", lengths=n, window=1),
+    np.testing.assert_allclose(attention(q, k, v, backend="blockwise", mask=masks.key_lengths(n), window=1),
                                reference.attention(q, k2, v2, mask=padding & band), atol=1e-12)
+    pos = (n - 4)[:, None, None, None] + np.arange(4)[:, None]  # (B, 1, Tq, 1): each sequence's own
+    own = padding & (np.abs(np.arange(TK) - pos) <= 1)
+    np.testing.assert_allclose(attention(q, k, v, backend="blockwise", lengths=n, window=1),
+                               reference.attention(q, k2, v2, mask=own), atol=1e-12)

@@ -17,7 +17,6 @@ import pytest
 
 from attnlab.backends import kernel
 from attnlab.backends.api import attention
-from attnlab.backends.options import Options
 from attnlab.reference import attention as reference
 
 if kernel.isa() is None:
@@ -55,7 +54,7 @@ def _expected(q, k, v, lengths=None, causal=False, window=None):
     pos = (n - tq)[:, None, None] + np.arange(tq)[None, :, None]  # (B, Tq, 1)
     j = np.arange(tk)[None, None, :]  # (1, 1, Tk)
     allowed = j < n[:, None, None]
-    left, right = Options(causal=causal, window=window).band
+    left, right = _band(causal, window)
     if left is not None:
         allowed = allowed & (j >= pos - left)
     if right is not None:
@@ -63,6 +62,15 @@ def _expected(q, k, v, lengths=None, causal=False, window=None):
     allowed = allowed[:, None]  # (B, 1, Tq, Tk)
     s = np.where(allowed, reference.scores(q, k), -np.inf)
     return reference.attention(q, k, v, mask=allowed), reference.logsumexp(s)
+
+
+def _band(causal, window):
+    """(left, right): query i sees keys pos(i) − left .. pos(i) + right (None: unbounded; causal cuts right at 0)."""
+    w = None if window is None else tuple(window) if isinstance(window, (tuple, list)) else (window, window)
+    right = 0 if causal else None
+    if w is not None:
+        right = w[1] if right is None else min(right, w[1])
+    return (None if w is None else w[0]), right
 
 
 def _check(got, want, tol=2e-5):
@@ -171,8 +179,8 @@ def test_the_kernel_backend_serves_few_rows_by_the_decode_pass(monkeypatch):
 def _args(**change):
     args = dict(q=np.zeros((1, 4, 1, 8), np.float32), k=np.zeros((1, 2, 5, 8), np.float32),
                 v=np.zeros((1, 2, 5, 3), np.float32), out=np.empty((1, 4, 1, 3), np.float32),
-                lse=np.empty((1, 4, 1), np.float32), lengths=np.array([5], np.int64), dtype="float32", scale=1.0,
-                left=-1, right=0, threads=0)
+                lse=np.empty((1, 4, 1), np.float32), dtype="float32", scale=1.0, threads=0,
+                spans=np.array([[[[0, 5, 0, 0]]]], np.int64))
     return {**args, **change}
 
 
@@ -183,10 +191,12 @@ def test_a_valid_direct_call_runs(isa):
 
 
 @pytest.mark.parametrize("change, text", [
-    ({"lengths": np.array([6], np.int64)}, "lengths: expected cache lengths in 0..Tk = 0..5, got 6 at [0]"),
-    ({"lengths": np.array([-1], np.int64)}, "lengths: expected cache lengths in 0..Tk = 0..5, got -1 at [0]"),
-    ({"lengths": np.array([5, 5], np.int64)}, "lengths: expected shape (B=1), got (2,)"),
-    ({"lengths": np.array([5], np.int32)}, "lengths: expected int64 items"),
+    ({"spans": np.array([[[[0, 6, 0, 0]]]], np.int64)}, "spans: expected sorted, separate key intervals inside 0..Tk=5"),
+    ({"spans": np.array([[[[-1, 5, 0, 0]]]], np.int64)}, "spans: expected sorted, separate key intervals"),
+    ({"spans": np.array([[[[0, 3, 2, 5]]]], np.int64)}, "spans: expected sorted, separate key intervals"),
+    ({"spans": np.zeros((2, 1, 1, 4), np.int64)}, "spans: expected leading dims (1 or B=1, 1 or H=4), got (2, 1)"),
+    ({"spans": np.zeros((1, 1, 1, 4), np.int32)}, "spans: expected int64 items"),
+    ({"sinks": np.zeros((1, 3), np.float32)}, "sinks: expected leading dims (1 or B=1, 1 or H=4), got (1, 3)"),
     ({"q": np.zeros((1, 3, 1, 8), np.float32), "out": np.empty((1, 3, 1, 3), np.float32),
       "lse": np.empty((1, 3, 1), np.float32)}, "q: expected a multiple of k's 2 key/value heads (dim 1), got 3 heads"),
     ({"k": np.zeros((1, 2, 5, 8))}, "k: expected float32 items (buffer format 'f'), got format 'd'"),
@@ -201,7 +211,6 @@ def test_a_valid_direct_call_runs(isa):
     ({"out": np.empty((1, 4, 1, 3), np.float32)[:, :, :, ::-1]}, "out: expected a C-contiguous array"),
     ({"lse": np.empty((1, 4, 2), np.float32)}, "lse: expected shape (B=1, H=4, T=1), got (1, 4, 2)"),
     ({"threads": -1}, "threads: expected >= 0"),
-    ({"left": -2}, "left: expected -1 (unbounded) or a number of keys >= 0, got -2"),
 ])
 def test_bad_arguments_raise_naming_them_before_reading(change, text):
     with pytest.raises(ValueError) as e:

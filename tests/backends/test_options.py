@@ -36,8 +36,10 @@ def test_help_of_attention_tells_every_option_and_its_default():
 
 def test_options_are_checked_and_normalised_once():
     o = Options(window=3, softcap=30, scale=1)
-    assert (o.window, o.softcap, o.scale, o.band) == ((3, 3), 30.0, 1.0, (3, 3))
-    assert Options(causal=True, window=(4, 2)).band == (4, 0)
+    assert (o.window, o.softcap, o.scale) == ((3, 3), 30.0, 1.0)
+    seen = prepare(np.zeros((1, 9, 2)), np.zeros((1, 9, 2)), np.zeros((1, 9, 2)), Options(causal=True, window=(4, 2))).visible
+    lo, hi = seen.spans  # causal cuts the window's right side at 0: row i sees i − 4 .. i
+    assert (lo[0, 0, :, 0] == np.maximum(np.arange(9) - 4, 0)).all() and (hi[0, 0, :, 0] == np.arange(9) + 1).all()
     for bad, err in (({"causal": 1}, TypeError), ({"window": -1}, ValueError), ({"scale": 0}, ValueError),
                      ({"return_weights": True, "weights_rows": [0]}, ValueError), ({"kv_checked": True}, ValueError),
                      ({"k_norm": 1.0}, ValueError)):
@@ -81,7 +83,7 @@ def test_a_band_that_hides_no_key_is_the_call_without_it(tq, tk, kw, hides):
     masked = call.request.band or call.request.lengths
     assert masked == hides
     if not hides:
-        assert (call.left, call.right, call.klen) == (None, None, None) and not call.request.window
+        assert call.visible.mask is None and call.visible.spans is None and not call.request.structure
         np.testing.assert_allclose(attention(q, k, v, **kw), attention(q, k, v), rtol=1e-12, atol=1e-12)
     for name in ("numpy", "torch", "blockwise", "kernel", "sdpa"):
         if not BACKENDS[name].refusals(call.request):

@@ -22,7 +22,9 @@ import pytest
 from attnlab.backends import agreement, kernel, online
 from attnlab.backends.api import attention
 from attnlab.backends.dispatch import NoBackendError
+from attnlab import masks
 from attnlab.backends.tiling import Tiling
+from attnlab.backends.visible import describe
 from attnlab.reference import attention as reference
 from attnlab.reference.masks import causal_mask, window_mask
 
@@ -124,7 +126,7 @@ def test_the_wrapper_is_the_loops_twin(isa):
     """kernel.forward and online.forward take the same canonical arguments and give the same results."""
     q, k, v = _data("twin", b=1, hq=3, tq=70, d=24)
     q, k, v = q[0][None], k[0, 0][None], v[0, 0][None]  # (B, G, Tq, D), (B, Tk, D), (B, Tk, Dv)
-    tiling = Tiling(70, 70, None, 0, klen=np.array([[60, 70, 0]]))
+    tiling = Tiling(70, 70, describe(masks.causal() & masks.key_lengths(np.array([[60, 70, 0]])), 70, 70, (1, 3)))
     out, lse = kernel.forward(q, k, v, tiling, scale=0.2, block_size=(16, 32), threads=2)
     loop_out, loop_lse = online.forward(q, k, v, tiling, scale=0.2, block_size=(16, 32))
     np.testing.assert_allclose(out, loop_out, atol=2e-6)
@@ -136,7 +138,7 @@ def test_result_does_not_depend_on_the_thread_count(isa):
     q, k, v = _data("threads", b=3, hq=4, tq=257, d=64)
     q, k, v = q, k[:, 0], v[:, 0]
     q = q.reshape(3, 4, 257, 64)  # four query heads on one key/value head
-    tiling = Tiling(257, 257, None, 0)
+    tiling = Tiling.of(257, 257, masks.causal())
     one = kernel.forward(q, k, v, tiling, scale=0.125, threads=1)
     three = kernel.forward(q, k, v, tiling, scale=0.125, threads=3)
     for a, b in zip(one, three):
@@ -183,8 +185,8 @@ def _args(**change):
     q = np.zeros((1, 2, 4, 8), np.float32)
     args = {"q": q, "k": np.zeros((1, 5, 8), np.float32), "v": np.zeros((1, 5, 3), np.float32),
             "out": np.empty((1, 2, 4, 3), np.float32), "lse": np.empty((1, 2, 4), np.float32),
-            "klen": np.array([[5, 0]], np.int64), "scale": 1.0, "left": -1, "right": -1, "block_q": 4, "block_k": 4,
-            "threads": 1}
+            "spans": np.array([[[[0, 5, 0, 0]] * 4, [[0, 0, 0, 0]] * 4]], np.int64), "heads": 2, "scale": 1.0,
+            "block_q": 4, "block_k": 4, "threads": 1}
     args.update(change)
     return args
 
@@ -201,18 +203,20 @@ def test_a_valid_direct_call_runs(isa):
     ({"v": np.zeros((1, 6, 3), np.float32)}, "v: expected shape (B=1, K=5, V), got (1, 6, 3)"),
     ({"out": np.empty((1, 2, 4, 4), np.float32)}, "out: expected shape (B=1, G=2, T=4, V=3), got (1, 2, 4, 4)"),
     ({"lse": np.empty((2, 4), np.float32)}, "lse: expected shape (B=1, G=2, T=4), got (2, 4)"),
-    ({"klen": np.array([5, 0], np.int64)}, "klen: expected shape (B=1, G=2), got (2,)"),
+    ({"spans": np.zeros((2, 4, 4), np.int64)}, "spans: expected shape (B, H, T, S), got (2, 4, 4)"),
     ({"q": np.zeros((1, 2, 4, 8))}, "q: expected float32 items (buffer format 'f'), got format 'd' of 8 bytes"),
-    ({"klen": np.array([[5, 0]], np.int32)}, "klen: expected int64 items"),
+    ({"spans": np.zeros((1, 2, 4, 4), np.int32)}, "spans: expected int64 items"),
     ({"q": np.zeros((1, 2, 8, 4), np.float32).swapaxes(-1, -2)}, "q: expected a C-contiguous array"),
     ({"out": np.empty((1, 2, 4, 3), np.float32)[..., ::-1]}, "out: expected a C-contiguous array"),
     ({"q": [[1.0]]}, "q: expected a float32 array, got list"),
-    ({"klen": np.array([[6, 0]], np.int64)}, "klen: expected key-padding lengths in 0..Tk = 0..5, got 6 at [0, 0]"),
-    ({"klen": np.array([[5, -1]], np.int64)}, "klen: expected key-padding lengths in 0..Tk = 0..5, got -1 at [0, 1]"),
+    ({"spans": np.array([[[[0, 6, 0, 0]] * 4] * 2], np.int64)}, "spans: expected sorted, separate key intervals inside 0..Tk=5"),
+    ({"spans": np.array([[[[-1, 5, 0, 0]] * 4] * 2], np.int64)}, "spans: expected sorted, separate key intervals"),
+    ({"spans": np.zeros((1, 2, 3, 4), np.int64)}, "spans: expected dim 2 of size 4, got 3"),
+    ({"heads": 3}, "heads: expected a divisor >= 1 of the 2 heads, got 3"),
+    ({"slopes": np.zeros(2, np.float32)}, "qpos: expected each query's position with slopes (ALiBi), got None"),
     ({"block_q": 0}, "block_q: expected a block size >= 1, got 0"),
     ({"block_k": -3}, "block_k: expected a block size >= 1, got -3"),
     ({"threads": -1}, "threads: expected >= 0"),
-    ({"left": -2}, "left: expected -1 (unbounded) or a number of keys >= 0, got -2"),
     ({"q": np.zeros((1, 2, 4, 0), np.float32), "k": np.zeros((1, 5, 0), np.float32)}, "q: expected a head dim >= 1"),
 ])
 def test_bad_arguments_raise_naming_them_instead_of_reading_past_them(change, text):
@@ -231,8 +235,7 @@ def test_a_read_only_output_is_refused():
 
 def test_huge_block_sizes_and_band_edges_are_clamped_not_overflowed(isa):
     big = 2**62
-    args = _args(q=np.ones((1, 2, 4, 8), np.float32), v=np.ones((1, 5, 3), np.float32), block_q=big, block_k=big,
-                 left=big, right=big)
+    args = _args(q=np.ones((1, 2, 4, 8), np.float32), v=np.ones((1, 5, 3), np.float32), block_q=big, block_k=big)
     kernel._tiles.forward(**args)
     assert (args["out"][0, 0] == 1).all()
 
@@ -300,7 +303,14 @@ def test_torch_set_num_threads_reaches_the_kernel():
 
 # ---------------------------------------------------------------- the compiled backward pass
 
-BACKWARD_CASES = [c for c in agreement.CASES if not {"mask", "bias"} & set(c.kwargs)]  # what the kernel serves
+def _kernel_serves(kw):
+    """The case's description is one the kernel reads (key intervals, ALiBi, sinks): no array, bias or callable."""
+    mask, mod = kw.get("mask"), kw.get("score_mod")
+    return ("bias" not in kw and (mask is None or isinstance(mask, masks.Mask) and mask.structured)
+            and (mod is None or isinstance(mod, masks.ScoreMod) and mod.structured))
+
+
+BACKWARD_CASES = [c for c in agreement.CASES if _kernel_serves(c.kwargs)]
 # The precision claim against plain torch is for training shapes. On the decode cases the compiled
 # gradients stay within float32's relative 1e-7 .. 1e-6 of float64, as the Python loop's do (the other
 # backward test holds them to it), but plain autograd is near exact where a row sees one key (6x apart).
@@ -313,7 +323,8 @@ def _grads(backend, q, k, v, dout, dlse, kw, dtype):
     import torch
 
     leaves = [torch.from_numpy(x).to(dtype).requires_grad_() for x in (q, k, v)]
-    kw = {n: torch.from_numpy(x) if isinstance(x, np.ndarray) and x.dtype == bool else x for n, x in kw.items()}
+    kw = {n: (torch.from_numpy(x) if x.dtype == bool else torch.from_numpy(x).to(dtype)) if isinstance(x, np.ndarray)
+          and n in ("mask", "sink_logits") else x for n, x in kw.items()}
     out, lse = attention(*leaves, backend=backend, return_lse=True, **kw)
     assert out.dtype == dtype
     hidden = torch.isneginf(lse)  # no gradient flows back through the -inf of an empty row
@@ -367,8 +378,9 @@ def test_compiled_and_python_backward_agree_and_empty_rows_get_zero_gradients(ca
     for c, p in zip(compiled, loop):
         np.testing.assert_allclose(c, p, atol=2e-5 * max(1.0, np.abs(p).max()))
     g = q.shape[1] // k.shape[1]
-    allowed = np.broadcast_to(_allowed(q.shape[2], k.shape[2], kw.get("causal", False), kw.get("window"), kw.get("lengths")),
-                              q.shape[:2] + (q.shape[2], k.shape[2]))
+    allowed = np.broadcast_to(agreement.allowed_of(q.shape[2], k.shape[2], causal=kw.get("causal", False),
+                                                   window=kw.get("window"), lengths=kw.get("lengths"), mask=kw.get("mask"),
+                                                   batch_dims=2), q.shape[:2] + (q.shape[2], k.shape[2]))
     seen = allowed.any(-1)  # (B, Hq, Tq): rows that attend to something
     assert (compiled[0][~seen] == 0).all()  # rows with nothing to attend to: exactly zero dq
     unseen_keys = ~allowed.reshape(q.shape[0], k.shape[1], g, q.shape[2], k.shape[2]).any((2, 3))  # (B, Hkv, Tk)
@@ -404,7 +416,8 @@ def _backward_inputs(name, b, g, tq, tk, d, dv, tiling, scale=0.3):
 @pytest.mark.parametrize("b, g", [(1, 1), (3, 2)], ids=["one-head", "three-heads-gqa2"])
 def test_backward_is_the_same_bits_for_any_thread_count(b, g, block, isa):
     """threads=1 runs the heads schedule, more threads than heads the split one: the same sums in the same order."""
-    tiling = Tiling(150, 170, 60, 0, klen=np.array([[170, 100]] * b)[:, :g])
+    lengths = np.array([[170, 100]] * b)[:, :g]
+    tiling = Tiling(150, 170, describe(masks.window(60, 0) & masks.key_lengths(lengths), 150, 170, (b, g)))
     args = _backward_inputs("threads-bwd", b, g, 150, 170, 24, 20, tiling)
     one = kernel.backward(*args, tiling, scale=0.3, block_size=block, threads=1)
     loop = online.backward(*args, tiling, scale=0.3, block_size=block)
@@ -450,8 +463,8 @@ def _bargs(**change):
     """backward's arguments for a small valid call, with some replaced."""
     f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     args = {"q": f(1, 2, 4, 8), "k": f(1, 5, 8), "v": f(1, 5, 3), "out": f(1, 2, 4, 3), "lse": f(1, 2, 4),
-            "dout": f(1, 2, 4, 3), "dlse": None, "klen": None, "dq": f(1, 2, 4, 8), "dk": f(1, 5, 8), "dv": f(1, 5, 3),
-            "scale": 1.0, "left": -1, "right": -1, "block_q": 4, "block_k": 4, "threads": 1}
+            "dout": f(1, 2, 4, 3), "dlse": None, "dq": f(1, 2, 4, 8), "dk": f(1, 5, 8), "dv": f(1, 5, 3),
+            "scale": 1.0, "block_q": 4, "block_k": 4, "threads": 1}
     args.update(change)
     return args
 
@@ -460,7 +473,7 @@ def _bargs(**change):
     ({"dout": np.zeros((1, 2, 4, 8), np.float32)}, "dout: expected shape (B=1, G=2, T=4, V=3), got (1, 2, 4, 8)"),
     ({"dlse": np.zeros((1, 2, 5), np.float32)}, "dlse: expected shape (B=1, G=2, T=4), got (1, 2, 5)"),
     ({"dk": np.zeros((1, 5, 8))}, "dk: expected float32 items"),
-    ({"klen": np.array([[6, 5]], np.int64)}, "klen: expected key-padding lengths in 0..Tk = 0..5, got 6"),
+    ({"spans": np.array([[[[0, 6, 0, 0]] * 4] * 2], np.int64), "heads": 2}, "spans: expected sorted, separate key intervals inside 0..Tk=5"),
     ({"block_k": 0}, "block_k: expected a block size >= 1, got 0"),
     ({"threads": -2}, "threads: expected >= 0"),
 ])

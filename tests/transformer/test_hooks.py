@@ -226,3 +226,20 @@ def test_a_frozen_norm_scale_gives_the_clean_run_back(request):
     assert float((same - clean).abs().max()) < 1e-6
     with torch.no_grad():  # an RMSNorm without bias: twice the scale halves the normed state, so the logits
         assert torch.allclose(doubled, m._output(m(ids, mask)) / 2, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_watching_scores_and_pattern_is_the_torch_backends_forward_bit_for_bit(request, family, dtype):
+    """The hooked path runs the torch backend's own steps (eager_scores, eager_weights) with the hooks between:
+    watching the scores and the pattern of every layer changes no bit of a forward with backend "torch"."""
+    import torch
+
+    m = _model(request, family, "torch").to(getattr(torch, dtype))
+    ids, mask = _batch(m)
+    weights = lambda name: name.endswith(("hook_attn_scores", "hook_pattern"))  # noqa: E731
+    with torch.no_grad():
+        plain = m._output(m(ids, mask))
+        out, cache = m.run_with_cache(ids, mask, names=weights)
+    assert len(cache) == 2 * m.config.num_layers
+    assert torch.equal(out, plain)

@@ -23,8 +23,9 @@ from attnlab.backends.api import attention
 from attnlab.backends.dispatch import BACKENDS, refusals
 from attnlab.backends.options import Options
 from attnlab.backends.request import Request, prepare
+from attnlab import masks
 from attnlab.reference import attention as reference
-from attnlab.reference.masks import by_batch, causal_mask, window_mask
+from attnlab.reference import validate
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}  # absolute, outputs of unit scale
 LOW_PRECISION_FACTOR = 2.0  # float16/bfloat16: at most this times plain torch's error
@@ -88,7 +89,51 @@ def _cases() -> tuple[Case, ...]:
         Case("grouped-query, Tq<Tk, causal window, padding", (2, 4, 30, 16), 2, 50, 8,
              (("causal", True), ("window", 10), ("lengths", np.array([50, 23])))),
         Case("scale=1", (2, 2, 20, 8), 2, 20, 8, (("scale", 1.0),)),
+        *_description_cases(),
     )
+
+
+def _ids(*sizes: int) -> np.ndarray:
+    """Packed documents' ids, one run of each size."""
+    return np.repeat(np.arange(len(sizes)), sizes)
+
+
+def _description_cases() -> tuple[Case, ...]:
+    """attnlab.masks: each kind, their combinations, ALiBi, learned sinks and callables (the issue's list)."""
+    m = masks
+    docs = m.documents(_ids(1, 20, 9, 1, 30, 6))  # ragged documents, two of length 1 (T = 67)
+    per_row = m.documents(np.stack([_ids(1, 20, 9, 1, 30, 6), _ids(40, 27)]))
+    sinks = np.array([0.5, -1.0, 2.0, 0.0])
+    return (
+        Case("documents & causal, ragged (lengths 1)", (2, 4, 67, 16), 2, 67, 16, (("mask", docs & m.causal()),)),
+        Case("documents per sequence & causal", (2, 2, 67, 16), 2, 67, 8, (("mask", per_row & m.causal()),)),
+        Case("documents, not causal", (1, 2, 67, 16), 2, 67, 16, (("mask", docs),)),
+        Case("prefix | causal (prefix-LM)", (2, 2, 50, 16), 2, 50, 16, (("mask", m.prefix(np.array([12, 33])) | m.causal()),)),
+        Case("(window | sink tokens) & causal", (1, 4, 70, 16), 2, 70, 16,
+             (("mask", (m.window(7) | m.sink_tokens(3)) & m.causal()),)),
+        Case("ALiBi causal", (2, 4, 45, 16), 2, 45, 16, (("causal", True), ("score_mod", m.alibi(m.alibi_slopes(4))))),
+        Case("ALiBi causal window", (1, 4, 60, 16), 4, 60, 16,
+             (("causal", True), ("window", 9), ("score_mod", m.alibi(m.alibi_slopes(4))))),
+        Case("learned sinks, GQA, causal", (2, 4, 41, 16), 2, 41, 16, (("causal", True), ("sink_logits", sinks))),
+        Case("learned sinks, a row that sees nothing", (1, 4, 30, 8), 2, 20, 8, (("causal", True), ("sink_logits", sinks))),
+        Case("Tq<Tk documents & causal, prefix", (2, 2, 25, 16), 2, 67, 16,
+             (("mask", (docs & m.causal()) | m.prefix(np.array([5, 0]))),)),
+        Case("documents & causal & cache lengths (Tq<Tk)", (2, 2, 9, 16), 2, 67, 16,
+             (("mask", m.documents(_ids(30, 37)) & m.causal()), ("lengths", np.array([67, 40])))),
+        Case("mask_mod callable (stripes)", (1, 2, 33, 8), 2, 33, 8, (("mask", _stripes),)),
+        Case("score_mod callable (a per-head bias)", (1, 2, 33, 8), 2, 33, 8, (("causal", True), ("score_mod", _tilt))),
+    )
+
+
+def _stripes(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+    """A FlexAttention mask_mod: causal, and every third key hidden from odd heads."""
+    return (kv_idx <= q_idx) & ((kv_idx % 3 != 1) | (h % 2 == 0))
+
+
+def _tilt(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+    """A FlexAttention score_mod: a bias that grows with the distance, steeper in later heads (a power of 2
+    per step, so that the bias is exact in whatever float dtype the indices turn into)."""
+    return score - 0.0625 * (h + 1) * (q_idx - kv_idx)
 
 
 def _decode_cases() -> tuple[Case, ...]:
@@ -113,6 +158,14 @@ def _decode_cases() -> tuple[Case, ...]:
              (*ragged(100003, 70001), ("window", (1023, 0)))),
         Case("decode Tq=1 Tk=4099 GQA 4 bfloat16 cache", (1, 8, 1, 16), 2, 4099, 16, ragged(4099), "bfloat16"),
         Case("decode Tq=4 Tk=97 float16 cache ragged", (2, 4, 4, 16), 4, 97, 16, ragged(97, 30), "float16"),
+        Case("decode Tq=1 Tk=4099 (window | sink tokens) ragged", (2, 8, 1, 16), 2, 4099, 16,
+             (*ragged(4099, 3000), ("mask", masks.window(255) | masks.sink_tokens(4)))),
+        Case("decode Tq=4 Tk=1097 ALiBi ragged", (2, 4, 4, 16), 2, 1097, 16,
+             (*ragged(1097, 500), ("score_mod", masks.alibi(masks.alibi_slopes(4))))),
+        Case("decode Tq=1 Tk=1097 learned sinks GQA 4", (2, 8, 1, 16), 2, 1097, 16,
+             (*ragged(1097, 0), ("sink_logits", np.linspace(-1, 2, 8)))),
+        Case("decode Tq=2 Tk=1097 documents", (1, 2, 2, 16), 2, 1097, 16,
+             (*causal, ("mask", masks.documents(_ids(600, 1, 496))))),
     )
 
 
@@ -140,27 +193,41 @@ def allowed_of(
     tq: int, tk: int, *, causal: bool = False, window: Any = None, lengths: Any = None, mask: Any = None,
     batch_dims: int | None = None,
 ) -> np.ndarray:
-    """attention()'s causal, window, lengths and mask as one boolean mask (True = may attend), from
-    :mod:`attnlab.reference.masks`: (Tq, Tk), or (*batch, Tq, Tk) broadcastable with ``lengths`` (ints over
-    the first of ``batch_dims`` leading dims; by default as many as ``lengths`` has). With causal and
-    lengths the band is each sequence's own (query i of sequence b at lengths[b] − Tq + i)."""
-    n = None if lengths is None else by_batch(lengths, np.ndim(lengths) if batch_dims is None else batch_dims)
-    ends = n if causal else None
-    allowed = causal_mask(tq, tk, lengths=ends) if causal else np.ones((tq, tk), bool)
+    """attention()'s causal, window, lengths and mask as one boolean mask (True = may attend), by the rule of
+    :mod:`attnlab.masks`: (Tq, Tk), or (*batch, Tq, Tk) broadcastable with ``lengths`` (ints over the first of
+    ``batch_dims`` leading dims; by default as many as ``lengths`` has) or the mask's own batch. ``lengths``
+    is masks.cache_lengths: each sequence's queries end at its length (query i of sequence b at lengths[b] − Tq + i)."""
+    terms = []
+    if causal:
+        terms.append(masks.causal())
     if window is not None:
         left, right = window if isinstance(window, (tuple, list)) else (window, window)
-        allowed = allowed & window_mask(tq, tk, left=left, right=right, lengths=ends)
-    if n is not None:
-        allowed = allowed & (np.arange(tk) < n[..., None, None])
-    if mask is not None:
-        allowed = allowed & np.asarray(mask)
-    return allowed
+        terms.append(masks.window(left, right))
+    dims = batch_dims if batch_dims is not None else np.ndim(lengths) if lengths is not None else 0
+    lengths_shape = () if lengths is None else np.shape(lengths)
+    if lengths is not None:
+        terms.append(masks.cache_lengths(lengths))
+    dense = None
+    if mask is not None and not isinstance(mask, masks.Mask) and hasattr(mask, "shape"):
+        dense = np.asarray(mask)
+    elif mask is not None:
+        terms.append(masks.as_mask(mask))
+    allowed = np.ones((tq, tk), bool)
+    if terms:
+        description = terms[0]
+        for t in terms[1:]:
+            description = description & t
+        own = description.batch_shape()  # a prefix of the batch dims, as lengths are
+        width = max(dims, len(own))
+        lead = tuple(np.broadcast_shapes(*(tuple(x) + (1,) * (width - len(x)) for x in (own, lengths_shape))))
+        full = description.dense(tq, tk, lead)  # (B, H, Tq, Tk)
+        allowed = full.reshape(*lead, tq, tk) if lead else full[0, 0]
+    return allowed if dense is None else allowed & dense
 
 
 def reference_of(q: Any, k: Any, v: Any, **options: Any) -> Any:
     """What attention() must return, by the float64 spec alone: ``attention()``'s options (NumPy values,
-    :class:`~attnlab.backends.options.Options`) written out as repeated key/value heads and one dense
-    mask (:func:`allowed_of`).
+    :class:`~attnlab.backends.options.Options`) evaluated by the reference, key/value heads repeated.
 
     Grouped-query heads are repeated (query head h uses key/value head h // G). Returns ``out``, or
     a tuple ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)`` as asked, in float64.
@@ -170,19 +237,17 @@ def reference_of(q: Any, k: Any, v: Any, **options: Any) -> Any:
     if q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] not in (1, q.shape[-3]):
         g = q.shape[-3] // k.shape[-3]
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
-    allowed = allowed_of(q.shape[-2], k.shape[-2], causal=o.causal, window=o.window, lengths=o.lengths, mask=o.mask,
-                         batch_dims=q.ndim - 2)
     bias = None if o.bias is None else np.asarray(o.bias, np.float64)
-    res = reference.attention(q, k, v, mask=allowed, bias=bias, scale=o.scale, return_weights=o.wants_weights,
-                              softcap=o.softcap)
+    sinks = None if o.sink_logits is None else np.asarray(o.sink_logits, np.float64)
+    visibility = {"mask": o.mask, "causal": o.causal, "window": o.window, "lengths": o.lengths, "score_mod": o.score_mod}
+    res = reference.attention(q, k, v, bias=bias, scale=o.scale, return_weights=o.wants_weights, softcap=o.softcap,
+                              sink_logits=sinks, **visibility)
     if o.weights_rows is not None:
         res = (res[0], res[1][..., np.asarray(o.weights_rows).reshape(-1), :])
     if not o.return_lse:
         return res
-    s = reference.scores(q, k, scale=o.scale)
-    if o.softcap is not None:
-        s = o.softcap * np.tanh(s / o.softcap)
-    lse = reference.logsumexp(np.where(allowed, s + (0.0 if bias is None else bias), -np.inf))
+    p = validate.check_qkv(q, k, v, o.scale)
+    lse = reference.lse_with_sinks(reference.masked_scores(q, k, p, bias=bias, softcap=o.softcap, **visibility), sinks, p)
     return (*res, lse) if o.wants_weights else (res, lse)
 
 

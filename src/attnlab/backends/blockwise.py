@@ -44,6 +44,7 @@ class Canonical:
     v: Any
     tiling: Tiling
     torch: bool
+    sinks: Any = None  # (B, G) learned sink logits of each query head, or None
 
 
 def canonical(call: Call) -> Canonical:
@@ -71,13 +72,13 @@ def canonical(call: Call) -> Canonical:
             x = x.to(dtype) if torch_in else x.astype(dtype, copy=False)
         return xp.broadcast_to(x, (*p.batch, p.tq, p.tk)).reshape(*lead, groups, p.tq, p.tk)
 
-    klen = ends = None
-    if call.klen is not None:
-        klen = ends = call.klen.reshape(b, groups)  # (B, G)
-        klen = xp.from_numpy(np.array(klen)).to(q.device) if torch_in else klen
-    tiling = Tiling(p.tq, p.tk, call.left, call.right, klen=klen, mask=view(call.options.mask),
-                    bias=view(call.options.bias), ends=ends if call.options.by_length else None)
-    return Canonical(q, k, v, tiling, torch_in)
+    tiling = Tiling(p.tq, p.tk, call.visible, mask=view(call.visible.dense), bias=view(call.options.bias))
+    sinks = None
+    if call.options.sink_logits is not None:  # (B, G): each canonical query head's logit
+        sk = call.options.sink_logits
+        sk = sk.to(dtype) if torch_in else np.asarray(sk).astype(dtype)
+        sinks = xp.broadcast_to(sk, p.batch).reshape(b, groups)
+    return Canonical(q, k, v, tiling, torch_in, sinks)
 
 
 @functools.cache
@@ -89,18 +90,19 @@ def autograd_function() -> type:
         """out, LSE = forward(q, k, v) of canonical q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv)."""
 
         @staticmethod
-        def forward(ctx, q, k, v, tiling, scale, block_size, forward, backward):  # noqa: ANN001, ANN205
-            out, lse = forward(q, k, v, tiling, scale=scale, block_size=block_size)
-            ctx.save_for_backward(q, k, v, out, lse)
+        def forward(ctx, q, k, v, sinks, tiling, scale, block_size, forward, backward):  # noqa: ANN001, ANN205
+            out, lse = forward(q, k, v, tiling, scale=scale, block_size=block_size, sinks=sinks)
+            ctx.save_for_backward(q, k, v, out, lse, sinks)
             ctx.args = (tiling, scale, block_size, backward or online.backward)
             return out, lse
 
         @staticmethod
         def backward(ctx, dout, dlse):  # noqa: ANN001, ANN205
-            q, k, v, out, lse = ctx.saved_tensors
+            q, k, v, out, lse, sinks = ctx.saved_tensors
             tiling, scale, block_size, backward = ctx.args
             dq, dk, dv = backward(q, k, v, out, lse, dout, dlse, tiling, scale=scale, block_size=block_size)
-            return dq, dk, dv, None, None, None, None, None
+            dsinks = None if sinks is None else online.sink_grad(sinks, out, lse, dout, dlse)
+            return dq, dk, dv, dsinks, None, None, None, None, None
 
     return BlockwiseFunction
 
@@ -113,9 +115,10 @@ def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
     """
     c, p = canonical(call), call.problem
     if call.request.grad:
-        out, lse = autograd_function().apply(c.q, c.k, c.v, c.tiling, p.scale, call.options.block_size, forward, backward)
+        out, lse = autograd_function().apply(c.q, c.k, c.v, c.sinks, c.tiling, p.scale, call.options.block_size, forward,
+                                             backward)
     else:
-        out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=call.options.block_size)
+        out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=call.options.block_size, sinks=c.sinks)
     weights = None
     if call.rows is not None:
         if c.torch:  # a diagnostic: computed outside the graph
@@ -147,10 +150,15 @@ class BlockwiseBackend(Backend):
         libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
-        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size",
-                            "kv_dtype"}),
+        features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
+                            "weights_rows", "lse", "grad", "block_size", "kv_dtype"}),
         instead={"weights": "it never materialises (Tq, Tk); ask weights_rows= for the rows you need"},
     )
+
+    def more_refusals(self, r: Request) -> list[str]:
+        if r.grad and r.score_mod:
+            return ["does not differentiate through a score_mod callable (torch does; masks.alibi is served with gradients)"]
+        return []
 
     def compute_dtype(self, dtype: str) -> str:
         return work_dtype(dtype)

@@ -100,8 +100,9 @@ def profile(r: Request) -> Profile | None:
     """The profile of ``r``, or None where auto uses the priors (small, masked, windowed, GPU calls; padded
     ones other than decoding's, whose cache lengths are about its Tk)."""
     p = r.problem
-    if r.scores < MIN_SCORES or r.device != "cpu" or r.mask or r.bias or p.d != p.dv or r.window:
-        return None  # a window's cost depends on its width, which no table holds
+    if (r.scores < MIN_SCORES or r.device != "cpu" or r.mask or r.bias or p.d != p.dv or r.structure or r.mask_mod
+            or r.score_mod or r.alibi or r.sinks):
+        return None  # a window's (a document's, …) cost depends on its width, which no table holds
     d = min(HEAD_DIMS, key=lambda h: abs(math.log(h / p.d)))
     heads = min(int(np.prod(p.batch, dtype=np.int64)), MAX_HEADS)
     if p.tq <= DECODE_TQ < p.tk:

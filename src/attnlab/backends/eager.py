@@ -11,6 +11,7 @@ from typing import Any
 
 from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
 from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
+from attnlab.masks.frame import split_batch
 from attnlab.reference.validate import FLOAT_DTYPES
 
 # A rough prior for auto where nothing was measured: matmul + softmax + matmul per score.
@@ -26,8 +27,8 @@ class TorchBackend(Backend):
         libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
-        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "lse", "grad", "bias_grad",
-                            "softcap", "kv_dtype"}),
+        features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
+                            "weights", "weights_rows", "lse", "grad", "bias_grad", "softcap", "kv_dtype"}),
     )
 
     def more_refusals(self, r: Request) -> list[str]:
@@ -37,25 +38,63 @@ class TorchBackend(Backend):
         return torch_overhead(r) + PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
-        import torch
-
-        q, k, v, bias = (as_torch(x) for x in (call.q, call.k, call.v, call.options.bias))
-        g = call.problem.groups
-        k, v = repeat_groups(k.to(q.dtype), g), repeat_groups(v.to(q.dtype), g)  # a 16-bit cache: q's dtype
-        s = torch.matmul(q, k.transpose(-1, -2)) * call.problem.scale  # (..., Tq, Tk)
-        if call.options.softcap is not None:
-            s = torch.tanh(s / call.options.softcap) * call.options.softcap
-        if bias is not None:
-            s = s + bias.to(s.dtype)
-        allowed = dense_mask(call)
-        if allowed is not None:
-            s = s.masked_fill(~as_torch(allowed).to(s.device), -math.inf)
-        w = torch.softmax(s, dim=-1).nan_to_num(nan=0.0)  # a row with nothing allowed is all NaN: zeros
-        out = torch.matmul(w, v)  # (..., Tq, Dv)
+        q, k, v = (as_torch(x) for x in (call.q, call.k, call.v))
+        w, s = eager_weights(q, k, v, call)
+        out = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (..., Tq, Dv)
         weights = None
         if call.request.weights:
             weights = w
         elif call.rows is not None:
+            import torch
+
             weights = w[..., torch.from_numpy(call.rows).to(w.device), :]
-        lse = torch.logsumexp(s, dim=-1) if call.request.lse else None
+        lse = logsumexp(s, call) if call.request.lse else None
         return like_input(out, call), like_input(weights, call), like_input(lse, call)
+
+
+def eager_scores(q: Any, k: Any, call: Call) -> Any:
+    """The scores (..., Tq, Tk) as the softmax takes them: scale, softcap, bias, score_mod, then −inf
+    where the call's visibility hides a pair (torch tensors; k in q's dtype)."""
+    import torch
+
+    k = repeat_groups(k.to(q.dtype), call.problem.groups)  # a 16-bit cache: q's dtype
+    s = torch.matmul(q, k.transpose(-1, -2)) * call.problem.scale  # (..., Tq, Tk)
+    o, seen = call.options, call.visible
+    if o.softcap is not None:
+        s = torch.tanh(s / o.softcap) * o.softcap
+    if o.bias is not None:
+        s = s + as_torch(o.bias).to(s.dtype)
+    if seen.score_mod is not None:
+        f = seen.frame
+        changed = seen.score_mod(f, s.reshape(*split_batch(f.batch), f.tq, f.tk), *f.grid())
+        s = changed.reshape(s.shape).to(s.dtype)  # a callable's constants may promote: the scores keep their dtype
+    allowed = dense_mask(call)
+    if allowed is not None:
+        s = s.masked_fill(~as_torch(allowed).to(s.device), -math.inf)
+    return s
+
+
+def eager_weights(q: Any, k: Any, v: Any, call: Call, scores: Any = None) -> tuple[Any, Any]:
+    """(weights, scores): the softmax of :func:`eager_scores` (or of ``scores`` given), over the
+    learned sinks too where the call has them; a row with nothing to attend to gets zeros."""
+    import torch
+
+    s = eager_scores(q, k, call) if scores is None else scores
+    sinks = call.options.sink_logits
+    if sinks is None:
+        return torch.softmax(s, dim=-1).nan_to_num(nan=0.0), s
+    sink = as_torch(sinks).to(s.dtype)
+    sink = sink.reshape(*sink.shape, 1, 1).expand(*s.shape[:-1], 1)  # (..., Tq, 1)
+    w = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]  # the sink's own weight left out
+    return w, s
+
+
+def logsumexp(s: Any, call: Call) -> Any:
+    """Each row's log-sum-exp, over its sink logit too."""
+    import torch
+
+    sinks = call.options.sink_logits
+    if sinks is None:
+        return torch.logsumexp(s, dim=-1)
+    sink = as_torch(sinks).to(s.dtype)
+    return torch.logaddexp(torch.logsumexp(s, dim=-1), sink.reshape(*sink.shape, 1).expand(s.shape[:-1]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.backends.base import Backend, Supports
-from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
+from attnlab.backends.request import Call, Request, repeat_groups
 from attnlab.reference import attention as reference
 
 # A rough prior for auto where nothing was measured: float64 matmuls + exp + softmax per score.
@@ -20,7 +20,8 @@ class NumpyBackend(Backend):
         libraries=frozenset({"numpy"}),
         devices="cpu",
         dtypes=frozenset({"float16", "float32", "float64"}),
-        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "weights", "weights_rows", "softcap"}),
+        features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
+                            "weights", "weights_rows", "softcap"}),
     )
 
     def compute_dtype(self, dtype: str) -> str:
@@ -33,8 +34,10 @@ class NumpyBackend(Backend):
         g = call.problem.groups
         k, v = repeat_groups(call.k, g), repeat_groups(call.v, g)
         want = call.request.weights or call.request.weights_rows
-        res = reference.attention(call.q, k, v, mask=dense_mask(call), bias=call.options.bias, scale=call.problem.scale,
-                                  return_weights=want, softcap=call.options.softcap)
+        o = call.options
+        res = reference.attention(call.q, k, v, mask=o.mask, causal=o.causal, window=o.window, lengths=o.lengths,
+                                  bias=o.bias, score_mod=o.score_mod, sink_logits=o.sink_logits, scale=call.problem.scale,
+                                  return_weights=want, softcap=o.softcap)
         if not want:
             return res, None, None
         out, w = res

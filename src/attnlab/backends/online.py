@@ -58,11 +58,14 @@ def _rebase(lib: Lib, s: Any, qb: Any, acc: Any) -> None:
     qb[..., -1] -= delta
 
 
-def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size: Any = None) -> tuple[Any, Any]:
+def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size: Any = None,
+            sinks: Any = None) -> tuple[Any, Any]:
     """Online-softmax attention: q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) → out (B, G, Tq, Dv), LSE (B, G, Tq).
 
     A Python loop over tiles of NumPy or torch operations, in q's dtype (any device, mask, bias).
     Rows with nothing to attend to give zeros and LSE −inf. ``block_size``: see :func:`block_sizes`.
+    ``sinks`` (B, G): learned sink logits, a term of every row's softmax with no value (each row starts
+    with its sink as its reference and a sum of 1; the LSE counts it, a row that sees no key gives zeros).
     """
     block_q, block_k = block_sizes(q.shape[0] * q.shape[1], q.shape[2], block_size)
     lib = Lib(q)
@@ -84,6 +87,10 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
         qb = _with_column(lib, qs, lib.zeros((b, g, r, 1), q)).reshape(b, g * r, d + 1)  # (B, G·r, D + 1)
         bound = xp.sqrt(xp.sum(qs * qs, axis=-1)).reshape(b, g * r) * k_norm  # ≥ every raw score of the rows
         acc = lib.zeros((b, g * r, dv + 1), q)
+        if sinks is not None:  # the sink is the first "key" every row has seen: reference m = sink, sum 1
+            qb[..., -1] = -(sinks * LOG2E)[:, :, None].expand(b, g, r).reshape(b, g * r) if lib.torch else \
+                -np.repeat(sinks * LOG2E, r, axis=1)
+            acc[..., -1] = 1.0
         safe = False
         for k0, k1, parts in spans(tiling, i0, i1, g, block_k):
             n = k1 - k0
@@ -97,14 +104,14 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
                     scratch = lib.zeros((max(size, b * g * r * min(block_k, tiling.tk)),), q)
                 sp = xp.matmul(qb[:, ra], kb[:, rc].swapaxes(-1, -2), out=scratch[:size].reshape(shape))  # log2 e·scale·q·k − m
                 rows = slice(i0 + a, i0 + c) if g == 1 else slice(i0, i1)
-                tiling.mask_tile(lib, sp.reshape(b, g, (c - a) // g, kk1 - kk0), rows, kk0, kk1, cut)
+                tiling.mask_tile(lib, sp.reshape(b, g, (c - a) // g, kk1 - kk0), rows, kk0, kk1, cut, qb[:, ra, -1])
                 if not safe:
                     _rebase(lib, sp, qb[:, ra], acc[:, ra])
                 xp.exp2(sp, out=sp)
                 lib.add_matmul_(acc[:, ra], sp, vb[:, rc])  # (B, part rows, Dv + 1)
             if not safe:
                 safe = (
-                    tiling.bias is None
+                    not tiling.rescales
                     and bool((acc[..., -1] > 0).all())
                     and float(xp.amax(bound + qb[..., -1])) <= HEADROOM
                 )
@@ -129,7 +136,7 @@ def weights_rows(q: Any, k: Any, lse: Any, tiling: Tiling, rows: Any, *, scale: 
     r = len(rows)
     s = xp.matmul((q[:, :, idx] * (scale * LOG2E)).reshape(b, g * r, d), k.swapaxes(-1, -2))  # (B, G·R, Tk)
     s4 = s.reshape(b, g, r, tiling.tk)
-    tiling.mask_tile(lib, s4, np.asarray(rows), 0, tiling.tk, tiling.left is not None or tiling.right is not None)
+    tiling.mask_tile(lib, s4, np.asarray(rows), 0, tiling.tk, True)
     lr = lse[:, :, idx]  # (B, G, R)
     s4 -= xp.where(xp.isfinite(lr), lr * LOG2E, 0.0)[..., None]
     xp.exp2(s4, out=s4)  # rows with nothing to attend to were −inf throughout: zeros
@@ -166,7 +173,7 @@ def backward(
         dqb = lib.zeros((b, g * r, d), q)
         for k0, k1, edge in tiling.key_blocks(i0, i1, block_k):
             p = xp.matmul(qb, kx[:, k0:k1].swapaxes(-1, -2))  # (B, G·r, bk) = (S − LSE)·log2 e
-            tiling.mask_tile(lib, p.reshape(b, g, r, k1 - k0), slice(i0, i1), k0, k1, edge)
+            tiling.mask_tile(lib, p.reshape(b, g, r, k1 - k0), slice(i0, i1), k0, k1, edge, qb[..., -1])
             xp.exp2(p, out=p)
             dv[:, k0:k1] += xp.matmul(p.swapaxes(-1, -2), do)
             ds = xp.matmul(do, v[:, k0:k1].swapaxes(-1, -2))  # dP, (B, G·r, bk)
@@ -177,6 +184,20 @@ def backward(
         dq[:, :, i0:i1] = (dqb * scale).reshape(b, g, r, d)
     dk *= scale
     return dq, dk, dv
+
+
+def sink_grad(sinks: Any, out: Any, lse: Any, dout: Any, dlse: Any) -> Any:
+    """The gradient of learned sink logits (B, G) from the forward's out (B, G, Tq, Dv) and LSE (B, G, Tq).
+
+    The sink's weight in row i is p_i = exp(sink − LSE_i) and it has no value, so
+    ∂L/∂sink = −Σ_i p_i · (Σ_d dout_id · out_id − dLSE_i): O(Tq), no tile.
+    """
+    xp = Lib(out).xp
+    delta = xp.sum(dout * out, axis=-1)  # (B, G, Tq)
+    if dlse is not None:
+        delta = delta - dlse
+    p = xp.exp(sinks[..., None] - lse)  # (B, G, Tq)
+    return -xp.sum(p * delta, axis=-1)
 
 
 def merge(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:

@@ -20,17 +20,26 @@ from attnlab.reference import validate
 # What each option does, as attention()'s help shows it (attnlab.backends.api composes it into the
 # docstring, so that help(attention) lists every option from this one text).
 HELP = """\
-mask: bool, True = may attend, broadcastable to (..., Tq, Tk).
+mask: which keys each query sees: a boolean array (True = may attend, broadcastable to (..., Tq, Tk)),
+    a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` callable, or attnlab.masks objects
+    combined with & and | (masks.documents(ids) & masks.causal(), masks.prefix(n) | masks.causal(), …).
+    ANDed with ``causal``, ``window`` and ``lengths``, which are shorthands for the same objects.
 bias: float added to the scores (−inf blocks a pair), broadcastable to (..., Tq, Tk).
-causal: query i sees keys up to its position pos(i) = Tk − Tq + i (bottom-right aligned when Tq ≠ Tk,
-    decoding with a cache); with ``lengths``, each sequence's own: query i of sequence b sits at
-    pos(i) = lengths[b] − Tq + i (its last query is its newest token; rows before its first see nothing).
+score_mod: a change of the scores, after scale, softcap and bias, before the masks: attnlab.masks.alibi(slopes)
+    or a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx) -> score`` callable (indices as for mask).
+sink_logits: learned attention sinks (gpt-oss): one logit per query head, shape (H,) (broadcast against
+    q's leading dims), that takes part in each row's softmax with no value: a row's weights add up to
+    less than 1 (its sink share is the rest); differentiable.
+causal: masks.causal(): query i sees keys up to its position pos(i) = Tk − Tq + i (bottom-right aligned when
+    Tq ≠ Tk, decoding with a cache); with ``lengths``, each sequence's own (see lengths).
 scale: default 1/√D.
 window: sliding window, an int w (w keys each side) or (left, right): query i sees keys
     pos(i) − left .. pos(i) + right (pos(i) as for ``causal``: with ``causal`` and ``lengths``, each
     sequence's own); with ``causal`` the right side is cut at 0.
-lengths: key-padding lengths, ints shaped like the first batch dims (e.g. (B,) for q (B, H, T, D)):
-    keys at positions ≥ length are padding.
+lengths: masks.cache_lengths(lengths), ints shaped like the first batch dims (e.g. (B,) for q (B, H, T, D)):
+    sequence b holds lengths[b] keys (the rest is padding) and its queries are its newest tokens, so
+    query i sits at lengths[b] − Tq + i for causal, window and every position-dependent term. Key padding
+    that leaves the queries where they are is mask=masks.key_lengths(lengths).
 return_weights: also return every weight (..., Tq, Tk) (materialising backends only).
 weights_rows: query indices; also return the exact weights of just those rows (..., R, Tk),
     which blockwise recomputes from the LSE without the (Tq, Tk) matrix (outside autograd:
@@ -40,7 +49,7 @@ block_size: tile size of blockwise and kernel, an int or (queries, keys). Defaul
     the kernel (it rounds the keys up to whole vectors, 16 with AVX-512), about 2^20 scores for
     all heads together in the blockwise loop.
 softcap: logit softcapping c > 0 (Gemma-2): scaled scores become c · tanh(s / c) before the
-    bias and the masks (numpy and torch backends).
+    bias, the score_mod and the masks (numpy, torch and blockwise backends).
 kv_checked: k and v are known finite (a KV cache checks its entries once, when it appends them), so
     the call does not read them again to check; needs ``k_norm``. A plain call leaves it False:
     every entry of q, k and v is checked (NaN or Inf is an error).
@@ -88,6 +97,8 @@ class Options:
 
     mask: Any = None
     bias: Any = None
+    score_mod: Any = None
+    sink_logits: Any = None
     causal: bool = False
     scale: float | None = None
     window: tuple[int, int] | None = None
@@ -118,21 +129,6 @@ class Options:
         if unknown:
             raise TypeError(f"{caller} got an unknown keyword {unknown[0]!r}; its options are {', '.join(NAMES)}")
         return cls(**options)
-
-    @property
-    def band(self) -> tuple[int | None, int | None]:
-        """(left, right): query i sees keys pos(i) − left .. pos(i) + right (None: unbounded; causal: right = 0)."""
-        left = None if self.window is None else self.window[0]
-        right = 0 if self.causal else None
-        if self.window is not None:
-            right = self.window[1] if right is None else min(right, self.window[1])
-        return left, right
-
-    @property
-    def by_length(self) -> bool:
-        """The band is measured from each sequence's length: causal with ``lengths``, query i of sequence b
-        at position lengths[b] − Tq + i (else every sequence's at Tk − Tq + i)."""
-        return self.causal and self.lengths is not None
 
     @property
     def wants_weights(self) -> bool:

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.backends import visible as vis
 from attnlab.backends.options import Options
 from attnlab.reference import validate
-from attnlab.reference.masks import band_mask, by_batch, combine
+from attnlab.reference.masks import combine
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,14 @@ class Request:
     problem: validate.Problem
     mask: bool  # a dense boolean mask was given
     bias: bool
-    band: bool  # causal and/or a sliding window that hides some key from some query
-    causal: bool  # causal was asked (its band may hide nothing: one query after every key)
-    window: bool  # a sliding window (band beyond causal)
-    lengths: bool  # key-padding lengths
+    band: bool  # structured visibility (key intervals per row) that hides some key from some query
+    causal: bool  # that structure holds causal
+    structure: bool  # ... and more than causal and lengths: a window, documents, a prefix, sink tokens, key lengths
+    lengths: bool  # ... and each sequence's own length (cache_lengths)
+    mask_mod: bool  # a rule evaluated elementwise (a mask_mod callable, a union beyond two intervals)
+    score_mod: bool  # a score_mod callable
+    alibi: bool  # ALiBi slopes (a structured score change)
+    sinks: bool  # learned sink logits
     weights: bool  # return_weights=True: every row's weights, (..., Tq, Tk)
     weights_rows: bool  # the weights of chosen query rows only
     lse: bool  # the rows' log-sum-exp
@@ -60,27 +65,13 @@ class Call:
     k: Any
     v: Any
     options: Options
-    left: int | None  # band: query i sees keys pos(i) − left .. pos(i) + right (None = unbounded)
-    right: int | None
-    klen: np.ndarray | None  # key-padding lengths broadcast to the batch shape, int64
+    visible: vis.Visible  # which keys each query sees and how scores change: the one description
     rows: np.ndarray | None  # query rows whose weights are wanted
     request: Request
 
     @property
     def problem(self) -> validate.Problem:
         return self.request.problem
-
-
-def _lengths(lengths: Any, p: validate.Problem) -> np.ndarray | None:
-    """Key-padding lengths broadcast to the batch shape (they are shaped like its first dims, e.g. (B,))."""
-    if lengths is None:
-        return None
-    return np.broadcast_to(by_batch(validate.check_lengths(lengths, p), len(p.batch)), p.batch)
-
-
-def hides_nothing(left: int | None, right: int | None, tq: int, tk: int) -> bool:
-    """Whether the band (left, right) lets every query i, at pos(i) = Tk − Tq + i, see every key 0..Tk − 1."""
-    return (left is None or left >= tk - 1) and (right is None or right >= tq - 1)
 
 
 def _rows(rows: Any, p: validate.Problem) -> np.ndarray | None:
@@ -96,10 +87,12 @@ def _rows(rows: Any, p: validate.Problem) -> np.ndarray | None:
     return arr % p.tq
 
 
-def _visible(tk: int, left: int | None, right: int | None) -> float:
-    """About what fraction of the keys a query sees in the band (causal: a half)."""
-    reach = (tk / 2 if left is None else left) + (tk / 2 if right is None else right) + 1
-    return min(1.0, reach / tk)
+def _fraction(v: vis.Visible) -> float:
+    """The fraction of query-key pairs the structured part leaves (1 without one)."""
+    if v.spans is None:
+        return 1.0
+    lo, hi = v.spans
+    return float(np.clip(hi - lo, 0, None).sum(-1).mean()) / v.frame.tk
 
 
 # No backend computes in a dtype narrower than float16: a cheap bound under a quarter of its range
@@ -167,41 +160,40 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
     if not isinstance(o, Options):
         raise TypeError(f"options must be an attnlab.backends.options.Options, got {type(o).__name__}")
     p = validate.check_qkv(q, k, v, o.scale, gqa=True, finite=False)
-    validate.check_mask(o.mask, p)
     validate.check_bias(o.bias, p)
-    for name, x in (("mask", o.mask), ("bias", o.bias)):
-        if x is not None and validate.is_torch(x) != validate.is_torch(q):
+    for name, x in (("mask", o.mask), ("bias", o.bias), ("sink_logits", o.sink_logits)):
+        if hasattr(x, "shape") and validate.is_torch(x) != validate.is_torch(q):
             raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
-    left, right = o.band
+    seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits)
     torch_in = validate.is_torch(q)
-    klen = _lengths(o.lengths, p)
-    if klen is not None and bool((klen == p.tk).all()):
-        klen = None  # every sequence as long as the keys: under either causal rule, the call without lengths
-    if klen is None and hides_nothing(left, right, p.tq, p.tk):
-        left = right = None  # one query after every key (a decoding step): the call without its band
+    alibi = isinstance(seen.score_mod, vis.masks.scores.Alibi)
     request = Request(
         library="torch" if torch_in else "numpy",
         device=str(q.device) if torch_in else "cpu",
         dtype=p.dtype,
         problem=p,
-        mask=o.mask is not None,
+        mask=seen.dense is not None,
         bias=o.bias is not None,
-        band=left is not None or right is not None,
-        causal=o.causal,
-        window=o.window is not None and (left, right) != (None, None),
-        lengths=klen is not None,
+        band=seen.mask is not None,
+        causal=seen.causal,
+        structure=seen.structure,
+        lengths=seen.lengths,
+        mask_mod=seen.rule is not None,
+        score_mod=seen.score_mod is not None and not alibi,
+        alibi=alibi,
+        sinks=seen.sinks is not None,
         weights=o.return_weights,
         weights_rows=o.weights_rows is not None,
         lse=o.return_lse,
-        grad=_needs_grad(q, k, v, o.bias),
+        grad=_needs_grad(q, k, v, o.bias, o.sink_logits),
         bias_grad=_needs_grad(o.bias) if o.bias is not None else False,
         block_size=o.block_size is not None,
         softcap=o.softcap is not None,
         kv_dtype=p.kv_dtype != p.dtype,
-        visible=_visible(p.tk, left, right),
+        visible=_fraction(seen),
         score_bound=_bound(q, k, v, o, p),
     )
-    return Call(q, k, v, o, left, right, klen, _rows(o.weights_rows, p), request)
+    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), request)
 
 
 def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem) -> float:
@@ -213,32 +205,31 @@ def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem) -> float:
     return score_bound(q, k, o.bias, p.scale, q_max, k_max)
 
 
-def _unbroadcast(x: np.ndarray) -> np.ndarray:
-    """A broadcast array with size 1 along the dims it was broadcast over (lengths (B, 1) for (B, H)), so
-    that the masks built from it hold no copies: a mask per sequence, not per head."""
-    return x[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in x.strides)]
+def dense_mask(call: Call) -> Any:
+    """The call's whole visibility as one boolean mask broadcastable to (..., Tq, Tk), or None.
 
-
-def dense_mask(call: Call) -> np.ndarray | None:
-    """The call's band, key padding and mask as one boolean mask broadcastable to (..., Tq, Tk).
-
-    For the backends that materialise the scores; the mask given by the user stays as it is when
-    it is the only restriction (a tensor stays on its device).
+    For the backends that materialise the scores; a mask given as an array stays as it is when it is
+    the only restriction (a tensor stays on its device). Built per sequence and head only where the
+    description depends on them.
     """
-    p = call.problem
-    parts = []
-    klen = None if call.klen is None else _unbroadcast(call.klen)
-    if call.left is not None or call.right is not None:
-        ends = klen if call.options.by_length else None  # each sequence's own positions
-        parts.append(band_mask(p.tq, p.tk, left=call.left, right=call.right, lengths=ends))  # (Tq, Tk) or (*S, Tq, Tk)
-    if klen is not None:
-        parts.append(np.arange(p.tk) < klen[..., None, None])  # (*S, 1, Tk)
-    if not parts:
-        return call.options.mask
-    m = call.options.mask
-    if m is not None and validate.is_torch(m):
-        m = m.detach().cpu().numpy()
-    return combine(m, *parts)
+    v = call.visible
+    keep = v.keep()  # (B|1, H|1, Tq, Tk) or None
+    if keep is None:
+        return v.dense
+    keep = in_batch(keep, call.problem.batch)
+    if v.dense is None:
+        return keep
+    m = v.dense.detach().cpu().numpy() if validate.is_torch(v.dense) else v.dense
+    return combine(m, keep)
+
+
+def in_batch(x: np.ndarray, batch: tuple) -> np.ndarray:
+    """An array (B|1, H|1, ...) of the masks' (B, H) space shaped to broadcast against the call's ``batch`` dims."""
+    b, h = x.shape[:2]
+    rest = x.shape[2:]
+    if b == 1:
+        return x.reshape(((h,) if h > 1 and batch else ()) + rest)
+    return x.reshape(*batch[:-1], h, *rest)
 
 
 def repeat_groups(x: Any, groups: int) -> Any:

@@ -26,11 +26,11 @@ PRIOR_OVERHEAD_S = 3e-5
 
 def _fast_causal(r: Request) -> bool:
     """SDPA's own is_causal fits: square, causal and nothing else."""
-    return r.causal and r.problem.tq == r.problem.tk and r.band and not (r.mask or r.bias or r.lengths)
+    return r.causal and r.band and r.problem.tq == r.problem.tk and not (r.mask or r.bias or r.structure or r.lengths)
 
 
 def _is_plain_causal(call: Call) -> bool:
-    return _fast_causal(call.request) and call.left is None and call.right == 0
+    return _fast_causal(call.request)
 
 
 class SdpaBackend(Backend):
@@ -42,7 +42,8 @@ class SdpaBackend(Backend):
         libraries=frozenset({"numpy", "torch"}),
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
-        features=frozenset({"mask", "bias", "band", "lengths", "gqa", "grad", "bias_grad"}),
+        features=frozenset({"mask", "bias", "band", "structure", "lengths", "gqa", "grad", "bias_grad"}),
+        instead={f: "blockwise serves it in O(T) memory, torch materialises it" for f in ("mask_mod", "score_mod", "alibi", "sinks")},
     )
 
     def more_refusals(self, r: Request) -> list[str]:
@@ -54,7 +55,7 @@ class SdpaBackend(Backend):
 
     def estimate(self, r: Request) -> float:
         ns = PRIOR_NS_PER_SCORE
-        if r.mask or r.bias or r.lengths or (r.band and not _fast_causal(r)):
+        if r.mask or r.bias or r.structure or r.lengths or (r.band and not _fast_causal(r)):
             ns = PRIOR_NS_PER_SCORE_MASKED
         elif r.band:  # causal: a fraction of the scores
             ns *= PRIOR_CAUSAL_FRACTION

@@ -7,7 +7,6 @@ dim flattened and G the query heads sharing one key/value head (1 without groupe
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.reference.masks import band_mask
+from attnlab.backends.visible import Visible, describe
+from attnlab.masks import Mask
+from attnlab.masks.scores import Alibi
 from attnlab.reference.validate import is_torch
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2 (s·log2 e): exp2 is ~3x cheaper than exp on CPUs
@@ -79,86 +80,78 @@ class Lib:
 
 @dataclass(frozen=True)
 class Tiling:
-    """Which scores exist: the band, key-padding lengths, a boolean mask and an additive bias.
+    """Which scores exist and how they change: the call's :class:`~attnlab.backends.visible.Visible`
+    (structured rows of key intervals, a rule, score changes, learned sinks), a dense boolean mask and
+    an additive bias.
 
-    ``left``/``right``: query i sees keys pos(i) − left .. pos(i) + right, pos(i) = Tk − Tq + i
-    (None = unbounded; causal is right = 0), or with ``ends`` (B, G) (NumPy ints: causal with lengths)
-    each sequence's own, pos(i) = ends − Tq + i. ``klen`` (B, G): keys j ≥ klen are padding.
     ``mask`` (bool, True = may attend) and ``bias`` are views broadcast to (..., G, Tq, Tk) whose
-    leading dims flatten to B; a tile of them is copied out only when visited.
+    leading dims flatten to B; a tile of them is copied out only when visited. Tiles are canonical,
+    (B·Hkv, G, r, c); the description's index space (B, H) is the same memory seen as (B, Hkv·G, r, c).
     """
 
     tq: int
     tk: int
-    left: int | None = None
-    right: int | None = None
-    klen: Any = None
+    visible: Visible | None = None
     mask: Any = None
     bias: Any = None
-    ends: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, tq: int, tk: int, mask: Mask | None = None) -> Tiling:
+        """The tiling of one (Tq, Tk) rectangle under ``mask`` (an attnlab.masks description, None: all)."""
+        return cls(tq, tk, None if mask is None else describe(mask, tq, tk))
 
     @property
-    def _offsets(self) -> tuple[int, int]:
-        """The least and the greatest pos(i) − i over the sequences."""
-        if self.ends is None:
-            return self.tk - self.tq, self.tk - self.tq
-        return int(self.ends.min()) - self.tq, int(self.ends.max()) - self.tq
-
-    def _klen_range(self) -> tuple[int, int]:
-        if self.klen is None:
-            return self.tk, self.tk
-        return int(self.klen.min()), int(self.klen.max())
+    def rescales(self) -> bool:
+        """Scores change beyond q·k (bias, score_mod): the Cauchy–Schwarz bound no longer bounds them."""
+        return self.bias is not None or (self.visible is not None and self.visible.score_mod is not None)
 
     def key_blocks(self, i0: int, i1: int, block_k: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int, bool]]:
-        """(k0, k1, edge) for the key blocks (of keys start..stop−1) that queries i0..i1−1 may see; edge: the band cuts the tile."""
-        p0, p1 = i0 + self._offsets[0], i1 - 1 + self._offsets[1]  # the first and last query's positions
-        lo, hi = start, self._klen_range()[1] if stop is None else min(stop, self._klen_range()[1])
-        if self.left is not None:
-            lo = max(lo, p0 - self.left)
-        if self.right is not None:
-            hi = min(hi, p1 + self.right + 1)
+        """(k0, k1, edge) for the key blocks (of keys start..stop−1) that queries i0..i1−1 may see; edge: some
+        row does not see the whole block. Blocks no query sees are skipped."""
+        lo, hi = (0, self.tk) if self.visible is None else self.visible.block_range(i0, i1)
+        lo, hi = max(lo, start), hi if stop is None else min(stop, hi)
         for k0 in range(lo, hi, block_k):
             k1 = min(k0 + block_k, hi)
-            edge = (self.left is not None and k0 < p1 - self.left) or (
-                self.right is not None and k1 - 1 > p0 + self.right
-            )
-            yield k0, k1, edge
+            state = "full" if self.visible is None else self.visible.tile_state(i0, i1, k0, k1)
+            if state != "empty":
+                yield k0, k1, state == "edge"
 
-    def mask_tile(self, lib: Lib, s4: Any, rows: Any, k0: int, k1: int, edge: bool) -> None:
-        """Hide (−inf) and bias the scores s4 (B, G, r, k1 − k0) of queries ``rows``, in place."""
-        if edge and self.ends is not None:  # each sequence's band: (B, G, r, k1 − k0)
-            idx = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows)
-            hidden = ~band_mask(self.tq, self.tk, left=self.left, right=self.right, rows=idx, cols=np.arange(k0, k1),
-                                lengths=self.ends)
-            lib.fill_hidden_(s4, lib.asarray(hidden))
-        elif edge:
-            if isinstance(rows, slice):  # a tile's band depends only on where it sits relative to the diagonal
-                p0, p1 = rows.start + self._offsets[0], rows.stop - 1 + self._offsets[0]
-                # only the columns left of p1 − left and right of p0 + right hold hidden scores: fill those
-                for c0, c1 in (
-                    (k0, min(k1, p1 - self.left) if self.left is not None else k0),
-                    (max(k0, p0 + self.right + 1) if self.right is not None else k1, k1),
-                ):
-                    if c1 > c0:
-                        hidden = _band_hidden(self.left, self.right, c0 - p0, rows.stop - rows.start, c1 - c0)
-                        lib.fill_hidden_(s4[..., c0 - k0 : c1 - k0], lib.asarray(hidden))
-            else:
-                hidden = ~band_mask(self.tq, self.tk, left=self.left, right=self.right, rows=np.asarray(rows), cols=np.arange(k0, k1))
-                lib.fill_hidden_(s4, lib.asarray(hidden))
-        if self.klen is not None and k1 > self._klen_range()[0]:
-            cols = lib.asarray(np.arange(k0, k1))
-            lib.hide_(s4, cols < self.klen[..., None, None])  # (B, G, 1, bk)
-        rows = lib.asarray(rows) if lib.torch and not isinstance(rows, slice) else rows
-        if self.mask is not None:
-            lib.hide_(s4, self.mask[..., rows, k0:k1].reshape(s4.shape))
+    def mask_tile(self, lib: Lib, s4: Any, rows: Any, k0: int, k1: int, edge: bool, offset: Any = None) -> None:
+        """Bias, change and hide (−inf) the base-2 scores s4 (B, G, r, k1 − k0) of queries ``rows``, in place.
+
+        ``offset`` (B, G·r): what was subtracted from each row's base-2 scores (−m), so that a score_mod
+        callable sees the true scores."""
+        idx = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows)
         if self.bias is not None:  # the kernels work in base 2
-            s4 += self.bias[..., rows, k0:k1].reshape(s4.shape) * LOG2E
+            at = rows if isinstance(rows, slice) else lib.asarray(idx) if lib.torch else idx
+            s4 += self.bias[..., at, k0:k1].reshape(s4.shape) * LOG2E
+        v = self.visible
+        if v is not None:
+            bh = s4.reshape(*v.frame.bh, *s4.shape[2:])  # (B, H, r, c): the description's index space
+            if v.score_mod is not None:
+                _change(lib, v, bh, idx, k0, k1, offset)
+            if edge or v.rule is not None:
+                keep = v.keep(idx, np.arange(k0, k1))
+                if keep is not None:
+                    lib.hide_(bh, lib.asarray(np.ascontiguousarray(keep)))
+        if self.mask is not None:
+            at = rows if isinstance(rows, slice) else lib.asarray(idx) if lib.torch else idx
+            lib.hide_(s4, self.mask[..., at, k0:k1].reshape(s4.shape))
 
 
-@functools.lru_cache(maxsize=64)
-def _band_hidden(left: int | None, right: int | None, shift: int, rows: int, cols: int) -> np.ndarray:
-    """What the band hides in a (rows, cols) tile whose first key sits ``shift`` after its first query's position."""
-    return ~band_mask(rows, rows, left=left, right=right, rows=np.arange(rows), cols=np.arange(shift, shift + cols))
+def _change(lib: Lib, v: Visible, bh: Any, rows: np.ndarray, k0: int, k1: int, offset: Any) -> None:
+    """Apply the description's score change to base-2 scores ``bh`` (B, H, r, c) in place."""
+    f = v.frame
+    b, h, i, j = f.grid(rows, np.arange(k0, k1))
+    if isinstance(v.score_mod, Alibi):  # additive: the row shift needs no undoing
+        slope = v.score_mod.per_head(f)  # (1, H)
+        dist = np.abs(f.positions(rows)[..., None] - j)  # (B|1, H|1, r, c)
+        delta = np.ascontiguousarray(slope[..., None, None] * dist * LOG2E)
+        bh -= lib.asarray(delta).to(bh.dtype) if lib.torch else delta.astype(bh.dtype)
+        return
+    off = 0.0 if offset is None else offset.reshape(*bh.shape[:3], 1)
+    changed = v.score_mod(f, (bh - off) / LOG2E, b, h, i, j)  # the true scores, changed
+    bh[...] = changed * LOG2E + off
 
 
 def block_sizes(batch: int, tq: int, block_size: Any = None) -> tuple[int, int]:

@@ -28,6 +28,7 @@ import numpy as np
 
 from attnlab.backends import online
 from attnlab.backends.blockwise import work_dtype
+from attnlab import masks
 from attnlab.backends.tiling import Tiling
 from attnlab.distributed import env
 from attnlab.distributed.layout import LAYOUTS, Rect, check_layout, plan_block, positions
@@ -107,7 +108,7 @@ def _block_passes(backend: str, q: Any) -> tuple[Any, Any]:
 
 
 def _tiling(r: Rect) -> Tiling:
-    return Tiling(r.q1 - r.q0, r.keys, None, 0 if r.causal else None)
+    return Tiling.of(r.q1 - r.q0, r.keys, masks.causal() if r.causal else None)
 
 
 def _merge_into(out: Any, lse: Any, o: Any, l: Any) -> None:

@@ -3,9 +3,10 @@
 Every other backend is tested against :func:`attention` here. It is written to be read, not to
 be fast: scores, mask, softmax, weighted sum, each one line.
 
-    s_ij = scale · q_i · k_j + bias_ij      (−∞ where the mask says False)
-           (with ``softcap`` c: s_ij = c · tanh(scale · q_i · k_j / c) + bias_ij, as Gemma-2)
-    α_ij = exp(s_ij) / Σ_l exp(s_il)         (a row with nothing allowed: α_i = 0)
+    s_ij = scale · q_i · k_j                 (with ``softcap`` c: c · tanh(s_ij / c), as Gemma-2)
+    s_ij = score_mod(s_ij + bias_ij, b, h, i, j)   (−∞ where the mask says False)
+    α_ij = exp(s_ij) / (Σ_l exp(s_il) + exp(sink_h))   (no sink: the plain softmax;
+                                                         a row with nothing allowed: α_i = 0)
     o_i  = Σ_j α_ij v_j
 """
 
@@ -15,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from attnlab import masks
+from attnlab.masks.frame import Frame, as_numpy, split_batch, to_bh
 from attnlab.reference import validate
-from attnlab.reference.masks import by_batch, causal_mask, combine
 
 
 def logsumexp(x: Any, axis: int = -1, keepdims: bool = False) -> np.ndarray:
@@ -58,13 +60,72 @@ def scores(q: Any, k: Any, *, scale: float | None = None) -> np.ndarray:
     return np.matmul(np.asarray(q, np.float64), np.swapaxes(np.asarray(k, np.float64), -1, -2)) * scale
 
 
-def _keys(p: validate.Problem, causal: bool, lengths: Any) -> np.ndarray | None:
-    """The causal band and the key padding as one mask broadcastable to (..., Tq, Tk), or None."""
-    if lengths is None:
-        return causal_mask(p.tq, p.tk) if causal else None
-    n = by_batch(validate.check_lengths(lengths, p), len(p.batch))  # (*batch prefix, 1, …)
-    padding = np.arange(p.tk) < n[..., None, None]  # (..., 1, Tk)
-    return padding & causal_mask(p.tq, p.tk, lengths=n) if causal else padding
+def _frame(p: validate.Problem, description: masks.Mask | None) -> Frame:
+    ends = None if description is None else description.ends()
+    return Frame(p.tq, p.tk, tuple(p.batch), None if ends is None else to_bh("lengths", ends, tuple(p.batch)))
+
+
+def _description(p: validate.Problem, mask: Any, causal: bool, window: Any, lengths: Any) -> masks.Mask | None:
+    """The call's visibility as one attnlab.masks description (the keywords are its shorthands)."""
+    if hasattr(mask, "shape"):
+        validate.check_mask(mask, p)
+    terms = [] if mask is None else [masks.as_mask(mask)]
+    if causal:
+        terms.append(masks.causal())
+    if window is not None:
+        left, right = (window, window) if isinstance(window, (int, np.integer)) else window
+        terms.append(masks.window(left, right))
+    if lengths is not None:
+        terms.append(masks.cache_lengths(validate.check_lengths(lengths, p)))
+    out = None
+    for t in terms:
+        out = t if out is None else out & t
+    return out
+
+
+def _in_bh(s: np.ndarray, frame: Frame) -> np.ndarray:
+    """Scores (*batch, Tq, Tk) as (B, H, Tq, Tk), the masks' index space."""
+    return s.reshape(*split_batch(frame.batch), frame.tq, frame.tk)
+
+
+def masked_scores(q: Any, k: Any, p: validate.Problem, *, mask: Any = None, bias: Any = None, causal: bool = False,
+                  softcap: float | None = None, lengths: Any = None, window: Any = None, score_mod: Any = None) -> np.ndarray:
+    """The scores (..., Tq, Tk) as the softmax takes them, in float64: scale · q·k, softcap, bias, score_mod,
+    then −inf where the description hides a pair (its rule, :meth:`attnlab.masks.Mask.allows`)."""
+    validate.check_bias(bias, p)
+    if validate.is_torch(q):
+        raise TypeError("the numpy reference takes NumPy arrays; use backend='torch' for tensors")
+    softcap = validate.check_softcap(softcap)
+    description = _description(p, mask, causal, window, lengths)
+    frame = _frame(p, description)
+    s = scores(q, k, scale=p.scale)  # (..., Tq, Tk)
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    if bias is not None:
+        s = s + np.asarray(bias, np.float64)
+    if score_mod is not None:
+        changed = masks.as_score_mod(score_mod)(frame, _in_bh(s, frame), *frame.grid())  # (B, H, Tq, Tk)
+        s = np.asarray(changed, np.float64).reshape(s.shape)
+    if description is not None:
+        allowed = np.asarray(description.allows(frame, *frame.grid()))  # (B|1, H|1, Tq, Tk)
+        s = np.where(np.broadcast_to(allowed, _in_bh(s, frame).shape).reshape(s.shape), s, -np.inf)
+    return s
+
+
+def lse_with_sinks(s: np.ndarray, sink_logits: Any, p: validate.Problem) -> np.ndarray:
+    """Each row's log-sum-exp of its scores (..., Tq), and of its head's sink logit where there are sinks."""
+    lse = logsumexp(s)
+    if sink_logits is None:
+        return lse
+    sink = as_numpy(sink_logits).astype(np.float64)
+    return np.logaddexp(lse, np.broadcast_to(sink.reshape(sink.shape + (1,)), lse.shape))
+
+
+def _softmax_with_sinks(s: np.ndarray, sinks: Any, p: validate.Problem) -> np.ndarray:
+    """Each row's softmax over its scores and its head's sink logit, the sink's own weight left out."""
+    sink = as_numpy(sinks).astype(np.float64)
+    sink = np.broadcast_to(sink.reshape(sink.shape + (1, 1)), (*p.batch, p.tq, 1))  # (..., Tq, 1)
+    return softmax(np.concatenate([s, sink], axis=-1), axis=-1)[..., :-1]
 
 
 def attention(
@@ -79,40 +140,36 @@ def attention(
     return_weights: bool = False,
     softcap: float | None = None,
     lengths: Any = None,
+    window: Any = None,
+    score_mod: Any = None,
+    sink_logits: Any = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Scaled dot-product attention, the float64 specification.
 
     Shapes: q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv); leading dims broadcast.
-    mask: bool, True = may attend, broadcastable to (..., Tq, Tk).
+    mask: which keys each query sees: a boolean array (True = may attend, broadcastable to (..., Tq, Tk)),
+        a ``mask_mod(b, h, q_idx, kv_idx)`` callable or attnlab.masks objects (evaluated by their rule).
     bias: float added to the scores (−inf blocks a pair), broadcastable to (..., Tq, Tk).
-    causal: query i sees keys 0..Tk−Tq+i (aligned bottom-right when Tq ≠ Tk); with ``lengths``
-        each sequence's own: query i of sequence b sees keys 0..lengths[b]−Tq+i.
+    causal: masks.causal(): query i sees keys 0..Tk−Tq+i (aligned bottom-right when Tq ≠ Tk); with
+        ``lengths`` each sequence's own: query i of sequence b sees keys 0..lengths[b]−Tq+i.
+    window: masks.window(left, right) (an int w: both sides).
     scale: default 1/√D; ``scale=1.0`` is the unscaled scene.
     softcap: logit softcapping c > 0 (Gemma-2): the scaled scores become c · tanh(s / c), bounded
-        by ±c, before the bias and the mask.
-    lengths: each sequence's real keys, ints shaped like the first batch dims (a prefix of them):
-        keys at positions ≥ length are padding.
+        by ±c, before the bias, the score_mod and the mask.
+    lengths: masks.cache_lengths(lengths): each sequence's keys (ints shaped like the first batch dims),
+        its queries its newest tokens.
+    score_mod: masks.alibi(slopes) or a ``score_mod(score, b, h, q_idx, kv_idx)`` callable.
+    sink_logits: one learned sink logit per query head (broadcast against q's leading dims): it takes
+        part in each row's softmax and has no value.
 
     Returns the output (..., Tq, Dv) in q's dtype where k and v are a 16-bit cache under a float32
     query, else in the promoted dtype of q, k, v (computed in float64 on the values as stored),
     and with ``return_weights`` the weights (..., Tq, Tk) too.
     """
     p = validate.check_qkv(q, k, v, scale)
-    validate.check_mask(mask, p)
-    validate.check_bias(bias, p)
-    if validate.is_torch(q):
-        raise TypeError("the numpy reference takes NumPy arrays; use backend='torch' for tensors")
-
-    softcap = validate.check_softcap(softcap)
-    s = scores(q, k, scale=p.scale)  # (..., Tq, Tk)
-    if softcap is not None:
-        s = softcap * np.tanh(s / softcap)
-    if bias is not None:
-        s = s + np.asarray(bias, np.float64)
-    allowed = combine(mask, _keys(p, causal, lengths))
-    if allowed is not None:
-        s = np.where(allowed, s, -np.inf)
-    weights = softmax(s, axis=-1)  # (..., Tq, Tk); all-blocked rows are 0
+    s = masked_scores(q, k, p, mask=mask, bias=bias, causal=causal, softcap=softcap, lengths=lengths, window=window,
+                      score_mod=score_mod)
+    weights = softmax(s, axis=-1) if sink_logits is None else _softmax_with_sinks(s, sink_logits, p)  # (..., Tq, Tk)
     out = np.matmul(weights, np.asarray(v, np.float64))  # (..., Tq, Dv)
 
     out = out.astype(p.dtype, copy=False)

@@ -1,18 +1,21 @@
 """One forward pass as each layer of attnlab's transformer sees it (:class:`Pass`, the frozen per-call
-description), and how a layer computes its attention with it: through :func:`attnlab.attention` and
-the backend the pass names, or, where the scores or the pattern are hooked, the torch backend's math
-written out so that the hooks can read and replace them."""
+description), and how a layer computes its attention with it: one :func:`attnlab.attention` call, whose
+keywords :meth:`Pass.visibility` (a plain pass) or the cache's read (decoding) say once. Where the scores
+or the pattern are hooked, :func:`attend_eager` runs the torch backend's own math (its functions, in its
+order) with the hooks between, so that watching changes no bit."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from attnlab import masks
 from attnlab.backends.api import attention
-from attnlab.backends.request import repeat_groups
+from attnlab.backends.eager import eager_scores, eager_weights
+from attnlab.backends.options import Options
+from attnlab.backends.request import prepare, repeat_groups
 from attnlab.transformer.cache import KVCache
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import Hooks
@@ -30,29 +33,32 @@ class Pass:
     hooks: Hooks
     lengths: Any = None  # (B,) real tokens when padding is on the right, else None
     key_mask: Any = None  # (B, 1, 1, T) bool when the padding is elsewhere, else None
+    documents: Any = None  # (B, T) or (T,) document ids of a packed batch, else None
     rope: Any = None  # rotary cos and sin of the positions, (T, Dh) or (B, 1, T, Dh) each
     kv: KVCache | None = None  # decoding: the cache the new tokens are appended to ...
     step: Step | None = None  # ... and what this call appends
     rows: list | None = None  # maps of decoding: each layer appends (weights (B, H, Tk), key positions (B, Tk))
 
-    def allowed(self, t: int, device: Any, window: int | None = None) -> Any:
-        """Which keys each query may attend to, (B or 1, 1, T, T) bool, or None: every one."""
-        keys = self.key_mask
+    def visibility(self, window: int | None) -> dict:
+        """attention()'s keywords for a layer of the plain pass with a sliding window of W keys (or None):
+        causal, the window (W − 1, 0), packed documents, key padding (right: key lengths; else a mask)."""
+        terms = []
+        if self.documents is not None:
+            terms.append(masks.documents(self.documents.cpu().numpy()))
         if self.lengths is not None:
-            keys = (torch.arange(t, device=device) < self.lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
-        if not self.causal:
-            return keys
-        tril = torch.ones(t, t, dtype=torch.bool, device=device).tril()  # (T, T)
-        if window is not None:
-            tril = tril & ~torch.ones(t, t, dtype=torch.bool, device=device).tril(-window)  # i − W < j ≤ i
-        return tril if keys is None else tril & keys
+            terms.append(masks.key_lengths(self.lengths.cpu().numpy()))
+        if self.key_mask is not None:
+            terms.append(masks.as_mask(self.key_mask))
+        mask = None
+        for t in terms:
+            mask = t if mask is None else mask & t
+        return {"causal": self.causal, "mask": mask, "window": None if window is None else (window - 1, 0)}
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict) -> tuple:
     """attnlab.attention on torch tensors (the float64 NumPy reference gets NumPy copies, no gradients):
     z (B, H, Tq, Dh) and, when decoding keeps rows, the last query's weights (B, H, Tk)."""
-    c = p.config
-    kw = dict(kw, backend=p.backend, scale=c.attn_scale, softcap=c.attn_softcap)
+    kw = _call_kwargs(p, kw)
     if p.rows is not None:
         kw["weights_rows"] = [q.shape[2] - 1]
     if p.backend == "numpy":
@@ -61,26 +67,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict)
                              "torch.no_grad() or choose a backend with gradients (torch, blockwise, kernel)")
         arrays = [t.detach().cpu().double().numpy() for t in (q, k, v)]
         kw = {n: (x.cpu().numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
-        out = attention(*arrays, **kw)
+        out = attention(*arrays, backend="numpy", **kw)
         out = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in (out if isinstance(out, tuple) else (out,))]
     else:
-        out = attention(q, k, v, **kw)
+        out = attention(q, k, v, backend=p.backend, **kw)
         out = list(out) if isinstance(out, tuple) else [out]
     return out[0], (out[1][:, :, 0] if p.rows is not None else None)
 
 
-def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str, allowed: Any) -> tuple:
-    """Backend "torch"'s math written out, so ``hook_attn_scores`` (after scale, softcap and mask, before
-    the softmax) and ``hook_pattern`` can read or replace the scores and weights (B, H, Tq, Tk); z = pattern · v.
-    Decoding: the keys are the cache's, in its slot order (``allowed`` says which each query sees)."""
-    c, g = p.config, q.shape[1] // k.shape[1]
-    k, v = repeat_groups(k.to(q.dtype), g), repeat_groups(v.to(q.dtype), g)  # (B, H, Tk, Dh): each query head's k/v head
-    scale = c.attn_scale if c.attn_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
-    if c.attn_softcap is not None:
-        s = c.attn_softcap * torch.tanh(s / c.attn_softcap)
-    if allowed is not None:
-        s = s.masked_fill(~allowed, -math.inf)
-    s = p.hooks(at + "hook_attn_scores", s)
-    w = p.hooks(at + "hook_pattern", torch.softmax(s, dim=-1).nan_to_num(nan=0.0))  # a row with no key: zeros
-    return torch.matmul(w, v), (w[:, :, -1] if p.rows is not None else None)  # (B, H, Tq, Dh), (B, H, Tk)
+def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str, kw: dict) -> tuple:
+    """The torch backend's math with ``hook_attn_scores`` (after scale, softcap, score changes and masks,
+    before the softmax) and ``hook_pattern`` between its steps, the scores and weights (B, H, Tq, Tk); z = pattern · v.
+    Without replacing hooks this is bit for bit ``attend`` with backend "torch". Decoding: the cache's keys."""
+    call = prepare(q, k, v, Options.of(_call_kwargs(p, kw)))
+    s = p.hooks(at + "hook_attn_scores", eager_scores(q, k, call))
+    w, _ = eager_weights(q, k, v, call, scores=s)
+    w = p.hooks(at + "hook_pattern", w)
+    z = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (B, H, Tq, Dh)
+    return z, (w[:, :, -1] if p.rows is not None else None)
+
+
+def _call_kwargs(p: Pass, kw: dict) -> dict:
+    """A layer's attention keywords with the model's scale and softcap."""
+    c = p.config
+    return dict(kw, scale=c.attn_scale, softcap=c.attn_softcap)

@@ -9,7 +9,7 @@ A layer keeps one of three kinds, dense, window and sink (:mod:`attnlab.transfor
 Entries are validated once, when appended (shape, dtype, finite, after the cast to the cache's
 dtype), and each layer keeps the largest key length ‖k_j‖ it was given; the attention calls that
 read them then skip the scan of the whole cache (``kv_checked=True, k_norm=``). A read is one call
-``attnlab.attention(q, k, v, lengths=, causal=True, window=)``: causal with lengths is each sequence's
+``attnlab.attention(q, k, v, lengths=, causal=True, mask=)`` (the layer's window, or sink tokens and window, as attnlab.masks): causal with lengths is each sequence's
 own (query i of sequence b at lengths[b] − Tq + i), which is how a step's new tokens are placed.
 A cache may hold a narrower dtype than the weights (``cache_dtype``, e.g. bfloat16 under float32):
 a float32 query reads a float16 or bfloat16 cache as stored (attention() takes that mix); any other
@@ -25,7 +25,7 @@ import torch
 from attnlab.backends.request import max_norm
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.layer_cache import (
-    DENSE_START, SINK_DEFAULT, LayerCache, Read, SinkCache, Step, WindowCache, with_mask,
+    DENSE_START, SINK_DEFAULT, LayerCache, Read, SinkCache, Step, WindowCache,
 )
 from attnlab.transformer.weights import torch_dtype
 
@@ -114,10 +114,6 @@ class KVCache:
         v = _check_entries("v", v, shape, self.dtype, layer)
         lc.k_norm = max(lc.k_norm, max_norm(k))
         return lc.update(step, k, v, dtype or self.dtype)
-
-    def visible(self, layer: int, step: Step, read: Read) -> torch.Tensor:
-        """Which keys of ``read`` each of the step's queries sees, (B, 1, Tq, Tk) bool (the eager scores' mask)."""
-        return read.mask if read.mask is not None else with_mask(read, step, self.layers[layer]).mask
 
     def commit(self, step: Step) -> None:
         """The step is written in every layer: the sequences are ``step.end`` long."""

@@ -25,12 +25,13 @@ of :meth:`Transformer.generate` are put back in position order through it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import torch
 
+from attnlab import masks
 from attnlab.reference.validate import CACHE_DTYPES
 
 SINK_DEFAULT = 4  # StreamingLLM's choice: four initial tokens carry the attention sink
@@ -79,23 +80,22 @@ class Step:
 @dataclass(frozen=True)
 class Read:
     """What one layer's attention reads for one step: keys and values [B, H_kv, Tk, D] (:func:`_as_read`),
-    their ``lengths`` (B,), the band or an explicit mask, each key's position (B, Tk) (−1: none) and
-    the bound of the key lengths when the keys are read exactly as checked (None: the call checks them)."""
+    their ``lengths`` (B,), which keys each query sees beyond causal (an attnlab.masks description in the
+    read's key order, or None), each key's position (B, Tk) (−1: none) and the bound of the key lengths when
+    the keys are read exactly as checked (None: the call checks them)."""
 
     k: torch.Tensor
     v: torch.Tensor
     lengths: torch.Tensor | None  # None: every sequence's Tk (an even step)
-    window: tuple[int, int] | None
-    mask: torch.Tensor | None  # (B, 1, Tq, Tk) bool where the lengths and the band cannot say it (a sink's gap)
+    mask: masks.Mask | None  # the window (or a sink's first keys and window) in the read's key order
     key_positions: torch.Tensor
     k_norm: float | None = None
 
     def kwargs(self) -> dict:
-        """The keyword arguments of :func:`attnlab.attention` for this read."""
+        """The keyword arguments of :func:`attnlab.attention` for this read: causal, each sequence's length
+        (its queries are its newest tokens: masks.cache_lengths) and the layer's own visibility."""
         checked = {} if self.k_norm is None else {"kv_checked": True, "k_norm": self.k_norm}
-        if self.mask is not None:
-            return {"mask": self.mask, "lengths": self.lengths, "causal": False, **checked}
-        return {"lengths": self.lengths, "causal": True, "window": self.window, **checked}
+        return {"mask": self.mask, "lengths": self.lengths, "causal": True, **checked}
 
 
 def _as_read(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -105,18 +105,19 @@ def _as_read(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if name == want or name in CACHE_DTYPES.get(want, ()) else x.to(dtype)
 
 
-def _read(layer: LayerCache, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None, window: Any, mask: Any,
+def _read(layer: LayerCache, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None, mask: masks.Mask | None,
           positions: torch.Tensor, dtype: torch.dtype) -> Read:
     """A :class:`Read` of the cache's ``k``, ``v`` by a ``dtype`` query; checked where the read is exact
     (as stored, or widened), so that the attention call skips its own scan."""
     rk, rv = _as_read(k, dtype), _as_read(v, dtype)
     exact = rk.dtype == k.dtype or torch.finfo(rk.dtype).bits > torch.finfo(k.dtype).bits
-    return Read(rk, rv, lengths, window, mask, positions, layer.k_norm if exact else None)
+    return Read(rk, rv, lengths, mask, positions, layer.k_norm if exact else None)
 
 
 class LayerCache:
     """One layer's keys, values and slot positions. Subclasses say where a position goes (:meth:`slots`),
-    which positions stay once ``last`` is written (:meth:`retains`) and which keys a query sees (:meth:`sees`)."""
+    which positions stay once ``last`` is written (:meth:`retains`) and which keys a query sees beyond causal,
+    as an attnlab.masks description of keys in position order (:meth:`visibility`)."""
 
     kind = "dense"
 
@@ -142,9 +143,9 @@ class LayerCache:
     def retains(self, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(pos, dtype=torch.bool)
 
-    def sees(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-        seen = (kpos >= 0) & (kpos <= qpos)
-        return seen if self.window is None else seen & (kpos > qpos - self.window)
+    def visibility(self) -> masks.Mask | None:
+        """Which keys a query sees beyond causal, keys in position order: its window (W keys, itself included)."""
+        return None if self.window is None else masks.window(self.window - 1)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "capacity": self.capacity, "window": self.window}
@@ -189,9 +190,9 @@ class LayerCache:
         self._grow(step.longest)
         self.write(step, k, v)
         tk = max(step.longest, 1)
-        band = None if self.window is None else (self.window - 1, 0)
         lengths = None if step.even else step.end  # even: every sequence is the Tk keys read
-        return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], lengths, band, None, self.slot_positions[:, :tk], dtype)
+        return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], lengths, self.visibility(), self.slot_positions[:, :tk],
+                     dtype)
 
 
 class WindowCache(LayerCache):
@@ -213,7 +214,7 @@ class WindowCache(LayerCache):
             self.write(step, k, v)
             tk = min(step.longest, self.capacity)  # filled slots, a prefix of the ring
             n = None if step.even else torch.clamp(step.end, max=self.capacity)  # (B,)
-            return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], n, None, None, self.slot_positions[:, :tk], dtype)
+            return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], n, None, self.slot_positions[:, :tk], dtype)
         read = _gathered(self, step, k, v, dtype)  # before the write: a chunk may overwrite what it reads
         self.write(step, k, v)
         return read
@@ -234,8 +235,9 @@ class SinkCache(WindowCache):
     def retains(self, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         return (pos < self.sink) | (pos > last - self.window)
 
-    def sees(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-        return (kpos >= 0) & (kpos <= qpos) & ((kpos < self.sink) | (kpos > qpos - self.window))
+    def visibility(self) -> masks.Mask:
+        """Its first S keys and its window; keys in position order, the first S are the sink's."""
+        return masks.window(self.window - 1) | masks.sink_tokens(self.sink)
 
     def describe(self) -> dict:
         return super().describe() | {"sink": self.sink}
@@ -244,8 +246,9 @@ class SinkCache(WindowCache):
 def _gathered(layer: LayerCache, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
     """A chunk's read of a ring: the stored keys in position order, then the new ones, from slot 0.
 
-    With the keys contiguous in position (a window's), the band says which a query sees; a sink's
-    gap between its first S and its last W positions needs the mask.
+    In that order a key's index differs from a query's as their positions do past the first S (the sink's),
+    so the layer's visibility (window, or sink tokens and window) says which each query sees, as for a full
+    recompute.
     """
     B, C, tq = k.shape[0], layer.capacity, step.tq
     stored = layer.slot_positions  # (B, C), −1 empty
@@ -261,12 +264,4 @@ def _gathered(layer: LayerCache, step: Step, k: torch.Tensor, v: torch.Tensor, d
     idx = index[:, None, :, None].expand(B, k.shape[1], tk, k.shape[-1])  # (B, H_kv, Tk, D)
     keys = torch.cat((layer.k, k), dim=2).gather(2, idx)  # (B, H_kv, C + Tq, D) → (B, H_kv, Tk, D)
     values = torch.cat((layer.v, v), dim=2).gather(2, idx)
-    read = _read(layer, keys, values, count + step.new, (layer.window - 1, 0), None, kpos, dtype)
-    return read if layer.kind == "window" else with_mask(read, step, layer)
-
-
-def with_mask(read: Read, step: Step, layer: LayerCache) -> Read:
-    """The read with its visibility as one boolean mask (B, 1, Tq, Tk): each query's position against each key's."""
-    qpos = torch.where(step.real, step.positions, -1)  # (B, Tq): padding columns see nothing
-    mask = layer.sees(read.key_positions[:, None, :], qpos[:, :, None])  # (B, Tq, Tk)
-    return replace(read, window=None, mask=mask[:, None])
+    return _read(layer, keys, values, count + step.new, layer.visibility(), kpos, dtype)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.transformer.attend import Pass, attend, attend_eager
-from attnlab.transformer.cache import KVCache, Read
+from attnlab.transformer.cache import KVCache
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
 from attnlab.transformer.linear import Linear, linear
@@ -73,16 +73,16 @@ class Attention(nn.Module):
             q = h(at + "hook_rot_q", rotate(q, p.rope))
             k = h(at + "hook_rot_k", rotate(k, p.rope))
         # 3. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh]
+        #    what each query sees, said once: the pass's visibility, or the cache's read
         read = None if p.kv is None else p.kv.update(self.layer, p.step, k, v, q.dtype)
         if read is None:
-            kw = {"causal": p.causal, "mask": p.key_mask, "lengths": p.lengths,
-                  "window": None if self.window is None else (self.window - 1, 0)}
+            kw = p.visibility(self.window)
         else:
             k, v, kw = read.k, read.v, read.kwargs()
         # 4. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
-        #    backend, or here, scores materialised, when a hook watches the scores or the pattern
+        #    backend, or, when a hook watches the scores or the pattern, the torch backend's steps with the hooks
         if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
-            z, row = attend_eager(q, k, v, p, at, self._allowed(p, read, T, q.device))
+            z, row = attend_eager(q, k, v, p, at, kw)
         else:
             z, row = attend(q, k, v, p, kw)
         if p.rows is not None:
@@ -90,10 +90,6 @@ class Attention(nn.Module):
         z = h(at + "hook_z", z)
         # 5. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
         return self.o(z.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
-
-    def _allowed(self, p: Pass, read: Read | None, t: int, device: Any) -> Any:
-        """The keys each query may attend to, as a mask for the eager scores (B or 1, 1, Tq, Tk)."""
-        return p.allowed(t, device, self.window) if read is None else p.kv.visible(self.layer, p.step, read)
 
 
 class FeedForward(nn.Module):
@@ -196,26 +192,28 @@ class Transformer(nn.Module):
         return hook_names(self.config)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Any = None, *, backend: str | None = None,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+                kv_cache: KVCache | None = None, documents: Any = None) -> torch.Tensor:
         """The last hidden state [B, T, d] (no hooks). With ``kv_cache``: of the new tokens ``input_ids``
-        (``attention_mask`` marks the real ones of each row), appended to the cache."""
-        return self._forward(input_ids, attention_mask, backend, Hooks(), kv_cache)
+        (``attention_mask`` marks the real ones of each row), appended to the cache. With ``documents``
+        ((B, T) or (T,) ints, non-decreasing along a row): a packed batch, each token attending within its
+        own document only and its position counted from its document's start (rotary and learned)."""
+        return self._forward(input_ids, attention_mask, backend, Hooks(), kv_cache, documents=documents)
 
     def run_with_hooks(self, input_ids: torch.Tensor, attention_mask: Any = None, *, fwd_hooks: Any = (),
-                       backend: str | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+                       backend: str | None = None, kv_cache: KVCache | None = None, documents: Any = None) -> torch.Tensor:
         """Logits [B, T, V] (a causal LM) or the last hidden state [B, T, d] (an encoder), with
         ``fwd_hooks`` [(name, fn), …] run at their hook points: ``fn(tensor, name)`` returns None or a
         replacement of the same shape (several at one name run in order, each on the last's result)."""
         hooks = build(self.config, fwd_hooks)
-        return self._output(self._forward(input_ids, attention_mask, backend, hooks, kv_cache))
+        return self._output(self._forward(input_ids, attention_mask, backend, hooks, kv_cache, documents=documents))
 
     def run_with_cache(self, input_ids: torch.Tensor, attention_mask: Any = None, *, names: Any = None,
-                       fwd_hooks: Any = (), backend: str | None = None,
-                       kv_cache: KVCache | None = None) -> tuple[torch.Tensor, dict]:
+                       fwd_hooks: Any = (), backend: str | None = None, kv_cache: KVCache | None = None,
+                       documents: Any = None) -> tuple[torch.Tensor, dict]:
         """(what :meth:`run_with_hooks` returns, {hook name: tensor}): the tensors of ``names`` (a list,
         a predicate on the name, or None: every hook point), detached, after any ``fwd_hooks`` replaced them."""
         hooks = build(self.config, fwd_hooks, names)
-        out = self._output(self._forward(input_ids, attention_mask, backend, hooks, kv_cache))
+        out = self._output(self._forward(input_ids, attention_mask, backend, hooks, kv_cache, documents=documents))
         return out, hooks.cache
 
     def generate(self, input_ids: Any, max_new_tokens: int, **kw: Any) -> Any:
@@ -229,7 +227,7 @@ class Transformer(nn.Module):
         return self.logits(hidden) if self.config.causal else hidden
 
     def _forward(self, input_ids: Any, attention_mask: Any, backend: str | None, hooks: Hooks,
-                 kv_cache: KVCache | None = None, rows: list | None = None) -> torch.Tensor:
+                 kv_cache: KVCache | None = None, rows: list | None = None, documents: Any = None) -> torch.Tensor:
         ids = torch.as_tensor(input_ids, device=self.device)
         if ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(ids.shape)}")
@@ -242,10 +240,13 @@ class Transformer(nn.Module):
             raise ValueError(f"hook {eager[0]} needs the attention scores materialised, which the model computes "
                              f"with backend 'torch''s math; got backend {backend!r}: pass backend 'torch' or 'auto'")
         if kv_cache is None:
-            return self._body(ids, self._plain_pass(ids, mask, backend, hooks))
+            return self._body(ids, self._plain_pass(ids, mask, backend, hooks, _documents(documents, ids)))
+        if documents is not None:
+            raise ValueError("documents= packs sequences into one row of a plain forward; with kv_cache= each row is "
+                             "one sequence (pass them as a batch)")
         return self._cached(ids, mask, backend, hooks, kv_cache, rows)
 
-    def _plain_pass(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks) -> Pass:
+    def _plain_pass(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, documents: Any = None) -> Pass:
         c, (B, T) = self.config, ids.shape
         # 1. which keys are padding: lengths when it is on the right (every backend serves it), else a mask.
         #    Causal and padded on the right: nothing, since a real token's causal band ends before the
@@ -259,12 +260,14 @@ class Transformer(nn.Module):
                 key_mask = mask[:, None, None, :]  # (B, 1, 1, T)
             elif not c.causal:
                 lengths = n
-        # 2. positions: 0..T-1, or RoBERTa's count of real tokens after the pad id
-        pos = arange
+        # 2. positions: 0..T-1 (packed documents: from each document's start), or RoBERTa's count of real
+        #    tokens after the pad id
+        pos = arange if documents is None else _restart(documents)  # (T,) or (B, T)
         if c.position_offset:
             real = ids.ne(c.pad_token_id).long()  # (B, T)
             pos = real.cumsum(-1) * real + c.pad_token_id
-        return Pass(c, backend, c.causal, pos, hooks, lengths=lengths, key_mask=key_mask, rope=self._rope(pos))
+        return Pass(c, backend, c.causal, pos, hooks, lengths=lengths, key_mask=key_mask, documents=documents,
+                    rope=self._rope(pos))
 
     def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache, rows: Any) -> torch.Tensor:
         """Decoding: the real tokens of each row right-aligned (a stable sort puts padding first), one
@@ -344,3 +347,26 @@ class Transformer(nn.Module):
                 h = self(enc["input_ids"], mask)  # (b, T, d)
             out.append(F.normalize(mean_pool(h, mask), dim=-1))  # (b, d)
         return torch.cat(out)
+
+
+def _documents(documents: Any, ids: torch.Tensor) -> torch.Tensor | None:
+    """``documents`` checked against ``ids`` [B, T]: (T,) or (B, T) ints, non-decreasing along each row."""
+    if documents is None:
+        return None
+    d = torch.as_tensor(documents, device=ids.device)
+    if d.dtype.is_floating_point or d.dtype == torch.bool or d.dim() not in (1, 2) or d.shape[-1] != ids.shape[1] or (
+            d.dim() == 2 and d.shape[0] != ids.shape[0]):
+        raise ValueError(f"documents must be ints shaped (T,) or (B, T) = {tuple(ids.shape)}, one document id per "
+                         f"token, got {d.dtype} of shape {tuple(d.shape)}")
+    if bool((d[..., 1:] < d[..., :-1]).any()):
+        raise ValueError("documents must be non-decreasing along each row (packed documents lie side by side)")
+    return d.long()
+
+
+def _restart(documents: torch.Tensor) -> torch.Tensor:
+    """Each token's position inside its document: (T,) or (B, T) → the same shape."""
+    t = torch.arange(documents.shape[-1], device=documents.device).expand_as(documents)
+    start = torch.ones_like(documents, dtype=torch.bool)
+    start[..., 1:] = documents[..., 1:] != documents[..., :-1]
+    first = torch.where(start, t, torch.zeros_like(t)).cummax(-1).values  # each token's document start
+    return t - first

@@ -27,9 +27,11 @@ import numpy as np
 
 from attnlab.backends.base import Backend, Supports
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
-from attnlab.backends.options import Options
+from attnlab import masks
 from attnlab.backends.request import Call, Request
-from attnlab.backends.tiling import Tiling, block_sizes
+from attnlab.backends.tiling import LOG2E, Tiling, block_sizes
+from attnlab.backends.visible import Visible, describe
+from attnlab.masks import Mask
 from attnlab.reference.validate import FLOAT_DTYPES, dtype_name, is_torch
 
 try:
@@ -77,10 +79,11 @@ def build_info() -> dict[str, Any] | None:
 
 
 def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size: Any = None,
-            threads: int | None = None) -> tuple[Any, Any]:
+            threads: int | None = None, sinks: Any = None) -> tuple[Any, Any]:
     """out (B, G, Tq, Dv) and LSE (B, G, Tq) of canonical float32 q, k, v (as :func:`attnlab.backends.online.forward`).
 
-    ``threads``: None for OpenMP's default. Outputs are NumPy buffers, shared with torch through
+    The tiling's visibility is read as stored (each row's key intervals, ALiBi); ``sinks`` (B, G) learned sink
+    logits. ``threads``: None for OpenMP's default. Outputs are NumPy buffers, shared with torch through
     ``torch.from_numpy`` for tensor inputs: one path for both array libraries.
     """
     if tiling.mask is not None or tiling.bias is not None:
@@ -91,9 +94,7 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
     torch_in = is_torch(q)
     q, k, v = _buffers(q, k, v)
     out, lse = np.empty((b, g, tq, dv), np.float32), np.empty((b, g, tq), np.float32)
-    klen, left, right = _band(tiling)
-    _tiles.forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads or 0,
-                   by_length=tiling.ends is not None)
+    _tiles.forward(q, k, v, out, lse, scale, block_q, block_k, threads or 0, **vis_args(tiling.visible, sinks))
     if torch_in:
         import torch
 
@@ -109,6 +110,7 @@ def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, t
     forward gave them) and the gradients ``dout`` (like out) and ``dlse`` (like lse, or None): no
     (Tq, Tk) buffer. Key/value heads collect the gradients of their G query heads. Deterministic:
     the same bits for any ``threads``. ``block_size``: as forward's; default :data:`BACKWARD_BLOCK`.
+    Learned sinks need nothing here (the LSE holds them; their own gradient is :func:`online.sink_grad`).
     """
     if tiling.mask is not None or tiling.bias is not None:
         raise ValueError("the compiled kernel takes no dense mask or bias (the blockwise backend does)")
@@ -117,14 +119,37 @@ def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, t
     q, k, v, out, lse, dout = _buffers(q, k, v, out, lse, dout)
     dlse = None if dlse is None else _buffers(dlse)[0]
     dq, dk, dv = np.empty(q.shape, np.float32), np.empty(k.shape, np.float32), np.empty(v.shape, np.float32)
-    klen, left, right = _band(tiling)
-    _tiles.backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads or 0,
-                    by_length=tiling.ends is not None)
+    _tiles.backward(q, k, v, out, lse, dout, dlse, dq, dk, dv, scale, block_q, block_k, threads or 0,
+                    **vis_args(tiling.visible, None))
     if torch_in:
         import torch
 
         return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)
     return dq, dk, dv
+
+
+def vis_args(v: Visible | None, sinks: Any) -> dict[str, Any]:
+    """The compiled passes' visibility keywords: each row's key intervals as stored (spans, two per row),
+    ALiBi's query positions and base-2 slopes, the sink logits, all in the masks' (B, H) space."""
+    if v is None:
+        return {} if sinks is None else {"sinks": _f32(sinks).reshape(-1, 1), "heads": 1}
+    heads = v.frame.bh[1]
+    kw: dict[str, Any] = {"heads": heads}
+    if v.spans is not None:
+        lo, hi = v.spans
+        if lo.shape[-1] < 2:  # the kernel reads two intervals per row: the second empty
+            lo, hi = (np.concatenate([x, np.zeros_like(x)], -1) for x in (lo, hi))
+        kw["spans"] = np.ascontiguousarray(np.stack([lo, hi], -1).reshape(*lo.shape[:-1], 4), dtype=np.int64)
+    if v.score_mod is not None:  # Alibi: the backend refuses any other
+        kw["qpos"] = np.ascontiguousarray(v.frame.positions(), dtype=np.int64)
+        kw["slopes"] = np.ascontiguousarray(v.score_mod.per_head(v.frame)[0] * LOG2E, dtype=np.float32)
+    if sinks is not None:
+        kw["sinks"] = _f32(sinks).reshape(-1, heads)
+    return kw
+
+
+def _f32(x: Any) -> np.ndarray:
+    return np.ascontiguousarray(x.detach().float().cpu().numpy() if is_torch(x) else x, dtype=np.float32)
 
 
 STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")  # the sums stats() gives, in order
@@ -158,22 +183,23 @@ STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v i
 
 
 def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
-           threads: int | None = None) -> tuple[Any, Any]:
+           threads: int | None = None, mask: Mask | None = None, visible: Visible | None = None,
+           sinks: Any = None) -> tuple[Any, Any]:
     """Attention of a few query rows against a cache, compiled: out (B, H, Tq, Dv) and LSE (B, H, Tq), float32.
 
     q (B, H, Tq, D) float32 (or k's dtype); k (B, H_kv, Tk, D) and v (B, H_kv, Tk, Dv) float32, float16 or
     bfloat16, read as stored, each head's (Tk, ·) rows contiguous (a slice ``[:, :, :T]`` of a longer
     cache is read in place); H a multiple of H_kv (query head h reads k/v head h // (H / H_kv), once
-    for all of its group). ``lengths`` (B,) ints in 0..Tk, or None (Tk): sequence b's keys are
-    0..lengths[b] − 1 and its query i sits at position lengths[b] − Tq + i, the band (``causal``,
-    ``window`` as in :func:`attnlab.attention`) measured from there; a row that sees nothing gives zeros
-    and LSE −inf. The cache is split into chunks of keys spread over the threads (None: OpenMP's
-    default) and merged by their LSE; the chunks follow the shapes only, so any thread count gives the
-    same bits. NumPy or CPU torch in, the same out (torch: views of NumPy buffers, float32).
+    for all of its group). Which keys each row sees: ``mask`` (attnlab.masks, structured), ANDed with
+    ``causal``, ``window`` and ``lengths`` (B,) (masks.cache_lengths: query i of sequence b at
+    lengths[b] − Tq + i), or ``visible`` (an attention call's, as built); ``sinks`` (H,) or (B, H) learned
+    sink logits. A row that sees nothing gives zeros and LSE −inf (the sink's logit with sinks). The
+    cache is split into chunks of keys spread over the threads (None: OpenMP's default) and merged by
+    their LSE; the chunks follow the shapes and the visibility only, so any thread count gives the same
+    bits. NumPy or CPU torch in, the same out (torch: views of NumPy buffers, float32).
     """
     if _tiles is None:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
-    left, right = Options(causal=causal, window=window).band
     torch_in = is_torch(q)
     stored = dtype_name(k)
     if dtype_name(v) != stored or stored not in STORED:
@@ -186,16 +212,33 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     if q.ndim != 4:
         raise ValueError(f"q must have shape (B, H, Tq, D), got {tuple(q.shape)}")
     b, h, tq, _ = q.shape
+    if visible is None:
+        visible = describe(_decode_mask(mask, causal, window, lengths), tq, k.shape[2], (b, h))
+    if sinks is not None:
+        sinks = np.broadcast_to(_f32(sinks), (b, h))
     out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
-    if lengths is not None:
-        lengths = np.ascontiguousarray(lengths.cpu().numpy() if is_torch(lengths) else lengths, dtype=np.int64)
-    _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, lengths, stored, scale,
-                  -1 if left is None else left, -1 if right is None else right, threads or 0)
+    kw = vis_args(visible, sinks)
+    kw.pop("heads", None)
+    _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw)
     if torch_in:
         import torch
 
         return torch.from_numpy(out), torch.from_numpy(lse)
     return out, lse
+
+
+def _decode_mask(mask: Mask | None, causal: bool, window: Any, lengths: Any) -> Mask | None:
+    terms = [] if mask is None else [mask]
+    if causal:
+        terms.append(masks.causal())
+    if window is not None:
+        terms.append(masks.window(*((window, window) if isinstance(window, (int, np.integer)) else window)))
+    if lengths is not None:
+        terms.append(masks.cache_lengths(lengths.cpu().numpy() if is_torch(lengths) else np.asarray(lengths)))
+    out = None
+    for t in terms:
+        out = t if out is None else out & t
+    return out
 
 
 def _stored(x: Any) -> Any:
@@ -227,49 +270,19 @@ def _decodes(call: Call) -> bool:
         return False  # a broadcast batch: the tiles path
     if dtype_name(k) != dtype_name(v) or dtype_name(k) not in STORED or dtype_name(q) not in ("float32", dtype_name(k)):
         return False
-    if not (_rows_contiguous(k) and _rows_contiguous(v)):
-        return False
-    klen = call.klen
-    if klen is None:
-        return True
-    if not (klen == klen[:, :1]).all():  # per-head lengths: the tiles path
-        return False
-    if call.options.by_length:
-        return True
-    # decode places query i at lengths[b] − Tq + i, attention() without causal at Tk − Tq + i: they agree
-    # without a band, for one query without a left edge, and where every length is Tk
-    return (call.left is None and call.right is None) or (p.tq == 1 and call.left is None) or bool((klen == p.tk).all())
+    return _rows_contiguous(k) and _rows_contiguous(v)
 
 
 def _run_decode(call: Call) -> tuple[Any, Any, Any]:
     p = call.problem
-    klen = None if call.klen is None else np.ascontiguousarray(call.klen[:, 0])
-    out, lse = decode(call.q, call.k, call.v, klen, scale=p.scale, window=_window_of(call), causal=False)
+    out, lse = decode(call.q, call.k, call.v, scale=p.scale, visible=call.visible, sinks=call.visible.sinks)
     torch_in = call.request.library == "torch"
     return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
-
-
-def _window_of(call: Call) -> tuple[int, int] | None:
-    """The call's band as decode's window (left, right), None if unbounded on both sides."""
-    if call.left is None and call.right is None:
-        return None
-    far = call.problem.tq + call.problem.tk  # an unbounded side reaches every key
-    return (far if call.left is None else call.left, far if call.right is None else call.right)
 
 
 def _buffers(*xs: Any) -> list[np.ndarray]:
     """C-contiguous float32 NumPy arrays (of torch tensors: views of the same memory where they can be)."""
     return [np.ascontiguousarray(x.detach().float().contiguous().numpy() if is_torch(x) else x, dtype=np.float32) for x in xs]
-
-
-def _band(tiling: Tiling) -> tuple[np.ndarray | None, int, int]:
-    """klen as int64 (or None), and the band's left and right edges (-1: unbounded)."""
-    klen = tiling.klen
-    if klen is not None:
-        klen = np.ascontiguousarray(klen.cpu().numpy() if is_torch(klen) else klen, dtype=np.int64)
-    left = -1 if tiling.left is None else tiling.left
-    right = -1 if tiling.right is None else tiling.right
-    return klen, left, right
 
 
 class KernelBackend(Backend):
@@ -280,7 +293,10 @@ class KernelBackend(Backend):
         libraries=frozenset({"numpy", "torch"}),
         devices="cpu",
         dtypes=frozenset(FLOAT_DTYPES) - {"float64"},
-        features=frozenset({"band", "lengths", "gqa", "weights_rows", "lse", "grad", "block_size", "kv_dtype"}),
+        features=frozenset({"band", "structure", "lengths", "alibi", "sinks", "gqa", "weights_rows", "lse", "grad",
+                            "block_size", "kv_dtype"}),
+        instead={"mask_mod": "instead: blockwise (it evaluates the rule tile by tile)", "score_mod": "instead: blockwise",
+                 "mask": "instead: blockwise, or say it as attnlab.masks objects", "softcap": "instead: torch"},
     )
 
     def more_refusals(self, r: Request) -> list[str]:

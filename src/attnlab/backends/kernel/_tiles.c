@@ -149,23 +149,23 @@ static PyObject *build_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)
 #include "_tiles_args.h"
 
 static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"q", "k", "v", "out", "lse", "klen", "scale", "left", "right", "block_q", "block_k",
-                             "threads", "by_length", NULL};
-    PyObject *obj[6];
-    Py_buffer view[6] = {{0}};
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "scale", "block_q", "block_k", "threads", "spans", "qpos",
+                             "slopes", "sinks", "heads", NULL};
+    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
+    Py_buffer view[9] = {{0}};
     struct problem pr = {0};
-    long long left, right, bq, bk;
+    struct vis vis = {0};
+    long long bq, bk, heads = 1, unused;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOfLLLLi|$p:forward", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &obj[5], &pr.scale, &left, &right, &bq, &bk, &threads, &pr.by_length))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OOOOL:forward", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3], &heads))
         return NULL;
     if (!take(obj[0], &view[0], "q", 0, 'f', "BGTD", dim) || !take(obj[1], &view[1], "k", 0, 'f', "BKD", dim) ||
         !take(obj[2], &view[2], "v", 0, 'f', "BKV", dim) || !take(obj[3], &view[3], "out", 1, 'f', "BGTV", dim) ||
-        !take(obj[4], &view[4], "lse", 1, 'f', "BGT", dim) ||
-        (obj[5] != Py_None && !take(obj[5], &view[5], "klen", 0, 'i', "BG", dim)))
+        !take(obj[4], &view[4], "lse", 1, 'f', "BGT", dim))
         goto done;
     pr.b = dim[B_], pr.g = dim[G_], pr.tq = dim[T_], pr.tk = dim[K_], pr.d = dim[D_], pr.dv = dim[V_];
     if (pr.d < 1 || pr.dv < 1) {
@@ -173,72 +173,77 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
         goto done;
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
-    pr.klen = view[5].obj ? view[5].buf : NULL;
-    if (!check_scalars(pr.tq, pr.tk, left, right, bq, bk, threads, &pr.left, &pr.right, &pr.bq, &pr.bk, &pr.threads) ||
-        !check_klen(pr.klen, pr.b, pr.g, pr.tk) || !check_by_length(pr.by_length, pr.klen))
+    int64_t l, r;
+    if (!check_scalars(pr.tq, pr.tk, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.tq, pr.tk))
         goto done;
+    (void)unused;
+    pr.vis = &vis;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.g * pr.tq == 0 ? 0 : isas[chosen].run(&pr);
     Py_END_ALLOW_THREADS
     result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None); /* status: a scratch buffer was not allocated */
 done:
-    release(view, 6);
+    release(view, 9);
     return result;
 }
 
 static PyObject *backward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "klen", "dq", "dk", "dv", "scale", "left",
-                             "right", "block_q", "block_k", "threads", "by_length", NULL};
-    PyObject *obj[11];
-    Py_buffer view[11] = {{0}};
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "dq", "dk", "dv", "scale", "block_q", "block_k",
+                             "threads", "spans", "qpos", "slopes", "sinks", "heads", NULL};
+    PyObject *obj[10], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
+    Py_buffer view[14] = {{0}};
     struct bproblem pr = {0};
-    long long left, right, bq, bk;
+    struct vis vis = {0};
+    long long bq, bk, heads = 1;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOfLLLLi|$p:backward", kwlist, &obj[0], &obj[1], &obj[2],
-                                     &obj[3], &obj[4], &obj[5], &obj[6], &obj[7], &obj[8], &obj[9], &obj[10], &pr.scale,
-                                     &left, &right, &bq, &bk, &threads, &pr.by_length))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOfLLi|$OOOOL:backward", kwlist, &obj[0], &obj[1], &obj[2],
+                                     &obj[3], &obj[4], &obj[5], &obj[6], &obj[7], &obj[8], &obj[9], &pr.scale, &bq, &bk,
+                                     &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3], &heads))
         return NULL;
-    static const char *names[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "klen", "dq", "dk", "dv"};
-    static const char *dims[] = {"BGTD", "BKD", "BKV", "BGTV", "BGT", "BGTV", "BGT", "BG", "BGTD", "BKD", "BKV"};
-    for (int i = 0; i < 11; i++) {
-        if ((i == 6 || i == 7) && obj[i] == Py_None) continue;
-        if (!take(obj[i], &view[i], names[i], i >= 8, i == 7 ? 'i' : 'f', dims[i], dim)) goto done;
+    static const char *names[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "dq", "dk", "dv"};
+    static const char *dims[] = {"BGTD", "BKD", "BKV", "BGTV", "BGT", "BGTV", "BGT", "BGTD", "BKD", "BKV"};
+    for (int i = 0; i < 10; i++) {
+        if (i == 6 && obj[i] == Py_None) continue;
+        if (!take(obj[i], &view[i], names[i], i >= 7, 'f', dims[i], dim)) goto done;
     }
     pr.b = dim[B_], pr.g = dim[G_], pr.tq = dim[T_], pr.tk = dim[K_], pr.d = dim[D_], pr.dv = dim[V_];
     if (pr.d < 1 || pr.dv < 1) {
         PyErr_Format(PyExc_ValueError, "%s: expected a head dim >= 1, got 0", pr.d < 1 ? "q" : "v");
         goto done;
     }
-    for (int i = 8; i < 11; i++)
-        for (int j = 0; j < 8; j++)
+    for (int i = 7; i < 10; i++)
+        for (int j = 0; j < 7; j++)
             if (view[j].obj && view[i].len && view[j].len && (char *)view[i].buf < (char *)view[j].buf + view[j].len &&
                 (char *)view[j].buf < (char *)view[i].buf + view[i].len) {
                 PyErr_Format(PyExc_ValueError, "%s: expected an array of its own, got one that overlaps %s", names[i], names[j]);
                 goto done;
             }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
-    pr.dout = view[5].buf, pr.dlse = view[6].obj ? view[6].buf : NULL, pr.klen = view[7].obj ? view[7].buf : NULL;
-    pr.gq = view[8].buf, pr.gk = view[9].buf, pr.gv = view[10].buf;
-    if (!check_scalars(pr.tq, pr.tk, left, right, bq, bk, threads, &pr.left, &pr.right, &pr.bq, &pr.bk, &pr.threads) ||
-        !check_klen(pr.klen, pr.b, pr.g, pr.tk) || !check_by_length(pr.by_length, pr.klen))
+    pr.dout = view[5].buf, pr.dlse = view[6].obj ? view[6].buf : NULL;
+    pr.gq = view[7].buf, pr.gk = view[8].buf, pr.gv = view[9].buf;
+    int64_t l, r;
+    if (!check_scalars(pr.tq, pr.tk, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
+        !take_vis(vobj, view + 10, &vis, pr.b * pr.g, heads, pr.tq, pr.tk))
         goto done;
+    pr.vis = &vis;
     int status = 0;
     Py_BEGIN_ALLOW_THREADS
     if (pr.b * pr.g * pr.tq == 0 || pr.tk == 0) { /* nothing attends to anything: every gradient is 0 */
-        memset(pr.gq, 0, view[8].len);
-        memset(pr.gk, 0, view[9].len);
-        memset(pr.gv, 0, view[10].len);
+        memset(pr.gq, 0, view[7].len);
+        memset(pr.gk, 0, view[8].len);
+        memset(pr.gv, 0, view[9].len);
     } else {
         status = isas[chosen].brun(&pr);
     }
     Py_END_ALLOW_THREADS
     result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
-    release(view, 11);
+    release(view, 14);
     return result;
 }
 
@@ -285,19 +290,20 @@ static int stored_type(const char *name) {
 }
 
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"q", "k", "v", "out", "lse", "lengths", "dtype", "scale", "left", "right", "threads", NULL};
-    PyObject *obj[6];
-    Py_buffer view[6] = {{0}};
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "dtype", "scale", "threads", "spans", "qpos", "slopes", "sinks",
+                             NULL};
+    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
+    Py_buffer view[9] = {{0}};
     struct dproblem pr = {0};
+    struct vis vis = {0};
     const char *dtype;
-    long long left, right;
-    int64_t bq, bk; /* check_scalars' block sizes: the decode pass has none */
+    int64_t bq, bk, l, r; /* check_scalars' block sizes and band: the decode pass has none */
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOsfLLi:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &obj[5], &dtype, &pr.scale, &left, &right, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOO:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &dtype, &pr.scale, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3]))
         return NULL;
     pr.kvtype = stored_type(dtype);
     if (pr.kvtype < 0) {
@@ -308,8 +314,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     const char kind = pr.kvtype == DT_F32 ? 'f' : pr.kvtype == DT_F16 ? 'e' : 'u';
     if (!take(obj[0], &view[0], "q", 0, 'f', "BHTD", dim) || !take_rows(obj[1], &view[1], "k", 0, kind, "BNKD", dim, 1) ||
         !take_rows(obj[2], &view[2], "v", 0, kind, "BNKV", dim, 1) || !take(obj[3], &view[3], "out", 1, 'f', "BHTV", dim) ||
-        !take(obj[4], &view[4], "lse", 1, 'f', "BHT", dim) ||
-        (obj[5] != Py_None && !take(obj[5], &view[5], "lengths", 0, 'i', "B", dim)))
+        !take(obj[4], &view[4], "lse", 1, 'f', "BHT", dim))
         goto done;
     pr.b = dim['B'], pr.h = dim['H'], pr.hkv = dim['N'], pr.tq = dim['T'], pr.tk = dim['K'], pr.d = dim['D'], pr.dv = dim['V'];
     if (pr.d < 1 || pr.dv < 1) {
@@ -322,10 +327,10 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
         goto done;
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
-    pr.lengths = view[5].obj ? view[5].buf : NULL;
-    if (!check_lengths(pr.lengths, pr.b, pr.tk) ||
-        !check_scalars(pr.tq, pr.tk, left, right, 1, 1, threads, &pr.left, &pr.right, &bq, &bk, &pr.threads))
+    if (!check_scalars(pr.tq, pr.tk, -1, -1, 1, 1, threads, &l, &r, &bq, &bk, &pr.threads) ||
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.h, pr.h, pr.tq, pr.tk))
         goto done;
+    pr.vis = &vis;
     const Py_ssize_t item = view[1].itemsize; /* leading strides in items (a size-1 dim's is never multiplied) */
     pr.kb = view[1].strides[0] / item, pr.kh = view[1].strides[1] / item;
     pr.vb = view[2].strides[0] / item, pr.vh = view[2].strides[1] / item;
@@ -335,7 +340,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     Py_END_ALLOW_THREADS
     result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
-    release(view, 6);
+    release(view, 9);
     return result;
 }
 
@@ -349,16 +354,18 @@ static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(
 
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_VARARGS | METH_KEYWORDS,
-     "decode(q, k, v, out, lse, lengths, dtype, scale, left, right, threads)\n\n"
+     "decode(q, k, v, out, lse, dtype, scale, threads, *, spans=None, qpos=None, slopes=None, sinks=None)\n\n"
      "Decode attention, split over the cache: float32 C-contiguous q (B, H, Tq, D) against k (B, Hkv, Tk, D) and\n"
      "v (B, Hkv, Tk, Dv) stored as `dtype` ('float32'; 'float16' as format 'e' or its bits; 'bfloat16' as its bits,\n"
      "format 'h' or 'H'), each head's rows contiguous (a slice of a longer cache is fine); H a multiple of Hkv\n"
-     "(query head h reads k/v head h // (H / Hkv)); lengths (B,) int64 in 0..Tk or None (Tk): query i of sequence\n"
-     "b sits at lengths[b] - Tq + i and sees keys in [pos - left, pos + right] below lengths[b] (-1 = unbounded).\n"
+     "(query head h reads k/v head h // (H / Hkv)); spans (B|1, H|1, Tq, 4) int64: each row's keys [lo1, hi1) and\n"
+     "[lo2, hi2), sorted (None: every key); qpos (B|1, H|1, Tq) and slopes (H|1,) float32 base 2: ALiBi;\n"
+     "sinks (B|1, H|1) float32: learned sink logits.\n"
      "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads."},
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
     {"backward", (PyCFunction)(void (*)(void))backward, METH_VARARGS | METH_KEYWORDS,
-     "backward(q, k, v, out, lse, dout, dlse, klen, dq, dk, dv, scale, left, right, block_q, block_k, threads, *, by_length=False)\n\n"
+     "backward(q, k, v, out, lse, dout, dlse, dq, dk, dv, scale, block_q, block_k, threads, *, spans=None, qpos=None,\n"
+     "slopes=None, sinks=None, heads=1)\n\n"
      "FlashAttention-2's backward of forward(): dq (B, G, Tq, D), dk (B, Tk, D), dv (B, Tk, Dv) written from\n"
      "q, k, v, out and lse as forward took and gave them, dout like out and dlse like lse (or None). The same\n"
      "checks as forward; the outputs may not overlap the inputs. Deterministic: the same bits for any threads."},
@@ -366,12 +373,13 @@ static PyMethodDef methods[] = {
      "build_info() -> {'variants': [{'name', 'target', 'runs_here'}, ...] (compiled in, best first), 'chosen',\n"
      "'compiler', 'openmp' (the _OPENMP date, None without OpenMP)}."},
     {"forward", (PyCFunction)(void (*)(void))forward, METH_VARARGS | METH_KEYWORDS,
-     "forward(q, k, v, out, lse, klen, scale, left, right, block_q, block_k, threads, *, by_length=False)\n\n"
+     "forward(q, k, v, out, lse, scale, block_q, block_k, threads, *, spans=None, qpos=None, slopes=None, sinks=None,\n"
+     "heads=1)\n\n"
      "Blockwise attention of float32 C-contiguous arrays q (B, G, Tq, D), k (B, Tk, D), v (B, Tk, Dv) into\n"
-     "out (B, G, Tq, Dv) and lse (B, G, Tq); klen (B, G) int64 key-padding lengths in 0..Tk, or None;\n"
-     "left/right the band (-1 = none) around query i's position Tk - Tq + i, or with by_length (needs klen)\n"
-     "klen[b, g] - Tq + i, each sequence's own; block sizes >= 1; threads 0: OpenMP's default. Every argument is\n"
-     "checked first (ValueError naming it)."},
+     "out (B, G, Tq, Dv) and lse (B, G, Tq). The visibility lives in the masks' (B', H) space of the same B G\n"
+     "heads (heads = H): spans (B'|1, H|1, Tq, 4) int64, each row's keys [lo1, hi1) and [lo2, hi2) (None: all);\n"
+     "qpos (B'|1, H|1, Tq) and slopes (H|1,) float32 base 2: ALiBi; sinks (B'|1, H|1) float32: learned sinks.\n"
+     "Block sizes >= 1; threads 0: OpenMP's default. Every argument is checked first (ValueError naming it)."},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_VARARGS | METH_KEYWORDS,
      "stats(q, k, lse, sums, received, scale, left, right, block_q, block_k, threads)\n\n"
      "Statistics of self-attention's weights exp(scale q.k - lse), recomputed tile by tile: float32 q (B, G, T, D),\n"

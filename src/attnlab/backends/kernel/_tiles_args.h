@@ -141,35 +141,66 @@ static int check_scalars(int64_t tq, int64_t tk, long long left, long long right
     return 1;
 }
 
-/* klen (B, G): every length in 0..Tk. */
-/* The decode pass's cache lengths (B,): each in 0..Tk (NULL: every cache full). */
-static int check_lengths(const int64_t *lengths, int64_t b, int64_t tk) {
-    for (int64_t i = 0; lengths && i < b; i++)
-        if (lengths[i] < 0 || lengths[i] > tk) {
-            PyErr_Format(PyExc_ValueError, "lengths: expected cache lengths in 0..Tk = 0..%lld, got %lld at [%lld]",
-                         (long long)tk, (long long)lengths[i], (long long)i);
-            return 0;
-        }
-    return 1;
-}
+enum { B_ = 'B', G_ = 'G', T_ = 'T', K_ = 'K', D_ = 'D', V_ = 'V' };
 
-static int check_klen(const int64_t *klen, int64_t b, int64_t g, int64_t tk) {
-    for (int64_t i = 0; klen && i < b * g; i++)
-        if (klen[i] < 0 || klen[i] > tk) {
-            PyErr_Format(PyExc_ValueError, "klen: expected key-padding lengths in 0..Tk = 0..%lld, got %lld at [%lld, %lld]",
-                         (long long)tk, (long long)klen[i], (long long)(i / g), (long long)(i % g));
-            return 0;
-        }
-    return 1;
-}
-
-/* by_length: the band measured from each sequence's klen, which must be there. */
-static int check_by_length(int by_length, const int64_t *klen) {
-    if (by_length && !klen) {
-        PyErr_SetString(PyExc_ValueError, "by_length: expected klen (the lengths the band is measured from), got None");
+/* The visibility arguments every pass shares (struct vis): spans (sb, sh, Tq, 4) int64, qpos (pb, ph, Tq) int64,
+ * slopes (ns,) float32 and sinks (kb, kh) float32, each optional (None), over the masks' (B, H) index space
+ * of `flat` = B H heads. Every value is checked: intervals inside 0..Tk, sorted and apart. */
+static int take_one(PyObject *obj, Py_buffer *view, const char *name, char kind, int ndim, const int64_t *last,
+                    int64_t flat, int64_t heads, int64_t *nb, int64_t *nh) {
+    if (obj == Py_None) return 1;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    static const char *dims[] = {"", "N", "BH", "BHT", "BHTS"};
+    if (!take(obj, view, name, 0, kind, dims[ndim], dim)) return 0;
+    const int64_t b = heads > 0 ? flat / heads : 0;
+    const int off = ndim == 1 ? 1 : 0; /* slopes: (H or 1,) */
+    const int64_t n0 = off ? 1 : view->shape[0], n1 = view->shape[1 - off];
+    if ((n0 != 1 && n0 != b) || (n1 != 1 && n1 != heads)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected leading dims (1 or B=%lld, 1 or H=%lld), got (%zd, %zd)", name,
+                     (long long)b, (long long)heads, n0, n1);
         return 0;
+    }
+    for (int i = 2 - off; i < ndim; i++)
+        if (last[i - 2 + off] >= 0 && view->shape[i] != last[i - 2 + off]) {
+            PyErr_Format(PyExc_ValueError, "%s: expected dim %d of size %lld, got %zd", name, i, (long long)last[i - 2 + off],
+                         view->shape[i]);
+            return 0;
+        }
+    *nb = n0, *nh = n1;
+    return 1;
+}
+
+static int take_vis(PyObject *obj[4], Py_buffer view[4], struct vis *v, int64_t flat, int64_t heads, int64_t tq, int64_t tk) {
+    if (heads < 1 || flat % heads != 0) {
+        PyErr_Format(PyExc_ValueError, "heads: expected a divisor >= 1 of the %lld heads, got %lld", (long long)flat,
+                     (long long)heads);
+        return 0;
+    }
+    const int64_t rows[2] = {tq, 4};
+    if (!take_one(obj[0], &view[0], "spans", 'i', 4, rows, flat, heads, &v->sb, &v->sh) ||
+        !take_one(obj[1], &view[1], "qpos", 'i', 3, rows, flat, heads, &v->pb, &v->ph) ||
+        !take_one(obj[2], &view[2], "slopes", 'f', 1, rows, flat, heads, &v->ns, &v->ns) ||
+        !take_one(obj[3], &view[3], "sinks", 'f', 2, rows, flat, heads, &v->kb, &v->kh))
+        return 0;
+    v->spans = view[0].obj ? view[0].buf : NULL, v->qpos = view[1].obj ? view[1].buf : NULL;
+    v->slopes = view[2].obj ? view[2].buf : NULL, v->sinks = view[3].obj ? view[3].buf : NULL;
+    v->heads = heads, v->tq = tq, v->tk = tk;
+    if (v->slopes && !v->qpos) {
+        PyErr_SetString(PyExc_ValueError, "qpos: expected each query's position with slopes (ALiBi), got None");
+        return 0;
+    }
+    const int64_t n = v->spans ? v->sb * v->sh * tq : 0;
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t *s = v->spans + 4 * r;
+        const int ok = s[0] >= 0 && s[1] <= tk && s[2] >= 0 && s[3] <= tk && s[0] <= tk && s[2] <= tk && s[1] >= 0 &&
+                       s[3] >= 0 && (s[3] <= s[2] || s[1] <= s[0] || s[1] < s[2]);
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "spans: expected sorted, separate key intervals inside 0..Tk=%lld, got "
+                         "[%lld, %lld) and [%lld, %lld) at row %lld", (long long)tk, (long long)s[0], (long long)s[1],
+                         (long long)s[2], (long long)s[3], (long long)r);
+            return 0;
+        }
     }
     return 1;
 }
-
-enum { B_ = 'B', G_ = 'G', T_ = 'T', K_ = 'K', D_ = 'D', V_ = 'V' };

@@ -92,13 +92,10 @@ static TARGET void F(bpack)(const struct bproblem *pr, struct bscratch *sc, int6
     sc->packed_b = b, sc->packed_j0 = j0;
 }
 
-/* The keys [lo, hi) that some row of query rows i0..i1-1 of head (b, g) may see (the band and the padding). */
+/* The keys [lo, hi) that some row of query rows i0..i1-1 of head (b, g) may see. */
 static inline TARGET void F(bkeys)(const struct bproblem *pr, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t *lo,
                                    int64_t *hi) {
-    const int64_t klen = pr->klen ? pr->klen[b * pr->g + g] : pr->tk, off = (pr->by_length ? klen : pr->tk) - pr->tq;
-    *lo = 0, *hi = klen;
-    if (pr->left >= 0 && i0 + off - pr->left > *lo) *lo = i0 + off - pr->left;
-    if (pr->right >= 0 && i1 - 1 + off + pr->right + 1 < *hi) *hi = i1 - 1 + off + pr->right + 1;
+    vis_range(pr->vis, b * pr->g + g, i0, i1, lo, hi);
 }
 
 /* D = rowsum(dO o) - dLSE of rows r0..r1-1 (of every head), in double, rounded to float once. */
@@ -142,7 +139,8 @@ static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr,
                                                       float *dk, float *dv, float *dq) {
     const int64_t d = pr->d, dp = pr->dp, dvp = pr->dvp, bk = pr->bk;
     const int64_t ncp = (nc + VW - 1) / VW * VW, nrq = (nr + ROWS - 1) / ROWS * ROWS;
-    const int64_t klen = pr->klen ? pr->klen[b * pr->g + g] : pr->tk, off = (pr->by_length ? klen : pr->tk) - pr->tq;
+    const int64_t bg = b * pr->g + g;
+    const float slope = vis_slope(pr->vis, bg);
     float *restrict s = sc->s, *restrict ds = sc->ds;
     F(bpack)(pr, sc, b, j0);
     const float *kp = sc->kp, *vp = sc->vp;
@@ -159,24 +157,23 @@ static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr,
     }
     for (int64_t r = 0; r < nrq; r++) { /* P = exp2(S - LSE log2 e) (S in base 2), dS = P (dP - D); 0 where hidden */
         float *restrict prow = s + r * bk, *restrict dsrow = ds + r * bk;
-        const int64_t pos = i0 + r + off;
-        int64_t a = 0, z = nc; /* the row sees columns a..z-1 of this tile */
-        if (pr->left >= 0 && pos - pr->left - j0 > a) a = pos - pr->left - j0;
-        if (pr->right >= 0 && pos + pr->right + 1 - j0 < z) z = pos + pr->right + 1 - j0;
-        if (klen - j0 < z) z = klen - j0;
-        if (r >= nr || z <= a || sc->lse2[r] == -INFINITY) {
+        int64_t iv[4], c4[4] = {0, 0, 0, 0};
+        if (r < nr) vis_row(pr->vis, bg, i0 + r, iv), vis_cols(iv, j0, nc, c4);
+        if (r >= nr || c4[1] <= c4[0] || sc->lse2[r] == -INFINITY) {
             memset(prow, 0, sizeof(float) * ncp);
             memset(dsrow, 0, sizeof(float) * ncp);
             continue;
         }
+        if (slope != 0.0f) F(alibi)(prow, c4[0], c4[3], slope, vis_pos(pr->vis, bg, i0 + r) - j0);
         const VF lse2 = (VF){} + sc->lse2[r], lse2lo = (VF){} + sc->lse2lo[r], delta = (VF){} + sc->delta[r];
         for (int64_t c = 0; c < ncp; c += VW) {
             const VF p = F(exp2v)((*(const VF *)(prow + c) - lse2) - lse2lo);
             *(VF *)(prow + c) = p;
             *(VF *)(dsrow + c) = p * (*(const VF *)(dsrow + c) - delta);
         }
-        for (int64_t c = 0; c < a; c++) prow[c] = dsrow[c] = 0.0f;
-        for (int64_t c = z; c < ncp; c++) prow[c] = dsrow[c] = 0.0f;
+        for (int64_t c = 0; c < c4[0]; c++) prow[c] = dsrow[c] = 0.0f;
+        for (int64_t c = c4[1]; c < c4[2]; c++) prow[c] = dsrow[c] = 0.0f;
+        for (int64_t c = c4[3]; c < ncp; c++) prow[c] = dsrow[c] = 0.0f;
     }
     if (dv) F(pvt)(s, bk, sc->dout, dvp, nr, nc, dv, dvp); /* dV_j += P^T dO */
     if (dk) F(pvt)(ds, bk, sc->q, dp, nr, nc, dk, dp);     /* dK_j += dS^T q */
@@ -200,7 +197,8 @@ static TARGET void F(bqblock)(const struct bproblem *pr, struct bscratch *sc, in
     F(bkeys)(pr, b, g, i0, i0 + nr, &lo, &hi);
     memset(sc->dq, 0, sizeof(float) * pr->bqp * pr->dp);
     for (int64_t j0 = lo / pr->bk * pr->bk; lo < hi && j0 < hi; j0 += pr->bk)
-        F(btile)(pr, sc, b, g, i0, nr, j0, (j0 + pr->bk < hi ? j0 + pr->bk : hi) - j0, NULL, NULL, sc->dq);
+        if (vis_meets(pr->vis, b * pr->g + g, i0, i0 + nr, j0, j0 + pr->bk < hi ? j0 + pr->bk : hi))
+            F(btile)(pr, sc, b, g, i0, nr, j0, (j0 + pr->bk < hi ? j0 + pr->bk : hi) - j0, NULL, NULL, sc->dq);
     F(bstore)(pr->gq + ((b * pr->g + g) * pr->tq + i0) * pr->d, pr->d, sc->dq, pr->dp, nr, pr->scale);
 }
 
@@ -217,6 +215,7 @@ static TARGET void F(bkblock)(const struct bproblem *pr, struct bscratch *sc, in
             int64_t lo, hi;
             F(bkeys)(pr, b, g, i0, i0 + nr, &lo, &hi);
             if (lo >= hi || j0 >= hi || j0 + pr->bk <= lo) continue; /* the same tiles as bqblock visits */
+            if (!vis_meets(pr->vis, b * pr->g + g, i0, i0 + nr, j0, j0 + pr->bk < hi ? j0 + pr->bk : hi)) continue;
             F(brows)(pr, sc, b, g, i0, nr);
             F(btile)(pr, sc, b, g, i0, nr, j0, (j0 + pr->bk < hi ? j0 + pr->bk : hi) - j0, sc->dk, sc->dv,
                      dq ? dq + at : NULL);

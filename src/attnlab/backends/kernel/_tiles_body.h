@@ -163,23 +163,30 @@ static TARGET void F(pack)(const struct problem *pr, int64_t b, float *kp, float
             for (int64_t t = 0; t < pr->dvp; t++) vp[j * pr->dvp + t] = j < tk && t < dv ? v[j * dv + t] : 0.0f;
 }
 
+/* ALiBi on a row of base-2 scores: columns a..z-1 less slope |pos - c|, pos the query's position less the
+ * tile's first key. */
+static inline TARGET void F(alibi)(float *restrict row, int64_t a, int64_t z, float slope, int64_t pos) {
+    for (int64_t c = a; c < z; c++) row[c] -= slope * (float)(pos > c ? pos - c : c - pos);
+}
+
 /* One work item: query rows i0..i1-1 of query head g of batch b, against every key they may see.
  * Not inlined: the work of the variant sits in a function named for it (the tests disassemble it). */
 static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, const struct scratch *sc, int64_t b, int64_t g, int64_t i0, int64_t i1) {
     const int64_t d = pr->d, dv = pr->dv, dvp = pr->dvp, bqp = pr->bqp, bk = pr->bk, tk = pr->tk;
-    const int64_t bg = b * pr->g + g, klen = pr->klen ? pr->klen[bg] : tk;
-    const int64_t nr = i1 - i0, off = (pr->by_length ? klen : tk) - pr->tq; /* query i sits at key position i + off */
+    const int64_t bg = b * pr->g + g, nr = i1 - i0;
+    const struct vis *vis = pr->vis;
     float *restrict q = sc->q, *restrict s = sc->s, *restrict acc = sc->acc, *restrict m = sc->m, *restrict l = sc->l;
     const float *src = pr->q + (bg * pr->tq + i0) * d;
     const float mul = pr->scale * 1.4426950408889634f; /* scores in base 2: exp2 instead of exp */
+    const float sink = vis_sink(vis, bg), slope = vis_slope(vis, bg);
     for (int64_t r = 0; r < bqp; r++)
         for (int64_t t = 0; t < d; t++) q[r * d + t] = r < nr ? src[r * d + t] * mul : 0.0f;
-    for (int64_t r = 0; r < bqp; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    for (int64_t r = 0; r < bqp; r++) /* a learned sink: a first "key" of score sink and no value */
+        m[r] = sink, l[r] = sink == -INFINITY ? 0.0f : 1.0f;
     memset(acc, 0, sizeof(float) * bqp * dvp);
 
-    int64_t lo = 0, hi = klen; /* the keys that some row of the block may see */
-    if (pr->left >= 0 && i0 + off - pr->left > lo) lo = i0 + off - pr->left;
-    if (pr->right >= 0 && i1 + off + pr->right < hi) hi = i1 + off + pr->right;
+    int64_t lo, hi; /* the keys that some row of the block may see */
+    vis_range(vis, bg, i0, i1, &lo, &hi);
     lo -= lo % VW; /* panels start at multiples of VW */
     const float *kp = pr->kp + b * pr->tkp * d;
     const float *v = pr->vp ? pr->vp + b * pr->tkp * dvp : pr->v + b * tk * dv;
@@ -187,25 +194,25 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
 
     for (int64_t j0 = lo; j0 < hi; j0 += bk) {
         const int64_t nc = (j0 + bk < hi ? j0 + bk : hi) - j0, ncp = (nc + VW - 1) / VW * VW;
+        if (!vis_meets(vis, bg, i0, i1, j0, j0 + nc)) continue; /* no row sees it: not read */
         for (int64_t r = 0; r < bqp; r += RQ) { /* scores (base 2) */
             int64_t c = 0;
             for (; c + 2 * VW <= ncp; c += 2 * VW)
                 F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk);
             if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk);
         }
-        for (int64_t r = 0; r < bqp; r++) { /* hide what the row may not see; the online softmax */
+        for (int64_t r = 0; r < bqp; r++) { /* hide what the row may not see; ALiBi; the online softmax */
             float *restrict row = s + r * bk;
-            const int64_t pos = i0 + r + off;
-            int64_t a = 0, z = nc; /* the row sees columns a..z-1 of this tile */
-            if (pr->left >= 0 && pos - pr->left - j0 > a) a = pos - pr->left - j0;
-            if (pr->right >= 0 && pos + pr->right + 1 - j0 < z) z = pos + pr->right + 1 - j0;
-            if (klen - j0 < z) z = klen - j0;
-            if (r >= nr || z <= a) { /* nothing: a zero row adds nothing to acc */
+            int64_t iv[4], c4[4] = {0, 0, 0, 0};
+            if (r < nr) vis_row(vis, bg, i0 + r, iv), vis_cols(iv, j0, nc, c4);
+            if (r >= nr || c4[1] <= c4[0]) { /* nothing: a zero row adds nothing to acc */
                 memset(row, 0, sizeof(float) * ncp);
                 continue;
             }
-            for (int64_t c = 0; c < a; c++) row[c] = -INFINITY;
-            for (int64_t c = z; c < ncp; c++) row[c] = -INFINITY;
+            if (slope != 0.0f) F(alibi)(row, c4[0], c4[3], slope, vis_pos(vis, bg, i0 + r) - j0);
+            for (int64_t c = 0; c < c4[0]; c++) row[c] = -INFINITY;
+            for (int64_t c = c4[1]; c < c4[2]; c++) row[c] = -INFINITY;
+            for (int64_t c = c4[3]; c < ncp; c++) row[c] = -INFINITY;
             VF mx = (VF){} - INFINITY;
             for (int64_t c = 0; c < ncp; c += VW) {
                 const VF x = *(const VF *)(row + c);

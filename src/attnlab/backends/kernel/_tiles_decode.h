@@ -10,7 +10,7 @@
  * VW dot products over D folded into one vector of VW scores by a tree of shuffles. Each item keeps
  * its rows' running maxima, sums and unnormalised outputs (FlashDecoding's partial results); after
  * every item is done each row merges its chunks by their log-sum-exp, in chunk order. Chunks come
- * from the shapes, lengths and band (decode_chunk), never from the thread count: the same bits for
+ * from the shapes and the visibility (decode_chunk), never from the thread count: the same bits for
  * any number of threads. */
 
 typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
@@ -180,10 +180,9 @@ static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64
 #undef LOAD_BF16
 #undef LOAD_F16
 
-/* Keys j + [*a, *z) of a block of nk are those a query with keys bound[0] .. bound[1] - 1 sees. */
-static inline TARGET void F(seen_in)(const int64_t *bound, int64_t j, int64_t nk, int64_t *a, int64_t *z) {
-    *a = bound[0] - j > 0 ? bound[0] - j : 0;
-    *z = bound[1] - j < nk ? bound[1] - j : nk;
+/* Keys j + [c[0], c[1]) and j + [c[2], c[3]) of a block of nk are those a query with keys iv sees. */
+static inline TARGET void F(seen_in)(const int64_t *iv, int64_t j, int64_t nk, int64_t c[4]) {
+    vis_cols(iv, j, nk, c);
 }
 
 /* One work item: chunk it % chunks of (sequence b, k/v head hk), it / chunks = b Hkv + hk, for the group's
@@ -196,12 +195,13 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     float *restrict acc = pr->parts + it * pr->part, *restrict m = acc + rows * dvp, *restrict l = m + rows;
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
     int64_t j0, j1;
-    decode_chunk(pr, b, it % pr->chunks, &j0, &j1);
+    decode_chunk(pr, b, hk, it % pr->chunks, &j0, &j1);
     if (j1 <= j0) return;
     float *restrict q = scr, *restrict kf = q + rows * dp, *restrict vf = kf + VW * dp, *restrict lv = vf + VW * dvp;
     float *restrict p = lv + rows * VW; /* (rows, VW) weights of the block */
-    int64_t *bound = (int64_t *)(p + rows * VW); /* each query's keys [lo, hi) */
-    for (int64_t i = 0; i < tq; i++) decode_row(pr, b, i, bound + 2 * i, bound + 2 * i + 1);
+    int64_t *bound = (int64_t *)(p + rows * VW); /* each row's keys: two intervals [lo, hi) */
+    const int64_t flat0 = b * pr->h + hk * pr->g; /* the group's first query head */
+    for (int64_t r = 0; r < rows; r++) vis_row(pr->vis, flat0 + r / tq, r % tq, bound + 4 * r);
     const float mul = pr->scale * 1.4426950408889634f; /* scores in base 2: exp2 instead of exp */
     const float *src = (const float *)pr->q + (b * pr->h + hk * pr->g) * tq * d; /* the group's rows, contiguous */
     for (int64_t r = 0; r < rows; r++)
@@ -218,6 +218,13 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     for (int u = 0; u < VW; u++) lane[u] = u;
     for (int64_t j = j0; j < j1; j += VW) {
         const int64_t nk = j1 - j < VW ? j1 - j : VW;
+        int any = 0; /* some row sees a key of the block: else it is not read */
+        for (int64_t r = 0; r < rows && !any; r++) {
+            int64_t c[4];
+            F(seen_in)(bound + 4 * r, j, nk, c);
+            any = c[1] > c[0];
+        }
+        if (!any) continue;
         const float *kb = kf;
         int64_t ldk = dp;
         if (k_direct && nk == VW)
@@ -232,14 +239,19 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         else
             F(stage)(vh + j * dv * item, pr->kvtype, nk, dv, vf, dvp);
         for (int64_t r = 0; r < rows; r++) { /* each row's weights of the block: p[r] (0 where unseen) */
-            int64_t a, z; /* the row sees keys j + [a, z) */
-            F(seen_in)(bound + 2 * (r % tq), j, nk, &a, &z);
-            if (z <= a) {
+            int64_t c[4]; /* the row sees keys j + [c0, c1) and j + [c2, c3) */
+            F(seen_in)(bound + 4 * r, j, nk, c);
+            if (c[1] <= c[0]) {
                 *(VF *)(p + r * VW) = (VF){};
                 continue;
             }
-            const VI seen = (lane >= (int32_t)a) & (lane < (int32_t)z);
-            const VF s = F(select)(seen, F(dots)(q + r * dp, kb, ldk, dp), (VF){} - INFINITY);
+            const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
+            VF s = F(select)(seen, F(dots)(q + r * dp, kb, ldk, dp), (VF){} - INFINITY);
+            const float slope = vis_slope(pr->vis, flat0 + r / tq);
+            if (slope != 0.0f) {
+                const VF dist = __builtin_convertvector((VI){} + (int32_t)(vis_pos(pr->vis, flat0 + r / tq, r % tq) - j) - lane, VF);
+                s -= slope * F(select)(dist < 0.0f, -dist, dist);
+            }
             float top = m[r];
             for (int u = 0; u < VW; u++) top = s[u] > top ? s[u] : top;
             if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
@@ -256,9 +268,9 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             const int64_t nr = rows - r < PV_ROWS ? rows - r : PV_ROWS;
             int64_t a = nk, z = 0; /* the keys some row of them sees */
             for (int64_t x = r; x < r + nr; x++) {
-                int64_t xa, xz;
-                F(seen_in)(bound + 2 * (x % tq), j, nk, &xa, &xz);
-                if (xz > xa) a = xa < a ? xa : a, z = xz > z ? xz : z;
+                int64_t c[4];
+                F(seen_in)(bound + 4 * x, j, nk, c);
+                if (c[1] > c[0]) a = c[0] < a ? c[0] : a, z = c[3] > z ? c[3] : z;
             }
             if (z <= a) continue;
             if (nr == PV_ROWS) {
@@ -278,7 +290,8 @@ static TARGET void F(dmerge)(const struct dproblem *pr, int64_t row) {
     const int64_t rows = pr->rows, dv = pr->dv, dvp = pr->dvp, r = row % rows;
     const float *first = pr->parts + (row / rows) * pr->chunks * pr->part;
     float *restrict out = pr->out + row * dv; /* group bh's rows start at (b H + hk G) Tq = bh rows */
-    float top = -INFINITY;
+    const float sink = vis_sink(pr->vis, (row / rows) * pr->g + r / pr->tq); /* query head (b H + hk G + gi) */
+    float top = sink; /* a learned sink: one more part, of score sink, sum 1 and no value */
     for (int64_t c = 0; c < pr->chunks; c++) {
         const float mc = first[c * pr->part + rows * dvp + r];
         top = mc > top ? mc : top;
@@ -288,7 +301,7 @@ static TARGET void F(dmerge)(const struct dproblem *pr, int64_t row) {
         pr->lse[row] = -INFINITY;
         return;
     }
-    float sum = 0.0f;
+    float sum = sink == -INFINITY ? 0.0f : exp2f(sink - top);
     for (int64_t c = 0; c < pr->chunks; c++) {
         const float *part = first + c * pr->part, mc = part[rows * dvp + r];
         if (mc == -INFINITY) continue;
@@ -317,7 +330,7 @@ static TARGET int F(drun)(struct dproblem *pr) {
     float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * pr->part)));
     if (!parts) return -1;
     pr->parts = parts;
-    const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 4 * pr->tq);
+    const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 8 * pr->rows);
     int64_t next = 0;
     int failed = 0;
 #pragma omp parallel num_threads(pr->threads)

@@ -2,14 +2,14 @@
  * problem struct per pass (forward, backward, statistics, decode) and a thread's scratch, then the decode
  * pass's plan (the keys each row sees, the chunks of the cache) and the 16-bit conversions it shares. */
 
+struct vis;
+
 struct problem {
     const float *q, *k, *v;       /* (B, G, Tq, D), (B, Tk, D), (B, Tk, Dv), contiguous */
     float *out, *lse;             /* (B, G, Tq, Dv), (B, G, Tq) */
-    const int64_t *klen;          /* (B, G) key-padding lengths, or NULL */
+    const struct vis *vis;        /* which keys each row sees, ALiBi, sinks */
     const float *kp, *vp;         /* packed keys, padded values (or NULL: v as it is) */
     int64_t b, g, tq, tk, d, dv;
-    int64_t left, right;          /* the band, -1 = unbounded */
-    int by_length;                /* 1: query i of head (b, g) sits at klen[b, g] - Tq + i, else at Tk - Tq + i */
     int64_t bq, bk;               /* query rows and keys per tile */
     int64_t bqp, tkp, dvp;        /* bq, Tk, Dv rounded up to whole register tiles / vectors */
     float scale;
@@ -24,11 +24,10 @@ struct scratch {
 struct bproblem {
     const float *q, *k, *v, *out, *lse, *dout, *dlse; /* as the forward's; dout like out, dlse like lse (or NULL) */
     float *gq, *gk, *gv;                              /* the gradients dq, dk, dv: like q, k, v */
-    const int64_t *klen;
+    const struct vis *vis;        /* as the forward's */
     float *delta;                 /* (B, G, Tq): D = rowsum(dout out) - dlse */
     int64_t b, g, tq, tk, d, dv;
-    int64_t left, right, bq, bk;
-    int by_length;                /* as the forward's */
+    int64_t bq, bk;
     int64_t bqp, dp, dvp;         /* bq, D, Dv rounded up to whole register tiles / vectors */
     float scale;
     int threads;
@@ -64,10 +63,9 @@ enum { DECODE_MIN_CHUNK = 512, DECODE_MAX_ITEMS = 4096, DECODE_MAX_PART = 1 << 2
 struct dproblem {
     const void *q, *k, *v;        /* q (B, H, Tq, D) contiguous; k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) row-contiguous */
     float *out, *lse;             /* (B, H, Tq, Dv), (B, H, Tq) */
-    const int64_t *lengths;       /* (B,) keys per sequence (query i of b sits at lengths[b] - Tq + i), or NULL: Tk */
+    const struct vis *vis;        /* which keys each row sees, ALiBi, sinks: (B, H) is the decode's own */
     int64_t kb, kh, vb, vh;       /* k's and v's batch and head strides, in items */
     int64_t b, h, hkv, tq, tk, d, dv;
-    int64_t left, right;          /* the band around each query's position, -1 = unbounded */
     int qtype, kvtype;            /* DT_*: q float32 or as k and v */
     float scale;
     int threads;
@@ -75,31 +73,6 @@ struct dproblem {
     int64_t chunks, part;         /* chunks per (b, k/v head), floats of one chunk's partial result */
     float *parts;                 /* per work item: acc (rows, dvp), then the rows' maxima and sums (base 2) */
 };
-
-/* The keys query row i of sequence b sees: [*lo, *hi) (empty when hi <= lo). */
-static void decode_row(const struct dproblem *pr, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
-    const int64_t len = pr->lengths ? pr->lengths[b] : pr->tk, pos = len - pr->tq + i;
-    *lo = pr->left >= 0 && pos - pr->left > 0 ? pos - pr->left : 0;
-    *hi = pr->right >= 0 && pos + pr->right + 1 < len ? pos + pr->right + 1 : len;
-}
-
-/* Chunk c of sequence b: keys [*j0, *j1) of the span its rows see, split into at most pr->chunks pieces of
- * at least DECODE_MIN_CHUNK keys (a multiple of 64). From the shapes, lengths and band alone: the same
- * chunks, and so the same bits, for any thread count. */
-static void decode_chunk(const struct dproblem *pr, int64_t b, int64_t c, int64_t *j0, int64_t *j1) {
-    int64_t lo, hi, lo_last, hi_first;
-    decode_row(pr, b, 0, &lo, &hi_first);
-    decode_row(pr, b, pr->tq - 1, &lo_last, &hi);
-    const int64_t span = hi - lo;
-    *j0 = *j1 = 0;
-    if (span <= 0) return;
-    int64_t n = (span + DECODE_MIN_CHUNK - 1) / DECODE_MIN_CHUNK;
-    if (n > pr->chunks) n = pr->chunks;
-    const int64_t size = ((span + n - 1) / n + 63) / 64 * 64;
-    if (c * size >= span) return;
-    *j0 = lo + c * size;
-    *j1 = *j0 + size < hi ? *j0 + size : hi;
-}
 
 static float bf16_float(uint16_t x) {
     const uint32_t bits = (uint32_t)x << 16;
@@ -122,3 +95,98 @@ static float f16_float(uint16_t x) { /* IEEE half to float: subnormals by a mult
 }
 
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; } /* aligned_alloc wants a multiple of the alignment */
+
+/* Which keys each query row sees and how its scores change (attnlab.masks, as Python stored it). Rows live
+ * in the masks' (B, H) index space; a pass's (b, g) heads map onto it by flat = b G + g = bi H + hi. */
+struct vis {
+    const int64_t *spans;         /* (sb, sh, Tq, 4): each row's keys [lo1, hi1) and [lo2, hi2), sorted; NULL: all */
+    const int64_t *qpos;          /* (pb, ph, Tq): each query's position, for ALiBi; NULL without ALiBi */
+    const float *slopes;          /* (ns,) ALiBi slopes per head, base 2 (ns 1 or H); NULL: none */
+    const float *sinks;           /* (kb, kh) learned sink logits (natural log); NULL: none */
+    int64_t sb, sh, pb, ph, ns, kb, kh;
+    int64_t heads, tq, tk;        /* H of the (B, H) space, Tq, Tk */
+};
+
+static inline int64_t vis_at(int64_t nb, int64_t nh, int64_t heads, int64_t flat) { /* (bi, hi) as an index of (nb, nh) */
+    return (nb > 1 ? flat / heads : 0) * nh + (nh > 1 ? flat % heads : 0);
+}
+
+/* Row i of head `flat`: its keys as two sorted intervals (the second empty where hi <= lo). */
+static inline void vis_row(const struct vis *v, int64_t flat, int64_t i, int64_t iv[4]) {
+    if (!v->spans) {
+        iv[0] = 0, iv[1] = v->tk, iv[2] = iv[3] = 0;
+        return;
+    }
+    const int64_t *p = v->spans + (vis_at(v->sb, v->sh, v->heads, flat) * v->tq + i) * 4;
+    iv[0] = p[0], iv[1] = p[1], iv[2] = p[2], iv[3] = p[3];
+    if (iv[1] <= iv[0]) iv[0] = iv[2], iv[1] = iv[3], iv[2] = iv[3] = 0; /* the first empty: the second alone */
+}
+
+/* The keys [*lo, *hi) some row i0..i1-1 of head `flat` sees (*hi <= *lo: none). */
+static inline void vis_range(const struct vis *v, int64_t flat, int64_t i0, int64_t i1, int64_t *lo, int64_t *hi) {
+    *lo = v->tk, *hi = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t iv[4];
+        vis_row(v, flat, i, iv);
+        for (int s = 0; s < 4; s += 2)
+            if (iv[s + 1] > iv[s]) {
+                if (iv[s] < *lo) *lo = iv[s];
+                if (iv[s + 1] > *hi) *hi = iv[s + 1];
+            }
+    }
+}
+
+/* Whether some row i0..i1-1 of head `flat` sees a key of [j0, j1): a tile no row sees is skipped (not read). */
+static inline int vis_meets(const struct vis *v, int64_t flat, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    if (!v->spans) return 1;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t iv[4];
+        vis_row(v, flat, i, iv);
+        if ((iv[1] > iv[0] && iv[0] < j1 && iv[1] > j0) || (iv[3] > iv[2] && iv[2] < j1 && iv[3] > j0)) return 1;
+    }
+    return 0;
+}
+
+/* The columns of a tile of n keys from j0 that a row with keys iv sees: c[0]..c[1]-1 and c[2]..c[3]-1. */
+static inline void vis_cols(const int64_t iv[4], int64_t j0, int64_t n, int64_t c[4]) {
+    for (int s = 0; s < 4; s++) {
+        const int64_t x = iv[s] - j0;
+        c[s] = x < 0 ? 0 : x > n ? n : x;
+    }
+    if (c[1] <= c[0]) c[0] = c[2], c[1] = c[3];
+    if (c[3] <= c[2] || c[0] == c[2]) c[2] = c[3] = c[1]; /* one run: the second is empty, just after it */
+}
+
+static inline float vis_slope(const struct vis *v, int64_t flat) {
+    return v->slopes ? v->slopes[v->ns > 1 ? flat % v->heads : 0] : 0.0f;
+}
+
+static inline int64_t vis_pos(const struct vis *v, int64_t flat, int64_t i) {
+    return v->qpos ? v->qpos[vis_at(v->pb, v->ph, v->heads, flat) * v->tq + i] : 0;
+}
+
+static inline float vis_sink(const struct vis *v, int64_t flat) { /* base 2; -inf: no sink */
+    return v->sinks ? v->sinks[vis_at(v->kb, v->kh, v->heads, flat)] * 1.4426950408889634f : -INFINITY;
+}
+
+/* Chunk c of the group (sequence b, k/v head hk): keys [*j0, *j1) of the span its rows see, split into at most
+ * pr->chunks pieces of at least DECODE_MIN_CHUNK keys (a multiple of 64). From the shapes and the visibility
+ * alone: the same chunks, and so the same bits, for any thread count. */
+static void decode_chunk(const struct dproblem *pr, int64_t b, int64_t hk, int64_t c, int64_t *j0, int64_t *j1) {
+    int64_t lo = pr->tk, hi = 0;
+    for (int64_t gi = 0; gi < pr->g; gi++) {
+        int64_t l, h;
+        vis_range(pr->vis, b * pr->h + hk * pr->g + gi, 0, pr->tq, &l, &h);
+        if (h > l) lo = l < lo ? l : lo, hi = h > hi ? h : hi;
+    }
+    const int64_t span = hi - lo;
+    *j0 = *j1 = 0;
+    if (span <= 0) return;
+    int64_t n = (span + DECODE_MIN_CHUNK - 1) / DECODE_MIN_CHUNK;
+    if (n > pr->chunks) n = pr->chunks;
+    const int64_t size = ((span + n - 1) / n + 63) / 64 * 64;
+    if (c * size >= span) return;
+    *j0 = lo + c * size;
+    *j1 = *j0 + size < hi ? *j0 + size : hi;
+}
+

@@ -1,0 +1,105 @@
+"""Which keys a query sees and how its scores change, said once (``import attnlab as al; al.masks``).
+
+Visibility is one composable value (:class:`Mask`): :func:`causal`, :func:`window`, :func:`documents`,
+:func:`prefix`, :func:`key_lengths`, :func:`cache_lengths` and :func:`sink_tokens`, combined with ``&``
+(both) and ``|`` (either); any FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` and boolean arrays
+combine with them too. Score changes (:func:`alibi`, any ``score_mod``) are the other half.
+``attnlab.attention(q, k, v, mask=..., score_mod=..., sink_logits=...)`` takes them, and every
+backend, the kernel's tiles and its decode pass read the same description.
+
+Positions: query i sits at pos(i) = Tk − Tq + i (bottom-right, as decoding with a cache), or, where
+the description holds ``cache_lengths(n)``, at n[b] − Tq + i (each sequence's own). Stored as each
+row's key intervals (at most two per row: see :mod:`attnlab.masks.intervals`).
+
+NumPy only: torch tensors given as ids or lengths are read once as NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attnlab.masks.frame import Frame
+from attnlab.masks.intervals import MAX_SPANS, NotStructured
+from attnlab.masks.scores import Alibi, ScoreMod, as_score_mod
+from attnlab.masks.visibility import (
+    CacheLengths, Causal, Documents, KeyLengths, Mask, MaskMod, Prefix, SinkTokens, Window, as_mask,
+)
+
+
+def causal() -> Mask:
+    """Query i sees keys up to its own position pos(i)."""
+    return Causal()
+
+
+def window(left: int | None, right: int | None = 0) -> Mask:
+    """Query i sees keys pos(i) − left .. pos(i) + right (None: unbounded on that side). ``window(w)`` is
+    the causal sliding window that sees itself and the w keys before it; transformers' ``sliding_window = W``
+    is ``window(W − 1)``."""
+    return Window(left, right)
+
+
+def documents(ids: Any) -> Mask:
+    """Packed documents: ids (Tk,) or (B, Tk), each key's document, non-decreasing along a row; a query
+    sees the keys of the document at its position only. ``documents(ids) & causal()`` is packed causal
+    training (FlashAttention's varlen, xFormers' BlockDiagonalCausalMask)."""
+    return Documents(ids)
+
+
+def prefix(lengths: Any) -> Mask:
+    """Every query of sequence b sees the first lengths[b] keys: ``prefix(n) | causal()`` is a prefix-LM
+    (bidirectional over the prefix, causal after it)."""
+    return Prefix(lengths)
+
+
+def key_lengths(lengths: Any) -> Mask:
+    """Key padding: sequence b has lengths[b] real keys (lengths shaped like a prefix of the batch dims);
+    the positions of queries do not move."""
+    return KeyLengths(lengths)
+
+
+def cache_lengths(lengths: Any) -> Mask:
+    """A ragged batch of caches: sequence b holds lengths[b] keys and its Tq queries are its newest tokens,
+    so every position-dependent term places query i at lengths[b] − Tq + i. ``attention(..., lengths=n)``
+    builds this."""
+    return CacheLengths(lengths)
+
+
+def sink_tokens(n: int) -> Mask:
+    """The first n keys, seen by every query (StreamingLLM): ``window(w) | sink_tokens(4)``."""
+    return SinkTokens(n)
+
+
+def mask_mod(fn: Callable[..., Any]) -> Mask:
+    """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` as a Mask (to combine with the others)."""
+    if not callable(fn):
+        raise TypeError(f"mask_mod must be callable (b, h, q_idx, kv_idx) -> bool, got {type(fn).__name__}")
+    return MaskMod(fn)
+
+
+def alibi(slopes: Any) -> ScoreMod:
+    """ALiBi: score − slopes[h] · |pos(i) − j| (one slope per query head)."""
+    return Alibi(slopes)
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's standard slopes for ``heads`` heads (Press et al.; BLOOM's rule for counts that are not powers of 2)."""
+    import math
+
+    def powers(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    if heads < 1:
+        raise ValueError(f"heads must be >= 1, got {heads}")
+    closest = 2 ** math.floor(math.log2(heads))
+    out = powers(closest)
+    if closest < heads:
+        out += powers(2 * closest)[0::2][: heads - closest]
+    return out
+
+
+__all__ = [
+    "Frame", "MAX_SPANS", "Mask", "NotStructured", "ScoreMod", "alibi", "alibi_slopes", "as_mask", "as_score_mod",
+    "cache_lengths", "causal", "documents", "key_lengths", "mask_mod", "prefix", "sink_tokens", "window",
+]
