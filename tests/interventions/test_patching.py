@@ -9,40 +9,14 @@ import json
 import numpy as np
 import pytest
 
+import circuit_models as cm
+
+from attnlab import Head, attribution_patch, patch
+
 pytestmark = pytest.mark.needs("torch")
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:  # the needs mark skips every test here (on CI: fails them)
-    torch = None
-
-import circuit_models as cm  # noqa: E402
-
-from attnlab import Head, attribution_patch, patch  # noqa: E402
 
 
-def hand_forward(m, ids, swap=None):
-    """GPT-2's forward from the weights, in float64: logits (B, T, V); ``swap`` = (layer, head, z (B, T, Dh),
-    positions) puts z in that head's output at those positions before the output projection."""
-    c = m.config
-    B, T = ids.shape
-    H, Dh, d = c.num_heads, c.head_dim, c.d_model
-    x = m.tok_emb.weight[ids] + m.pos_emb.weight[:T]  # (B, T, d)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    for layer, blk in enumerate(m.blocks):
-        a = blk.attn
-        h = F.layer_norm(x, (d,), blk.norm1.weight, blk.norm1.bias, c.norm_eps)
-        q, k, v = ((h @ p.weight.T + p.bias).view(B, T, H, Dh).transpose(1, 2) for p in (a.q, a.k, a.v))
-        w = torch.softmax((q @ k.transpose(-1, -2) / Dh ** 0.5).masked_fill(~causal, -torch.inf), -1)
-        z = w @ v  # (B, H, T, Dh)
-        if swap is not None and swap[0] == layer:
-            z = z.clone()
-            z[:, swap[1], swap[3]] = swap[2][:, swap[3]]
-        x = x + z.transpose(1, 2).reshape(B, T, H * Dh) @ a.o.weight.T + a.o.bias
-        h = F.layer_norm(x, (d,), blk.norm2.weight, blk.norm2.bias, c.norm_eps)
-        x = x + F.gelu(h @ blk.ffn.up.weight.T + blk.ffn.up.bias) @ blk.ffn.down.weight.T + blk.ffn.down.bias
-    x = F.layer_norm(x, (d,), m.final_norm.weight, m.final_norm.bias, c.norm_eps)
-    return x @ m.tok_emb.weight.T
+hand_forward = cm.gpt2_by_hand
 
 
 def test_patching_a_head_equals_the_forward_with_its_output_swapped():

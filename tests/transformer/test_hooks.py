@@ -8,6 +8,8 @@ import math
 
 import pytest
 
+import circuit_models as cm
+
 from .conftest import TEXTS
 
 FAMILIES = ("gpt2", "llama", "roberta", "bert")
@@ -88,31 +90,6 @@ def test_no_hooks_is_the_plain_forward_bit_for_bit(request, family, backend):
         assert torch.equal(watched, plain) and seen == ["blocks.1.attn.hook_z"]
 
 
-def _gpt2_by_hand(m, ids, layer: int, head: int, z_new):
-    """GPT-2's forward written out from its weight tensors (no hook points, no attnlab.attention),
-    with head ``head`` of layer ``layer`` writing ``z_new`` (B, T, Dh) in place of its own output."""
-    import torch
-    import torch.nn.functional as F
-
-    c, (B, T) = m.config, ids.shape
-    H, Dh, eps = c.num_heads, c.head_dim, c.norm_eps
-    ln = lambda x, n: F.layer_norm(x, (c.d_model,), n.weight, n.bias, eps)  # noqa: E731
-    x = m.tok_emb.weight[ids] + m.pos_emb.weight[:T]  # (B, T, d)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    for i, b in enumerate(m.blocks):
-        a = ln(x, b.norm1)
-        q, k, v = (F.linear(a, lin.weight, lin.bias).view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
-                   for lin in (b.attn.q, b.attn.k, b.attn.v))
-        s = (q @ k.transpose(-1, -2) / math.sqrt(Dh)).masked_fill(~causal, -math.inf)  # (B, H, T, T)
-        z = s.softmax(-1) @ v  # (B, H, T, Dh)
-        if i == layer:
-            z = torch.cat([z[:, :head], z_new[:, None], z[:, head + 1:]], dim=1)
-        x = x + F.linear(z.transpose(1, 2).reshape(B, T, H * Dh), b.attn.o.weight, b.attn.o.bias)
-        f = F.gelu(F.linear(ln(x, b.norm2), b.ffn.up.weight, b.ffn.up.bias), approximate="tanh")
-        x = x + F.linear(f, b.ffn.down.weight, b.ffn.down.bias)
-    return ln(x, m.final_norm) @ m.tok_emb.weight.T  # (B, T, V)
-
-
 @pytest.mark.parametrize("backend", ["torch", "kernel"])
 def test_replacing_one_heads_z_equals_a_forward_written_by_hand(request, backend):
     import torch
@@ -128,9 +105,9 @@ def test_replacing_one_heads_z_equals_a_forward_written_by_hand(request, backend
 
     with torch.no_grad():
         ours = m.run_with_hooks(ids, fwd_hooks=[("blocks.1.attn.hook_z", swap)])
-        by_hand = _gpt2_by_hand(m, ids, 1, 2, z_new)
+        by_hand = cm.gpt2_by_hand(m, ids, (1, 2, z_new, slice(None)))
         own = m.run_with_cache(ids, names=["blocks.1.attn.hook_z"])[1]["blocks.1.attn.hook_z"][:, 2]
-        clean = _gpt2_by_hand(m, ids, 1, 2, own)
+        clean = cm.gpt2_by_hand(m, ids, (1, 2, own, slice(None)))
     assert float((ours - by_hand).abs().max()) < 1e-4
     assert float((ours - clean).abs().max()) > 1e-2  # the swap mattered
 

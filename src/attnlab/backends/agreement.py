@@ -115,6 +115,9 @@ def _description_cases() -> tuple[Case, ...]:
         Case("ALiBi causal window", (1, 4, 60, 16), 4, 60, 16,
              (("causal", True), ("window", 9), ("score_mod", m.alibi(m.alibi_slopes(4))))),
         Case("learned sinks, GQA, causal", (2, 4, 41, 16), 2, 41, 16, (("causal", True), ("sink_logits", sinks))),
+        Case("softcap, (window | sink tokens) & causal, ALiBi", (1, 4, 70, 16), 2, 70, 16,
+             (("mask", (m.window(9) | m.sink_tokens(2)) & m.causal()), ("softcap", 1.5),
+              ("score_mod", m.alibi(m.alibi_slopes(4))))),
         Case("learned sinks, a row that sees nothing", (1, 4, 30, 8), 2, 20, 8, (("causal", True), ("sink_logits", sinks))),
         Case("Tq<Tk documents & causal, prefix", (2, 2, 25, 16), 2, 67, 16,
              (("mask", (docs & m.causal()) | m.prefix(np.array([5, 0]))),)),
@@ -164,6 +167,8 @@ def _decode_cases() -> tuple[Case, ...]:
              (*ragged(1097, 500), ("score_mod", masks.alibi(masks.alibi_slopes(4))))),
         Case("decode Tq=1 Tk=1097 learned sinks GQA 4", (2, 8, 1, 16), 2, 1097, 16,
              (*ragged(1097, 0), ("sink_logits", np.linspace(-1, 2, 8)))),
+        Case("decode Tq=1 Tk=1097 softcap, window", (2, 4, 1, 16), 2, 1097, 16,
+             (*ragged(1097, 800), ("window", (300, 0)), ("softcap", 2.0))),
         Case("decode Tq=2 Tk=1097 documents", (1, 2, 2, 16), 2, 1097, 16,
              (*causal, ("mask", masks.documents(_ids(600, 1, 496))))),
     )

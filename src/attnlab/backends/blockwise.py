@@ -151,7 +151,7 @@ class BlockwiseBackend(Backend):
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
-                            "weights_rows", "lse", "grad", "block_size", "kv_dtype"}),
+                            "weights_rows", "lse", "grad", "block_size", "kv_dtype", "softcap"}),
         instead={"weights": "it never materialises (Tq, Tk); ask weights_rows= for the rows you need"},
     )
 

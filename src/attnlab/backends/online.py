@@ -162,6 +162,7 @@ def backward(
         delta = delta - dlse
     kx = _with_column(lib, k, lib.ones((b, k.shape[1], 1), k))  # (B, Tk, D + 1)
     lse0 = xp.where(xp.isfinite(lse), lse * LOG2E, 0.0)  # base 2; dead rows: every score is −inf already
+    cap = None if tiling.visible is None or tiling.visible.softcap is None else tiling.visible.softcap * LOG2E
     dq, dk, dv = lib.zeros(q.shape, q), lib.zeros(k.shape, k), lib.zeros(v.shape, v)
     for i0 in range(0, tq, block_q):
         i1 = min(i0 + block_q, tq)
@@ -173,12 +174,15 @@ def backward(
         dqb = lib.zeros((b, g * r, d), q)
         for k0, k1, edge in tiling.key_blocks(i0, i1, block_k):
             p = xp.matmul(qb, kx[:, k0:k1].swapaxes(-1, -2))  # (B, G·r, bk) = (S − LSE)·log2 e
+            capped = None if cap is None else xp.tanh((p - qb[..., -1:]) / cap)  # softcap's tanh, for dS's 1 − t²
             tiling.mask_tile(lib, p.reshape(b, g, r, k1 - k0), slice(i0, i1), k0, k1, edge, qb[..., -1])
             xp.exp2(p, out=p)
             dv[:, k0:k1] += xp.matmul(p.swapaxes(-1, -2), do)
             ds = xp.matmul(do, v[:, k0:k1].swapaxes(-1, -2))  # dP, (B, G·r, bk)
             ds -= di
             ds *= p
+            if capped is not None:
+                ds *= 1 - capped * capped
             dqb += xp.matmul(ds, k[:, k0:k1])
             dk[:, k0:k1] += xp.matmul(ds.swapaxes(-1, -2), qraw)
         dq[:, :, i0:i1] = (dqb * scale).reshape(b, g, r, d)

@@ -164,7 +164,7 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
     for name, x in (("mask", o.mask), ("bias", o.bias), ("sink_logits", o.sink_logits)):
         if hasattr(x, "shape") and validate.is_torch(x) != validate.is_torch(q):
             raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
-    seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits)
+    seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits, o.softcap)
     torch_in = validate.is_torch(q)
     alibi = isinstance(seen.score_mod, vis.masks.scores.Alibi)
     request = Request(

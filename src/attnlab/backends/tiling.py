@@ -103,7 +103,8 @@ class Tiling:
     @property
     def rescales(self) -> bool:
         """Scores change beyond q·k (bias, score_mod): the Cauchy–Schwarz bound no longer bounds them."""
-        return self.bias is not None or (self.visible is not None and self.visible.score_mod is not None)
+        v = self.visible
+        return self.bias is not None or (v is not None and (v.score_mod is not None or v.softcap is not None))
 
     def key_blocks(self, i0: int, i1: int, block_k: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int, bool]]:
         """(k0, k1, edge) for the key blocks (of keys start..stop−1) that queries i0..i1−1 may see; edge: some
@@ -122,14 +123,18 @@ class Tiling:
         ``offset`` (B, G·r): what was subtracted from each row's base-2 scores (−m), so that a score_mod
         callable sees the true scores."""
         idx = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows)
+        v = self.visible
+        bh = None if v is None else s4.reshape(*v.frame.bh, *s4.shape[2:])  # (B, H, r, c): the description's space
+        off = 0.0 if offset is None else offset.reshape(*s4.shape[:2], -1, 1)  # (B, G, r, 1): each row's shift
+        if v is not None and v.softcap is not None:  # c · tanh(s / c) of the true scores, in base 2, first
+            cap = v.softcap * LOG2E
+            s4[...] = lib.xp.tanh((s4 - off) / cap) * cap + off
         if self.bias is not None:  # the kernels work in base 2
             at = rows if isinstance(rows, slice) else lib.asarray(idx) if lib.torch else idx
             s4 += self.bias[..., at, k0:k1].reshape(s4.shape) * LOG2E
-        v = self.visible
         if v is not None:
-            bh = s4.reshape(*v.frame.bh, *s4.shape[2:])  # (B, H, r, c): the description's index space
             if v.score_mod is not None:
-                _change(lib, v, bh, idx, k0, k1, offset)
+                _change(lib, v, bh, idx, k0, k1, off if offset is None else offset.reshape(*bh.shape[:3], 1))
             if edge or v.rule is not None:
                 keep = v.keep(idx, np.arange(k0, k1))
                 if keep is not None:
@@ -139,8 +144,8 @@ class Tiling:
             lib.hide_(s4, self.mask[..., at, k0:k1].reshape(s4.shape))
 
 
-def _change(lib: Lib, v: Visible, bh: Any, rows: np.ndarray, k0: int, k1: int, offset: Any) -> None:
-    """Apply the description's score change to base-2 scores ``bh`` (B, H, r, c) in place."""
+def _change(lib: Lib, v: Visible, bh: Any, rows: np.ndarray, k0: int, k1: int, off: Any) -> None:
+    """Apply the description's score_mod to base-2 scores ``bh`` (B, H, r, c) shifted by ``off``, in place."""
     f = v.frame
     b, h, i, j = f.grid(rows, np.arange(k0, k1))
     if isinstance(v.score_mod, Alibi):  # additive: the row shift needs no undoing
@@ -149,7 +154,6 @@ def _change(lib: Lib, v: Visible, bh: Any, rows: np.ndarray, k0: int, k1: int, o
         delta = np.ascontiguousarray(slope[..., None, None] * dist * LOG2E)
         bh -= lib.asarray(delta).to(bh.dtype) if lib.torch else delta.astype(bh.dtype)
         return
-    off = 0.0 if offset is None else offset.reshape(*bh.shape[:3], 1)
     changed = v.score_mod(f, (bh - off) / LOG2E, b, h, i, j)  # the true scores, changed
     bh[...] = changed * LOG2E + off
 

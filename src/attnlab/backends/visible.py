@@ -38,6 +38,7 @@ class Visible:
     rule: Mask | None = None  # evaluated elementwise, tile by tile
     score_mod: masks.ScoreMod | None = None
     sinks: Any = None  # sink_logits as given (broadcast against q's leading dims)
+    softcap: float | None = None  # logit softcapping c (before the bias and score_mod)
     causal: bool = False  # the structured part holds causal()
     lengths: bool = False  # ... cache_lengths (each sequence's own length)
     structure: bool = False  # ... anything else (a window, documents, a prefix, sink tokens, key lengths)
@@ -103,7 +104,7 @@ def _and(terms: list[Mask]) -> Mask | None:
 
 
 def build(p: validate.Problem, mask: Any, causal: bool, window: tuple | None, lengths: Any,
-          score_mod: Any, sinks: Any) -> Visible:
+          score_mod: Any, sinks: Any, softcap: float | None = None) -> Visible:
     """One call's :class:`Visible` from attention()'s keywords (checked against its shapes)."""
     terms = [] if mask is None else _terms(masks.as_mask(mask, "mask"))
     if causal:
@@ -135,7 +136,7 @@ def build(p: validate.Problem, mask: Any, causal: bool, window: tuple | None, le
     if part is not None and _sees_all(spans, p.tk):
         part = spans = None  # one query after every key (a decoding step): the call without it
     kinds = {type(t) for t in _flat(part)} if part is not None else set()
-    return Visible(frame, part, spans, _dense(dense), _and(rule), smod, sinks, causal=Causal in kinds,
+    return Visible(frame, part, spans, _dense(dense), _and(rule), smod, sinks, softcap, causal=Causal in kinds,
                    lengths=masks.visibility.CacheLengths in kinds, structure=bool(kinds - {Causal, masks.visibility.CacheLengths}))
 
 

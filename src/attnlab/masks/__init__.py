@@ -39,6 +39,14 @@ def window(left: int | None, right: int | None = 0) -> Mask:
     return Window(left, right)
 
 
+def sliding_window(w: int) -> Mask:
+    """transformers' ``sliding_window = W``: a token sees itself and the W − 1 keys before it, ``window(W − 1, 0)``
+    (their mask keeps key j for query i when i − W < j ≤ i). The one place that count is converted."""
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        raise ValueError(f"sliding_window must be an int >= 1 (keys a token sees, itself included), got {w!r}")
+    return Window(w - 1, 0)
+
+
 def documents(ids: Any) -> Mask:
     """Packed documents: ids (Tk,) or (B, Tk), each key's document, non-decreasing along a row; a query
     sees the keys of the document at its position only. ``documents(ids) & causal()`` is packed causal
@@ -101,5 +109,5 @@ def alibi_slopes(heads: int) -> list[float]:
 
 __all__ = [
     "Frame", "MAX_SPANS", "Mask", "NotStructured", "ScoreMod", "alibi", "alibi_slopes", "as_mask", "as_score_mod",
-    "cache_lengths", "causal", "documents", "key_lengths", "mask_mod", "prefix", "sink_tokens", "window",
+    "cache_lengths", "causal", "documents", "key_lengths", "mask_mod", "prefix", "sink_tokens", "sliding_window", "window",
 ]

@@ -39,10 +39,10 @@ class Pass:
     step: Step | None = None  # ... and what this call appends
     rows: list | None = None  # maps of decoding: each layer appends (weights (B, H, Tk), key positions (B, Tk))
 
-    def visibility(self, window: int | None) -> dict:
-        """attention()'s keywords for a layer of the plain pass with a sliding window of W keys (or None):
-        causal, the window (W − 1, 0), packed documents, key padding (right: key lengths; else a mask)."""
-        terms = []
+    def visibility(self, window: masks.Mask | None) -> dict:
+        """attention()'s keywords for a layer of the plain pass with its sliding window (a Mask, or None):
+        causal, the window, packed documents, key padding (right: key lengths; else a mask)."""
+        terms = [] if window is None else [window]
         if self.documents is not None:
             terms.append(masks.documents(self.documents.cpu().numpy()))
         if self.lengths is not None:
@@ -52,7 +52,7 @@ class Pass:
         mask = None
         for t in terms:
             mask = t if mask is None else mask & t
-        return {"causal": self.causal, "mask": mask, "window": None if window is None else (window - 1, 0)}
+        return {"causal": self.causal, "mask": mask}
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict) -> tuple:

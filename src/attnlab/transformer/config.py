@@ -13,8 +13,8 @@ type), is refused by name rather than silently computed differently.
 
 **Sliding windows** keep transformers' meaning: ``sliding_window = W`` lets a token see itself and
 the W − 1 tokens before it (transformers' mask keeps key j for query i when i − W < j ≤ i). In
-:func:`attnlab.attention` terms that is ``causal=True, window=(W - 1, 0)``
-(:meth:`TransformerConfig.attention_window`).
+:func:`attnlab.attention` terms that is ``causal=True, mask=masks.sliding_window(W)`` (``window(W − 1, 0)``;
+:meth:`TransformerConfig.attention_window`).
 """
 
 from __future__ import annotations
@@ -141,10 +141,12 @@ class TransformerConfig:
             return None
         return self.sliding_window
 
-    def attention_window(self, layer: int) -> tuple[int, int] | None:
-        """Layer ``layer``'s window as :func:`attnlab.attention` takes it (with ``causal=True``): (W − 1, 0)."""
+    def attention_window(self, layer: int) -> Any:
+        """Layer ``layer``'s window as attnlab.masks says it (``masks.sliding_window(W)``, with causal), or None."""
+        from attnlab import masks
+
         w = self.layer_window(layer)
-        return None if w is None else (w - 1, 0)
+        return None if w is None else masks.sliding_window(w)
 
     @property
     def head_dim(self) -> int:

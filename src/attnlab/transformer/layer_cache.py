@@ -145,7 +145,7 @@ class LayerCache:
 
     def visibility(self) -> masks.Mask | None:
         """Which keys a query sees beyond causal, keys in position order: its window (W keys, itself included)."""
-        return None if self.window is None else masks.window(self.window - 1)
+        return None if self.window is None else masks.sliding_window(self.window)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "capacity": self.capacity, "window": self.window}
@@ -237,7 +237,7 @@ class SinkCache(WindowCache):
 
     def visibility(self) -> masks.Mask:
         """Its first S keys and its window; keys in position order, the first S are the sink's."""
-        return masks.window(self.window - 1) | masks.sink_tokens(self.sink)
+        return masks.sliding_window(self.window) | masks.sink_tokens(self.sink)
 
     def describe(self) -> dict:
         return super().describe() | {"sink": self.sink}

@@ -56,7 +56,7 @@ class Attention(nn.Module):
     def __init__(self, c: TransformerConfig, layer: int):
         super().__init__()
         self.c, self.layer, self.at = c, layer, f"blocks.{layer}.attn."  # at: the prefix of its hook points
-        self.window = c.layer_window(layer)  # W keys, itself included (transformers' sliding_window), or None
+        self.window = c.attention_window(layer)  # its sliding window as attnlab.masks says it, or None
         self.q = Linear(c.d_model, c.num_heads * c.head_dim, bias=c.bias)
         self.k = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
         self.v = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)

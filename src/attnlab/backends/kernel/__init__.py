@@ -145,6 +145,8 @@ def vis_args(v: Visible | None, sinks: Any) -> dict[str, Any]:
         kw["slopes"] = np.ascontiguousarray(v.score_mod.per_head(v.frame)[0] * LOG2E, dtype=np.float32)
     if sinks is not None:
         kw["sinks"] = _f32(sinks).reshape(-1, heads)
+    if v.softcap is not None:
+        kw["softcap"] = v.softcap
     return kw
 
 
@@ -293,10 +295,10 @@ class KernelBackend(Backend):
         libraries=frozenset({"numpy", "torch"}),
         devices="cpu",
         dtypes=frozenset(FLOAT_DTYPES) - {"float64"},
-        features=frozenset({"band", "structure", "lengths", "alibi", "sinks", "gqa", "weights_rows", "lse", "grad",
-                            "block_size", "kv_dtype"}),
+        features=frozenset({"band", "structure", "lengths", "alibi", "sinks", "softcap", "gqa", "weights_rows", "lse",
+                            "grad", "block_size", "kv_dtype"}),
         instead={"mask_mod": "instead: blockwise (it evaluates the rule tile by tile)", "score_mod": "instead: blockwise",
-                 "mask": "instead: blockwise, or say it as attnlab.masks objects", "softcap": "instead: torch"},
+                 "mask": "instead: blockwise, or say it as attnlab.masks objects"},
     )
 
     def more_refusals(self, r: Request) -> list[str]:

@@ -150,18 +150,20 @@ static PyObject *build_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)
 
 static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "scale", "block_q", "block_k", "threads", "spans", "qpos",
-                             "slopes", "sinks", "heads", NULL};
+                             "slopes", "sinks", "heads", "softcap", NULL};
     PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
     Py_buffer view[9] = {{0}};
     struct problem pr = {0};
     struct vis vis = {0};
     long long bq, bk, heads = 1, unused;
+    double softcap = 0.0;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OOOOL:forward", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3], &heads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OOOOLd:forward", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3], &heads,
+                                     &softcap))
         return NULL;
     if (!take(obj[0], &view[0], "q", 0, 'f', "BGTD", dim) || !take(obj[1], &view[1], "k", 0, 'f', "BKD", dim) ||
         !take(obj[2], &view[2], "v", 0, 'f', "BKV", dim) || !take(obj[3], &view[3], "out", 1, 'f', "BGTV", dim) ||
@@ -175,7 +177,7 @@ static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
     int64_t l, r;
     if (!check_scalars(pr.tq, pr.tk, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
-        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.tq, pr.tk))
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.tq, pr.tk, softcap))
         goto done;
     (void)unused;
     pr.vis = &vis;
@@ -191,19 +193,20 @@ done:
 
 static PyObject *backward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "dq", "dk", "dv", "scale", "block_q", "block_k",
-                             "threads", "spans", "qpos", "slopes", "sinks", "heads", NULL};
+                             "threads", "spans", "qpos", "slopes", "sinks", "heads", "softcap", NULL};
     PyObject *obj[10], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
     Py_buffer view[14] = {{0}};
     struct bproblem pr = {0};
     struct vis vis = {0};
     long long bq, bk, heads = 1;
+    double softcap = 0.0;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOfLLi|$OOOOL:backward", kwlist, &obj[0], &obj[1], &obj[2],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOfLLi|$OOOOLd:backward", kwlist, &obj[0], &obj[1], &obj[2],
                                      &obj[3], &obj[4], &obj[5], &obj[6], &obj[7], &obj[8], &obj[9], &pr.scale, &bq, &bk,
-                                     &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3], &heads))
+                                     &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3], &heads, &softcap))
         return NULL;
     static const char *names[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "dq", "dk", "dv"};
     static const char *dims[] = {"BGTD", "BKD", "BKV", "BGTV", "BGT", "BGTV", "BGT", "BGTD", "BKD", "BKV"};
@@ -228,7 +231,7 @@ static PyObject *backward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *k
     pr.gq = view[7].buf, pr.gk = view[8].buf, pr.gv = view[9].buf;
     int64_t l, r;
     if (!check_scalars(pr.tq, pr.tk, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
-        !take_vis(vobj, view + 10, &vis, pr.b * pr.g, heads, pr.tq, pr.tk))
+        !take_vis(vobj, view + 10, &vis, pr.b * pr.g, heads, pr.tq, pr.tk, softcap))
         goto done;
     pr.vis = &vis;
     int status = 0;
@@ -291,19 +294,21 @@ static int stored_type(const char *name) {
 
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "dtype", "scale", "threads", "spans", "qpos", "slopes", "sinks",
-                             NULL};
+                             "softcap", NULL};
     PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
     Py_buffer view[9] = {{0}};
     struct dproblem pr = {0};
     struct vis vis = {0};
     const char *dtype;
     int64_t bq, bk, l, r; /* check_scalars' block sizes and band: the decode pass has none */
+    double softcap = 0.0;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOO:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &dtype, &pr.scale, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3]))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOOd:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &dtype, &pr.scale, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3],
+                                     &softcap))
         return NULL;
     pr.kvtype = stored_type(dtype);
     if (pr.kvtype < 0) {
@@ -328,7 +333,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
     if (!check_scalars(pr.tq, pr.tk, -1, -1, 1, 1, threads, &l, &r, &bq, &bk, &pr.threads) ||
-        !take_vis(vobj, view + 5, &vis, pr.b * pr.h, pr.h, pr.tq, pr.tk))
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.h, pr.h, pr.tq, pr.tk, softcap))
         goto done;
     pr.vis = &vis;
     const Py_ssize_t item = view[1].itemsize; /* leading strides in items (a size-1 dim's is never multiplied) */

@@ -171,7 +171,13 @@ static int take_one(PyObject *obj, Py_buffer *view, const char *name, char kind,
     return 1;
 }
 
-static int take_vis(PyObject *obj[4], Py_buffer view[4], struct vis *v, int64_t flat, int64_t heads, int64_t tq, int64_t tk) {
+static int take_vis(PyObject *obj[4], Py_buffer view[4], struct vis *v, int64_t flat, int64_t heads, int64_t tq, int64_t tk,
+                    double softcap) {
+    if (!(softcap >= 0.0) || isinf(softcap)) {
+        PyErr_Format(PyExc_ValueError, "softcap: expected 0 (none) or a finite cap > 0, got %g", softcap);
+        return 0;
+    }
+    v->cap = (float)(softcap * 1.4426950408889634); /* the kernels' scores are in base 2 */
     if (heads < 1 || flat % heads != 0) {
         PyErr_Format(PyExc_ValueError, "heads: expected a divisor >= 1 of the %lld heads, got %lld", (long long)flat,
                      (long long)heads);

@@ -164,12 +164,15 @@ static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr,
             memset(dsrow, 0, sizeof(float) * ncp);
             continue;
         }
+        float *restrict th = pr->vis->cap > 0.0f ? sc->th : NULL; /* the row's tanh, for dS's 1 - t^2 */
+        if (th) F(softcap)(prow, ncp, pr->vis->cap, th);
         if (slope != 0.0f) F(alibi)(prow, c4[0], c4[3], slope, vis_pos(pr->vis, bg, i0 + r) - j0);
         const VF lse2 = (VF){} + sc->lse2[r], lse2lo = (VF){} + sc->lse2lo[r], delta = (VF){} + sc->delta[r];
         for (int64_t c = 0; c < ncp; c += VW) {
             const VF p = F(exp2v)((*(const VF *)(prow + c) - lse2) - lse2lo);
             *(VF *)(prow + c) = p;
             *(VF *)(dsrow + c) = p * (*(const VF *)(dsrow + c) - delta);
+            if (th) *(VF *)(dsrow + c) *= 1.0f - *(const VF *)(th + c) * *(const VF *)(th + c);
         }
         for (int64_t c = 0; c < c4[0]; c++) prow[c] = dsrow[c] = 0.0f;
         for (int64_t c = c4[1]; c < c4[2]; c++) prow[c] = dsrow[c] = 0.0f;
@@ -242,7 +245,8 @@ static TARGET int F(brun)(struct bproblem *pr) {
      * head's dQ (heads); dK_j, dV_j; the key block's panels of k and v, and k's rows padded */
     const int64_t sizes[] = {pr->bqp * pr->dp, pr->bqp * pr->dvp, pr->bqp, pr->bqp, pr->bqp, pr->bqp * pr->bk,
                              pr->bqp * pr->bk, (heads ? pr->g * qblocks : 1) * pr->bqp * pr->dp, pr->bk * pr->dp,
-                             pr->bk * pr->dvp, pr->bk * pr->d, pr->bk * pr->dv, pr->dp != pr->d ? pr->bk * pr->dp : 0};
+                             pr->bk * pr->dvp, pr->bk * pr->d, pr->bk * pr->dv, pr->dp != pr->d ? pr->bk * pr->dp : 0,
+                             pr->bk};
     enum { NPARTS = sizeof sizes / sizeof sizes[0] };
     int64_t per_thread = 0;
     for (int i = 0; i < NPARTS; i++) per_thread += (sizes[i] + 15) / 16 * 16; /* each buffer on a 64-byte line */
@@ -255,7 +259,7 @@ static TARGET int F(brun)(struct bproblem *pr) {
         float *mem = aligned_alloc(64, round64(sizeof(float) * per_thread));
         struct bscratch sc = {.packed_b = -1};
         float **parts[NPARTS] = {&sc.q,  &sc.dout, &sc.lse2, &sc.lse2lo, &sc.delta, &sc.s, &sc.ds,
-                                 &sc.dq, &sc.dk,   &sc.dv,   &sc.kp,     &sc.vp,    &sc.kr};
+                                 &sc.dq, &sc.dk,   &sc.dv,   &sc.kp,     &sc.vp,    &sc.kr,     &sc.th};
         for (int64_t i = 0, at = 0; mem && i < NPARTS; at += (sizes[i] + 15) / 16 * 16, i++) *parts[i] = mem + at;
         if (!mem) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         if (mem && heads) {

@@ -163,6 +163,22 @@ static TARGET void F(pack)(const struct problem *pr, int64_t b, float *kp, float
             for (int64_t t = 0; t < pr->dvp; t++) vp[j * pr->dvp + t] = j < tk && t < dv ? v[j * dv + t] : 0.0f;
 }
 
+/* tanh of VW lanes, 1 - 2 / (e^2x + 1) from exp2v: exact to float32's absolute rounding, +-1 at the ends. */
+static inline TARGET VF F(tanhv)(VF x) {
+    return 1.0f - 2.0f / (F(exp2v)(x * 2.8853900817779268f) + 1.0f); /* e^2x = 2^(2 x log2 e) */
+}
+
+/* Softcapping of base-2 scores, columns [0, n) (n a multiple of VW): s = cap tanh(s / cap); with `t`, each
+ * lane's tanh is kept there too (the backward's derivative 1 - t^2). */
+static inline TARGET void F(softcap)(float *restrict row, int64_t n, float cap, float *restrict t) {
+    const float inv = 1.0f / cap;
+    for (int64_t c = 0; c < n; c += VW) {
+        const VF th = F(tanhv)(*(const VF *)(row + c) * inv);
+        *(VF *)(row + c) = th * cap;
+        if (t) *(VF *)(t + c) = th;
+    }
+}
+
 /* ALiBi on a row of base-2 scores: columns a..z-1 less slope |pos - c|, pos the query's position less the
  * tile's first key. */
 static inline TARGET void F(alibi)(float *restrict row, int64_t a, int64_t z, float slope, int64_t pos) {
@@ -209,6 +225,7 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
                 memset(row, 0, sizeof(float) * ncp);
                 continue;
             }
+            if (vis->cap > 0.0f) F(softcap)(row, ncp, vis->cap, NULL);
             if (slope != 0.0f) F(alibi)(row, c4[0], c4[3], slope, vis_pos(vis, bg, i0 + r) - j0);
             for (int64_t c = 0; c < c4[0]; c++) row[c] = -INFINITY;
             for (int64_t c = c4[1]; c < c4[2]; c++) row[c] = -INFINITY;

@@ -246,7 +246,9 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                 continue;
             }
             const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
-            VF s = F(select)(seen, F(dots)(q + r * dp, kb, ldk, dp), (VF){} - INFINITY);
+            VF s = F(dots)(q + r * dp, kb, ldk, dp);
+            if (pr->vis->cap > 0.0f) s = F(tanhv)(s * (1.0f / pr->vis->cap)) * pr->vis->cap;
+            s = F(select)(seen, s, (VF){} - INFINITY);
             const float slope = vis_slope(pr->vis, flat0 + r / tq);
             if (slope != 0.0f) {
                 const VF dist = __builtin_convertvector((VI){} + (int32_t)(vis_pos(pr->vis, flat0 + r / tq, r % tq) - j) - lane, VF);

@@ -38,6 +38,7 @@ struct bscratch {
     float *s, *ds;                  /* the tile's P and dS */
     float *dq, *dk, *dv;            /* accumulators: dQ of the block (or of the head), dK and dV of a key block */
     float *kp, *vp, *kr;            /* the key block packed: key and value panels, key rows padded to dp */
+    float *th;                      /* a row's tanh of its scores under softcapping (bk floats) */
     int64_t packed_b, packed_j0;    /* which key block is packed (packed_b -1: none) */
 };
 
@@ -105,6 +106,7 @@ struct vis {
     const float *sinks;           /* (kb, kh) learned sink logits (natural log); NULL: none */
     int64_t sb, sh, pb, ph, ns, kb, kh;
     int64_t heads, tq, tk;        /* H of the (B, H) space, Tq, Tk */
+    float cap;                    /* logit softcapping in base 2, c log2 e (Gemma-2); 0: none */
 };
 
 static inline int64_t vis_at(int64_t nb, int64_t nh, int64_t heads, int64_t flat) { /* (bi, hi) as an index of (nb, nh) */
