@@ -106,6 +106,13 @@ def test_beyond_the_positions_says_so_with_the_window():
     ({"deadline_on": "first"}, "deadline_on must be"),
     ({"dtype": "float12"}, "dtype must be one of"),
     ({"hardware": "tpu"}, "known: this, h100"),
+    ({"prompt_tokens": 10**12}, "prompt_tokens must be at most 16,777,216"),
+    ({"new_tokens": 10**9}, "new_tokens must be at most 16,777,216"),
+    ({"gpus": 5}, "gpus must split gpt2's 12 query heads"),
+    ({"model": {"model_type": "gpt2", "n_embd": 250, "n_head": 12, "n_layer": 2, "vocab_size": 9, "n_positions": 64}},
+     "n_embd=250 is not a multiple of n_head=12"),
+    ({"model": {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": "2", "vocab_size": 9, "n_positions": 64}},
+     "n_layer must be an int >= 1, got '2'"),
 ])
 def test_bad_input_names_the_argument(kw, match):
     with pytest.raises(ValueError, match=match):

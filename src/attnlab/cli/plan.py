@@ -20,6 +20,8 @@ CURVE_POINTS = 33  # prompt lengths on the PNG's curves, log-spaced
 
 
 def _tokens(text: str) -> tuple[int, ...]:
+    from attnlab.planner.api import MAX_TOKENS
+
     out = []
     for part in names(text):
         scale = 1000 if part[-1] in "kK" else 1
@@ -29,6 +31,9 @@ def _tokens(text: str) -> tuple[int, ...]:
             value = math.nan
         if not (math.isfinite(value) and value >= 1 and value == int(value)):
             raise ValueError(f"--prompt takes comma-separated token counts >= 1 such as 4k,8k,32k (k = 1,000), got {part!r}")
+        if value > MAX_TOKENS:
+            raise ValueError(f"--prompt takes token counts up to {MAX_TOKENS:,} (beyond every model's positions), "
+                             f"got {part!r}")
         out.append(int(value))
     if not out:
         raise ValueError(f"--prompt takes comma-separated token counts such as 4k,8k,32k, got {text!r}")

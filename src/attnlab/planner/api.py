@@ -11,6 +11,7 @@ from attnlab.planner.hardware import Hardware
 from attnlab.planner.models import Architecture, load_model
 from attnlab.planner.search import Search
 
+MAX_TOKENS = 1 << 24  # prompt and new tokens above this are beyond every model's positions: a typo, not a plan
 MEMORY_SAYS = ("weights + max(KV of the prompt + the prefill's largest live activations (one sublayer's "
                "inputs and outputs; the attention kernels never hold n × n), KV after the last new token)")
 
@@ -105,7 +106,25 @@ def _lengths(prompt_tokens: Any) -> tuple[int, ...]:
         raise ValueError("prompt_tokens must hold at least one length")
     for v in values:
         _positive("prompt_tokens", v, int)
+        _at_most("prompt_tokens", v, MAX_TOKENS)
     return values
+
+
+def _at_most(name: str, value: int, cap: int, why: str = "beyond every model's positions") -> None:
+    if value > cap:
+        raise ValueError(f"{name} must be at most {cap:,} ({why}), got {value:,}")
+
+
+def _splits(a: Architecture, gpus: int) -> None:
+    """Tensor parallelism gives each device an equal share of the query heads, and of the k/v heads or whole
+    copies of them (as vLLM and TensorRT-LLM require): 3 devices cannot share 8 k/v heads."""
+    if gpus == 1:
+        return
+    if a.num_heads % gpus or (a.num_kv_heads % gpus and gpus % a.num_kv_heads):
+        fit = [g for g in range(2, a.num_heads + 1)
+               if not a.num_heads % g and not (a.num_kv_heads % g and g % a.num_kv_heads)]
+        raise ValueError(f"gpus must split {a.name}'s {a.num_heads} query heads and {a.num_kv_heads} k/v heads "
+                         f"evenly (tensor parallelism), got {gpus}; it can be 1, {', '.join(map(str, fit))}")
 
 
 def _row(s: P.Setup, n: int, batch: int, budget: float, deadline_s: float | None, on: str) -> Row:
@@ -152,12 +171,15 @@ def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_toke
     lengths = _lengths(prompt_tokens)
     for name, value in (("new_tokens", new_tokens), ("batch", batch), ("gpus", gpus)):
         _positive(name, value, int)
+    _at_most("new_tokens", new_tokens, MAX_TOKENS)
+    _at_most("batch", batch, P.MAX_BATCH_CAP, "the largest batch the planner searches")
     for name, value in (("deadline_ms", deadline_ms), ("memory_gb", memory_gb)):
         if value is not None:
             _positive(name, value)
     if deadline_on not in ("total", "ttft"):
         raise ValueError(f"deadline_on must be 'total' or 'ttft', got {deadline_on!r}")
     a = load_model(model)
+    _splits(a, gpus)
     dtype = dtype or a.dtype
     nbytes = P.nbytes_of(dtype)
     hw = P.resolve_hardware(hardware, a, dtype)
