@@ -143,7 +143,7 @@ def _row(s: P.Setup, n: int, batch: int, budget: float, deadline_s: float | None
 
 
 def _notes(a: Architecture, hw: Hardware, lengths: tuple[int, ...], new_tokens: int) -> list[str]:
-    notes = []
+    notes = list(hw.notes)
     if not hw.measured:
         notes.append(f"predicted for {hw.name}: datasheet figures ({hw.source}) times the assumed efficiencies "
                      + ", ".join(f"{k} {v:g}" for k, v in hw.efficiencies.items()) + ", not measured")

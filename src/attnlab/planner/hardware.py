@@ -125,6 +125,8 @@ class Hardware:
     details: dict = field(default_factory=dict)
     step_overhead_s: float = 0.0  # per pass, beside the layers': the decoding loop, sampling
     prefill_overhead_s: tuple[float, float] | None = None  # the prefill's (per layer, per pass), if not the same
+    notes: tuple[str, ...] = ()  # what a plan on it must say (a rate not measured, a busy machine)
+    bounds: tuple[Hardware, Hardware] | None = None  # the same machine at the fast and the slow end of its range
 
     def overhead(self, layers: int, prefill: bool) -> float:
         """The fixed seconds of one pass of ``layers`` layers: the prefill's where measured apart, else a step's."""
@@ -133,9 +135,10 @@ class Hardware:
         return layers * per_layer + per_pass
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = asdict(replace(self, bounds=None))
         for name in ("matmul", "bandwidth", "attention", "decode_attention", "elementwise"):
             d[name] = getattr(self, name).to_dict()
+        d["notes"], d["bounds"] = list(self.notes), [b.to_dict() for b in self.bounds] if self.bounds else None
         return d
 
 
