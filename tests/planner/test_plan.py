@@ -35,15 +35,15 @@ def test_ttft_and_tpot_term_by_term():
     layer = sum(f.layer_matmul_params(a).values())
     compute = 32 * 2 * 1000 * layer / 1e12 + 2 * 4096 * 128256 / 1e12
     read = f.decode_weight_bytes(a, 2) / 1e11
-    assert p.rows[0].prefill["matmuls"]["seconds"] == pytest.approx(max(compute, read))
-    assert p.rows[0].prefill["attention"]["seconds"] == pytest.approx(f.attention_flops(a, 1000, 1) / 5e11)
-    assert p.rows[0].prefill["overhead"]["seconds"] == pytest.approx(32 * 1e-4)
+    assert p.rows[0].term("prefill", "matmuls").seconds == pytest.approx(max(compute, read))
+    assert p.rows[0].term("prefill", "attention").seconds == pytest.approx(f.attention_flops(a, 1000, 1) / 5e11)
+    assert p.rows[0].term("prefill", "overhead").seconds == pytest.approx(32 * 1e-4)
     per_token = 12 * 4096 + 12 * (4096 + 1024) + 2 * (2 * 4096 + 2 * 1024) + 5 * 14336 + 6 * 4096
-    assert p.rows[0].prefill["elementwise"]["seconds"] == pytest.approx(32 * per_token * 1000 * 2 / 2e11)
+    assert p.rows[0].term("prefill", "elementwise").seconds == pytest.approx(32 * per_token * 1000 * 2 / 2e11)
     # one decode step (new_tokens = 2): reads every weight and the KV of 1,001 keys
     decode = read + f.kv_bytes(a, 1001, 1, 2) / 5e10 + 32 * 1e-4
     assert p.tpot_s == pytest.approx(decode)
-    assert p.rows[0].decode["weights"]["limited_by"] == "memory bandwidth"
+    assert p.rows[0].term("decode", "weights").limited_by == "memory bandwidth"
     assert p.total_s == pytest.approx(p.ttft_s + p.tpot_s)
 
 
@@ -79,7 +79,8 @@ def test_tensor_parallel_splits_weights_and_adds_all_reduces():
     one = plan("llama-3.1-70b", "h100", prompt_tokens=8000, new_tokens=16)
     four = plan("llama-3.1-70b", "h100", prompt_tokens=8000, new_tokens=16, gpus=4)
     assert four.weight_bytes == pytest.approx(one.weight_bytes / 4)
-    assert "all-reduce" in four.rows[0].decode and four.rows[0].decode["all-reduce"]["limited_by"] == "interconnect"
+    assert four.rows[0].term("decode", "all-reduce").limited_by == "interconnect"
+    assert one.rows[0].term("decode", "all-reduce") is None
     assert not one.rows[0].fits_memory and four.rows[0].fits_memory
 
 

@@ -13,7 +13,7 @@ from attnlab.lesson.section import Table, table
 from attnlab.planner import plan
 
 MODEL = "llama-3.1-8b"
-WHERE = {"this": "this machine (measured)", "h100": "H100 SXM (predicted)"}
+WHERE = {"this": "this machine (predicted from rates measured here)", "h100": "H100 SXM (predicted from its datasheet)"}
 PROMPTS = (8000, 32000, 128000)
 NEW_TOKENS = 256
 CURVE = tuple(1000 * 2**k for k in range(8)) + (128000,)  # 1k … 128k for the figure
@@ -24,9 +24,9 @@ QUESTION = ("A larger token limit can therefore mean slower inference, more time
 
 def _shares(row: dict) -> dict:
     """What part of each quantity attention is: of the first token, of each token after it, of the memory."""
-    pre, dec = row["prefill"], row["decode"]
-    return {"ttft_attention": pre["attention"]["seconds"] / row["ttft_s"],
-            "tpot_kv_read": dec["KV cache read"]["seconds"] / row["tpot_s"],
+    term = {(t["phase"], t["name"]): t["seconds"] for t in row["terms"]}
+    return {"ttft_attention": term["prefill", "attention"] / row["ttft_s"],
+            "tpot_kv_read": term["decode", "KV cache read"] / row["tpot_s"],
             "memory_kv": row["kv_bytes"] / row["peak_bytes"]}
 
 
@@ -84,5 +84,6 @@ def serving_findings(data: dict) -> list[str]:
     out.append("So a longer window is paid three times: the first token grows as n² (attention), every later token "
                "grows as n (the cache read), and memory grows as n (the cache), until the window no longer fits; "
                "on the accelerator the figures are predictions (datasheet × stated efficiencies), here they rest "
-               "on this machine's measured rates.")
+               "on this machine's rates measured at the model's shapes, extrapolated to lengths never run "
+               "(attnlab plan --verify runs a model here and prints predicted beside measured).")
     return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnlab.planner import predict as P
@@ -18,14 +18,18 @@ MEMORY_SAYS = ("weights + max(KV of the prompt + the prefill's largest live acti
 
 @dataclass(frozen=True)
 class Row:
-    """One prompt length: latency by term, memory by part, what limits it, and whether it fits."""
+    """One prompt length: latency by term, memory by part, what limits it, and whether it fits.
+
+    ``terms``: the prefill's (once) and a mean decode step's (per output token after the first);
+    ``limiting``: the term that takes the most of the total (a decode term counted over every new token);
+    ``ranges``: for ``ttft_s``, ``tpot_s`` and ``total_s``, (low, high) at the fast and the slow end of this
+    machine's measurements (None where no range is known: an accelerator's assumed efficiencies)."""
 
     prompt_tokens: int
     ttft_s: float
     tpot_s: float
     total_s: float
-    prefill: dict
-    decode: dict
+    terms: tuple[P.Term, ...]
     kv_bytes: float
     weight_bytes: float
     activation_bytes: float
@@ -34,16 +38,28 @@ class Row:
     meets_deadline: bool | None
     beyond_positions: bool
     max_batch: int
-    limited_by: str
+    limiting: P.Term
+    ranges: dict[str, tuple[float, float] | None]
 
     @property
     def fits(self) -> bool:
         return self.fits_memory and self.meets_deadline is not False and not self.beyond_positions
 
+    @property
+    def limited_by(self) -> str:
+        """The limiting term for people: "decode weights (memory bandwidth)"."""
+        t = self.limiting
+        return f"{t.phase} {t.name} ({t.limited_by})"
+
+    def term(self, phase: str, name: str) -> P.Term | None:
+        return next((t for t in self.terms if t.phase == phase and t.name == name), None)
+
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
-        return dict(asdict(self), fits=self.fits)
+        return dict(asdict(self), terms=[t.to_dict() for t in self.terms], limiting=self.limiting.to_dict(),
+                    limited_by=self.limited_by, fits=self.fits,
+                    ranges={k: list(v) if v else None for k, v in self.ranges.items()})
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,7 @@ class Plan:
     max_prompt_tokens: int | None
     search: Search
     notes: tuple[str, ...] = field(default=())
+    max_prompt_range: tuple[int, int] | None = None  # (at the slow end, at the fast end) of the measured rates
 
     @property
     def predicted(self) -> bool:
@@ -89,6 +106,7 @@ class Plan:
             "deadline_ms": self.deadline_ms, "deadline_on": self.deadline_on, "memory_bytes": self.memory_bytes,
             "memory_model": MEMORY_SAYS, "rows": [r.to_dict() for r in self.rows],
             "max_prompt_tokens": self.max_prompt_tokens, "search": self.search.to_dict(), "notes": list(self.notes),
+            "max_prompt_range": list(self.max_prompt_range) if self.max_prompt_range else None,
         }
 
 
@@ -132,14 +150,20 @@ def _row(s: P.Setup, n: int, batch: int, budget: float, deadline_s: float | None
     ttft, tpot = P.seconds(pre), P.seconds(dec)
     total = ttft + (s.new_tokens - 1) * tpot
     mem = P.memory(s, n, batch)
-    spans = {f"prefill {k}": t["seconds"] for k, t in pre.items()}
-    spans.update({f"decode {k}": t["seconds"] * (s.new_tokens - 1) for k, t in dec.items()})
-    top = max(spans, key=spans.get)
-    kind = (pre if top.startswith("prefill") else dec)[top.split(" ", 1)[1]]["limited_by"]
-    return Row(n, ttft, tpot, total, pre, dec, mem["kv_bytes"], mem["weight_bytes"], mem["activation_bytes"],
+    limiting = max(pre + dec, key=lambda t: t.seconds * (1 if t.phase == "prefill" else s.new_tokens - 1))
+    return Row(n, ttft, tpot, total, pre + dec, mem["kv_bytes"], mem["weight_bytes"], mem["activation_bytes"],
                mem["peak_bytes"], mem["peak_bytes"] <= budget,
                None if deadline_s is None else (ttft if on == "ttft" else total) <= deadline_s,
-               n + s.new_tokens > s.a.max_positions, P.max_batch(s, n, budget).n, f"{top} ({kind})")
+               n + s.new_tokens > s.a.max_positions, P.max_batch(s, n, budget).n, limiting, _ranges(s, n, batch))
+
+
+def _ranges(s: P.Setup, n: int, batch: int) -> dict[str, tuple[float, float] | None]:
+    """(low, high) of TTFT, TPOT and total: the same model at the fast and at the slow end of each measured rate."""
+    names = ("ttft_s", "tpot_s", "total_s")
+    if s.hw.bounds is None:
+        return dict.fromkeys(names)
+    ends = [P.latency(replace(s, hw=hw), n, batch) for hw in (s.hw, *s.hw.bounds)]
+    return {k: (min(e[i] for e in ends), max(e[i] for e in ends)) for i, k in enumerate(names)}
 
 
 def _notes(a: Architecture, hw: Hardware, lengths: tuple[int, ...], new_tokens: int) -> list[str]:
@@ -190,5 +214,9 @@ def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_toke
     deadline_s = None if deadline_ms is None else deadline_ms / 1000
     rows = tuple(_row(s, n, batch, budget, deadline_s, deadline_on) for n in lengths)
     search = P.largest_prompt(s, batch, budget, deadline_s, deadline_on)
+    span = None
+    if hw.bounds is not None and deadline_s is not None:  # memory alone does not move with the rates
+        slow, fast = (P.largest_prompt(replace(s, hw=b), batch, budget, deadline_s, deadline_on).n for b in hw.bounds[::-1])
+        span = (min(slow, fast, search.n), max(slow, fast, search.n))
     return Plan(a, hw, dtype, batch, new_tokens, gpus, deadline_ms, deadline_on, budget, rows,
-                search.n or None, search, tuple(_notes(a, hw, lengths, new_tokens)))
+                search.n or None, search, tuple(_notes(a, hw, lengths, new_tokens)), span)

@@ -20,7 +20,7 @@ measurements last for the process):
 - the fixed costs of a step through ``Transformer.generate``: per layer (the growth of a tiny model's
   step from one layer to several: dispatch and Python, its arithmetic negligible) and per step (the
   rest: the loop, sampling), for the first token (with the cache's set-up) and the later ones apart;
-- the memory available is read at each plan (it changes), never cached.
+- the memory available (plus this process's own) is read at each plan (it changes), never cached.
 
 Every time is the median of :data:`REPEATS` samples after a warm call, a sample of a short call being
 several calls in a row: the planner predicts the typical run, and on a shared or virtual machine the
@@ -323,11 +323,32 @@ def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware
     return hardware_of(profiles[key], key)
 
 
+def for_model(model: Any, dtype: str | None = None, refresh: bool = False) -> Hardware:
+    """This machine for ``model`` (anything :func:`attnlab.planner.models.load_model` takes) in ``dtype``
+    (default: the model's): the one call the CLI's ``--hardware this``, ``--calibrate`` and ``--verify`` make."""
+    from attnlab.planner.models import load_model
+
+    a = load_model(model)
+    return this_machine(a, dtype or a.dtype, refresh=refresh)
+
+
+def memory_budget() -> float:
+    """Bytes a server of the model could use here: what is available plus what this process already holds
+    (its resident memory), so that a plan asked from a process that has loaded models (the lesson) sees the
+    same budget as one from a fresh ``attnlab plan``."""
+    from attnlab.bench.sweep import memory_available
+
+    try:
+        with open("/proc/self/statm") as f:
+            held = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        held = 0
+    return float((memory_available() or 0) + held)
+
+
 def hardware_of(m: dict, key: str, end: int = 0) -> Hardware:
     """The :class:`Hardware` of a profile at one end of its measurements: 0 the median, 1 the low (fast), 2
     the high (slow); the median's carries the other two as its ``bounds``."""
-    from attnlab.bench.sweep import memory_available
-
     facts, col = machine_facts(), 1 + end
     pts = lambda name: tuple((p[0], p[col]) for p in m[name])  # noqa: E731
     one = lambda name: m[name][end]  # noqa: E731
@@ -343,7 +364,7 @@ def hardware_of(m: dict, key: str, end: int = 0) -> Hardware:
                      "attnlab plan --calibrate measures again".format(*_worst(m)))
     hw = Hardware(
         f"this machine ({facts['cpu']}, {m['torch_threads']} torch threads)", Rate(points=pts("matmul")), bandwidth,
-        Rate(points=pts("attention")), decode, Rate(points=pts("elementwise")), float(memory_available() or 0),
+        Rate(points=pts("attention")), decode, Rate(points=pts("elementwise")), memory_budget(),
         one("layer_overhead_s"), True, f"measured, cached in {cache_file()}" if not m["busy"] else "measured, busy",
         step_overhead_s=one("step_overhead_s"),
         prefill_overhead_s=(one("prefill_layer_overhead_s"), one("prefill_step_overhead_s")),
