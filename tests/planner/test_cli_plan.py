@@ -26,6 +26,8 @@ def _one_error(capsys, text):
     (["--hardware", "tpu"], "--hardware 'tpu' is not known; known: this, h100"),
     (["--hardware", "h100", "--efficiency", "matmul=3"], "--efficiency: efficiency matmul must be in (0, 1]"),
     (["--hardware", "this", "--efficiency", "matmul=0.5"], "--efficiency applies to a named accelerator"),
+    (["--hardware", "this", "--engine", "vllm"], "--engine applies to a named accelerator"),
+    (["--hardware", "h100", "--engine", "tgi"], "--engine must be one of vllm, trt-llm, ideal, got 'tgi'"),
     (["--deadline-on", "first"], "--deadline-on must be"),
     (["--hardware", "h100", "--dtype", "float12"], "--dtype must be one of"),
     (["--dtype", "fp8"], "--dtype must be one of float32, bfloat16, float16, float64 on this machine"),

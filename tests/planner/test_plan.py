@@ -7,7 +7,7 @@ import pytest
 import attnlab
 from attnlab.planner import Hardware, largest_length, plan
 from attnlab.planner import formulas as f
-from attnlab.planner.hardware import Efficiencies, Rate, accelerator
+from attnlab.planner.hardware import FITTED, Efficiencies, Rate, accelerator
 from attnlab.planner.models import load_model
 
 # round rates, so that every term can be computed by hand
@@ -65,7 +65,7 @@ def test_max_prompt_tokens_is_the_largest_meeting_both():
     n = p.max_prompt_tokens
     at = plan("llama-3.1-8b", "h100", prompt_tokens=[n, n + 1], new_tokens=64, deadline_ms=2000)
     assert at.rows[0].meets_deadline and not at.rows[1].meets_deadline
-    assert p.predicted and "predicted for H100 SXM" in p.notes[0]
+    assert p.predicted and "predicted for H100 SXM under vllm" in p.notes[0]
     ttft = plan("llama-3.1-8b", "h100", prompt_tokens=4000, new_tokens=64, deadline_ms=2000, deadline_on="ttft")
     assert ttft.max_prompt_tokens > n  # the first token alone meets the deadline at longer prompts
 
@@ -84,10 +84,27 @@ def test_tensor_parallel_splits_weights_and_adds_all_reduces():
     assert not one.rows[0].fits_memory and four.rows[0].fits_memory
 
 
-def test_efficiencies_are_stated_and_overridable():
-    base, slow = accelerator("h100"), accelerator("h100", Efficiencies(bandwidth=0.4))
-    assert base.efficiencies["bandwidth"] == 0.8
-    assert slow.bandwidth.per_s == pytest.approx(base.bandwidth.per_s / 2)
+def test_efficiencies_are_fitted_per_engine_stated_and_overridable():
+    vllm, ideal = accelerator("h100"), accelerator("h100", engine="ideal")
+    assert vllm.efficiencies == {**vars(Efficiencies()), **FITTED["h100", "vllm"][0]}
+    assert vllm.details["validation"] == list(FITTED["h100", "vllm"][1])
+    assert ideal.efficiencies["bandwidth"] == 0.8 and ideal.details["validation"] is None
+    assert accelerator("l4").details["validation"] is None  # no published rows: the assumptions
+    slow = accelerator("h100", Efficiencies(bandwidth=0.4))
+    assert slow.bandwidth.per_s == pytest.approx(ideal.bandwidth.per_s / 2) and slow.details["validation"] is None
+    with pytest.raises(ValueError, match="engine must be one of vllm, trt-llm, ideal, got 'tgi'"):
+        accelerator("h100", engine="tgi")
+
+
+def test_a_fitted_accelerator_shows_its_validation_range():
+    """Llama-3-8B on one H100 under vLLM, 128 + 128 tokens: 0.994 s in LLM-Inference-Bench (a fitted row)."""
+    p = plan("llama-3.1-8b", "h100", prompt_tokens=128, new_tokens=128)
+    low, high = FITTED["h100", "vllm"][1]
+    assert 0.85 < p.total_s / 0.994 < 1.15
+    assert p.rows[0].ranges["total_s"] == pytest.approx((p.total_s / high, p.total_s / low))
+    assert "on rows of other models left out of the fit it gave" in p.notes[0]
+    assume = plan("llama-3.1-8b", "h100", prompt_tokens=128, new_tokens=128, engine="ideal")
+    assert assume.rows[0].ranges["total_s"] is None and "assumed efficiencies" in assume.notes[0]
 
 
 def test_beyond_the_positions_says_so_with_the_window():

@@ -14,8 +14,11 @@ PROMPT_HELP = "Prompt lengths in tokens, comma-separated; k = 1,000 (4k = 4,000 
 MODEL_HELP = ("A transformers config.json (file or folder) or a bundled name (attnlab plan --list); "
               "nothing is downloaded.")
 HARDWARE_HELP = "'this' (measured here once, cached) or a bundled accelerator (attnlab plan --list): a prediction."
-EFFICIENCY_HELP = ("Override an accelerator's assumed efficiencies, e.g. matmul=0.6,bandwidth=0.85 "
+EFFICIENCY_HELP = ("Override single efficiencies of the accelerator's --engine, e.g. matmul=0.6,bandwidth=0.85 "
                    "(names: matmul, attention, bandwidth, decode_attention, link, layer_overhead_s, allreduce_latency_s).")
+ENGINE_HELP = ("A named accelerator's serving engine: vllm (the default) or trt-llm, whose efficiencies are fitted to "
+               "published measurements where there are some (H100, A100), or ideal (the assumed efficiencies); "
+               "--efficiency replaces single values of it.")
 CURVE_POINTS = 33  # prompt lengths on the PNG's curves, log-spaced
 
 
@@ -57,32 +60,40 @@ def _dtype(dtype: str | None, hardware: str) -> None:
         raise ValueError(f"--dtype must be one of {', '.join(allowed)}{' on this machine' if here else ''}, got {dtype!r}")
 
 
-def _hardware(hardware: str, efficiency: str | None) -> Any:
-    """'this' (resolved later, at the model's shapes), or the named accelerator with any --efficiency."""
-    from attnlab.planner.hardware import Efficiencies, accelerator
+def _hardware(hardware: str, efficiency: str | None, engine: str | None) -> Any:
+    """'this' (resolved later, at the model's shapes), or the named accelerator under --engine with any
+    --efficiency values in place of the engine's."""
+    from dataclasses import replace
 
+    from attnlab.planner.hardware import (ACCELERATORS, DEFAULT_ENGINE, ENGINES, Efficiencies, accelerator,
+                                          accelerator_key, engine_efficiencies)
+
+    if engine is not None and engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if hardware.strip().lower() == "this":
-        if efficiency is not None:
-            raise ValueError("--efficiency applies to a named accelerator; --hardware this is measured, not assumed")
+        for flag, value in (("--efficiency", efficiency), ("--engine", engine)):
+            if value is not None:
+                raise ValueError(f"{flag} applies to a named accelerator; --hardware this is measured, not assumed")
         return "this"
+    engine = engine or DEFAULT_ENGINE
     fields = Efficiencies.__dataclass_fields__
     values = {}
     for part in names(efficiency or ""):
-        key, _, val = (x.strip() for x in part.partition("="))
-        if key not in fields:
-            raise ValueError(f"--efficiency: unknown name {key!r}; names: {', '.join(fields)}")
+        name, _, val = (x.strip() for x in part.partition("="))
+        if name not in fields:
+            raise ValueError(f"--efficiency: unknown name {name!r}; names: {', '.join(fields)}")
         try:
-            values[key] = float(val)
+            values[name] = float(val)
         except ValueError:
-            raise ValueError(f"--efficiency {key} takes a number, got {val!r}") from None
+            raise ValueError(f"--efficiency {name} takes a number, got {val!r}") from None
+    key = accelerator_key(hardware)
+    if key is None:
+        raise ValueError(f"--hardware {hardware!r} is not known; known: this, {', '.join(ACCELERATORS)}")
     try:
-        eff = Efficiencies(**values)
+        eff = replace(engine_efficiencies(key, engine)[0], **values) if values else None
     except ValueError as e:
         raise ValueError(f"--efficiency: {e}") from None
-    try:
-        return accelerator(hardware, eff)
-    except ValueError as e:
-        raise ValueError(f"--{e}") from None
+    return accelerator(key, eff, engine)
 
 
 CALIBRATE_HELP = ("Measure this machine's rates at the model's shapes again (they are measured once and cached), "
@@ -103,6 +114,7 @@ def plan(
     deadline_on: str = typer.Option("total", "--deadline-on", help="What the deadline bounds: total or ttft."),
     memory_gb: float | None = typer.Option(None, "--memory-gb", help="Memory per device in GB (10^9 bytes); default: the device's."),
     gpus: int = typer.Option(1, "--gpus", help="Devices in tensor parallelism (named accelerators)."),
+    engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP),
     efficiency: str | None = typer.Option(None, "--efficiency", help=EFFICIENCY_HELP),
     calibrate: bool = typer.Option(False, "--calibrate", help=CALIBRATE_HELP),
     verify: bool = typer.Option(False, "--verify", help=VERIFY_HELP),
@@ -125,7 +137,7 @@ def plan(
     if deadline_on not in ("total", "ttft"):
         raise ValueError(f"--deadline-on must be total or ttft, got {deadline_on!r}")
     _dtype(dtype, hardware)
-    hw = _hardware(hardware, efficiency)
+    hw = _hardware(hardware, efficiency, engine)
     for flag, asked in (("--calibrate", calibrate), ("--verify", verify)):
         if asked and hw != "this":
             raise ValueError(f"{flag} measures this machine; it goes with --hardware this")
@@ -235,8 +247,11 @@ def _print(p: Any) -> None:
              f"{a.max_positions:,} positions" + (f", windows {', '.join(map(str, windows))} on "
                                                  f"{sum(w is not None for w in a.windows)} layers" if windows else ""))
     console.print(f"{a.name}: {shape} ({a.source})", highlight=False)
+    fitted = bool(hw.details.get("validation"))
     kind = ("predicted from rates measured here at the model's shapes (not a run of the model: attnlab plan "
-            "--verify runs it)" if hw.measured else "PREDICTED (datasheet × assumed efficiencies, not measured)")
+            "--verify runs it)" if hw.measured else
+            f"PREDICTED (datasheet × efficiencies fitted to published {hw.details['engine']} measurements)" if fitted
+            else "PREDICTED (datasheet × assumed efficiencies, not measured)")
     console.print(f"hardware: {hw.name}{f' × {p.gpus}' if p.gpus > 1 else ''}: {kind}", highlight=False)
     kv = "at the weights' rate" if hw.decode_attention == hw.bandwidth and hw.measured else _per_s(hw.decode_attention, "B/s")
     console.print(f"  rates: matmul {_per_s(hw.matmul, 'FLOP/s')}, weights read {_per_s(hw.bandwidth, 'B/s')}, attention "
@@ -248,9 +263,10 @@ def _print(p: Any) -> None:
         limits.insert(0, f"deadline {p.deadline_ms:g} ms on {p.deadline_on}")
     console.print(f"{p.dtype}, batch {p.batch}, {p.new_tokens} new tokens; {'; '.join(limits)}", highlight=False)
     ranged = any(r.ranges["ttft_s"] for r in p.rows)
+    where = ("where the measurements of the published rows left out of the fit fell" if fitted
+             else "at the fast and slow ends of this machine's measurements")
     table = Table(title="per prompt length (TPOT: mean over the new tokens; total = TTFT + (new − 1) · TPOT"
-                  + ("; in brackets: at the fast and slow ends of this machine's measurements)" if ranged else ")"),
-                  title_justify="left")
+                  + (f"; in brackets: {where})" if ranged else ")"), title_justify="left")
     for col in ("prompt", "TTFT", "TPOT", "total", "KV cache", "peak", "max batch", "fits?", "limited by"):
         table.add_column(col, justify="left" if col in ("fits?", "limited by") else "right")
     for r in p.rows:
@@ -290,12 +306,14 @@ def _terms(p: Any) -> Table:
 
 
 def _list(json_path: str | None) -> None:
-    from attnlab.planner.hardware import ACCELERATORS, Efficiencies
+    from attnlab.planner.hardware import ACCELERATORS, FIT_SOURCE, FITTED, Efficiencies
     from attnlab.planner.models import BUNDLED, load_model
 
     models = {k: dict(load_model(k).to_dict(), version=b.version, url=b.source) for k, b in BUNDLED.items()}
     accels = {k: vars(a) for k, a in ACCELERATORS.items()}
-    if write_json(json_path, {"models": models, "accelerators": accels, "efficiencies": vars(Efficiencies())}):
+    fitted = {f"{k}/{e}": dict(vars(Efficiencies(**eff)), validation=list(v)) for (k, e), (eff, v) in FITTED.items()}
+    if write_json(json_path, {"models": models, "accelerators": accels, "efficiencies": vars(Efficiencies()),
+                              "fitted": fitted, "fitted_source": FIT_SOURCE}):
         return
     t = Table(title="bundled models (numbers transcribed from each published config.json)", title_justify="left")
     for col in ("name", "layers", "heads (k/v)", "head dim", "d", "ff", "positions", "windows", "dtype"):
@@ -318,5 +336,10 @@ def _list(json_path: str | None) -> None:
     for k, a in ACCELERATORS.items():
         console.print(f"  {k}: {a.source}", highlight=False, soft_wrap=True)
     e = vars(Efficiencies())
-    console.print("assumed efficiencies (override with --efficiency): " + ", ".join(f"{k} {v:g}" for k, v in e.items()),
-                  highlight=False)
+    console.print("assumed efficiencies (--engine ideal, and any accelerator or engine without published rows): "
+                  + ", ".join(f"{k} {v:g}" for k, v in e.items()), highlight=False)
+    console.print(f"fitted (--engine vllm, the default, or trt-llm), {FIT_SOURCE}:", highlight=False)
+    for name, f in fitted.items():
+        console.print(f"  {name}: " + ", ".join(f"{k} {v:g}" for k, v in f.items() if k != "validation")
+                      + "; rows of other models: {:.2f}-{:.2f} × the measured total".format(*f["validation"]),
+                      highlight=False, soft_wrap=True)

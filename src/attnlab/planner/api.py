@@ -160,17 +160,34 @@ def _row(s: P.Setup, n: int, batch: int, budget: float, deadline_s: float | None
 def _ranges(s: P.Setup, n: int, batch: int) -> dict[str, tuple[float, float] | None]:
     """(low, high) of TTFT, TPOT and total: the same model at the fast and at the slow end of each measured rate."""
     names = ("ttft_s", "tpot_s", "total_s")
+    validation = s.hw.details.get("validation")
+    if validation:  # an accelerator fitted to published rows: where the held-out rows' measurements fell
+        return {k: (v / validation[1], v / validation[0]) for k, v in zip(names, P.latency(s, n, batch))}
     if s.hw.bounds is None:
         return dict.fromkeys(names)
     ends = [P.latency(replace(s, hw=hw), n, batch) for hw in (s.hw, *s.hw.bounds)]
     return {k: (min(e[i] for e in ends), max(e[i] for e in ends)) for i, k in enumerate(names)}
 
 
+def _predicted_note(hw: Hardware) -> str:
+    """What an accelerator's figures rest on: efficiencies fitted to published rows (and how far the rows left out
+    of the fit fell), or assumed."""
+    from attnlab.planner.hardware import FIT_SOURCE
+
+    effs = ", ".join(f"{k} {v:g}" for k, v in hw.efficiencies.items())
+    engine, validation = hw.details.get("engine"), hw.details.get("validation")
+    if validation:
+        return (f"predicted for {hw.name} under {engine}: datasheet figures ({hw.source}) times efficiencies {effs}, "
+                f"{FIT_SOURCE} (matmul and attention assumed); on rows of other models left out of the fit it gave "
+                f"{validation[0]:.2f}-{validation[1]:.2f} × the measured total, the range shown beside each figure")
+    return (f"predicted for {hw.name}: datasheet figures ({hw.source}) times the assumed efficiencies {effs} "
+            f"(no published measurements fitted for engine {engine}), not measured")
+
+
 def _notes(a: Architecture, hw: Hardware, lengths: tuple[int, ...], new_tokens: int) -> list[str]:
     notes = list(hw.notes)
     if not hw.measured:
-        notes.append(f"predicted for {hw.name}: datasheet figures ({hw.source}) times the assumed efficiencies "
-                     + ", ".join(f"{k} {v:g}" for k, v in hw.efficiencies.items()) + ", not measured")
+        notes.append(_predicted_note(hw))
     beyond = [n for n in lengths if n + new_tokens > a.max_positions]
     if beyond:
         window = (f"; its sliding window ({max(w for w in a.windows if w)} tokens) bounds the KV cache, "
@@ -182,7 +199,7 @@ def _notes(a: Architecture, hw: Hardware, lengths: tuple[int, ...], new_tokens: 
 
 def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_tokens: int = 256, batch: int = 1,
          dtype: str | None = None, deadline_ms: float | None = None, memory_gb: float | None = None, gpus: int = 1,
-         deadline_on: str = "total") -> Plan:
+         deadline_on: str = "total", engine: str | None = None) -> Plan:
     """Predict TTFT, TPOT, total time and memory of serving ``model`` on ``hardware``, per prompt length.
 
     model: a config.json path (file or folder), a bundled name (:data:`attnlab.planner.models.BUNDLED`),
@@ -190,7 +207,9 @@ def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_toke
     :class:`~attnlab.planner.hardware.Hardware`. prompt_tokens: one length or a list (one row each).
     dtype: of weights and cache (default: the config's). deadline_ms on ``deadline_on`` ("total" or "ttft").
     memory_gb: the budget per device in 10⁹ bytes (default: the device's memory; here, what is available).
-    gpus: devices in tensor parallelism (named accelerators only).
+    gpus: devices in tensor parallelism (named accelerators only). engine: a named accelerator's serving
+    engine, "vllm" (the default), "trt-llm" or "ideal" (the assumed efficiencies): its efficiencies are fitted
+    to published measurements where there are some (:data:`attnlab.planner.hardware.FITTED`).
     """
     lengths = _lengths(prompt_tokens)
     for name, value in (("new_tokens", new_tokens), ("batch", batch), ("gpus", gpus)):
@@ -206,7 +225,7 @@ def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_toke
     _splits(a, gpus)
     dtype = dtype or a.dtype
     nbytes = P.nbytes_of(dtype)
-    hw = P.resolve_hardware(hardware, a, dtype)
+    hw = P.resolve_hardware(hardware, a, dtype, engine)
     if gpus > 1 and hw.link is None:
         raise ValueError(f"gpus={gpus}: tensor parallelism needs a named accelerator (with its link), not {hw.name}")
     budget = memory_gb * 1e9 if memory_gb is not None else hw.memory_bytes

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from attnlab.planner import formulas as f
-from attnlab.planner.hardware import Hardware, accelerator
+from attnlab.planner.hardware import DEFAULT_ENGINE, Hardware, accelerator
 from attnlab.planner.models import DTYPE_BYTES, Architecture
 from attnlab.planner.search import Search, largest_length
 
@@ -148,7 +148,11 @@ def latency(s: Setup, n: int, batch: int) -> tuple[float, float, float]:
     return ttft, tpot, ttft + (s.new_tokens - 1) * tpot
 
 
-def resolve_hardware(hardware: object, a: Architecture, dtype: str) -> Hardware:
+def resolve_hardware(hardware: object, a: Architecture, dtype: str, engine: str | None = None) -> Hardware:
+    """A Hardware as given, this machine (measured), or a named accelerator under ``engine`` (default: vLLM)."""
+    if isinstance(hardware, Hardware) or not (isinstance(hardware, str) and hardware.strip().lower() != "this"):
+        if engine is not None:
+            raise ValueError(f"engine applies to a named accelerator, not to {getattr(hardware, 'name', hardware)!r}")
     if isinstance(hardware, Hardware):
         return hardware
     if not isinstance(hardware, str):
@@ -157,7 +161,7 @@ def resolve_hardware(hardware: object, a: Architecture, dtype: str) -> Hardware:
         from attnlab.planner.machine import this_machine
 
         return this_machine(a, dtype)
-    return accelerator(hardware)
+    return accelerator(hardware, engine=engine or DEFAULT_ENGINE)
 
 
 def max_batch(s: Setup, n: int, budget: float) -> Search:

@@ -93,7 +93,8 @@ def plan_figure(curve: dict, asked: dict | None = None) -> Figure:
     ax_mem.set_ylabel("GB (10⁹ bytes) per device")
     hw = curve["hardware"]
     kind = ("predicted from rates measured here; bands: their range" if hw["measured"]
-            else "predicted: datasheet × assumed efficiencies")
+            else "predicted: datasheet × efficiencies fitted to published rows; bands: their held-out error"
+            if hw["details"].get("validation") else "predicted: datasheet × assumed efficiencies")
     fig.suptitle(f"{curve['model']['name']} on {hw['name']}{' × %d' % curve['gpus'] if curve['gpus'] > 1 else ''} "
                  f"({kind}), {curve['dtype']}, batch {curve['batch']}", fontsize=10)
     return fig
