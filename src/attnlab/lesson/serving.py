@@ -81,9 +81,32 @@ def serving_findings(data: dict) -> list[str]:
             f"{r128['kv_bytes'] / 2**30:.1f} GiB beside {r8['weight_bytes'] / 1e9:.1f} GB of weights; in "
             f"{mem:.0f} GB {'only ' if len(fits) < 3 else ''}{', '.join(fits) or 'none'} fit"
             + (f" ({p['max_prompt_tokens']:,} tokens at most)." if p["max_prompt_tokens"] else "."))
+    out.append(_trust(data))
     out.append("So a longer window is paid three times: the first token grows as n² (attention), every later token "
                "grows as n (the cache read), and memory grows as n (the cache), until the window no longer fits; "
                "on the accelerator the figures are predictions (datasheet × stated efficiencies), here they rest "
                "on this machine's rates measured at the model's shapes, extrapolated to lengths never run "
                "(attnlab plan --verify runs a model here and prints predicted beside measured).")
     return out
+
+
+def _trust(data: dict) -> str:
+    """How far the figures can be trusted: the range of the first row's TTFT on each machine, and what it rests on."""
+    said = []
+    for where, label in data["where"].items():
+        p = data["plans"][where]
+        r, hw = p["rows"][0], p["hardware"]
+        span = r["ranges"]["ttft_s"]
+        within = f"{_t(r['ttft_s'])} ({_t(span[0])}–{_t(span[1])})" if span else _t(r["ttft_s"])
+        validation = hw["details"].get("validation")
+        if hw["measured"]:
+            why = ("the fast and slow ends of the rates measured here (attnlab plan --verify runs a model here and "
+                   "prints predicted beside measured)")
+        elif validation:
+            why = (f"efficiencies fitted to published {hw['details']['engine']} measurements, which on rows of other "
+                   f"models gave {validation[0]:.2f}–{validation[1]:.2f} × the measured total")
+        else:
+            why = "assumed efficiencies, with no published measurement to check them"
+        said.append(f"on {label} the first token at {r['prompt_tokens'] // 1000}k is {within}, from {why}")
+    return "How far to trust these: " + "; ".join(said) + "."
+

@@ -159,7 +159,8 @@ def verify(model: Any, prompt_tokens: Any = (1024, 4096), new_tokens: int = 32, 
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     a = load_model(model)
     if not (hardware == "this" or getattr(hardware, "measured", False)):
-        raise ValueError(f"--verify measures this machine; it goes with --hardware this, got {hardware!r}")
+        raise ValueError(f"hardware must be 'this' or this machine's measured Hardware (verify runs the model here), "
+                         f"got {getattr(hardware, 'name', hardware)!r}")
     p = plan(a, hardware, prompt_tokens=prompt_tokens, new_tokens=new_tokens, dtype=dtype)
     check_memory(p, float(memory_available() or 0))
     m = build(a, p.dtype, max(r.prompt_tokens for r in p.rows) + new_tokens + 1)
