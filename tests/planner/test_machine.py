@@ -63,7 +63,7 @@ def test_a_decode_that_never_grows_is_said_and_costed_at_the_read_rate(small, mo
     p = plan(small, "this", prompt_tokens=[64, 256], new_tokens=4, dtype="float32")
     hw = p.hardware
     assert hw.decode_attention == hw.bandwidth and hw.decode_attention.per_s > 0
-    assert any("did not grow with the cache beyond their noise in 3 measurements" in n for n in p.notes)
+    assert any("did not grow with the cache beyond their noise in 2 measurements" in n for n in p.notes)
     assert p.rows[1].tpot_s > p.rows[0].tpot_s  # more cache still costs more: at the read rate
 
 

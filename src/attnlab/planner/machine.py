@@ -67,7 +67,8 @@ OVERHEAD_PROMPT = 8  # the tiny models' prompt: the fixed costs are a step's ove
 # what a step over more keys costs beyond theirs, whatever path attention takes (a kernel's fixed cost included)
 DECODE_T = (OVERHEAD_PROMPT, 512, 2048, 8192)
 GEN_NEW = 17  # new tokens per generate run: 16 decode steps timed
-DECODE_ATTEMPTS = 3  # measurements of the decode steps, each over twice the runs and tokens of the last
+DECODE_ATTEMPTS = 2  # measurements of the decode steps, the second over twice the runs and tokens (a third, at four
+# times, made a plan on a loaded machine take minutes more and moved nothing there: its steps stayed in the noise)
 ELEMENTWISE = (1 << 16, 1 << 19, 1 << 22, 1 << 24)  # elements of the tensors multiplied  # cache lengths for one decode query
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
 BACKEND = "auto"  # attnlab's transformer's default backend
@@ -275,7 +276,7 @@ def _decode_points(a: Architecture, dtype: Any, nbytes: int) -> dict:
     the path generate takes, whatever kernel it uses), as a least-squares line (a step is a few milliseconds
     that move by a tenth from run to run). When the steps do not support a line that grows
     (:func:`attnlab.planner.noise.decode_line`), they are measured again over twice the runs and twice the
-    tokens, up to DECODE_ATTEMPTS times. ``points``: [KV bytes, median, low, high] (empty: never supported)."""
+    tokens, DECODE_ATTEMPTS times in all. ``points``: [KV bytes, median, low, high] (empty: never supported)."""
     h, kv, d = *_heads(a), a.head_dim
     model = _model(a, dtype, 1, h, kv, d, max(DECODE_T) + GEN_NEW * 2 ** DECODE_ATTEMPTS + 1)
     work = [2.0 * kv * d * nbytes * t for t in DECODE_T]
