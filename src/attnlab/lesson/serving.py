@@ -13,7 +13,7 @@ from attnlab.lesson.section import Table, table
 from attnlab.planner import plan
 
 MODEL = "llama-3.1-8b"
-WHERE = {"this": "this machine (predicted from rates measured here)", "h100": "H100 SXM (predicted from its datasheet)"}
+WHERE = {"this": "this machine (predicted from rates measured here)", "h100": "H100 SXM (predicted from its datasheet and published measurements)"}
 PROMPTS = (8000, 32000, 128000)
 NEW_TOKENS = 256
 CURVE = tuple(1000 * 2**k for k in range(8)) + (128000,)  # 1k … 128k for the figure
@@ -84,7 +84,8 @@ def serving_findings(data: dict) -> list[str]:
     out.append(_trust(data))
     out.append("So a longer window is paid three times: the first token grows as n² (attention), every later token "
                "grows as n (the cache read), and memory grows as n (the cache), until the window no longer fits; "
-               "on the accelerator the figures are predictions (datasheet × stated efficiencies), here they rest "
+               "on the accelerator the figures are predictions (datasheet × efficiencies fitted to published "
+               "vLLM measurements), here they rest "
                "on this machine's rates measured at the model's shapes, extrapolated to lengths never run "
                "(attnlab plan --verify runs a model here and prints predicted beside measured).")
     return out
