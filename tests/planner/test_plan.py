@@ -144,3 +144,12 @@ def test_plan_is_exported_lazily_and_to_dict_is_json():
     d = plan("qwen2.5-7b", "a100", prompt_tokens=[1000, 2000]).to_dict()
     json.dumps(d)
     assert d["predicted"] and len(d["rows"]) == 2 and d["rows"][0]["limited_by"]
+
+
+def test_the_decoder_that_ships_with_attnlab_is_a_model_name():
+    from attnlab.planner import load_model
+
+    a = load_model("attnlab:decoder")
+    assert (a.num_layers, a.num_heads, a.num_kv_heads, a.head_dim, a.hidden_size, a.max_positions, a.tied) == \
+        (4, 4, 2, 32, 128, 128, True)
+    assert plan("attnlab:decoder", "h100", prompt_tokens=64, new_tokens=16).rows[0].ttft_s > 0
