@@ -103,6 +103,8 @@ def test_a_fitted_accelerator_shows_its_validation_range():
     assert 0.85 < p.total_s / 0.994 < 1.15
     assert p.rows[0].ranges["total_s"] == pytest.approx((p.total_s / high, p.total_s / low))
     assert "on rows of other models left out of the fit it gave" in p.notes[0]
+    d = plan("llama-3.1-8b", "h100", prompt_tokens=128, new_tokens=128, deadline_ms=3000)
+    assert d.max_prompt_range[0] < d.max_prompt_tokens < d.max_prompt_range[1]
     assume = plan("llama-3.1-8b", "h100", prompt_tokens=128, new_tokens=128, engine="ideal")
     assert assume.rows[0].ranges["total_s"] is None and "assumed efficiencies" in assume.notes[0]
 

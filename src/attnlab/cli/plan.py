@@ -289,7 +289,9 @@ def _largest(p: Any) -> str:
     if p.search.capped:
         return text + " (the model's positions less the new tokens: the memory would allow more)"
     if p.max_prompt_range and p.max_prompt_range[0] != p.max_prompt_range[1]:
-        text += " ({:,}–{:,} at the slow and fast ends of this machine's measurements)".format(*p.max_prompt_range)
+        where = ("within the published rows' held-out error" if p.hardware.details.get("validation")
+                 else "at the slow and fast ends of this machine's measurements")
+        text += " ({:,}–{:,} {})".format(*p.max_prompt_range, where)
     return text
 
 

@@ -233,9 +233,23 @@ def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_toke
     deadline_s = None if deadline_ms is None else deadline_ms / 1000
     rows = tuple(_row(s, n, batch, budget, deadline_s, deadline_on) for n in lengths)
     search = P.largest_prompt(s, batch, budget, deadline_s, deadline_on)
-    span = None
-    if hw.bounds is not None and deadline_s is not None:  # memory alone does not move with the rates
-        slow, fast = (P.largest_prompt(replace(s, hw=b), batch, budget, deadline_s, deadline_on).n for b in hw.bounds[::-1])
-        span = (min(slow, fast, search.n), max(slow, fast, search.n))
     return Plan(a, hw, dtype, batch, new_tokens, gpus, deadline_ms, deadline_on, budget, rows,
-                search.n or None, search, tuple(_notes(a, hw, lengths, new_tokens)), span)
+                search.n or None, search, tuple(_notes(a, hw, lengths, new_tokens)),
+                _prompt_span(s, batch, budget, deadline_s, deadline_on, search.n))
+
+
+def _prompt_span(s: P.Setup, batch: int, budget: float, deadline_s: float | None, on: str, n: int) -> tuple[int, int] | None:
+    """The range the largest prompt meeting the deadline could be in: searched again at the slow and fast ends
+    of this machine's measurements, or, on a fitted accelerator, against the deadline scaled by the held-out
+    rows' error (a prediction r × the measured meets it when the measured does). None without a deadline:
+    memory alone does not move with the rates."""
+    if deadline_s is None:
+        return None
+    validation = s.hw.details.get("validation")
+    if validation:
+        ends = [P.largest_prompt(s, batch, budget, deadline_s * r, on).n for r in validation]
+    elif s.hw.bounds is not None:
+        ends = [P.largest_prompt(replace(s, hw=b), batch, budget, deadline_s, on).n for b in s.hw.bounds]
+    else:
+        return None
+    return min(*ends, n), max(*ends, n)
