@@ -135,8 +135,8 @@ def run_config(name: str, shape: dict, args: argparse.Namespace) -> dict:
         rows.append(dict(c.to_dict(), transformers=t, limited_by=p.limited_by, total_s=p.total_s,
                          terms=[term.to_dict() for term in p.terms]))
         print_row(name, rows[-1])
-    out = {"config": hf, "rows": rows, "hardware": hw.to_dict(), "notes": list(v.plan.notes)}
-    for note in v.plan.notes:
+    out = {"config": hf, "rows": rows, "hardware": hw.to_dict(), "notes": list(v.notes)}
+    for note in v.notes:
         print(f"  note: {note}", flush=True)
     if args.deadline_search and len(rows) >= 3:
         from attnlab.planner.verify import build

@@ -25,6 +25,9 @@ def test_verify_runs_the_model_and_puts_the_prediction_beside_it(small, monkeypa
         assert 0 < low <= median <= high and c.ttft_ratio == r.ttft_s / median
         assert c.tpot_ratio == r.tpot_s / c.measured_tpot_s[0]
     json.dumps(v.to_dict())
+    wide = V.Check(8, (1.0, None, None), (1.0, None, None), (1.0, 0.5, 2.0), (1.0, 1.0, 1.0))
+    busy = V.Verification(v.plan, (wide,), 2)
+    assert busy.notes[-1].startswith("the runs spread up to 150 %: the machine was busy")
 
 
 @pytest.mark.needs("torch")

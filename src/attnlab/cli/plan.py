@@ -183,7 +183,7 @@ def _verify(model: str, hw: Any, lengths: tuple[int, ...], new_tokens: int, dtyp
                       f"{c.ttft_ratio:.2f}", _ranged(*c.predicted_tpot_s), _ranged(*c.measured_tpot_s),
                       f"{c.tpot_ratio:.2f}")
     print_table(table)
-    for note in p.notes:
+    for note in v.notes:
         console.print(f"note: {note}", highlight=False)
 
 

@@ -59,8 +59,19 @@ class Verification:
     checks: tuple[Check, ...]
     repeats: int
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The plan's notes, and whether the runs themselves were taken on a busy machine (their spread past
+        :data:`attnlab.planner.noise.BUSY_SPREAD`): then a ratio is the machine's load as much as the plan's error."""
+        spreads = [noise.spread(m) for c in self.checks for m in (c.measured_ttft_s, c.measured_tpot_s)]
+        busy = () if max(spreads) <= noise.BUSY_SPREAD else (
+            f"the runs spread up to {100 * max(spreads):.0f} %: the machine was busy while they ran, so the ratios "
+            "say its load as much as the plan's error",)
+        return self.plan.notes + busy
+
     def to_dict(self) -> dict:
-        return {"plan": self.plan.to_dict(), "repeats": self.repeats, "checks": [c.to_dict() for c in self.checks]}
+        return {"plan": self.plan.to_dict(), "repeats": self.repeats, "checks": [c.to_dict() for c in self.checks],
+                "notes": list(self.notes)}
 
 
 def transformer_config(a: Architecture, positions: int) -> Any:
