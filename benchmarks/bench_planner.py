@@ -1,25 +1,27 @@
 """The context planner against measurement: predicted ÷ measured TTFT and TPOT of attnlab's generate.
 
-    .venv/bin/python benchmarks/bench_planner.py [--prompts 512,1024,2048,4096,8192,16384]
-        [--new-tokens 32] [--configs narrow,wide] [--threads N] [--repeats 5] [--calibrate] [--no-transformers]
-        [--deadline-search] [--json F]
+    .venv/bin/python benchmarks/bench_planner.py [--prompts 512,2048,8192] [--new-tokens 32]
+        [--configs narrow,wide | --random 4 --seed S] [--threads N] [--repeats 5] [--calibrate]
+        [--no-transformers] [--deadline-search] [--compete] [--json F]
 
-For two Llama-style configs of different shapes (random weights, float32, attnlab's default backend):
+For Llama-style configs (random weights, float32, attnlab's default backend): two named ones, or with
+``--random N`` N drawn from the family :data:`FAMILY` by ``--seed`` (the configs are printed):
 
-1. ``attnlab.plan(config, "this", …)`` predicts TTFT and TPOT from this machine's calibration (the
-   planner's measurements of the rates at the config's shapes; ``--calibrate`` measures them again).
-2. ``Transformer.generate`` runs each prompt length once to warm up, then ``--repeats`` times, medians reported (``on_token``
-   stamps each new token: TTFT is the first stamp, TPOT the mean gap between the later ones, as vLLM
-   defines it); transformers'
-   ``LlamaForCausalLM.generate`` (SDPA, the same config, greedy, no early stop) is measured beside it
-   with a streamer stamping its tokens.
-3. Each row: predicted, measured and predicted ÷ measured for TTFT and TPOT (target: within ±15 %),
-   and attnlab ÷ transformers. The term the error comes from is where the prediction's largest term is.
-4. ``--deadline-search``: a deadline on the total, set between two measured rows; the largest prompt
-   meeting it is found by measuring (bisection with generate, to 64 tokens) and compared with the
-   planner's ``max_prompt_tokens`` (target: within 10 %).
+1. this machine's profile at the config's shapes (``attnlab.planner.machine.for_model``; ``--calibrate``
+   measures it again) and ``attnlab.planner.verify.verify``: the plan's TTFT and TPOT, with their range,
+   beside ``Transformer.generate`` run at each prompt once to warm up and ``--repeats`` times (medians, with
+   min–max): the same path as ``attnlab plan --verify``;
+2. transformers' ``LlamaForCausalLM.generate`` (SDPA, the same config, greedy, no early stop) beside it
+   (``--no-transformers`` skips it);
+3. each row: predicted, measured and predicted ÷ measured for TTFT and TPOT (target: within ±15 %), and the
+   term the prediction's largest share is in;
+4. ``--deadline-search``: a deadline on the total between two measured rows; the largest prompt meeting it
+   found by measuring (bisection with generate, to 64 tokens) against the planner's ``max_prompt_tokens``
+   (target: within 10 %);
+5. ``--compete``: a second process spinning on one core for the whole run, so that the profile's spread
+   shows a busy machine (the plan says so, and the profile is not cached).
 
-It prints the machine (CPU, threads, the planner's measured rates) and one table per config.
+It prints the machine (CPU, threads, load) and one line per row.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import subprocess
+import sys
 import time
 
 CONFIGS = {  # config.json-style dicts: one source for attnlab's config, transformers' and the planner's
@@ -36,23 +41,29 @@ CONFIGS = {  # config.json-style dicts: one source for attnlab's config, transfo
              "num_key_value_heads": 8, "intermediate_size": 1376, "vocab_size": 4096},
 }
 TARGET_RATIO, TARGET_SEARCH = 0.15, 0.10
+# the family --random draws from (issue 29): head width 32-256, 1-8 query heads per k/v head, d 128-1,024,
+# 2-12 layers; the feed-forward 2.5-4 d (a multiple of 32), the vocabulary one of three sizes
+FAMILY = {"head_dim": (32, 48, 64, 80, 96, 128, 160, 192, 256), "group": (1, 2, 3, 4, 5, 6, 8), "d": (128, 1024),
+          "layers": (2, 12), "ff": (2.5, 4.0), "vocab": (2048, 8192, 32000)}
 
 
-def _config(name: str, positions: int) -> dict:
-    return dict(CONFIGS[name], max_position_embeddings=positions, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                hidden_act="silu", rope_theta=10000.0)
+def random_config(rng: random.Random) -> dict:
+    """One config of :data:`FAMILY`: its heads split d exactly, the query heads a multiple of the k/v heads."""
+    while True:
+        head_dim, group = rng.choice(FAMILY["head_dim"]), rng.choice(FAMILY["group"])
+        kv = [k for k in range(1, 33) if FAMILY["d"][0] <= k * group * head_dim <= FAMILY["d"][1]]
+        if kv:
+            break
+    k = rng.choice(kv)
+    d = k * group * head_dim
+    return {"model_type": "llama", "hidden_size": d, "num_hidden_layers": rng.randint(*FAMILY["layers"]),
+            "num_attention_heads": k * group, "num_key_value_heads": k, "head_dim": head_dim,
+            "intermediate_size": round(d * rng.uniform(*FAMILY["ff"]) / 32) * 32, "vocab_size": rng.choice(FAMILY["vocab"])}
 
 
-def measure_attnlab(model, n: int, new: int, vocab: int) -> dict:  # noqa: ANN001
-    import torch
-
-    ids = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(n))
-    stamps: list[float] = []
-    t0 = time.perf_counter()
-    model.generate(ids, new, on_token=lambda step, tok: stamps.append(time.perf_counter()))
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"ttft_s": stamps[0] - t0, "tpot_s": sum(gaps) / len(gaps) if gaps else None,
-            "total_s": stamps[-1] - t0}
+def _config(shape: dict, positions: int) -> dict:
+    return dict(shape, max_position_embeddings=positions, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                hidden_act="silu", rope_theta=10000.0, torch_dtype="float32")
 
 
 def measure_transformers(model, n: int, new: int, vocab: int) -> dict:  # noqa: ANN001
@@ -80,92 +91,127 @@ def measure_transformers(model, n: int, new: int, vocab: int) -> dict:  # noqa: 
 
 
 def median_of(repeats: int, run) -> dict:  # noqa: ANN001
-    """Each figure the median of ``repeats`` runs after a warm one (attnlab's and transformers' alternate by row),
-    with its spread over them as ``<figure>_range`` (min, max): how far the machine moves one measurement."""
-    import statistics
+    """Each figure [median, min, max] over ``repeats`` runs after a warm one."""
+    from attnlab.planner.noise import summary
 
-    run()  # warm: a length's first run pays its first calls' costs (auto's choices for new shapes, allocations)
+    run()  # warm: a length's first run pays its first calls' costs
     runs = [run() for _ in range(repeats)]
-    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    return out | {f"{k}_range": (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
+    return {k: summary([r[k] for r in runs]) for k in runs[0]}
 
 
-def search_measured(model, lo: int, hi: int, deadline_s: float, new: int, vocab: int) -> int:  # noqa: ANN001
+def search_measured(model, lo: int, hi: int, deadline_s: float, new: int) -> int:  # noqa: ANN001
     """The largest prompt (multiple of 64) whose measured total meets the deadline, between lo (meets) and hi."""
+    from attnlab.planner.verify import run_once
+
     while hi - lo > 64:
         mid = (lo + hi) // 2 // 64 * 64
         if mid <= lo:
             break
-        if measure_attnlab(model, mid, new, vocab)["total_s"] <= deadline_s:
+        if run_once(model, mid, new)["total_s"] <= deadline_s:
             lo = mid
         else:
             hi = mid
     return lo
 
 
-def run_config(name: str, args: argparse.Namespace) -> dict:
-    from attnlab.planner import plan
-    from attnlab.planner.machine import this_machine
-    from attnlab.planner.models import load_model
-    from attnlab.transformer import Transformer, TransformerConfig
+def run_config(name: str, shape: dict, args: argparse.Namespace) -> dict:
+    from attnlab.planner.machine import for_model
+    from attnlab.planner.verify import verify
+    from attnlab.transformer import TransformerConfig
 
-    hf = _config(name, max(args.prompts) + args.new_tokens)
+    hf = _config(shape, max(args.prompts) + args.new_tokens + 1)
     cfg = TransformerConfig.from_hf(hf)
-    hw = this_machine(load_model(cfg), "float32", refresh=args.calibrate)
-    predicted = plan(cfg, hw, prompt_tokens=list(args.prompts), new_tokens=args.new_tokens, dtype="float32")
-    ours = Transformer(cfg).eval()
+    hw = for_model(cfg, "float32", refresh=args.calibrate)
+    v = verify(cfg, list(args.prompts), args.new_tokens, "float32", args.repeats, hardware=hw)
     theirs = None
     if not args.no_transformers:
         import transformers
 
         theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf, attn_implementation="sdpa")).eval()
     rows = []
-    for n, p in zip(args.prompts, predicted.rows):
-        m = median_of(args.repeats, lambda: measure_attnlab(ours, n, args.new_tokens, hf["vocab_size"]))
-        t = (median_of(args.repeats, lambda: measure_transformers(theirs, n, args.new_tokens, hf["vocab_size"]))
-             if theirs is not None else None)
-        rows.append({"prompt": n, "predicted": {"ttft_s": p.ttft_s, "tpot_s": p.tpot_s, "total_s": p.total_s},
-                     "attnlab": m, "transformers": t, "limited_by": p.limited_by,
-                     "ttft_ratio": p.ttft_s / m["ttft_s"], "tpot_ratio": p.tpot_s / m["tpot_s"],
-                     "prefill_terms": {k: v["seconds"] for k, v in p.prefill.items()},
-                     "decode_terms": {k: v["seconds"] for k, v in p.decode.items()}})
+    for c, p in zip(v.checks, v.plan.rows):
+        t = (median_of(args.repeats, lambda: measure_transformers(theirs, c.prompt_tokens, args.new_tokens,
+                                                                  hf["vocab_size"])) if theirs is not None else None)
+        rows.append(dict(c.to_dict(), transformers=t, limited_by=p.limited_by, total_s=p.total_s,
+                         terms=[term.to_dict() for term in p.terms]))
         print_row(name, rows[-1])
-    out = {"config": hf, "rows": rows, "hardware": hw.to_dict()}
+    out = {"config": hf, "rows": rows, "hardware": hw.to_dict(), "notes": list(v.notes)}
+    for note in v.notes:
+        print(f"  note: {note}", flush=True)
     if args.deadline_search and len(rows) >= 3:
-        out["search"] = deadline_search(cfg, hw, ours, rows, args, hf["vocab_size"])
+        from attnlab.planner.verify import build
+
+        out["search"] = deadline_search(cfg, hw, build(v.plan.model, "float32", max(args.prompts) + args.new_tokens + 1),
+                                        rows, args)
     return out
 
 
-def deadline_search(cfg, hw, model, rows: list[dict], args: argparse.Namespace, vocab: int) -> dict:  # noqa: ANN001
+def deadline_search(cfg, hw, model, rows: list[dict], args: argparse.Namespace) -> dict:  # noqa: ANN001
     from attnlab.planner import plan
 
     i = len(rows) - 2  # between the two largest measured rows
     a, b = rows[i - 1], rows[i]
-    deadline_s = (a["attnlab"]["total_s"] * b["attnlab"]["total_s"]) ** 0.5
-    measured = search_measured(model, a["prompt"], b["prompt"], deadline_s, args.new_tokens, vocab)
-    p = plan(cfg, hw, prompt_tokens=a["prompt"], new_tokens=args.new_tokens, dtype="float32",
+    deadline_s = (a["total_s"] * b["total_s"]) ** 0.5
+    measured = search_measured(model, a["prompt_tokens"], b["prompt_tokens"], deadline_s, args.new_tokens)
+    p = plan(cfg, hw, prompt_tokens=a["prompt_tokens"], new_tokens=args.new_tokens, dtype="float32",
              deadline_ms=deadline_s * 1000)
     best = p.max_prompt_tokens
     result = {"deadline_ms": deadline_s * 1000, "measured_max_prompt": measured, "predicted_max_prompt": best,
-              "ratio": None if best is None else best / measured}
+              "predicted_range": p.max_prompt_range, "ratio": None if best is None else best / measured}
     said = "none meets it" if best is None else f"{best:,} (ratio {result['ratio']:.3f})"
     print(f"  deadline {deadline_s * 1000:,.0f} ms on the total: largest prompt measured {measured:,}, predicted "
-          f"{said}; target within ±{TARGET_SEARCH:.0%}", flush=True)
+          f"{said}, range {p.max_prompt_range}; target within ±{TARGET_SEARCH:.0%}", flush=True)
     return result
+
+
+def _ms(m: list) -> str:
+    """[median, low, high] seconds as "6.3 ms (5.8–7.0)"; the figure alone where no range is known."""
+    if m[1] is None:
+        return f"{m[0] * 1e3:,.2f} ms"
+    return "{:,.2f} ms ({:,.2f}–{:,.2f})".format(*(1e3 * x for x in m))
 
 
 def print_row(name: str, r: dict) -> None:
     ok = lambda x: "ok" if abs(x - 1) <= TARGET_RATIO else "OFF"  # noqa: E731
     t = r["transformers"]
-    beside = (f" | transformers TTFT {t['ttft_s'] * 1e3:9,.1f} ms TPOT {t['tpot_s'] * 1e3:7,.2f} ms "
-              f"(attnlab ÷ transformers {r['attnlab']['ttft_s'] / t['ttft_s']:.2f} / {r['attnlab']['tpot_s'] / t['tpot_s']:.2f})"
+    beside = (f" | transformers TTFT {_ms(t['ttft_s'])} TPOT {_ms(t['tpot_s'])} (attnlab ÷ transformers "
+              f"{r['measured_ttft_s'][0] / t['ttft_s'][0]:.2f} / {r['measured_tpot_s'][0] / t['tpot_s'][0]:.2f})"
               if t else "")
-    m = r["attnlab"]
-    spread = lambda key: "({:,.1f}–{:,.1f})".format(*(1e3 * x for x in m[f"{key}_range"]))  # noqa: E731
-    print(f"{name:6} n={r['prompt']:6,}  TTFT pred {r['predicted']['ttft_s'] * 1e3:9,.1f} ms meas "
-          f"{m['ttft_s'] * 1e3:9,.1f} ms {spread('ttft_s')} ratio {r['ttft_ratio']:.3f} {ok(r['ttft_ratio']):3} | TPOT "
-          f"pred {r['predicted']['tpot_s'] * 1e3:7,.2f} ms meas {m['tpot_s'] * 1e3:7,.2f} ms {spread('tpot_s')} ratio "
-          f"{r['tpot_ratio']:.3f} {ok(r['tpot_ratio']):3} | {r['limited_by']}{beside}", flush=True)
+    print(f"{name:8} n={r['prompt_tokens']:6,}  TTFT pred {_ms(r['predicted_ttft_s'])} meas {_ms(r['measured_ttft_s'])} "
+          f"ratio {r['ttft_ratio']:.3f} {ok(r['ttft_ratio']):3} | TPOT pred {_ms(r['predicted_tpot_s'])} meas "
+          f"{_ms(r['measured_tpot_s'])} ratio {r['tpot_ratio']:.3f} {ok(r['tpot_ratio']):3} | {r['limited_by']}{beside}",
+          flush=True)
+
+
+def _shapes(args: argparse.Namespace) -> dict[str, dict]:
+    if not args.random:
+        return {name: CONFIGS[name] for name in args.configs.split(",")}
+    rng = random.Random(args.seed)
+    shapes = {f"random{i}": random_config(rng) for i in range(args.random)}
+    for name, c in shapes.items():
+        print(f"{name}: d {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']} heads of "
+              f"{c['head_dim']} over {c['num_key_value_heads']} k/v, ff {c['intermediate_size']}, vocab "
+              f"{c['vocab_size']}", flush=True)
+    return shapes
+
+
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", default="512,2048,8192")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--random", type=int, default=0, help="draw this many configs from FAMILY instead")
+    ap.add_argument("--seed", type=int, default=29)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=5, help="runs per row (medians)")
+    ap.add_argument("--calibrate", action="store_true", help="measure the planner's rates again first")
+    ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--deadline-search", action="store_true")
+    ap.add_argument("--compete", action="store_true", help="run a process spinning on one core beside")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    args.prompts = tuple(int(x) for x in args.prompts.split(","))
+    return args
 
 
 def main() -> None:
@@ -173,34 +219,27 @@ def main() -> None:
 
     from attnlab.backends.calibrate import machine_facts
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=5, help="runs per row (medians)")
-    ap.add_argument("--calibrate", action="store_true", help="measure the planner's rates again first")
-    ap.add_argument("--no-transformers", action="store_true")
-    ap.add_argument("--deadline-search", action="store_true")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    args.prompts = tuple(int(x) for x in args.prompts.split(","))
+    args = _args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.compete else None
     facts = machine_facts()
     print(f"{facts['cpu']}, {os.cpu_count()} CPUs, torch {torch.__version__} with {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"ISA {os.environ.get('ATEN_CPU_CAPABILITY', 'default')}, load average {os.getloadavg()[0]:.1f}"
+          + (", beside a competing process" if rival else ""), flush=True)
     result = {"machine": dict(facts, torch_threads=torch.get_num_threads(), load_average=os.getloadavg()),
-              "new_tokens": args.new_tokens, "configs": {}}
-    for name in args.configs.split(","):
-        result["configs"][name] = run_config(name, args)
-        hw = result["configs"][name]["hardware"]
-        print(f"  {name}: matmul {hw['matmul']['per_s'] / 1e9:.1f} GFLOP/s, read {hw['bandwidth']['per_s'] / 1e9:.1f} GB/s, "
-              f"attention {hw['attention']['per_s'] / 1e9:.1f} GFLOP/s, decode attention "
-              f"{hw['decode_attention']['per_s'] / 1e9:.2f} GB/s, {hw['layer_overhead_s'] * 1e6:.0f} µs per layer", flush=True)
+              "new_tokens": args.new_tokens, "seed": args.seed if args.random else None, "compete": args.compete,
+              "configs": {}}
+    try:
+        for name, shape in _shapes(args).items():
+            result["configs"][name] = run_config(name, shape, args)
+    finally:
+        if rival is not None:
+            rival.kill()
     ratios = [r[k] for c in result["configs"].values() for r in c["rows"] for k in ("ttft_ratio", "tpot_ratio")]
     within = sum(abs(x - 1) <= TARGET_RATIO for x in ratios)
-    print(f"{within} of {len(ratios)} ratios within ±{TARGET_RATIO:.0%}", flush=True)
+    print(f"{within} of {len(ratios)} ratios within ±{TARGET_RATIO:.0%}; load average now {os.getloadavg()[0]:.1f}",
+          flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -26,14 +26,46 @@ def _one_error(capsys, text):
     (["--hardware", "tpu"], "--hardware 'tpu' is not known; known: this, h100"),
     (["--hardware", "h100", "--efficiency", "matmul=3"], "--efficiency: efficiency matmul must be in (0, 1]"),
     (["--hardware", "this", "--efficiency", "matmul=0.5"], "--efficiency applies to a named accelerator"),
+    (["--hardware", "this", "--engine", "vllm"], "--engine applies to a named accelerator"),
+    (["--hardware", "h100", "--engine", "tgi"], "--engine must be one of vllm, trt-llm, ideal, got 'tgi'"),
     (["--deadline-on", "first"], "--deadline-on must be"),
     (["--hardware", "h100", "--dtype", "float12"], "--dtype must be one of"),
     (["--dtype", "fp8"], "--dtype must be one of float32, bfloat16, float16, float64 on this machine"),
     (["--hardware", "h100", "--calibrate"], "--calibrate measures this machine"),
+    (["--hardware", "h100", "--prompt", "1e12"], "--prompt takes token counts up to 16,777,216"),
+    (["--hardware", "h100", "--new-tokens", "100000000"], "--new-tokens must be at most 16,777,216"),
+    (["--hardware", "h100", "--batch", "100000000"], "--batch must be at most 1,048,576"),
+    (["--hardware", "h100", "--gpus", "5"], "--gpus must split gpt2's 12 query heads and 12 k/v heads evenly"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(capsys, args, text):
     assert main(["plan", "--model", "gpt2", *args]) == 2
     _one_error(capsys, text)
+
+
+BASE = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 8, "intermediate_size": 512, "vocab_size": 100, "max_position_embeddings": 2048}
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"num_hidden_layers": "four"}, "num_hidden_layers must be an int >= 1, got 'four'"),
+    ({"num_key_value_heads": 2.5}, "num_key_value_heads must be an int >= 1, got 2.5"),
+    ({"hidden_size": 250}, "hidden_size=250 is not a multiple of num_attention_heads=8"),
+    ({"num_key_value_heads": 3}, "num_attention_heads=8 is not a multiple of num_key_value_heads=3"),
+    ({"intermediate_size": None}, "the config has no 'intermediate_size', which the planner needs"),
+    ({"sliding_window": "4k"}, "sliding_window must be an int >= 1, got '4k'"),
+    ({"torch_dtype": "float12"}, "torch_dtype must be one of"),
+])
+def test_a_bad_config_is_one_line_naming_the_key(tmp_path, capsys, change, text):
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **change}))
+    assert main(["plan", "--model", str(tmp_path), "--hardware", "h100", "--prompt", "1k"]) == 2
+    _one_error(capsys, text)
+
+
+def test_gpus_that_do_not_split_the_kv_heads_are_refused(capsys):
+    assert main(["plan", "--model", "llama-3.1-8b", "--hardware", "h100", "--gpus", "3", "--prompt", "1k"]) == 2
+    _one_error(capsys, "--gpus must split llama-3.1-8b's 32 query heads and 8 k/v heads evenly (tensor "
+                       "parallelism), got 3; it can be 1, 2, 4, 8, 16, 32")
+    assert main(["plan", "--model", "llama-3.1-8b", "--hardware", "h100", "--gpus", "16", "--prompt", "1k"]) == 0
 
 
 def test_unknown_model_and_missing_model(capsys):

@@ -11,15 +11,20 @@ from rich.table import Table
 from attnlab.cli.common import console, err, json_option, names, out_file, print_table, write_json
 
 PROMPT_HELP = "Prompt lengths in tokens, comma-separated; k = 1,000 (4k = 4,000 tokens)."
-MODEL_HELP = ("A transformers config.json (file or folder) or a bundled name (attnlab plan --list); "
+MODEL_HELP = ("A transformers config.json (file or folder), a bundled name (attnlab plan --list) or attnlab:decoder; "
               "nothing is downloaded.")
 HARDWARE_HELP = "'this' (measured here once, cached) or a bundled accelerator (attnlab plan --list): a prediction."
-EFFICIENCY_HELP = ("Override an accelerator's assumed efficiencies, e.g. matmul=0.6,bandwidth=0.85 "
+EFFICIENCY_HELP = ("Override single efficiencies of the accelerator's --engine, e.g. matmul=0.6,bandwidth=0.85 "
                    "(names: matmul, attention, bandwidth, decode_attention, link, layer_overhead_s, allreduce_latency_s).")
+ENGINE_HELP = ("A named accelerator's serving engine: vllm (the default) or trt-llm, whose efficiencies are fitted to "
+               "published measurements where there are some (H100, A100), or ideal (the assumed efficiencies); "
+               "--efficiency replaces single values of it.")
 CURVE_POINTS = 33  # prompt lengths on the PNG's curves, log-spaced
 
 
 def _tokens(text: str) -> tuple[int, ...]:
+    from attnlab.planner.api import MAX_TOKENS
+
     out = []
     for part in names(text):
         scale = 1000 if part[-1] in "kK" else 1
@@ -29,6 +34,9 @@ def _tokens(text: str) -> tuple[int, ...]:
             value = math.nan
         if not (math.isfinite(value) and value >= 1 and value == int(value)):
             raise ValueError(f"--prompt takes comma-separated token counts >= 1 such as 4k,8k,32k (k = 1,000), got {part!r}")
+        if value > MAX_TOKENS:
+            raise ValueError(f"--prompt takes token counts up to {MAX_TOKENS:,} (beyond every model's positions), "
+                             f"got {part!r}")
         out.append(int(value))
     if not out:
         raise ValueError(f"--prompt takes comma-separated token counts such as 4k,8k,32k, got {text!r}")
@@ -52,32 +60,47 @@ def _dtype(dtype: str | None, hardware: str) -> None:
         raise ValueError(f"--dtype must be one of {', '.join(allowed)}{' on this machine' if here else ''}, got {dtype!r}")
 
 
-def _hardware(hardware: str, efficiency: str | None) -> Any:
-    """'this' (resolved later, at the model's shapes), or the named accelerator with any --efficiency."""
-    from attnlab.planner.hardware import Efficiencies, accelerator
+def _hardware(hardware: str, efficiency: str | None, engine: str | None) -> Any:
+    """'this' (resolved later, at the model's shapes), or the named accelerator under --engine with any
+    --efficiency values in place of the engine's."""
+    from dataclasses import replace
 
+    from attnlab.planner.hardware import (ACCELERATORS, DEFAULT_ENGINE, ENGINES, Efficiencies, accelerator,
+                                          accelerator_key, engine_efficiencies)
+
+    if engine is not None and engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if hardware.strip().lower() == "this":
-        if efficiency is not None:
-            raise ValueError("--efficiency applies to a named accelerator; --hardware this is measured, not assumed")
+        for flag, value in (("--efficiency", efficiency), ("--engine", engine)):
+            if value is not None:
+                raise ValueError(f"{flag} applies to a named accelerator; --hardware this is measured, not assumed")
         return "this"
+    engine = engine or DEFAULT_ENGINE
     fields = Efficiencies.__dataclass_fields__
     values = {}
     for part in names(efficiency or ""):
-        key, _, val = (x.strip() for x in part.partition("="))
-        if key not in fields:
-            raise ValueError(f"--efficiency: unknown name {key!r}; names: {', '.join(fields)}")
+        name, _, val = (x.strip() for x in part.partition("="))
+        if name not in fields:
+            raise ValueError(f"--efficiency: unknown name {name!r}; names: {', '.join(fields)}")
         try:
-            values[key] = float(val)
+            values[name] = float(val)
         except ValueError:
-            raise ValueError(f"--efficiency {key} takes a number, got {val!r}") from None
+            raise ValueError(f"--efficiency {name} takes a number, got {val!r}") from None
+    key = accelerator_key(hardware)
+    if key is None:
+        raise ValueError(f"--hardware {hardware!r} is not known; known: this, {', '.join(ACCELERATORS)}")
     try:
-        eff = Efficiencies(**values)
+        eff = replace(engine_efficiencies(key, engine)[0], **values) if values else None
     except ValueError as e:
         raise ValueError(f"--efficiency: {e}") from None
-    try:
-        return accelerator(hardware, eff)
-    except ValueError as e:
-        raise ValueError(f"--{e}") from None
+    return accelerator(key, eff, engine)
+
+
+CALIBRATE_HELP = ("Measure this machine's rates at the model's shapes again (they are measured once and cached), "
+                  "then plan.")
+VERIFY_HELP = ("Check the plan here: build the model from its config with random weights, run generate at each "
+               "--prompt length and print predicted, measured and their ratio (refused when it would not fit in "
+               "memory).")
 
 
 def plan(
@@ -91,8 +114,11 @@ def plan(
     deadline_on: str = typer.Option("total", "--deadline-on", help="What the deadline bounds: total or ttft."),
     memory_gb: float | None = typer.Option(None, "--memory-gb", help="Memory per device in GB (10^9 bytes); default: the device's."),
     gpus: int = typer.Option(1, "--gpus", help="Devices in tensor parallelism (named accelerators)."),
+    engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP),
     efficiency: str | None = typer.Option(None, "--efficiency", help=EFFICIENCY_HELP),
-    calibrate: bool = typer.Option(False, "--calibrate", help="Measure this machine again for the model (not the cache)."),
+    calibrate: bool = typer.Option(False, "--calibrate", help=CALIBRATE_HELP),
+    verify: bool = typer.Option(False, "--verify", help=VERIFY_HELP),
+    repeats: int = typer.Option(5, "--repeats", help="--verify: runs per prompt length (medians, with their range)."),
     list_all: bool = typer.Option(False, "--list", help="List the bundled models and accelerators."),
     png_path: str | None = typer.Option(None, "--png", metavar="PATH", help="Write latency and memory against context to this PNG.",
                                         callback=out_file("--png")),
@@ -105,30 +131,26 @@ def plan(
         raise ValueError("--model is required (a config.json path or a bundled name; attnlab plan --list)")
     lengths = _tokens(prompt)
     for flag, value, whole in (("--new-tokens", new_tokens, True), ("--batch", batch, True), ("--gpus", gpus, True),
-                               ("--deadline-ms", deadline_ms, False), ("--memory-gb", memory_gb, False)):
+                               ("--repeats", repeats, True), ("--deadline-ms", deadline_ms, False),
+                               ("--memory-gb", memory_gb, False)):
         _positive(flag, value, whole)
     if deadline_on not in ("total", "ttft"):
         raise ValueError(f"--deadline-on must be total or ttft, got {deadline_on!r}")
     _dtype(dtype, hardware)
+    hw = _hardware(hardware, efficiency, engine)
+    for flag, asked in (("--calibrate", calibrate), ("--verify", verify)):
+        if asked and hw != "this":
+            raise ValueError(f"{flag} measures this machine; it goes with --hardware this")
+    if hw == "this":
+        from attnlab.planner.machine import for_model
+
+        with _status("measuring this machine at the model's shapes…" if calibrate
+                     else "reading (or measuring, once) this machine at the model's shapes…"):
+            hw = for_model(model, dtype, refresh=calibrate)
+    if verify:
+        return _verify(model, hw, lengths, new_tokens, dtype, repeats, json_path)
     from attnlab.planner import plan as run_plan
-    from attnlab.planner.predict import resolve_hardware
 
-    hw = _hardware(hardware, efficiency)
-    if calibrate:
-        if hardware.strip().lower() != "this":
-            raise ValueError("--calibrate measures this machine; it goes with --hardware this")
-        from attnlab.planner.machine import this_machine
-        from attnlab.planner.models import load_model
-
-        a = load_model(model)
-        with _status("measuring this machine at the model's shapes…"):
-            hw = this_machine(a, dtype or a.dtype, refresh=True)
-    elif hw == "this":
-        from attnlab.planner.models import load_model
-
-        a = load_model(model)
-        with _status("reading (or measuring, once) this machine at the model's shapes…"):
-            hw = resolve_hardware("this", a, dtype or a.dtype)
     kw = dict(new_tokens=new_tokens, batch=batch, dtype=dtype, deadline_ms=deadline_ms, memory_gb=memory_gb,
               gpus=gpus, deadline_on=deadline_on)
     result = run_plan(model, hw, prompt_tokens=list(lengths), **kw)
@@ -137,6 +159,32 @@ def plan(
     if write_json(json_path, result.to_dict()):
         return
     _print(result)
+
+
+def _verify(model: str, hw: Any, lengths: tuple[int, ...], new_tokens: int, dtype: str | None, repeats: int,
+            json_path: str | None) -> None:
+    import os
+
+    from attnlab.planner.verify import verify
+
+    with _status(f"running the model here at {len(lengths)} prompt length(s), {repeats + 1} runs each…"):
+        v = verify(model, list(lengths), new_tokens, dtype, repeats, hardware=hw)
+    if write_json(json_path, v.to_dict()):
+        return
+    p = v.plan
+    console.print(f"{p.model.name} on {p.hardware.name}, {p.dtype}, batch 1, {p.new_tokens} new tokens, random weights; "
+                  f"measured: median (min–max) of {v.repeats} runs after a warm one; load average "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", highlight=False)
+    table = Table(title="predicted (its range) beside measured (min–max): predicted ÷ measured", title_justify="left")
+    for col in ("prompt", "TTFT predicted", "TTFT measured", "ratio", "TPOT predicted", "TPOT measured", "ratio"):
+        table.add_column(col, justify="right")
+    for c in v.checks:
+        table.add_row(f"{c.prompt_tokens:,}", _ranged(*c.predicted_ttft_s), _ranged(*c.measured_ttft_s),
+                      f"{c.ttft_ratio:.2f}", _ranged(*c.predicted_tpot_s), _ranged(*c.measured_tpot_s),
+                      f"{c.tpot_ratio:.2f}")
+    print_table(table)
+    for note in v.notes:
+        console.print(f"note: {note}", highlight=False)
 
 
 def _status(text: str) -> Any:
@@ -165,7 +213,31 @@ def _per_s(rate: Any, unit: str) -> str:
 
 
 def _seconds(s: float) -> str:
-    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
+    """Seconds with three figures at any scale: a tiny model's step is microseconds, not "0.0 ms"."""
+    if s < 1e-3:
+        return f"{s * 1e6:,.0f} µs" if s >= 1e-5 else f"{s * 1e6:.2f} µs"
+    if s < 1:
+        return f"{s * 1e3:,.2f} ms" if s < 0.01 else f"{s * 1e3:,.1f} ms"
+    return f"{s:,.2f} s" if s < 600 else f"{s / 60:,.1f} min"
+
+
+def _ranged(s: float, low: float | None = None, high: float | None = None) -> str:
+    """``6.3 ms (5.8–7.0)``: a figure and its range, in the figure's unit; the figure alone when none is known."""
+    if low is None or high is None:
+        return _seconds(s)
+    text, unit = _seconds(s).rsplit(" ", 1)
+    scale = float(text.replace(",", "")) / s
+    digits = len(text.split(".")[1]) if "." in text else 0
+    return f"{text} {unit} ({low * scale:,.{digits}f}–{high * scale:,.{digits}f})"
+
+
+def _bytes(b: float, binary: bool = True) -> str:
+    """Bytes in units sized to the figure (binary or decimal): a tiny model's cache is KiB, not "0.00 GiB"."""
+    units = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if binary else (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+    for unit, size in units:
+        if b >= size:
+            return f"{b / size:,.2f} {unit}"
+    return f"{b:,.0f} B"
 
 
 def _print(p: Any) -> None:
@@ -175,55 +247,75 @@ def _print(p: Any) -> None:
              f"{a.max_positions:,} positions" + (f", windows {', '.join(map(str, windows))} on "
                                                  f"{sum(w is not None for w in a.windows)} layers" if windows else ""))
     console.print(f"{a.name}: {shape} ({a.source})", highlight=False)
-    kind = "measured" if hw.measured else "PREDICTED (datasheet × assumed efficiencies, not measured)"
+    fitted = bool(hw.details.get("validation"))
+    kind = ("predicted from rates measured here at the model's shapes (not a run of the model: attnlab plan "
+            "--verify runs it)" if hw.measured else
+            f"PREDICTED (datasheet × efficiencies fitted to published {hw.details['engine']} measurements)" if fitted
+            else "PREDICTED (datasheet × assumed efficiencies, not measured)")
     console.print(f"hardware: {hw.name}{f' × {p.gpus}' if p.gpus > 1 else ''}: {kind}", highlight=False)
+    kv = "at the weights' rate" if hw.decode_attention == hw.bandwidth and hw.measured else _per_s(hw.decode_attention, "B/s")
     console.print(f"  rates: matmul {_per_s(hw.matmul, 'FLOP/s')}, weights read {_per_s(hw.bandwidth, 'B/s')}, attention "
-                  f"{_per_s(hw.attention, 'FLOP/s')}, KV read {_per_s(hw.decode_attention, 'B/s')}, elementwise "
-                  f"{_per_s(hw.elementwise, 'B/s')}; overhead {hw.layer_overhead_s * 1e6:,.0f} µs per layer + "
-                  f"{hw.step_overhead_s * 1e6:,.0f} µs per step ({hw.source})", highlight=False)
+                  f"{_per_s(hw.attention, 'FLOP/s')}, KV read {kv}, elementwise "
+                  f"{_per_s(hw.elementwise, 'B/s')}; overhead {_seconds(hw.layer_overhead_s)} per layer + "
+                  f"{_seconds(hw.step_overhead_s)} per step ({hw.source})", highlight=False)
     limits = [f"memory {p.memory_bytes / 1e9:,.1f} GB ({p.memory_bytes / 2**30:,.1f} GiB) per device"]
     if p.deadline_ms is not None:
         limits.insert(0, f"deadline {p.deadline_ms:g} ms on {p.deadline_on}")
     console.print(f"{p.dtype}, batch {p.batch}, {p.new_tokens} new tokens; {'; '.join(limits)}", highlight=False)
-    table = Table(title="per prompt length (TPOT: mean over the new tokens; total = TTFT + (new − 1) · TPOT)",
-                  title_justify="left")
-    for col in ("prompt", "TTFT", "TPOT", "total", "KV GiB", "peak GB", "max batch", "fits?", "limited by"):
+    ranged = any(r.ranges["ttft_s"] for r in p.rows)
+    where = ("where the measurements of the published rows left out of the fit fell" if fitted
+             else "at the fast and slow ends of this machine's measurements")
+    table = Table(title="per prompt length (TPOT: mean over the new tokens; total = TTFT + (new − 1) · TPOT"
+                  + (f"; in brackets: {where})" if ranged else ")"), title_justify="left")
+    for col in ("prompt", "TTFT", "TPOT", "total", "KV cache", "peak", "max batch", "fits?", "limited by"):
         table.add_column(col, justify="left" if col in ("fits?", "limited by") else "right")
     for r in p.rows:
         why = ("beyond positions" if r.beyond_positions else "no: memory" if not r.fits_memory
                else "no: deadline" if r.meets_deadline is False else "yes")
-        table.add_row(f"{r.prompt_tokens:,}", _seconds(r.ttft_s), _seconds(r.tpot_s), _seconds(r.total_s),
-                      f"{r.kv_bytes / 2**30:,.2f}", f"{r.peak_bytes / 1e9:,.1f}", f"{r.max_batch:,}", why, r.limited_by)
+        cells = [_ranged(getattr(r, k), *(r.ranges[k] or ())) for k in ("ttft_s", "tpot_s", "total_s")]
+        table.add_row(f"{r.prompt_tokens:,}", *cells, _bytes(r.kv_bytes), _bytes(r.peak_bytes, binary=False),
+                      f"{r.max_batch:,}", why, r.limited_by)
     print_table(table)
     print_table(_terms(p))
-    best = p.max_prompt_tokens
-    meets = "the deadline and the memory" if p.deadline_ms is not None else "the memory"
-    console.print(f"largest prompt meeting {meets}: " + (f"{best:,} tokens" if best else "none")
-                  + (" (the model's positions less the new tokens)" if p.search.capped else ""), highlight=False)
+    console.print(_largest(p), highlight=False)
     for note in p.notes:
         console.print(f"note: {note}", highlight=False)
 
 
+def _largest(p: Any) -> str:
+    best = p.max_prompt_tokens
+    meets = "the deadline and the memory" if p.deadline_ms is not None else "the memory"
+    text = f"largest prompt meeting {meets}: " + (f"{best:,} tokens" if best else "none")
+    if p.search.capped:
+        return text + " (the model's positions less the new tokens: the memory would allow more)"
+    if p.max_prompt_range and p.max_prompt_range[0] != p.max_prompt_range[1]:
+        where = ("within the published rows' held-out error" if p.hardware.details.get("validation")
+                 else "at the slow and fast ends of this machine's measurements")
+        text += " ({:,}–{:,} {})".format(*p.max_prompt_range, where)
+    return text
+
+
 def _terms(p: Any) -> Table:
-    names_ = list(dict.fromkeys([f"prefill {k}" for r in p.rows for k in r.prefill]
-                                + [f"decode {k}" for r in p.rows for k in r.decode]))
+    keys = list(dict.fromkeys((t.phase, t.name) for r in p.rows for t in r.terms))
     table = Table(title="the model of time, term by term (prefill: once; decode: per token)", title_justify="left")
     table.add_column("prompt", justify="right")
-    for n in names_:
-        table.add_column(n, justify="right")
+    for phase, name in keys:
+        table.add_column(f"{phase} {name}", justify="right")
     for r in p.rows:
-        cells = [(r.prefill if n.startswith("prefill") else r.decode).get(n.split(" ", 1)[1]) for n in names_]
-        table.add_row(f"{r.prompt_tokens:,}", *[_seconds(c["seconds"]) if c else "" for c in cells])
+        cells = [r.term(phase, name) for phase, name in keys]
+        table.add_row(f"{r.prompt_tokens:,}", *[_seconds(c.seconds) if c else "" for c in cells])
     return table
 
 
 def _list(json_path: str | None) -> None:
-    from attnlab.planner.hardware import ACCELERATORS, Efficiencies
+    from attnlab.planner.hardware import ACCELERATORS, FIT_SOURCE, FITTED, Efficiencies
     from attnlab.planner.models import BUNDLED, load_model
 
     models = {k: dict(load_model(k).to_dict(), version=b.version, url=b.source) for k, b in BUNDLED.items()}
     accels = {k: vars(a) for k, a in ACCELERATORS.items()}
-    if write_json(json_path, {"models": models, "accelerators": accels, "efficiencies": vars(Efficiencies())}):
+    fitted = {f"{k}/{e}": dict(vars(Efficiencies(**eff)), validation=list(v)) for (k, e), (eff, v) in FITTED.items()}
+    if write_json(json_path, {"models": models, "accelerators": accels, "efficiencies": vars(Efficiencies()),
+                              "fitted": fitted, "fitted_source": FIT_SOURCE}):
         return
     t = Table(title="bundled models (numbers transcribed from each published config.json)", title_justify="left")
     for col in ("name", "layers", "heads (k/v)", "head dim", "d", "ff", "positions", "windows", "dtype"):
@@ -246,5 +338,10 @@ def _list(json_path: str | None) -> None:
     for k, a in ACCELERATORS.items():
         console.print(f"  {k}: {a.source}", highlight=False, soft_wrap=True)
     e = vars(Efficiencies())
-    console.print("assumed efficiencies (override with --efficiency): " + ", ".join(f"{k} {v:g}" for k, v in e.items()),
-                  highlight=False)
+    console.print("assumed efficiencies (--engine ideal, and any accelerator or engine without published rows): "
+                  + ", ".join(f"{k} {v:g}" for k, v in e.items()), highlight=False)
+    console.print(f"fitted (--engine vllm, the default, or trt-llm), {FIT_SOURCE}:", highlight=False)
+    for name, f in fitted.items():
+        console.print(f"  {name}: " + ", ".join(f"{k} {v:g}" for k, v in f.items() if k != "validation")
+                      + "; rows of other models: {:.2f}-{:.2f} × the measured total".format(*f["validation"]),
+                      highlight=False, soft_wrap=True)

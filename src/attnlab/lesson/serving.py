@@ -13,7 +13,7 @@ from attnlab.lesson.section import Table, table
 from attnlab.planner import plan
 
 MODEL = "llama-3.1-8b"
-WHERE = {"this": "this machine (measured)", "h100": "H100 SXM (predicted)"}
+WHERE = {"this": "this machine (predicted from rates measured here)", "h100": "H100 SXM (predicted from its datasheet and published measurements)"}
 PROMPTS = (8000, 32000, 128000)
 NEW_TOKENS = 256
 CURVE = tuple(1000 * 2**k for k in range(8)) + (128000,)  # 1k … 128k for the figure
@@ -24,9 +24,9 @@ QUESTION = ("A larger token limit can therefore mean slower inference, more time
 
 def _shares(row: dict) -> dict:
     """What part of each quantity attention is: of the first token, of each token after it, of the memory."""
-    pre, dec = row["prefill"], row["decode"]
-    return {"ttft_attention": pre["attention"]["seconds"] / row["ttft_s"],
-            "tpot_kv_read": dec["KV cache read"]["seconds"] / row["tpot_s"],
+    term = {(t["phase"], t["name"]): t["seconds"] for t in row["terms"]}
+    return {"ttft_attention": term["prefill", "attention"] / row["ttft_s"],
+            "tpot_kv_read": term["decode", "KV cache read"] / row["tpot_s"],
             "memory_kv": row["kv_bytes"] / row["peak_bytes"]}
 
 
@@ -81,8 +81,33 @@ def serving_findings(data: dict) -> list[str]:
             f"{r128['kv_bytes'] / 2**30:.1f} GiB beside {r8['weight_bytes'] / 1e9:.1f} GB of weights; in "
             f"{mem:.0f} GB {'only ' if len(fits) < 3 else ''}{', '.join(fits) or 'none'} fit"
             + (f" ({p['max_prompt_tokens']:,} tokens at most)." if p["max_prompt_tokens"] else "."))
+    out.append(_trust(data))
     out.append("So a longer window is paid three times: the first token grows as n² (attention), every later token "
                "grows as n (the cache read), and memory grows as n (the cache), until the window no longer fits; "
-               "on the accelerator the figures are predictions (datasheet × stated efficiencies), here they rest "
-               "on this machine's measured rates.")
+               "on the accelerator the figures are predictions (datasheet × efficiencies fitted to published "
+               "vLLM measurements), here they rest "
+               "on this machine's rates measured at the model's shapes, extrapolated to lengths never run "
+               "(attnlab plan --verify runs a model here and prints predicted beside measured).")
     return out
+
+
+def _trust(data: dict) -> str:
+    """How far the figures can be trusted: the range of the first row's TTFT on each machine, and what it rests on."""
+    said = []
+    for where, label in data["where"].items():
+        p = data["plans"][where]
+        r, hw = p["rows"][0], p["hardware"]
+        span = r["ranges"]["ttft_s"]
+        within = f"{_t(r['ttft_s'])} ({_t(span[0])}–{_t(span[1])})" if span else _t(r["ttft_s"])
+        validation = hw["details"].get("validation")
+        if hw["measured"]:
+            why = ("the fast and slow ends of the rates measured here (attnlab plan --verify runs a model here and "
+                   "prints predicted beside measured)")
+        elif validation:
+            why = (f"efficiencies fitted to published {hw['details']['engine']} measurements, which on rows of other "
+                   f"models gave {validation[0]:.2f}–{validation[1]:.2f} × the measured total")
+        else:
+            why = "assumed efficiencies, with no published measurement to check them"
+        said.append(f"on {label} the first token at {r['prompt_tokens'] // 1000}k is {within}, from {why}")
+    return "How far to trust these: " + "; ".join(said) + "."
+

@@ -125,6 +125,8 @@ class Hardware:
     details: dict = field(default_factory=dict)
     step_overhead_s: float = 0.0  # per pass, beside the layers': the decoding loop, sampling
     prefill_overhead_s: tuple[float, float] | None = None  # the prefill's (per layer, per pass), if not the same
+    notes: tuple[str, ...] = ()  # what a plan on it must say (a rate not measured, a busy machine)
+    bounds: tuple[Hardware, Hardware] | None = None  # the same machine at the fast and the slow end of its range
 
     def overhead(self, layers: int, prefill: bool) -> float:
         """The fixed seconds of one pass of ``layers`` layers: the prefill's where measured apart, else a step's."""
@@ -133,10 +135,44 @@ class Hardware:
         return layers * per_layer + per_pass
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = asdict(replace(self, bounds=None))
         for name in ("matmul", "bandwidth", "attention", "decode_attention", "elementwise"):
             d[name] = getattr(self, name).to_dict()
+        d["notes"], d["bounds"] = list(self.notes), [b.to_dict() for b in self.bounds] if self.bounds else None
         return d
+
+
+ENGINES = ("vllm", "trt-llm", "ideal")
+DEFAULT_ENGINE = "vllm"
+FIT_SOURCE = ("fitted by benchmarks/fit_accelerators.py to batch-1 totals of Argonne's LLM-Inference-Bench "
+              "(benchmarks/published/llm_inference_bench.csv) on Llama-3-8B and Mistral-7B")
+# (accelerator, engine) → the fitted efficiencies and the held-out rows' predicted ÷ measured (lowest, highest):
+# Qwen2-7B, Llama-2-7B, Llama-3-70B and Llama-2-70B, which no fitted row shares a model with. The prefill's
+# matmul and attention efficiencies stay assumed (the prefill is under 1 % of those totals).
+# Fitted as one fixed cost per step (both engines replay a decode step as a CUDA graph) and none per layer; on
+# H100 under vLLM the bandwidth efficiency reached its bound, 1.0, with 3.3 ms a step: among 7-8B models a
+# shortfall in bandwidth and a fixed cost per token look alike, and only the tensor-parallel rows tell them apart.
+FITTED: dict[tuple[str, str], tuple[dict, tuple[float, float]]] = {
+    ("a100", "trt-llm"): ({"bandwidth": 0.653, "decode_attention": 0.653, "layer_overhead_s": 0.0,
+                           "step_overhead_s": 2.763e-03, "allreduce_latency_s": 1.14e-05}, (0.85, 1.13)),
+    ("a100", "vllm"): ({"bandwidth": 0.632, "decode_attention": 0.632, "layer_overhead_s": 0.0,
+                        "step_overhead_s": 2.623e-03, "allreduce_latency_s": 2.12e-05}, (0.98, 1.07)),
+    ("h100", "trt-llm"): ({"bandwidth": 0.864, "decode_attention": 0.864, "layer_overhead_s": 0.0,
+                           "step_overhead_s": 2.040e-03, "allreduce_latency_s": 1.23e-05}, (0.79, 1.09)),
+    ("h100", "vllm"): ({"bandwidth": 1.0, "decode_attention": 1.0, "layer_overhead_s": 0.0,
+                        "step_overhead_s": 3.327e-03, "allreduce_latency_s": 1.91e-05}, (0.87, 1.09)),
+}
+
+
+def engine_efficiencies(key: str, engine: str = DEFAULT_ENGINE) -> tuple[Efficiencies, tuple[float, float] | None]:
+    """The efficiencies of ``engine`` on accelerator ``key``: fitted where published rows exist (with the held-out
+    error as (lowest, highest) predicted ÷ measured), else the assumptions (None); "ideal" is always the assumptions."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    fitted = FITTED.get((key, engine))
+    if fitted is None:
+        return Efficiencies(), None
+    return Efficiencies(**fitted[0]), fitted[1]
 
 
 def accelerator_key(name: str) -> str | None:
@@ -145,19 +181,23 @@ def accelerator_key(name: str) -> str | None:
     return key if key in ACCELERATORS else None
 
 
-def accelerator(name: str, efficiencies: Efficiencies | None = None) -> Hardware:
-    """A bundled accelerator's :class:`Hardware`: the datasheet times the (stated, overridable) efficiencies."""
+def accelerator(name: str, efficiencies: Efficiencies | None = None, engine: str = DEFAULT_ENGINE) -> Hardware:
+    """A bundled accelerator's :class:`Hardware`: the datasheet times the efficiencies, ``efficiencies`` when
+    given, else ``engine``'s (:func:`engine_efficiencies`: fitted to published rows where there are some)."""
     key = accelerator_key(name) if isinstance(name, str) else None
     if key is None:
         raise ValueError(f"hardware {name!r} is not known; known: this, {', '.join(ACCELERATORS)}")
-    a, e = ACCELERATORS[key], efficiencies or Efficiencies()
+    fitted, error = engine_efficiencies(key, engine)
+    a, e = ACCELERATORS[key], efficiencies or fitted
+    error = error if efficiencies is None else None
     return Hardware(
         a.name, Rate(a.peak_flops * e.matmul), Rate(a.bandwidth * e.bandwidth), Rate(a.peak_flops * e.attention),
         Rate(a.bandwidth * e.decode_attention), Rate(a.bandwidth * e.bandwidth), a.memory_bytes, e.layer_overhead_s, False,
         a.source, link=a.link * e.link, allreduce_latency_s=e.allreduce_latency_s, efficiencies=asdict(e),
         step_overhead_s=e.step_overhead_s,
         details={"peak_flops": a.peak_flops, "bandwidth": a.bandwidth, "memory_bytes": a.memory_bytes,
-                 "link": a.link, "link_name": a.link_name})
+                 "link": a.link, "link_name": a.link_name, "engine": engine, "fitted": error is not None,
+                 "validation": list(error) if error else None})
 
 
 def with_memory(hw: Hardware, memory_bytes: float) -> Hardware:

@@ -20,11 +20,16 @@ measurements last for the process):
 - the fixed costs of a step through ``Transformer.generate``: per layer (the growth of a tiny model's
   step from one layer to several: dispatch and Python, its arithmetic negligible) and per step (the
   rest: the loop, sampling), for the first token (with the cache's set-up) and the later ones apart;
-- the memory available is read at each plan (it changes), never cached.
+- the memory available (plus this process's own) is read at each plan (it changes), never cached.
 
 Every time is the median of :data:`REPEATS` samples after a warm call, a sample of a short call being
 several calls in a row: the planner predicts the typical run, and on a shared or virtual machine the
 fastest of a few samples is well below it (a quarter and more for a decoding step's few milliseconds).
+Each measurement keeps its spread, ``[median, low, high]`` (:mod:`attnlab.planner.noise`): the range shown
+beside every figure. A profile whose spread is too wide (another program ran) is measured again; if it is
+still wide it is used for this process, said to be from a busy machine, and not cached. The decode read's
+line must grow with the cache: when its points do not support that, the steps are measured again over more
+runs and more tokens, and if they still do not, the plan says so and costs the read at the weights' rate.
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,7 @@ import numpy as np
 
 from attnlab.backends.calibrate import cache_path as auto_cache_path
 from attnlab.backends.calibrate import enabled, machine_facts
+from attnlab.planner import noise
 from attnlab.planner.formulas import decode_weight_bytes, layer_matmul_params, matmul_shapes
 from attnlab.planner.hardware import Hardware, Rate
 from attnlab.planner.models import DTYPE_BYTES, Architecture
@@ -61,13 +67,17 @@ OVERHEAD_PROMPT = 8  # the tiny models' prompt: the fixed costs are a step's ove
 # what a step over more keys costs beyond theirs, whatever path attention takes (a kernel's fixed cost included)
 DECODE_T = (OVERHEAD_PROMPT, 512, 2048, 8192)
 GEN_NEW = 17  # new tokens per generate run: 16 decode steps timed
+DECODE_ATTEMPTS = 2  # measurements of the decode steps, the second over twice the runs and tokens (a third, at four
+# times, made a plan on a loaded machine take minutes more and moved nothing there: its steps stayed in the noise)
 ELEMENTWISE = (1 << 16, 1 << 19, 1 << 22, 1 << 24)  # elements of the tensors multiplied  # cache lengths for one decode query
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS = 4
 MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch computes in on a CPU
-PROFILE_VERSION = 6  # what a profile holds or how it is measured (5: the linear layers' few-row path; 6: decode
-# from 8 keys, medians): a new one measures anew
+PROFILE_VERSION = 7  # what a profile holds or how it is measured (5: the linear layers' few-row path; 6: decode
+# from 8 keys, medians; 7: each measurement [median, low, high], the decode line supported or said not to be,
+# the prefill attention called as the model calls it):
+# a new one measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
 
@@ -96,8 +106,9 @@ def _save(profiles: dict) -> None:
         log.warning("could not save the planner's calibration to %s: %s", path, e)
 
 
-def _typical(fn: Callable[[], Any]) -> float:
-    """Seconds per call: the median of REPEATS samples, each over enough calls in a row to last MIN_SAMPLE_S."""
+def _samples(fn: Callable[[], Any]) -> list[float]:
+    """Seconds per call, REPEATS samples, each over enough calls in a row to last MIN_SAMPLE_S (the one place
+    that times a call: the tests replace it with fixed samples)."""
     t0 = time.perf_counter()
     fn()  # warm: first-call costs are not the rate's
     calls = max(1, int(MIN_SAMPLE_S / max(time.perf_counter() - t0, 1e-7)))
@@ -107,7 +118,12 @@ def _typical(fn: Callable[[], Any]) -> float:
         for _ in range(calls):
             fn()
         samples.append((time.perf_counter() - t0) / calls)
-    return statistics.median(samples)
+    return samples
+
+
+def _typical(fn: Callable[[], Any]) -> list[float]:
+    """[median, low, high] seconds per call."""
+    return noise.summary(_samples(fn))
 
 
 def _matmul_points(a: Architecture, dtype: Any) -> list[list[float]]:
@@ -121,18 +137,18 @@ def _matmul_points(a: Architecture, dtype: Any) -> list[list[float]]:
     points = []
     weights = {(i, o): torch.randn(o, i, dtype=dtype) for i, o, _ in matmul_shapes(a)}
     for r in rows:
-        seconds = 0.0
+        seconds = np.zeros(3)
         for i, o, many in matmul_shapes(a):
             x = torch.randn(r, i, dtype=dtype)
-            seconds += many * _typical(lambda: linear(x, weights[(i, o)]))
-        points.append([2.0 * r * layer, seconds])
+            seconds += many * np.array(_typical(lambda: linear(x, weights[(i, o)])))
+        points.append([2.0 * r * layer, *map(float, seconds)])
     return points
 
 
-def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> float:
+def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> list[float]:
     """Bytes/s of matrix-vector products over the model's matrices and its LM head, cycled until they hold
     what a decode step reads (at most :data:`BANDWIDTH_BYTES`): a step's weight reads, from whichever
-    level of the memory holds that many bytes."""
+    level of the memory holds that many bytes. One point, [bytes, median, low, high] seconds."""
     import torch
 
     from attnlab.transformer.linear import linear
@@ -151,7 +167,7 @@ def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> float:
         for x, w in mats:
             linear(x, w)
 
-    return total / _typical(sweep)
+    return [float(total), *_typical(sweep)]
 
 
 def _elementwise_points(dtype: Any, nbytes: int) -> list[list[float]]:
@@ -162,7 +178,7 @@ def _elementwise_points(dtype: Any, nbytes: int) -> list[list[float]]:
     points = []
     for size in ELEMENTWISE:
         x, y = torch.randn(size, dtype=dtype), torch.randn(size, dtype=dtype)
-        points.append([3.0 * size * nbytes, _typical(lambda: x * y)])
+        points.append([3.0 * size * nbytes, *_typical(lambda: x * y)])
     return points
 
 
@@ -174,20 +190,36 @@ def _heads(a: Architecture) -> tuple[int, int]:
 
 
 def _attention_points(a: Architecture, dtype: Any) -> list[list[float]]:
-    """Prefill (FLOPs, s) points of :func:`attnlab.attention`, causal, at the model's head dim and grouping."""
-    import torch
-
-    from attnlab.backends.api import attention
-
+    """Prefill (FLOPs, s) points of :func:`attnlab.attention`, causal, at the model's head dim and grouping,
+    called as the model's prefill calls it (:func:`_prefill_call`)."""
     h, kv, d = *_heads(a), a.head_dim
     prefill = []
     for n in PREFILL_N:
         flops = 4.0 * h * d * n * (n + 1) / 2
         if prefill and flops > MAX_ATTENTION_FLOPS:
             break
-        q, k, v = (torch.randn(1, heads, n, d, dtype=dtype) for heads in (h, kv, kv))
-        prefill.append([flops, _typical(lambda: attention(q, k, v, causal=True, backend=BACKEND))])
+        prefill.append([flops, *_typical(_prefill_call(h, kv, d, n, dtype))])
     return prefill
+
+
+def _prefill_call(h: int, kv: int, d: int, n: int, dtype: Any) -> Callable[[], Any]:
+    """One prefill attention call as ``generate`` makes it: q a (B, T, H, D) projection seen as (B, H, T, D)
+    (its heads split by a transpose, not copied), the keys and values the first n slots of the cache's
+    [B, H_kv, capacity, D] buffers, the keyword arguments the cache's read builds (checked once, on append).
+    A contiguous q here ran 8-17 % faster than the model's own call on this machine's AVX2 EPYC (the kernel
+    reads q's rows with a stride), so timing the call alone mispredicted the model's prefill."""
+    import torch
+
+    from attnlab.backends.api import attention
+    from attnlab.transformer.layer_cache import Read
+
+    q = torch.randn(1, n, h, d, dtype=dtype).transpose(1, 2)  # (B, H, T, D), strided as the model's
+    cache = [torch.zeros(1, kv, n + GEN_NEW, d, dtype=dtype) for _ in range(2)]  # (B, H_kv, capacity, D)
+    for buf in cache:
+        buf[:, :, :n] = torch.randn(1, n, kv, d, dtype=dtype).transpose(1, 2)
+    k, v = (buf[:, :, :n] for buf in cache)
+    read = Read(k, v, None, None, None, torch.arange(n)[None], float(k.float().norm(dim=-1).max()))
+    return lambda: attention(q, k, v, backend=BACKEND, **read.kwargs())
 
 
 def _model(a: Architecture, dtype: Any, layers: int, heads: int, kv: int, head_dim: int, positions: int) -> Any:
@@ -200,9 +232,10 @@ def _model(a: Architecture, dtype: Any, layers: int, heads: int, kv: int, head_d
     return Transformer(TransformerConfig.from_hf(config)).to(dtype).eval()
 
 
-def _generate(model: Any, prompt: int, repeats: int) -> tuple[float, float]:
-    """(TTFT, TPOT) of ``model.generate`` on a prompt of ``prompt`` tokens, each the median of ``repeats`` runs
-    after a warm one: TTFT the first new token's time, TPOT the mean gap between the later ones (vLLM's definitions)."""
+def _generate(model: Any, prompt: int, repeats: int, new: int = GEN_NEW) -> tuple[list[float], list[float]]:
+    """(TTFT, TPOT) of ``model.generate`` on a prompt of ``prompt`` tokens, each [median, low, high] over
+    ``repeats`` runs after a warm one: TTFT the first new token's time, TPOT the mean gap between the later
+    ones (vLLM's definitions), over ``new`` new tokens."""
     import torch
 
     ids = torch.randint(0, 64, (1, prompt), generator=torch.Generator().manual_seed(0))
@@ -210,39 +243,52 @@ def _generate(model: Any, prompt: int, repeats: int) -> tuple[float, float]:
     for run in range(repeats + 1):
         stamps: list[float] = []
         t0 = time.perf_counter()
-        model.generate(ids, GEN_NEW, on_token=lambda step, tok: stamps.append(time.perf_counter()))
+        model.generate(ids, new, on_token=lambda step, tok: stamps.append(time.perf_counter()))
         if run:  # the first run warms up
             ttft.append(stamps[0] - t0)
             tpot.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
-    return statistics.median(ttft), statistics.median(tpot)
+    return noise.summary(ttft), noise.summary(tpot)
 
 
 def _overheads(a: Architecture, dtype: Any) -> dict:
     """The fixed costs of ``generate`` through tiny models of one and OVERHEAD_LAYERS layers (their arithmetic
     is negligible): per layer, the growth from one to the other; per step, the rest (the loop, sampling). The
-    first token's (the prefill's set-up: the cache, the checks) apart from the later tokens'."""
+    first token's (the prefill's set-up: the cache, the checks) apart from the later tokens'. Each is
+    [median, low, high], the low and high ends from the runs' own low and high ends. A growth below zero (the
+    larger model ran faster: noise) counts as none, and the per-step cost holds the whole."""
     g = a.num_heads // a.num_kv_heads
     runs = [_generate(_model(a, dtype, layers, 2 * g, 2, 16, 64), OVERHEAD_PROMPT, REPEATS) for layers in (1, OVERHEAD_LAYERS)]
     out = {}
     for i, name in ((1, ""), (0, "prefill_")):  # (TTFT, TPOT): index 0 the prefill, 1 a decode step
-        per_layer = max((runs[1][i] - runs[0][i]) / (OVERHEAD_LAYERS - 1), 0.0)
-        out[f"{name}layer_overhead_s"], out[f"{name}step_overhead_s"] = per_layer, max(runs[0][i] - per_layer, 0.0)
+        per_layer, per_step = [], []
+        for end in range(3):  # median, low, high
+            one, many = runs[0][i][end], runs[1][i][end]
+            per_layer.append(max((many - one) / (OVERHEAD_LAYERS - 1), 0.0))
+            per_step.append(max(one - per_layer[-1], 0.0))
+        out[f"{name}layer_overhead_s"] = [per_layer[0], min(per_layer), max(per_layer)]
+        out[f"{name}step_overhead_s"] = [per_step[0], min(per_step), max(per_step)]
     return out
 
 
-def _decode_points(a: Architecture, dtype: Any, nbytes: int) -> list[list[float]]:
-    """(KV bytes read, seconds) of one decode step's attention through ``generate``: a one-layer model of the
-    model's head dim and grouping, its step time at each prompt of DECODE_T beyond its time at the first (what
-    more cache costs: the path generate takes, whatever kernel it uses). A step is a few milliseconds that move
-    by a tenth from run to run, so the points are a least-squares line's, seconds = fixed + bytes / rate."""
+def _decode_points(a: Architecture, dtype: Any, nbytes: int) -> dict:
+    """The KV read of one decode step through ``generate``: a one-layer model of the model's head dim and
+    grouping, its step time at each prompt of DECODE_T beyond its time at the first (what more cache costs:
+    the path generate takes, whatever kernel it uses), as a least-squares line (a step is a few milliseconds
+    that move by a tenth from run to run). When the steps do not support a line that grows
+    (:func:`attnlab.planner.noise.decode_line`), they are measured again over twice the runs and twice the
+    tokens, DECODE_ATTEMPTS times in all. ``points``: [KV bytes, median, low, high] (empty: never supported)."""
     h, kv, d = *_heads(a), a.head_dim
-    model = _model(a, dtype, 1, h, kv, d, max(DECODE_T) + GEN_NEW + 1)
-    steps = [_generate(model, t, 3 if t > 4096 else REPEATS)[1] for t in DECODE_T]
-    per_token = 2.0 * kv * d * nbytes
-    work = [per_token * (t - DECODE_T[0]) for t in DECODE_T[1:]]
-    slope, fixed = np.polyfit(work, [s - steps[0] for s in steps[1:]], 1)
-    slope = max(slope, 1e-15)  # more keys never cost less
-    return [[w, max(fixed + slope * w, slope * w)] for w in work]
+    model = _model(a, dtype, 1, h, kv, d, max(DECODE_T) + GEN_NEW * 2 ** DECODE_ATTEMPTS + 1)
+    work = [2.0 * kv * d * nbytes * t for t in DECODE_T]
+    repeats, new = REPEATS, GEN_NEW
+    for attempt in range(1, DECODE_ATTEMPTS + 1):
+        steps = [_generate(model, t, repeats if t <= 4096 else max(3, repeats // 2), new)[1] for t in DECODE_T]
+        line = noise.decode_line(work, steps)
+        if line is not None:
+            return {"points": noise.decode_points(work, steps, line), "attempts": attempt, "steps": steps}
+        log.info("planner: the decode steps %s do not grow beyond their noise; measuring again, longer", steps)
+        repeats, new = 2 * repeats, 2 * new - 1
+    return {"points": [], "attempts": DECODE_ATTEMPTS, "steps": steps}
 
 
 def profile_key(a: Architecture, dtype: str) -> str:
@@ -252,8 +298,7 @@ def profile_key(a: Architecture, dtype: str) -> str:
             f"/{'gated' if a.gated else 'mlp'}/L{a.num_layers}")
 
 
-def measure(a: Architecture, dtype: str) -> dict:
-    """Every measurement for ``a`` in ``dtype`` on this machine (seconds to a minute)."""
+def _measure_once(a: Architecture, dtype: str) -> dict:
     import torch
 
     tdtype, nbytes = getattr(torch, dtype), DTYPE_BYTES[dtype]
@@ -263,10 +308,27 @@ def measure(a: Architecture, dtype: str) -> dict:
             "torch_threads": torch.get_num_threads(), "backend": BACKEND, "measured_at": time.time()}
 
 
-def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware:
-    """This machine's :class:`Hardware` for ``a`` in ``dtype``: cached measurements, measured when missing."""
-    from attnlab.bench.sweep import memory_available
+def measure(a: Architecture, dtype: str) -> dict:
+    """Every measurement for ``a`` in ``dtype`` on this machine (seconds to a minute). A profile whose spread
+    is wider than :data:`attnlab.planner.noise.BUSY_SPREAD` is measured once more and the narrower kept;
+    ``busy`` says whether that one is still too wide."""
+    first = _measure_once(a, dtype)
+    if not noise.busy(first):
+        return dict(first, busy=False)
+    log.info("planner: the measurements spread %.0f %% (%s): measuring again", *_worst(first))
+    second = _measure_once(a, dtype)
+    best = min(first, second, key=lambda m: noise.worst_spread(m)[0])
+    return dict(best, busy=noise.busy(best))
 
+
+def _worst(profile: dict) -> tuple[float, str]:
+    worst, what = noise.worst_spread(profile)
+    return 100 * worst, what
+
+
+def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware:
+    """This machine's :class:`Hardware` for ``a`` in ``dtype``: cached measurements, measured when missing.
+    A profile measured on a busy machine serves this process and is not written to the cache."""
     if dtype not in MEASURABLE:
         raise ValueError(f"dtype {dtype!r} cannot be measured on this machine; use {', '.join(MEASURABLE)}")
     key = profile_key(a, dtype)
@@ -274,13 +336,58 @@ def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware
     if refresh or key not in profiles:
         log.info("planner: measuring %s on this machine (once; cached in %s)", key, cache_file())
         profiles[key] = _MEMO[key] = measure(a, dtype)
-        if enabled():  # ATTNLAB_CALIBRATE=0 (the tests): measured for this process only, nothing written
-            _save(profiles)
-    m, facts = profiles[key], machine_facts()
-    pts = lambda name: tuple(tuple(p) for p in m[name])  # noqa: E731
-    return Hardware(
-        f"this machine ({facts['cpu']}, {m['torch_threads']} torch threads)", Rate(points=pts("matmul")),
-        Rate(m["bandwidth"]), Rate(points=pts("attention")), Rate(points=pts("decode_attention")),
-        Rate(points=pts("elementwise")), float(memory_available() or 0), m["layer_overhead_s"], True,
-        f"measured, cached in {cache_file()}", step_overhead_s=m["step_overhead_s"],
-        prefill_overhead_s=(m["prefill_layer_overhead_s"], m["prefill_step_overhead_s"]), details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"]})
+        if enabled() and not profiles[key]["busy"]:  # ATTNLAB_CALIBRATE=0 (the tests): nothing written
+            _save({k: v for k, v in profiles.items() if not v.get("busy")})
+    return hardware_of(profiles[key], key)
+
+
+def for_model(model: Any, dtype: str | None = None, refresh: bool = False) -> Hardware:
+    """This machine for ``model`` (anything :func:`attnlab.planner.models.load_model` takes) in ``dtype``
+    (default: the model's): the one call the CLI's ``--hardware this``, ``--calibrate`` and ``--verify`` make."""
+    from attnlab.planner.models import load_model
+
+    a = load_model(model)
+    return this_machine(a, dtype or a.dtype, refresh=refresh)
+
+
+def memory_budget() -> float:
+    """Bytes a server of the model could use here: what is available plus what this process already holds
+    (its resident memory), so that a plan asked from a process that has loaded models (the lesson) sees the
+    same budget as one from a fresh ``attnlab plan``."""
+    from attnlab.bench.sweep import memory_available
+
+    try:
+        with open("/proc/self/statm") as f:
+            held = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        held = 0
+    return float((memory_available() or 0) + held)
+
+
+def hardware_of(m: dict, key: str, end: int = 0) -> Hardware:
+    """The :class:`Hardware` of a profile at one end of its measurements: 0 the median, 1 the low (fast), 2
+    the high (slow); the median's carries the other two as its ``bounds``."""
+    facts, col = machine_facts(), 1 + end
+    pts = lambda name: tuple((p[0], p[col]) for p in m[name])  # noqa: E731
+    one = lambda name: m[name][end]  # noqa: E731
+    bandwidth = Rate(m["bandwidth"][0] / m["bandwidth"][col])
+    decode, notes = Rate(points=tuple((p[0], p[col]) for p in m["decode_attention"]["points"])), []
+    if not decode.points:
+        decode = bandwidth
+        notes.append("the decode steps did not grow with the cache beyond their noise in "
+                     f"{m['decode_attention']['attempts']} measurements (a busy machine?): the KV read is costed "
+                     "at the weights' read rate, not measured")
+    if m["busy"]:
+        notes.append("measured on a busy machine (spread up to {:.0f} % in {}): the ranges are wide; "
+                     "attnlab plan --calibrate measures again".format(*_worst(m)))
+    hw = Hardware(
+        f"this machine ({facts['cpu']}, {m['torch_threads']} torch threads)", Rate(points=pts("matmul")), bandwidth,
+        Rate(points=pts("attention")), decode, Rate(points=pts("elementwise")), memory_budget(),
+        one("layer_overhead_s"), True, f"measured, cached in {cache_file()}" if not m["busy"] else "measured, busy",
+        step_overhead_s=one("step_overhead_s"),
+        prefill_overhead_s=(one("prefill_layer_overhead_s"), one("prefill_step_overhead_s")),
+        details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"], "busy": m["busy"],
+                 "spread": noise.worst_spread(m)[0]}, notes=tuple(notes))
+    if end == 0:
+        hw = replace(hw, bounds=(hardware_of(m, key, 1), hardware_of(m, key, 2)))
+    return hw

@@ -122,20 +122,45 @@ FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma", "gemma2")  # model_typ
 
 
 def _need(c: dict, *names: str, where: str) -> Any:
-    """The first of ``names`` present in the config, or an error naming the field."""
+    """The first of ``names`` present in the config, an int >= 1, or an error naming the field."""
     for n in names:
         if c.get(n) is not None:
-            return c[n]
+            return _count(c, n, where)
     raise ValueError(f"{where}: the config has no {' or '.join(repr(n) for n in names)}, which the planner needs")
 
 
-def _windows(c: dict, layers: int) -> tuple[int | None, ...]:
+def _count(c: dict, name: str, where: str, default: Any = None) -> Any:
+    """``c[name]`` checked to be an int >= 1 (``default`` when absent or null), or an error naming the key:
+    a config is the user's file, so a string or a fraction there is their mistake, said as such."""
+    value = c.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _head_dim(c: dict, d: int, heads: int, where: str, keys: tuple[str, str]) -> int:
+    """The config's ``head_dim`` (Gemma: 256 with d = 3072), else d / heads, which must divide evenly: a
+    hidden size the heads do not split (250 over 8) is a config no model has, not heads of 31."""
+    explicit = _count(c, "head_dim", where)
+    if explicit is not None:
+        return explicit
+    if d % heads:
+        raise ValueError(f"{where}: {keys[0]}={d} is not a multiple of {keys[1]}={heads}, so the heads' width is "
+                         f"not whole; give head_dim, or a {keys[0]} that {keys[1]} divides")
+    return d // heads
+
+
+def _windows(c: dict, layers: int, where: str) -> tuple[int | None, ...]:
     """Each layer's window, as transformers reads the config of this family."""
-    kind, w = c.get("model_type"), c.get("sliding_window")
+    kind = c.get("model_type")
+    w = None if c.get("sliding_window") == 0 else _count(c, "sliding_window", where)  # 0, as null: no window
     if c.get("layer_types"):  # newer configs list them: "sliding_attention" / "full_attention"
-        types = list(c["layer_types"])
-        if len(types) != layers:
-            raise ValueError(f"layer_types has {len(types)} entries, expected num_hidden_layers = {layers}")
+        types = c["layer_types"]
+        if not isinstance(types, list) or len(types) != layers:
+            raise ValueError(f"{where}: layer_types must list one entry per layer (num_hidden_layers = {layers}), "
+                             f"got {types!r}")
         return tuple(w if t == "sliding_attention" else None for t in types)
     if not w:
         return (None,) * layers
@@ -143,6 +168,8 @@ def _windows(c: dict, layers: int) -> tuple[int | None, ...]:
         if not c.get("use_sliding_window", False):
             return (None,) * layers
         start = c.get("max_window_layers", layers)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"{where}: max_window_layers must be an int >= 0, got {start!r}")
         return tuple(w if i >= start else None for i in range(layers))
     if kind == "gemma2":  # local (windowed) and global layers alternate, the first local
         return tuple(w if i % 2 == 0 else None for i in range(layers))
@@ -159,21 +186,30 @@ def from_config(c: dict, name: str = "config.json", source: str = "") -> Archite
         d, heads = _need(c, "n_embd", where=where), _need(c, "n_head", where=where)
         layers = _need(c, "n_layer", where=where)
         return Architecture(
-            name, layers, heads, heads, d // heads, d, c.get("n_inner") or 4 * d, _need(c, "vocab_size", where=where),
+            name, layers, heads, heads, _head_dim({}, d, heads, where, ("n_embd", "n_head")), d,
+            _count(c, "n_inner", where, 4 * d), _need(c, "vocab_size", where=where),
             _need(c, "n_positions", "n_ctx", where=where), (None,) * layers, gated=False,
             tied=c.get("tie_word_embeddings", True), learned_positions=True, qkv_bias=True,
-            dtype=c.get("torch_dtype") or "float32", source=source)
+            dtype=_dtype(c, where, "float32"), source=source)
     d = _need(c, "hidden_size", where=where)
     heads = _need(c, "num_attention_heads", where=where)
     layers = _need(c, "num_hidden_layers", where=where)
-    kv = c.get("num_key_value_heads") or heads
-    head_dim = c.get("head_dim") or d // heads  # the config's own head_dim wins (Gemma: 256 with d = 3072)
+    kv = _count(c, "num_key_value_heads", where, heads)
+    if heads % kv:
+        raise ValueError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
     return Architecture(
-        name, layers, heads, kv, head_dim, d, _need(c, "intermediate_size", where=where),
-        _need(c, "vocab_size", where=where), _need(c, "max_position_embeddings", where=where), _windows(c, layers),
+        name, layers, heads, kv, _head_dim(c, d, heads, where, ("hidden_size", "num_attention_heads")), d,
+        _need(c, "intermediate_size", where=where), _need(c, "vocab_size", where=where),
+        _need(c, "max_position_embeddings", where=where), _windows(c, layers, where),
         gated=True, tied=c.get("tie_word_embeddings", kind.startswith("gemma")),
-        qkv_bias=bool(c.get("attention_bias", kind == "qwen2")), dtype=c.get("torch_dtype") or "bfloat16",
-        source=source)
+        qkv_bias=bool(c.get("attention_bias", kind == "qwen2")), dtype=_dtype(c, where, "bfloat16"), source=source)
+
+
+def _dtype(c: dict, where: str, default: str) -> str:
+    value = c.get("torch_dtype") or default
+    if value not in DTYPE_BYTES:
+        raise ValueError(f"{where}: torch_dtype must be one of {', '.join(DTYPE_BYTES)}, got {value!r}")
+    return value
 
 
 def _field(cfg: Any, *names: str) -> Any:
@@ -205,7 +241,8 @@ def bundled_key(name: str) -> str | None:
 
 
 def load_model(model: Any) -> Architecture:
-    """``model``: a config.json path (file or folder), a bundled name, an Architecture or a TransformerConfig."""
+    """``model``: a config.json path (file or folder), a bundled name, ``"attnlab:decoder"`` (the decoder that
+    ships with attnlab), an Architecture or a TransformerConfig."""
     if isinstance(model, Architecture):
         return model
     if hasattr(model, "d_model") and hasattr(model, "heads_kv"):
@@ -214,7 +251,9 @@ def load_model(model: Any) -> Architecture:
         return from_config(model)
     if not isinstance(model, (str, Path)) or not str(model).strip():
         raise TypeError(f"model must be a config.json path, a bundled name or a TransformerConfig, got {model!r}")
-    path = Path(model).expanduser()
+    from attnlab.locate.folder import DECODER, decoder_folder
+
+    path = decoder_folder() if model == DECODER else Path(model).expanduser()  # the decoder that ships with attnlab
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from attnlab.planner import formulas as f
-from attnlab.planner.hardware import Hardware, accelerator
+from attnlab.planner.hardware import DEFAULT_ENGINE, Hardware, accelerator
 from attnlab.planner.models import DTYPE_BYTES, Architecture
 from attnlab.planner.search import Search, largest_length
 
@@ -50,11 +50,22 @@ class Setup:
         return math.ceil(self.a.num_kv_heads / self.gpus) / self.a.num_kv_heads
 
 
-def _term(seconds: float, limited_by: str) -> dict:
-    return {"seconds": seconds, "limited_by": limited_by}
+@dataclass(frozen=True)
+class Term:
+    """One term of the time model: its name ("matmuls", "KV cache read", …), its phase ("prefill": once;
+    "decode": per output token), its seconds and what limits it ("compute", "memory bandwidth", "dispatch and
+    host", "interconnect")."""
+
+    name: str
+    phase: str
+    seconds: float
+    limited_by: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def _matmuls(s: Setup, rows: int, batch: int, decode: bool = False) -> dict:
+def _matmuls(s: Setup, rows: int, batch: int, decode: bool = False) -> Term:
     """The layers' matmuls for ``rows`` tokens and the LM head's for the last token of each of ``batch``
     sequences: the slower of computing them and reading their weights. A prefill's compute is timed at its
     row count (measured points carry the lower efficiency of few rows); a decode step's at the full rate,
@@ -67,57 +78,51 @@ def _matmuls(s: Setup, rows: int, batch: int, decode: bool = False) -> dict:
     else:
         compute = a.num_layers * s.hw.matmul.seconds(layer_flops) + s.hw.matmul.seconds(head_flops)
     memory = s.hw.bandwidth.seconds(f.decode_weight_bytes(a, s.nbytes) / g)
-    return _term(max(compute, memory), "compute" if compute >= memory else "memory bandwidth")
+    return Term("weights" if decode else "matmuls", "decode" if decode else "prefill", max(compute, memory),
+                "compute" if compute >= memory else "memory bandwidth")
 
 
-def _allreduce(s: Setup, tokens: int, batch: int) -> dict | None:
+def _allreduce(s: Setup, tokens: int, batch: int, phase: str) -> tuple[Term, ...]:
     if s.gpus == 1:
-        return None
+        return ()
     size = f.allreduce_bytes(s.a, tokens, batch, s.nbytes) / (2 * s.a.num_layers)
     one = 2 * (s.gpus - 1) / s.gpus * size / s.hw.link + s.hw.allreduce_latency_s
-    return _term(2 * s.a.num_layers * one, "interconnect")
+    return (Term("all-reduce", phase, 2 * s.a.num_layers * one, "interconnect"),)
 
 
-def prefill_terms(s: Setup, n: int, batch: int) -> dict[str, dict]:
+def prefill_terms(s: Setup, n: int, batch: int) -> tuple[Term, ...]:
     a = s.a
-    terms = {"matmuls": _matmuls(s, batch * n, batch)}
     heads_share = 1 / s.gpus
     attention = sum(count * s.hw.attention.seconds(4 * batch * a.num_heads * heads_share * a.head_dim * f.causal_pairs(n, w))
                     for w, count in Counter(a.windows).items())
-    terms["attention"] = _term(attention, "compute")
     per_layer = f.elementwise_bytes(a, n, batch, s.nbytes) / s.gpus
-    terms["elementwise"] = _term(a.num_layers * s.hw.elementwise.seconds(per_layer), "memory bandwidth")
-    terms["overhead"] = _term(s.hw.overhead(a.num_layers, prefill=True), "dispatch and host")
-    if (ar := _allreduce(s, n, batch)) is not None:
-        terms["all-reduce"] = ar
-    return terms
+    return (_matmuls(s, batch * n, batch), Term("attention", "prefill", attention, "compute"),
+            Term("elementwise", "prefill", a.num_layers * s.hw.elementwise.seconds(per_layer), "memory bandwidth"),
+            Term("overhead", "prefill", s.hw.overhead(a.num_layers, prefill=True), "dispatch and host"),
+            *_allreduce(s, n, batch, "prefill"))
 
 
-def decode_terms(s: Setup, keys: int, batch: int) -> dict[str, dict]:
+def decode_terms(s: Setup, keys: int, batch: int) -> tuple[Term, ...]:
     """One decode step whose attention reads ``keys`` keys per sequence (the cache and the new token)."""
     a = s.a
-    terms = {"weights": _matmuls(s, batch, batch, decode=True)}
     per_token = 2 * a.num_kv_heads * s.kv_share * a.head_dim * batch * s.nbytes
     kv = sum(count * s.hw.decode_attention.seconds(per_token * (keys if w is None else min(keys, w)))
              for w, count in Counter(a.windows).items())
-    terms["KV cache read"] = _term(kv, "memory bandwidth")
-    terms["overhead"] = _term(s.hw.overhead(a.num_layers, prefill=False), "dispatch and host")
-    if (ar := _allreduce(s, 1, batch)) is not None:
-        terms["all-reduce"] = ar
-    return terms
+    return (_matmuls(s, batch, batch, decode=True), Term("KV cache read", "decode", kv, "memory bandwidth"),
+            Term("overhead", "decode", s.hw.overhead(a.num_layers, prefill=False), "dispatch and host"),
+            *_allreduce(s, 1, batch, "decode"))
 
 
-def mean_decode_terms(s: Setup, n: int, batch: int) -> dict[str, dict]:
+def mean_decode_terms(s: Setup, n: int, batch: int) -> tuple[Term, ...]:
     """The decode terms averaged over the new tokens after the first (step j reads n + j keys)."""
     steps = max(s.new_tokens - 1, 1)
     k = min(steps, DECODE_SAMPLES)
     samples = [decode_terms(s, n + 1 + int((i + 0.5) * steps / k), batch) for i in range(k)]
-    out = {}
-    for name in samples[0]:
-        secs = [t[name]["seconds"] for t in samples]
-        labels = Counter(t[name]["limited_by"] for t in samples)
-        out[name] = _term(sum(secs) / k, labels.most_common(1)[0][0])
-    return out
+    out = []
+    for i, first in enumerate(samples[0]):
+        labels = Counter(t[i].limited_by for t in samples)
+        out.append(Term(first.name, "decode", sum(t[i].seconds for t in samples) / k, labels.most_common(1)[0][0]))
+    return tuple(out)
 
 
 def memory(s: Setup, n: int, batch: int) -> dict:
@@ -133,8 +138,8 @@ def memory(s: Setup, n: int, batch: int) -> dict:
             "activation_bytes": activations, "peak_bytes": peak}
 
 
-def seconds(terms: dict[str, dict]) -> float:
-    return sum(t["seconds"] for t in terms.values())
+def seconds(terms: tuple[Term, ...]) -> float:
+    return sum(t.seconds for t in terms)
 
 
 def latency(s: Setup, n: int, batch: int) -> tuple[float, float, float]:
@@ -143,7 +148,11 @@ def latency(s: Setup, n: int, batch: int) -> tuple[float, float, float]:
     return ttft, tpot, ttft + (s.new_tokens - 1) * tpot
 
 
-def resolve_hardware(hardware: object, a: Architecture, dtype: str) -> Hardware:
+def resolve_hardware(hardware: object, a: Architecture, dtype: str, engine: str | None = None) -> Hardware:
+    """A Hardware as given, this machine (measured), or a named accelerator under ``engine`` (default: vLLM)."""
+    if isinstance(hardware, Hardware) or not (isinstance(hardware, str) and hardware.strip().lower() != "this"):
+        if engine is not None:
+            raise ValueError(f"engine applies to a named accelerator, not to {getattr(hardware, 'name', hardware)!r}")
     if isinstance(hardware, Hardware):
         return hardware
     if not isinstance(hardware, str):
@@ -152,7 +161,7 @@ def resolve_hardware(hardware: object, a: Architecture, dtype: str) -> Hardware:
         from attnlab.planner.machine import this_machine
 
         return this_machine(a, dtype)
-    return accelerator(hardware)
+    return accelerator(hardware, engine=engine or DEFAULT_ENGINE)
 
 
 def max_batch(s: Setup, n: int, budget: float) -> Search:

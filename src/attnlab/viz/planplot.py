@@ -41,6 +41,7 @@ def draw_plan(ax_time, ax_mem, curve: dict, asked: dict | None = None, label: st
     ax_time.plot(ns, [r["total_s"] for r in rows], color=COLORS["total"],
                  label=f"{tag}total ({curve['new_tokens']} new tokens)")
     ax_time.plot(ns, [r["tpot_s"] * 100 for r in rows], color=COLORS["tpot"], ls="--", label=f"{tag}100 × TPOT")
+    _ranges(ax_time, rows, ns)
     ax_time.set_yscale("log")
     ax_time.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g} s"))
     parts = ([r["weight_bytes"] / 1e9 for r in rows], [r["kv_bytes"] / 1e9 for r in rows],
@@ -57,9 +58,27 @@ def draw_plan(ax_time, ax_mem, curve: dict, asked: dict | None = None, label: st
     ax_mem.axhline(curve["memory_bytes"] / 1e9, color="#222", lw=1, ls=":", label=f"budget {curve['memory_bytes'] / 1e9:,.1f} GB")
     if curve.get("max_prompt_tokens"):
         for ax in (ax_time, ax_mem):
-            ax.axvline(curve["max_prompt_tokens"], color="#2ca02c", lw=1, ls="-.",
-                       label=f"largest prompt {'meeting both' if curve.get('deadline_ms') else 'that fits'}: "
-                             f"{curve['max_prompt_tokens']:,}")
+            ax.axvline(curve["max_prompt_tokens"], color="#2ca02c", lw=1, ls="-.", label=_largest_label(curve))
+
+
+def _largest_label(curve: dict) -> str:
+    """What the vertical line is: the largest prompt meeting the limits, with its range, or the model's positions
+    when the search reached them (the memory would allow more)."""
+    n = curve["max_prompt_tokens"]
+    if curve["search"]["capped"]:
+        return f"the model's positions (less the new tokens): {n:,}; memory allows more"
+    span = curve.get("max_prompt_range")
+    within = f" ({span[0]:,}–{span[1]:,})" if span and span[0] != span[1] else ""
+    return f"largest prompt {'meeting both' if curve.get('deadline_ms') else 'that fits'}: {n:,}{within}"
+
+
+def _ranges(ax, rows: list[dict], ns: list[int]) -> None:  # noqa: ANN001
+    """Each latency curve's band: the fast and slow ends of the measurements it rests on (none when unknown)."""
+    for key, scale in (("ttft_s", 1), ("total_s", 1), ("tpot_s", 100)):
+        spans = [r["ranges"][key] for r in rows]
+        if all(spans):
+            ax.fill_between(ns, [lo * scale for lo, _ in spans], [hi * scale for _, hi in spans],
+                            color=COLORS[key[:-2]], alpha=0.15, lw=0)
 
 
 def plan_figure(curve: dict, asked: dict | None = None) -> Figure:
@@ -73,7 +92,9 @@ def plan_figure(curve: dict, asked: dict | None = None) -> Figure:
     ax_time.set_ylabel("seconds")
     ax_mem.set_ylabel("GB (10⁹ bytes) per device")
     hw = curve["hardware"]
-    kind = "measured here" if hw["measured"] else "predicted: datasheet × assumed efficiencies"
+    kind = ("predicted from rates measured here; bands: their range" if hw["measured"]
+            else "predicted: datasheet × efficiencies fitted to published rows; bands: their held-out error"
+            if hw["details"].get("validation") else "predicted: datasheet × assumed efficiencies")
     fig.suptitle(f"{curve['model']['name']} on {hw['name']}{' × %d' % curve['gpus'] if curve['gpus'] > 1 else ''} "
                  f"({kind}), {curve['dtype']}, batch {curve['batch']}", fontsize=10)
     return fig
@@ -90,7 +111,7 @@ def serving_figure(data: dict) -> Figure:
         for ax in (ax_time, ax_mem):
             _axes(ax)
             ax.legend(frameon=False, fontsize=7, loc="upper left")
-        kind = "measured here" if curve["hardware"]["measured"] else "predicted"
+        kind = "predicted from rates measured here" if curve["hardware"]["measured"] else "predicted"
         ax_time.set_title(f"{curve['model']['name']} on {curve['hardware']['name']} ({kind}): latency", fontsize=9)
         ax_mem.set_title("memory", fontsize=9)
         ax_time.set_ylabel("seconds")
