@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import subprocess
 import sys
@@ -79,4 +80,7 @@ def test_every_module_imports_by_its_dotted_path_and_no_public_name_shadows_one(
                 f"{parent_name}.{child} is both a module and another object"
             )
     for name in attnlab.__all__:
+        if inspect.ismodule(getattr(attnlab, name)):  # a public module (attnlab.masks) is itself, nothing else
+            assert getattr(attnlab, name) is importlib.import_module(f"attnlab.{name}")
+            continue
         assert importlib.util.find_spec(f"attnlab.{name}") is None, f"attnlab.{name} names a public object and a module"

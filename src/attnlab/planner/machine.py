@@ -218,7 +218,7 @@ def _prefill_call(h: int, kv: int, d: int, n: int, dtype: Any) -> Callable[[], A
     for buf in cache:
         buf[:, :, :n] = torch.randn(1, n, kv, d, dtype=dtype).transpose(1, 2)
     k, v = (buf[:, :, :n] for buf in cache)
-    read = Read(k, v, None, None, None, torch.arange(n)[None], float(k.float().norm(dim=-1).max()))
+    read = Read(k, v, None, None, torch.arange(n)[None], float(k.float().norm(dim=-1).max()))
     return lambda: attention(q, k, v, backend=BACKEND, **read.kwargs())
 
 
