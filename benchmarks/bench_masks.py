@@ -111,7 +111,7 @@ def flex(t: int, heads: int, rounds: int) -> dict:
             "attnlab kernel": lambda: attention(q, k, v, mask=description, backend="kernel")}
     got = {name: [] for name in runs}
     with torch.no_grad():
-        want = compiled(q, k, v, block_mask=block)
+        want = compiled(q, k, v, block_mask=block).clone()  # its own copy: a compiled graph may reuse its buffers
         error = float((attention(q, k, v, mask=description, backend="kernel") - want).abs().max())
         for r in range(rounds):
             for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):

@@ -106,6 +106,8 @@ def _and(terms: list[Mask]) -> Mask | None:
 def build(p: validate.Problem, mask: Any, causal: bool, window: tuple | None, lengths: Any,
           score_mod: Any, sinks: Any, softcap: float | None = None) -> Visible:
     """One call's :class:`Visible` from attention()'s keywords (checked against its shapes)."""
+    if mask is None and lengths is None and _band_sees_all(causal, window, p.tq, p.tk):  # a decoding step's call
+        return _plain(p, score_mod, sinks, softcap)
     terms = [] if mask is None else _terms(masks.as_mask(mask, "mask"))
     if causal:
         terms.append(Causal())
@@ -143,6 +145,24 @@ def build(p: validate.Problem, mask: Any, causal: bool, window: tuple | None, le
 def _flat(m: Mask) -> list[Mask]:
     """Every leaf of a description."""
     return [leaf for p in m.parts() for leaf in _flat(p)] if m.parts() else [m]
+
+
+def _band_sees_all(causal: bool, window: tuple | None, tq: int, tk: int) -> bool:
+    """Whether causal and a window (left, right) let every query see every key, said without building rows:
+    the first query (at Tk − Tq) must reach the last key, the last (at Tk − 1) the first."""
+    left, right = (None, None) if window is None else window
+    right = 0 if causal and right is None else min(right, 0) if causal else right
+    return (left is None or left >= tk - 1) and (right is None or right >= tq - 1)
+
+
+def _plain(p: validate.Problem, score_mod: Any, sinks: Any, softcap: float | None) -> Visible:
+    """The Visible of a call that hides no key: only its score changes."""
+    frame = Frame(p.tq, p.tk, tuple(p.batch))
+    _check_sinks(sinks, p)
+    smod = masks.as_score_mod(score_mod)
+    if smod is not None:
+        smod.check(frame)
+    return Visible(frame, score_mod=smod, sinks=sinks, softcap=softcap)
 
 
 def _sees_all(spans: tuple, tk: int) -> bool:

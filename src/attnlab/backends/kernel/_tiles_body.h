@@ -180,9 +180,16 @@ static inline TARGET void F(softcap)(float *restrict row, int64_t n, float cap, 
 }
 
 /* ALiBi on a row of base-2 scores: columns a..z-1 less slope |pos - c|, pos the query's position less the
- * tile's first key. */
+ * tile's first key. Whole vectors from the one holding column a (the row is whole vectors long; columns
+ * outside a..z-1 are hidden after this), distances as floats (exact below 2^24 keys). */
 static inline TARGET void F(alibi)(float *restrict row, int64_t a, int64_t z, float slope, int64_t pos) {
-    for (int64_t c = a; c < z; c++) row[c] -= slope * (float)(pos > c ? pos - c : c - pos);
+    VF lane;
+    for (int u = 0; u < VW; u++) lane[u] = (float)u;
+    const float p = (float)pos;
+    for (int64_t c = a - a % VW; c < z; c += VW) {
+        const VF dist = p - ((float)c + lane);
+        *(VF *)(row + c) -= slope * F(select)((VI)(dist < 0.0f), -dist, dist);
+    }
 }
 
 /* One work item: query rows i0..i1-1 of query head g of batch b, against every key they may see.

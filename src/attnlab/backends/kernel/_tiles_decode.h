@@ -201,7 +201,11 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     float *restrict p = lv + rows * VW; /* (rows, VW) weights of the block */
     int64_t *bound = (int64_t *)(p + rows * VW); /* each row's keys: two intervals [lo, hi) */
     const int64_t flat0 = b * pr->h + hk * pr->g; /* the group's first query head */
-    for (int64_t r = 0; r < rows; r++) vis_row(pr->vis, flat0 + r / tq, r % tq, bound + 4 * r);
+    int gaps = 0; /* some row sees two runs of keys (sink tokens and a window): blocks between may be unseen */
+    for (int64_t r = 0; r < rows; r++) {
+        vis_row(pr->vis, flat0 + r / tq, r % tq, bound + 4 * r);
+        gaps |= bound[4 * r + 3] > bound[4 * r + 2];
+    }
     const float mul = pr->scale * 1.4426950408889634f; /* scores in base 2: exp2 instead of exp */
     const float *src = (const float *)pr->q + (b * pr->h + hk * pr->g) * tq * d; /* the group's rows, contiguous */
     for (int64_t r = 0; r < rows; r++)
@@ -218,7 +222,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     for (int u = 0; u < VW; u++) lane[u] = u;
     for (int64_t j = j0; j < j1; j += VW) {
         const int64_t nk = j1 - j < VW ? j1 - j : VW;
-        int any = 0; /* some row sees a key of the block: else it is not read */
+        int any = !gaps; /* some row sees a key of the block: else it is not read (the chunk is inside one run) */
         for (int64_t r = 0; r < rows && !any; r++) {
             int64_t c[4];
             F(seen_in)(bound + 4 * r, j, nk, c);
