@@ -500,11 +500,10 @@ def test_backward_with_no_queries_gives_zero_key_gradients(isa):
 # The statistics pass (head_stats): kernel.stats against the same statistics in float64 NumPy, from
 # dense weights exp(scale q·k − LSE) with the very LSE it is given.
 
-def _dense_stats(q, k, lse, scale, left, right):
+def _dense_stats(q, k, lse, scale, seen):
     """(sums (B, G, 7), received (B, G, T)) by definition, in float64, from dense [T, T] weights."""
     b, g, t, _ = q.shape
     s = np.einsum("bgid,bjd->bgij", q.astype(np.float64), k.astype(np.float64)) * scale
-    seen = _allowed(t, t, window=(t if left is None else left, t if right is None else right))
     w = np.where(seen, np.exp(s - lse.astype(np.float64)[..., None]), 0.0)
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     ent = -(w * np.where(seen, s - lse[..., None], 0.0)).sum(-1)  # (B, G, T)
@@ -518,8 +517,15 @@ def _dense_stats(q, k, lse, scale, left, right):
     return np.stack([rows[name] for name in kernel.STATS], -1), w.sum(-2)
 
 
+def _stats_mask(left, right, sinks=0):
+    """The description of a stats case: a window (None, None: every key), with ``sinks`` first keys beside it."""
+    m = None if left is None and right is None else masks.window(left, right)
+    return m if not sinks else (m | masks.sink_tokens(sinks)) & masks.causal()
+
+
 STATS_CASES = {
     "full-odd": dict(b=1, g=3, t=97, d=59, left=None, right=None),
+    "sink-tokens-and-window": dict(b=1, g=2, t=300, d=16, left=20, right=0, sinks=3),
     "causal-gqa": dict(b=2, g=3, t=300, d=32, left=None, right=0),
     "window": dict(b=1, g=2, t=257, d=16, left=37, right=5),
     "causal-window": dict(b=1, g=1, t=200, d=64, left=20, right=0),
@@ -532,14 +538,15 @@ STATS_CASES = {
 def test_compiled_statistics_match_float64_dense_weights(case, block, isa):
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     b, g, t, d, left, right = (case[x] for x in ("b", "g", "t", "d", "left", "right"))
+    mask = _stats_mask(left, right, case.get("sinks", 0))
     q = (rng.standard_normal((b, g, t, d)) * 2).astype(np.float32)
     k = rng.standard_normal((b, t, d)).astype(np.float32)
     scale = d**-0.5
-    allowed = _allowed(t, t, window=(t if left is None else left, t if right is None else right))
+    allowed = np.ones((t, t), bool) if mask is None else mask.dense(t)[0, 0]
     s = np.einsum("bgid,bjd->bgij", q.astype(np.float64), k.astype(np.float64)) * scale
     lse = reference.logsumexp(np.where(allowed, s, -np.inf)).astype(np.float32)
-    sums, received = kernel.stats(q, k, lse, scale=scale, left=left, right=right, block_size=block)
-    want, want_received = _dense_stats(q, k, lse, scale, left, right)
+    sums, received = kernel.stats(q, k, lse, scale=scale, mask=mask, block_size=block)
+    want, want_received = _dense_stats(q, k, lse, scale, allowed)
     assert sums.dtype == received.dtype == np.float64
     np.testing.assert_allclose(sums, want, rtol=2e-6, atol=1e-6)
     np.testing.assert_allclose(received, want_received, rtol=2e-6, atol=1e-6)
@@ -550,8 +557,8 @@ def test_compiled_statistics_are_the_same_bits_for_any_thread_count(isa):
     q = rng.standard_normal((2, 3, 333, 32)).astype(np.float32)
     k = rng.standard_normal((2, 333, 32)).astype(np.float32)
     lse = np.full((2, 3, 333), 6.0, np.float32)
-    one = kernel.stats(q, k, lse, scale=0.2, left=None, right=0, threads=1)
-    three = kernel.stats(q, k, lse, scale=0.2, left=None, right=0, threads=3)
+    one = kernel.stats(q, k, lse, scale=0.2, mask=masks.causal(), threads=1)
+    three = kernel.stats(q, k, lse, scale=0.2, mask=masks.causal(), threads=3)
     for a, b in zip(one, three):
         np.testing.assert_array_equal(a, b)  # a head is always one thread's, its rows in order
 
@@ -560,7 +567,7 @@ def _stats_args(**change):
     """stats' arguments for a small valid call, with some replaced."""
     args = {"q": np.zeros((1, 2, 4, 8), np.float32), "k": np.zeros((1, 4, 8), np.float32),
             "lse": np.zeros((1, 2, 4), np.float32), "sums": np.empty((1, 2, 7)), "received": np.empty((1, 2, 4)),
-            "scale": 1.0, "left": -1, "right": -1, "block_q": 4, "block_k": 4, "threads": 1}
+            "scale": 1.0, "block_q": 4, "block_k": 4, "threads": 1}
     args.update(change)
     return args
 
@@ -573,7 +580,7 @@ def _stats_args(**change):
     ({"received": np.empty((1, 2, 4))[..., ::-1]}, "received: expected a C-contiguous array"),
     ({"q": np.zeros((1, 2, 4, 8))}, "q: expected float32 items"),
     ({"block_k": 0}, "block_k: expected a block size >= 1, got 0"),
-    ({"right": -5}, "right: expected -1 (unbounded) or a number of keys >= 0, got -5"),
+    ({"spans": np.zeros((1, 2, 3, 4), np.int64), "heads": 2}, "spans: expected dim 2 of size 4, got 3"),
 ])
 def test_bad_statistics_arguments_raise_naming_them(change, text):
     with pytest.raises(ValueError) as e:

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from attnlab import masks
 from attnlab.backends import kernel
 
 ROW_STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")
@@ -131,6 +132,12 @@ def _masked_columns(rows: Any, cols: Any, left: int | None, right: int | None) -
     return out
 
 
+def visibility(causal: bool, window: tuple | None) -> masks.Mask | None:
+    """A layer's causal band and window as the attnlab.masks description the compiled pass reads."""
+    terms = ([masks.causal()] if causal else []) + ([] if window is None else [masks.window(*window)])
+    return None if not terms else terms[0] if len(terms) == 1 else terms[0] & terms[1]
+
+
 def _band(causal: bool, window: tuple | None) -> tuple[int | None, int | None]:
     """The keys a row sees, as (left, right) reaches (None: unbounded)."""
     left = None if window is None else window[0]
@@ -156,7 +163,8 @@ def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool
     hkv = k.shape[0]
     left, right = _band(causal, window)
     sums, received = kernel.stats(q.reshape(hkv, h // hkv, t, d), k, lse.reshape(hkv, h // hkv, t), scale=scale,
-                                  left=left, right=right, block_size=None if block_rows is None else (block_rows, 512))
+                                  mask=visibility(causal, window),
+                                  block_size=None if block_rows is None else (block_rows, 512))
     sums = sums.reshape(h, len(kernel.STATS))
     return ({name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}, _counts(t, left, right),
             received.reshape(h, t).astype(np.float32))

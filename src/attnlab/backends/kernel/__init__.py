@@ -157,17 +157,17 @@ def _f32(x: Any) -> np.ndarray:
 STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")  # the sums stats() gives, in order
 
 
-def stats(q: Any, k: Any, lse: Any, *, scale: float, left: int | None, right: int | None,
-          block_size: Any = None, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, block_size: Any = None,
+          threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Statistics of self-attention's weights, compiled: ``(sums, received)``, float64.
 
-    q (B, G, T, D), k (B, T, D) and the rows' LSE (B, G, T) as :func:`forward` gave it; the band
-    ``left``/``right`` (None: unbounded; causal is right = 0). Each tile's weights exp(scale q·k − LSE)
-    are recomputed from the forward's own scores and, in the cache, summed into ``sums`` (B, G, 7):
-    per head, over its rows, each of :data:`STATS` (the weight on key i − 1, i, i + 1 and 0;
-    Σ_j w |i − j|; the entropy −Σ_j w ln w in nats; that entropy over ln(keys the row sees), for
-    rows that see more than one), and ``received`` (B, G, T), the column sums. No T × T buffer;
-    the same bits for any ``threads``. Raises ValueError where the kernel was not built.
+    q (B, G, T, D), k (B, T, D) and the rows' LSE (B, G, T) as :func:`forward` gave it; ``mask`` which keys
+    each row sees (an attnlab.masks description, structured; None: every key), read as stored (each row's
+    key intervals). Each tile's weights exp(scale q·k − LSE) are recomputed from the forward's own scores
+    and, in the cache, summed into ``sums`` (B, G, 7): per head, over its rows, each of :data:`STATS` (the
+    weight on key i − 1, i, i + 1 and 0; Σ_j w |i − j|; the entropy −Σ_j w ln w in nats; that entropy over
+    ln(keys the row sees), for rows that see more than one), and ``received`` (B, G, T), the column sums.
+    No T × T buffer; the same bits for any ``threads``. Raises ValueError where the kernel was not built.
     """
     if _tiles is None:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
@@ -175,8 +175,8 @@ def stats(q: Any, k: Any, lse: Any, *, scale: float, left: int | None, right: in
     block_q, block_k = BLOCK if block_size is None else block_sizes(1, t, block_size)
     q, k, lse = _buffers(q, k, lse)
     sums, received = np.empty((b, g, len(STATS))), np.empty((b, g, t))
-    _tiles.stats(q, k, lse, sums, received, scale, -1 if left is None else left, -1 if right is None else right,
-                 block_q, block_k, threads or 0)
+    kw = vis_args(describe(mask, t, t, (b, g)), None)
+    _tiles.stats(q, k, lse, sums, received, scale, block_q, block_k, threads or 0, **kw)
     return sums, received
 
 

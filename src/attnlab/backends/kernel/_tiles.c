@@ -251,19 +251,21 @@ done:
 }
 
 static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"q", "k", "lse", "sums", "received", "scale", "left", "right", "block_q", "block_k",
-                             "threads", NULL};
-    PyObject *obj[5];
-    Py_buffer view[5] = {{0}};
+    static char *kwlist[] = {"q", "k", "lse", "sums", "received", "scale", "block_q", "block_k", "threads", "spans",
+                             "heads", NULL};
+    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
+    Py_buffer view[9] = {{0}};
     struct sproblem pr = {0};
-    long long left, right, bq, bk;
+    struct vis vis = {0};
+    long long bq, bk, heads = 1;
+    int64_t l, r;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
     dim['S'] = NSTATS;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLLLi:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &pr.scale, &left, &right, &bq, &bk, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OL:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &heads))
         return NULL;
     static const char *names[] = {"q", "k", "lse", "sums", "received"};
     static const char *dims[] = {"BGTD", "BTD", "BGT", "BGS", "BGT"};
@@ -275,15 +277,17 @@ static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwar
         goto done;
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.lse = view[2].buf, pr.sums = view[3].buf, pr.received = view[4].buf;
-    if (!check_scalars(pr.t, pr.t, left, right, bq, bk, threads, &pr.left, &pr.right, &pr.bq, &pr.bk, &pr.threads))
+    if (!check_scalars(pr.t, pr.t, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.t, pr.t, 0.0))
         goto done;
+    pr.vis = &vis;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.g * pr.t == 0 ? 0 : isas[chosen].srun(&pr);
     Py_END_ALLOW_THREADS
     result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
-    release(view, 5);
+    release(view, 9);
     return result;
 }
 
@@ -386,11 +390,11 @@ static PyMethodDef methods[] = {
      "qpos (B'|1, H|1, Tq) and slopes (H|1,) float32 base 2: ALiBi; sinks (B'|1, H|1) float32: learned sinks.\n"
      "Block sizes >= 1; threads 0: OpenMP's default. Every argument is checked first (ValueError naming it)."},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_VARARGS | METH_KEYWORDS,
-     "stats(q, k, lse, sums, received, scale, left, right, block_q, block_k, threads)\n\n"
+     "stats(q, k, lse, sums, received, scale, block_q, block_k, threads, *, spans=None, heads=1)\n\n"
      "Statistics of self-attention's weights exp(scale q.k - lse), recomputed tile by tile: float32 q (B, G, T, D),\n"
      "k (B, T, D) and forward's lse (B, G, T); into float64 sums (B, G, 7) (per head, summed over rows: the\n"
      "weight on key i - 1, i, i + 1 and 0, sum_j w |i - j|, the entropy -sum_j w ln w and the entropy over\n"
-     "ln(keys seen) where more than one) and received (B, G, T) (column sums). left/right the band (-1 = none).\n"
+     "ln(keys seen) where more than one) and received (B, G, T) (column sums). spans as forward's (None: all).\n"
      "The same checks as forward; the same bits for any threads."},
     {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
     {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},

@@ -48,7 +48,8 @@ struct sproblem {                 /* row accumulators: distance, sum w x, prev, 
     const float *q, *k, *lse;     /* (B, G, T, D), (B, T, D), (B, G, T): self-attention, one length */
     double *sums, *received;      /* (B, G, NSTATS), (B, G, T) */
     const float *kp;              /* packed keys */
-    int64_t b, g, t, d, left, right, bq, bk, bqp, tkp;
+    const struct vis *vis;        /* which keys each row sees (the forward's description) */
+    int64_t b, g, t, d, bq, bk, bqp, tkp;
     float scale;
     int threads;
 };

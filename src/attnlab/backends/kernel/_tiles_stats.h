@@ -34,12 +34,12 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
             }
         }
         memset(sc->row, 0, sizeof(double) * bqp * NROW);
-        int64_t lo = 0, hi = t; /* the keys that some row of the block may see */
-        if (pr->left >= 0 && i0 - pr->left > lo) lo = i0 - pr->left;
-        if (pr->right >= 0 && i0 + nr + pr->right < hi) hi = i0 + nr + pr->right;
+        int64_t lo, hi; /* the keys that some row of the block may see */
+        vis_range(pr->vis, bg, i0, i0 + nr, &lo, &hi);
         lo -= lo % VW;
         for (int64_t j0 = lo; j0 < hi; j0 += bk) {
             const int64_t nc = (j0 + bk < hi ? j0 + bk : hi) - j0, ncp = (nc + VW - 1) / VW * VW;
+            if (!vis_meets(pr->vis, bg, i0, i0 + nr, j0, j0 + nc)) continue; /* no row sees it: not read */
             for (int64_t r = 0; r < bqp; r += RQ) { /* scores (base 2) */
                 int64_t c = 0;
                 for (; c + 2 * VW <= ncp; c += 2 * VW)
@@ -51,15 +51,16 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
                 float *restrict p = s + r * bk;
                 double *restrict acc = sc->row + r * NROW;
                 const int64_t pos = i0 + r;
-                int64_t a = 0, z = nc; /* the row sees columns a..z-1 of this tile */
-                if (pr->left >= 0 && pos - pr->left - j0 > a) a = pos - pr->left - j0;
-                if (pr->right >= 0 && pos + pr->right + 1 - j0 < z) z = pos + pr->right + 1 - j0;
-                if (z <= a || sc->lse2[r] == -INFINITY) continue;
+                int64_t iv[4], c4[4]; /* the row sees columns c4[0]..c4[1]-1 and c4[2]..c4[3]-1 of this tile */
+                vis_row(pr->vis, bg, pos, iv);
+                vis_cols(iv, j0, nc, c4);
+                if (c4[1] <= c4[0] || sc->lse2[r] == -INFINITY) continue;
                 const VF lse2 = (VF){} + sc->lse2[r], lse2lo = (VF){} + sc->lse2lo[r];
                 VF dist = (VF){}, ent = (VF){};
                 for (int64_t c = 0; c < ncp; c += VW) {
                     const VI idx = lane + (int32_t)c;
-                    const VI seen = (idx >= (int32_t)a) & (idx < (int32_t)z);
+                    const VI seen = ((idx >= (int32_t)c4[0]) & (idx < (int32_t)c4[1])) |
+                                    ((idx >= (int32_t)c4[2]) & (idx < (int32_t)c4[3]));
                     const VF x = F(select)(seen, (*(const VF *)(p + c) - lse2) - lse2lo, (VF){});
                     const VF w = F(select)(seen, F(exp2v)(x), (VF){});
                     const VF gap = __builtin_convertvector(idx + (int32_t)(j0 - pos), VF); /* j - i */
@@ -72,22 +73,22 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
                 for (int u = 0; u < VW; u++) acc[0] += dist[u], acc[1] += ent[u];
                 for (int o = -1; o <= 1; o++) { /* the weights on keys i - 1, i, i + 1 */
                     const int64_t c = pos + o - j0;
-                    if (c >= a && c < z) acc[3 + o] += p[c];
+                    if ((c >= c4[0] && c < c4[1]) || (c >= c4[2] && c < c4[3])) acc[3 + o] += p[c];
                 }
-                if (j0 == 0 && a == 0) acc[5] += p[0];
+                if (j0 == 0 && c4[0] == 0) acc[5] += p[0];
             }
             for (int64_t c = 0; c < nc; c++) recv[j0 + c] += col[c];
         }
         for (int64_t r = 0; r < nr; r++) {
             const double *acc = sc->row + r * NROW;
             const int64_t pos = i0 + r;
-            int64_t first = 0, last = t - 1; /* the keys row i sees */
-            if (pr->left >= 0 && pos - pr->left > first) first = pos - pr->left;
-            if (pr->right >= 0 && pos + pr->right < last) last = pos + pr->right;
+            int64_t iv[4]; /* the keys row i sees: how many */
+            vis_row(pr->vis, bg, pos, iv);
+            const int64_t seen = (iv[1] > iv[0] ? iv[1] - iv[0] : 0) + (iv[3] > iv[2] ? iv[3] - iv[2] : 0);
             const double entropy = -acc[1] * 0.69314718055994531; /* -sum w log w, log w = x ln 2 */
             sums[0] += acc[2], sums[1] += acc[3], sums[2] += acc[4], sums[3] += acc[5];
             sums[4] += acc[0], sums[5] += entropy;
-            if (last > first) sums[6] += entropy / log((double)(last - first + 1));
+            if (seen > 1) sums[6] += entropy / log((double)seen);
         }
     }
 }
