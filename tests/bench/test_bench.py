@@ -201,11 +201,11 @@ def test_the_decode_benchmark_calls_attention_as_generate_does():
 
     from attnlab.bench.decode import GENERATE_KWARGS
     from attnlab.transformer.cache import KVCache
-    from attnlab.transformer.layer_cache import LayerCache
+    from attnlab.transformer.layer_cache import DenseCache
 
     for lengths in ([5], [5, 5], [5, 3]):
         b = len(lengths)
-        cache = KVCache([LayerCache(b, 2, 8, 16, torch.float32, "cpu")])
+        cache = KVCache([DenseCache(b, 2, 8, 16, torch.float32, "cpu")])
         cache.lengths = torch.tensor(lengths)
         step = cache.begin(torch.ones(b, dtype=torch.long), 1)
         kw = cache.update(0, step, torch.ones(b, 2, 1, 8), torch.ones(b, 2, 1, 8)).kwargs()

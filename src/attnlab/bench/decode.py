@@ -34,7 +34,7 @@ from attnlab.bench.timing import interleaved, torch_threads
 
 DECODE_METHODS = ("attention", "generate", "tiles", "sdpa-gqa", "sdpa-repeated")
 # with k_norm=: cache.Read.kwargs() of a step where every sequence holds the n keys read (no lengths needed)
-GENERATE_KWARGS = {"lengths": None, "causal": True, "window": None, "kv_checked": True}
+GENERATE_KWARGS = {"lengths": None, "causal": True, "mask": None, "kv_checked": True}
 STORED = ("float32", "bfloat16", "float16")
 
 

@@ -25,7 +25,7 @@ import torch
 from attnlab.backends.request import max_norm
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.layer_cache import (
-    DENSE_START, SINK_DEFAULT, LayerCache, Read, SinkCache, Step, WindowCache,
+    DENSE_START, SINK_DEFAULT, DenseCache, LayerCache, Read, SinkCache, Step, WindowCache,
 )
 from attnlab.transformer.weights import torch_dtype
 
@@ -75,7 +75,7 @@ class KVCache:
         layers: list[LayerCache] = []
         for (what, w, s), layer in zip(kinds, range(config.num_layers)):
             if what == "dense":
-                layers.append(LayerCache(batch, h, d, start, dtype, device, window=config.layer_window(layer)))
+                layers.append(DenseCache(batch, h, d, start, dtype, device, window=config.layer_window(layer)))
             elif what == "window":
                 layers.append(WindowCache(batch, h, d, w, dtype, device))
             else:

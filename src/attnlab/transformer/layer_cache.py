@@ -115,11 +115,12 @@ def _read(layer: LayerCache, k: torch.Tensor, v: torch.Tensor, lengths: torch.Te
 
 
 class LayerCache:
-    """One layer's keys, values and slot positions. Subclasses say where a position goes (:meth:`slots`),
-    which positions stay once ``last`` is written (:meth:`retains`) and which keys a query sees beyond causal,
-    as an attnlab.masks description of keys in position order (:meth:`visibility`)."""
+    """One layer's keys, values and slot positions, and how they are written. Each kind (:class:`DenseCache`,
+    :class:`WindowCache`, :class:`SinkCache`) says where a position goes (:meth:`slots`), which positions
+    stay once ``last`` is written (:meth:`retains`), which keys a query sees beyond causal, as an
+    attnlab.masks description of keys in position order (:meth:`visibility`), and what a step reads (:meth:`update`)."""
 
-    kind = "dense"
+    kind = ""
 
     def __init__(self, batch: int, heads: int, dim: int, capacity: int, dtype: torch.dtype, device: Any,
                  window: int | None = None):
@@ -138,14 +139,17 @@ class LayerCache:
         return self.k.nbytes + self.v.nbytes
 
     def slots(self, pos: torch.Tensor) -> torch.Tensor:
-        return pos
+        raise NotImplementedError
 
     def retains(self, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        return torch.ones_like(pos, dtype=torch.bool)
+        raise NotImplementedError
 
     def visibility(self) -> masks.Mask | None:
         """Which keys a query sees beyond causal, keys in position order: its window (W keys, itself included)."""
         return None if self.window is None else masks.sliding_window(self.window)
+
+    def update(self, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
+        raise NotImplementedError
 
     def describe(self) -> dict:
         return {"kind": self.kind, "capacity": self.capacity, "window": self.window}
@@ -185,6 +189,20 @@ class LayerCache:
         self.v[b, :, slot] = v[b, :, col]
         self.slot_positions[b, slot] = pos[b, col]
 
+
+
+class DenseCache(LayerCache):
+    """Slot = position; its capacity doubles (at least to what a write needs) when a write would pass it.
+    A layer with a sliding window reads it through its visibility."""
+
+    kind = "dense"
+
+    def slots(self, pos: torch.Tensor) -> torch.Tensor:
+        return pos
+
+    def retains(self, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(pos, dtype=torch.bool)
+
     def update(self, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
         """Write the new keys and values and say what the step's queries read (dense: the prefix in place)."""
         self._grow(step.longest)
@@ -193,6 +211,7 @@ class LayerCache:
         lengths = None if step.even else step.end  # even: every sequence is the Tk keys read
         return _read(self, self.k[:, :, :tk], self.v[:, :, :tk], lengths, self.visibility(), self.slot_positions[:, :tk],
                      dtype)
+
 
 
 class WindowCache(LayerCache):
