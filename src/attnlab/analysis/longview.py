@@ -1,0 +1,201 @@
+"""The long view's computations: any part of a long input's map, exact, from its queries, keys and row LSEs.
+
+A :class:`~attnlab.maps.long.LongMaps` holds no weights. Each function here computes the weights it
+needs a tile at a time: the tile's queries and keys go through ``attnlab.attention`` (the torch
+backend, with the tile's visibility as a mask), which gives the tile's own softmax w̃ and its
+log-sum-exp lsẽ; the row's weight is then w̃ · exp(lsẽ − lse), lse the row's log-sum-exp over all
+its keys, kept at capture. That is exp(s − lse) with the scores' scale, softcap and masks applied by
+the one implementation of attention, and never more than one tile of T × T at once:
+
+    weights(lm, layer, head, rows, cols)   a tile at full resolution, [rows, cols]
+    row(lm, layer, head, i)                query i's weights on every key, [T]
+    top_keys(lm, layer, head, i, k)        its k largest, (key, weight), largest first
+    column(lm, layer, head, j)             the weight every query puts on key j, [T]
+    overview(lm, layer, head, cells)       the pooled map: each cell the mean and the max weight of a
+                                           block of b × b pairs (b = ⌈T / cells⌉; a pair a row cannot
+                                           see counts as a weight of 0 in the mean)
+
+Visibility (which key j query i sees) is the capture's: ``causal`` (j ≤ i), the layer's ``window``
+(left, right) reaches (i − left ≤ j ≤ i + right), a ``sink`` (keys below it are seen past the window),
+and padding (keys at or past ``length`` are never seen).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnlab.maps.heads import Head
+from attnlab.maps.long import LongMaps
+
+DEFAULT_CELLS = 512  # the overview's side at most, in cells
+STRIP_SCORES = 2**22  # the scores of one strip of the overview (rows × keys): bounds its memory to tens of MB
+DEFAULT_TOP = 10
+
+
+def check_long(maps: Any, what: str) -> LongMaps:
+    """``maps`` if it is a :class:`LongMaps`; TypeError naming ``what`` otherwise."""
+    if not isinstance(maps, LongMaps):
+        raise TypeError(f"{what} takes a long input's maps (LongMaps, from attnlab.capture_long), got "
+                        f"{type(maps).__name__}")
+    return maps
+
+
+def _head(lm: LongMaps, layer: int, head: int) -> Head:
+    return Head.of((layer, head), lm.num_layers, lm.num_heads, "(layer, head)")
+
+
+def _span(name: str, span: Any, t: int) -> tuple[int, int]:
+    """(start, stop) of rows or columns inside 0..t, or a ValueError naming ``name`` and the map's size."""
+    try:
+        start, stop = (int(x) for x in span)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a (start, stop) pair of ints, got {span!r}") from None
+    if not 0 <= start < stop <= t:
+        raise ValueError(f"{name} must be (start, stop) with 0 <= start < stop <= {t} (the map is {t} × {t}), "
+                         f"got ({start}, {stop})")
+    return start, stop
+
+
+def _index(name: str, i: Any, t: int) -> int:
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(i).__name__}")
+    if not 0 <= i < t:
+        raise ValueError(f"{name} must be 0..{t - 1} (the map has {t} tokens), got {i}")
+    return int(i)
+
+
+def visible(lm: LongMaps, layer: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """(len(rows), len(cols)) bool, True where query ``rows[r]`` may see key ``cols[c]`` in ``layer``."""
+    facts = lm.layers[layer]
+    off = cols[None, :] - rows[:, None]  # j − i
+    seen = np.ones(off.shape, dtype=bool)
+    if facts.window is not None:
+        left, right = facts.window
+        seen &= (off >= -left) & (off <= right)
+    if lm.sink:
+        seen |= np.broadcast_to(cols[None, :] < lm.sink, off.shape)
+    if facts.causal:
+        seen &= off <= 0
+    return seen & (cols[None, :] < lm.num_tokens)
+
+
+def _key_range(lm: LongMaps, layer: int, i0: int, i1: int) -> tuple[int, int]:
+    """The keys any of the rows i0..i1 − 1 may see: the rest of a strip is zero without computing it."""
+    facts, t = lm.layers[layer], lm.num_tokens
+    left, right = facts.window if facts.window is not None else (None, None)
+    right = 0 if facts.causal else right
+    j0 = 0 if (left is None or lm.sink) else max(0, i0 - left)
+    j1 = t if right is None else min(t, i1 + right)
+    return j0, max(j1, j0 + 1)
+
+
+def _tile(lm: LongMaps, layer: int, head: int, i0: int, i1: int, j0: int, j1: int) -> np.ndarray:
+    """The exact float32 weights of rows i0..i1 − 1 on keys j0..j1 − 1 (no checks: the callers')."""
+    import torch
+
+    from attnlab.backends.api import attention
+
+    facts = lm.layers[layer]
+    group = lm.num_heads // lm.num_kv_heads
+    # float64 from the float32 q and k as captured: the products are then exact, and what is left of the
+    # error is the stored LSE's float32 rounding, a relative 6e-7 of each weight
+    q = torch.from_numpy(np.asarray(lm.queries[layer, head, i0:i1], dtype=np.float64))  # (R, D)
+    k = torch.from_numpy(np.asarray(lm.keys[layer, head // group, j0:j1], dtype=np.float64))  # (C, D)
+    mask = torch.from_numpy(visible(lm, layer, np.arange(i0, i1), np.arange(j0, j1)))  # (R, C)
+    v = torch.zeros(j1 - j0, 1, dtype=torch.float64)  # the values do not enter the weights
+    _, w, lse = attention(q, k, v, mask=mask, scale=facts.scale, softcap=facts.softcap, return_weights=True,
+                          return_lse=True, backend="torch")
+    row_lse = torch.from_numpy(np.asarray(lm.lse[layer, head, i0:i1], dtype=np.float64))
+    # the tile's softmax times the tile's share of the whole row; a row that sees nothing here (lse −inf)
+    # or at all stays zero
+    share = torch.exp(torch.where(torch.isinf(lse), torch.full_like(lse, -math.inf), lse - row_lse))
+    return (w * share[:, None]).float().numpy()
+
+
+def weights(lm: LongMaps, layer: int, head: int, rows: Any, cols: Any) -> np.ndarray:
+    """The exact weights of queries ``rows`` = (start, stop) on keys ``cols`` = (start, stop) of ``layer``
+    and ``head`` (0-based): float32 [stop − start, stop − start], what the full map holds there."""
+    lm = check_long(lm, "weights")
+    _head(lm, layer, head)
+    t = lm.num_tokens
+    (i0, i1), (j0, j1) = _span("rows", rows, t), _span("cols", cols, t)
+    return _tile(lm, layer, head, i0, i1, j0, j1)
+
+
+def row(lm: LongMaps, layer: int, head: int, i: int) -> np.ndarray:
+    """Query ``i``'s weights on every key, float32 [T]."""
+    lm = check_long(lm, "row")
+    _head(lm, layer, head)
+    i = _index("i", i, lm.num_tokens)
+    return _tile(lm, layer, head, i, i + 1, 0, lm.num_tokens)[0]
+
+
+def top_keys(lm: LongMaps, layer: int, head: int, i: int, k: int = DEFAULT_TOP) -> list[tuple[int, float]]:
+    """The ``k`` keys query ``i`` weighs most: (key, weight), largest first (ties: the earlier key)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    w = row(lm, layer, head, i)
+    order = np.argsort(-w, kind="stable")[:k]
+    return [(int(j), float(w[j])) for j in order]
+
+
+def column(lm: LongMaps, layer: int, head: int, j: int) -> np.ndarray:
+    """The weight every query puts on key ``j`` (who attends to it), float32 [T]."""
+    lm = check_long(lm, "column")
+    _head(lm, layer, head)
+    t = lm.num_tokens
+    j = _index("j", j, t)
+    return _tile(lm, layer, head, 0, t, j, j + 1)[:, 0]
+
+
+@dataclass(frozen=True)
+class Overview:
+    """A head's pooled map: cell (r, c) covers queries r·block .. and keys c·block .. (the last cells
+    may be narrower); ``mean`` [n, n] the mean weight over the cell's pairs, ``max`` [n, n] the largest."""
+
+    block: int
+    mean: np.ndarray
+    max: np.ndarray
+    tokens: int
+
+    @property
+    def cells(self) -> int:
+        return int(self.mean.shape[0])
+
+
+def _pool(w: np.ndarray, block: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """[R, T] strip (R a multiple of ``block`` but at the end) → its [⌈R/block⌉, n] block sums and maxima."""
+    r, t = w.shape
+    rows, cols = -(-r // block), n
+    full = np.zeros((rows * block, cols * block), dtype=np.float32)
+    full[:r, :t] = w
+    cells = full.reshape(rows, block, cols, block)  # (row block, row, column block, column)
+    return cells.sum(axis=(1, 3), dtype=np.float64), cells.max(axis=(1, 3))
+
+
+def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS) -> Overview:
+    """The pooled map of ``layer`` and ``head`` (0-based), at most ``cells`` × ``cells`` (module docstring)."""
+    lm = check_long(lm, "overview")
+    _head(lm, layer, head)
+    if isinstance(cells, bool) or not isinstance(cells, int) or cells < 1:
+        raise ValueError(f"cells must be an int >= 1, got {cells!r}")
+    t = lm.num_tokens
+    block = -(-t // cells)
+    n = -(-t // block)
+    sums, maxes = np.zeros((n, n)), np.zeros((n, n), dtype=np.float32)
+    strip = max(block, (STRIP_SCORES // max(t, 1)) // block * block)  # whole blocks of rows per strip
+    for i0 in range(0, t, strip):
+        i1 = min(t, i0 + strip)
+        j0, j1 = _key_range(lm, layer, i0, i1)
+        j0 = j0 // block * block  # whole blocks of keys, so the strip's cells line up with the map's
+        w = np.zeros((i1 - i0, t), dtype=np.float32)
+        w[:, j0:j1] = _tile(lm, layer, head, i0, i1, j0, j1)
+        s, m = _pool(w, block, n)
+        sums[i0 // block: i0 // block + s.shape[0]] = s
+        maxes[i0 // block: i0 // block + s.shape[0]] = m
+    sizes = np.diff(np.minimum(np.arange(n + 1) * block, t)).astype(np.float64)  # (n,): each block's width
+    return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes, tokens=t)
