@@ -84,7 +84,7 @@ def test_out_of_range_requests_name_the_map_size():
     lm, _ = _synthetic(t=20)
     with pytest.raises(ValueError, match=r"rows must be \(start, stop\) with 0 <= start < stop <= 20"):
         longview.weights(lm, 0, 0, (10, 25), (0, 4))
-    with pytest.raises(ValueError, match=r"i must be 0..19 \(the map has 20 tokens\), got 20"):
+    with pytest.raises(ValueError, match=r"query must be 0..19 \(the map has 20 tokens\), got 20"):
         longview.row(lm, 0, 0, 20)
     with pytest.raises(ValueError, match="layer"):
         longview.column(lm, 4, 0, 0)

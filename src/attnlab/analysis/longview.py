@@ -8,9 +8,9 @@ its keys, kept at capture. That is exp(s − lse) with the scores' scale, softca
 the one implementation of attention, and never more than one tile of T × T at once:
 
     weights(lm, layer, head, rows, cols)   a tile at full resolution, [rows, cols]
-    row(lm, layer, head, i)                query i's weights on every key, [T]
-    top_keys(lm, layer, head, i, k)        its k largest, (key, weight), largest first
-    column(lm, layer, head, j)             the weight every query puts on key j, [T]
+    row(lm, layer, head, query)            the query's weights on every key, [T]
+    top_keys(lm, layer, head, query, k)    its k largest, (key, weight), largest first
+    column(lm, layer, head, key)           the weight every query puts on the key, [T]
     overview(lm, layer, head, cells)       the pooled map: each cell the mean and the max weight of a
                                            block of b × b pairs (b = ⌈T / cells⌉; a pair a row cannot
                                            see counts as a weight of 0 in the mean)
@@ -126,29 +126,29 @@ def weights(lm: LongMaps, layer: int, head: int, rows: Any, cols: Any) -> np.nda
     return _tile(lm, layer, head, i0, i1, j0, j1)
 
 
-def row(lm: LongMaps, layer: int, head: int, i: int) -> np.ndarray:
-    """Query ``i``'s weights on every key, float32 [T]."""
+def row(lm: LongMaps, layer: int, head: int, query: int) -> np.ndarray:
+    """Query ``query``'s weights on every key, float32 [T]."""
     lm = check_long(lm, "row")
     _head(lm, layer, head)
-    i = _index("i", i, lm.num_tokens)
+    i = _index("query", query, lm.num_tokens)
     return _tile(lm, layer, head, i, i + 1, 0, lm.num_tokens)[0]
 
 
-def top_keys(lm: LongMaps, layer: int, head: int, i: int, k: int = DEFAULT_TOP) -> list[tuple[int, float]]:
-    """The ``k`` keys query ``i`` weighs most: (key, weight), largest first (ties: the earlier key)."""
+def top_keys(lm: LongMaps, layer: int, head: int, query: int, k: int = DEFAULT_TOP) -> list[tuple[int, float]]:
+    """The ``k`` keys ``query`` weighs most: (key, weight), largest first (ties: the earlier key)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
-    w = row(lm, layer, head, i)
+    w = row(lm, layer, head, query)
     order = np.argsort(-w, kind="stable")[:k]
     return [(int(j), float(w[j])) for j in order]
 
 
-def column(lm: LongMaps, layer: int, head: int, j: int) -> np.ndarray:
-    """The weight every query puts on key ``j`` (who attends to it), float32 [T]."""
+def column(lm: LongMaps, layer: int, head: int, key: int) -> np.ndarray:
+    """The weight every query puts on ``key`` (who attends to it), float32 [T]."""
     lm = check_long(lm, "column")
     _head(lm, layer, head)
     t = lm.num_tokens
-    j = _index("j", j, t)
+    j = _index("key", key, t)
     return _tile(lm, layer, head, 0, t, j, j + 1)[:, 0]
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from attnlab.hf.encoding import encode
 from attnlab.hf.loading import LoadedModel, load_model
-from attnlab.maps.long import LongMaps
+from attnlab.maps.long import MAX_LONG_BYTES, LongMaps, long_capture_bytes, size_text
 from attnlab.maps.records import LayerFacts, Tokens
 
 
@@ -39,10 +39,24 @@ class _Keep:
         self.facts.append(LayerFacts(scale=scale, causal=causal, window=None if window is None else tuple(window)))
 
 
-def capture_long(text: str, model: str | os.PathLike | LoadedModel | None = None, revision: str | None = None) -> LongMaps:
+def _check_memory(lm: LoadedModel, tokens: int, max_bytes: int | None) -> None:
+    """Refuse, before the model runs, queries and keys that would pass ``max_bytes`` (None: any size)."""
+    c = lm.config
+    kv = c.get("num_key_value_heads") or lm.num_heads
+    d = c.get("head_dim") or (c.get("hidden_size") or 0) // lm.num_heads
+    needed = long_capture_bytes(lm.num_layers, lm.num_heads, kv, d, tokens)
+    if max_bytes is not None and needed > max_bytes:
+        raise ValueError(f"the long view of {tokens} tokens of {lm.model_id!r} would keep {size_text(needed)} of queries "
+                         f"and keys ({lm.num_layers} layers × {lm.num_heads} heads of {d}), over the limit of "
+                         f"{size_text(max_bytes)}; cut the text, or pass a larger max_bytes")
+
+
+def capture_long(text: str, model: str | os.PathLike | LoadedModel | None = None, revision: str | None = None, *,
+                 max_bytes: int | None = MAX_LONG_BYTES) -> LongMaps:
     """The long view of ``text`` (one sentence, or an "A\\tB" pair) through ``model`` (as
     :func:`attnlab.capture` takes it): a :class:`~attnlab.maps.long.LongMaps` whose weights
-    :mod:`attnlab.analysis.longview` computes a tile, a row, a column or an overview at a time."""
+    :mod:`attnlab.analysis.longview` computes a tile, a row, a column or an overview at a time.
+    ``max_bytes``: what its queries, keys and LSEs may hold (checked before the model runs; None: any)."""
     import torch
 
     from attnlab.hf.capture_attention import observing
@@ -54,6 +68,7 @@ def capture_long(text: str, model: str | os.PathLike | LoadedModel | None = None
         raise ValueError(f"the long view serves encoders and decoders; {lm.model_id!r} is an encoder–decoder, "
                          f"whose relative position bias is T × T: use attnlab.capture")
     enc = encode(lm.tokenizer, tuple(text.split("\t")), lm.max_tokens, "text", lm.model_id)
+    _check_memory(lm, len(enc.ids), max_bytes)
     keep = _Keep()
     ids = torch.tensor([enc.ids])
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}

@@ -31,6 +31,7 @@ from attnlab.maps.records import LayerFacts, Tokens
 
 LONG_VIEW_TOKENS = 1024  # above this many tokens `attnlab maps` and the viewer take the long view by themselves
 MAX_MAP_BYTES = 2 * 2**30  # what a full capture may hold at its peak before it is refused (2 GiB)
+MAX_LONG_BYTES = 8 * 2**30  # what a long view's q, k and LSEs may hold (32,768 tokens of 32 × 32 heads of 128: 34 GB)
 WEIGHT_BYTES = 4  # float32
 
 
@@ -61,9 +62,13 @@ class MapTooLarge(ValueError):
     says it in one line and the server answers 400)."""
 
     def __init__(self, what: str, needed: int, limit: int, instead: str) -> None:
-        super().__init__(f"{what} would hold about {size_text(needed)} of T × T attention weights, over the limit of "
-                         f"{size_text(limit)}; {instead}")
-        self.needed, self.limit = needed, limit
+        super().__init__(self.said(what, needed, limit, instead))
+        self.what, self.needed, self.limit = what, needed, limit
+
+    @staticmethod
+    def said(what: str, needed: int, limit: int, instead: str) -> str:
+        return (f"{what} would hold about {size_text(needed)} of T × T attention weights, over the limit of "
+                f"{size_text(limit)}; {instead}")
 
 
 def check_full(what: str, num_layers: int, num_heads: int, tokens: int, sentences: int = 1,
