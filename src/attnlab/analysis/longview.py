@@ -138,9 +138,8 @@ def top_keys(lm: LongMaps, layer: int, head: int, query: int, k: int = DEFAULT_T
     """The ``k`` keys ``query`` weighs most: (key, weight), largest first (ties: the earlier key)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
-    w = row(lm, layer, head, query)
-    order = np.argsort(-w, kind="stable")[:k]
-    return [(int(j), float(w[j])) for j in order]
+    keys, found = _top(row(lm, layer, head, query)[None], k)
+    return [(int(j), float(w)) for j, w in zip(keys[0], found[0])]
 
 
 def column(lm: LongMaps, layer: int, head: int, key: int) -> np.ndarray:
@@ -155,12 +154,16 @@ def column(lm: LongMaps, layer: int, head: int, key: int) -> np.ndarray:
 @dataclass(frozen=True)
 class Overview:
     """A head's pooled map: cell (r, c) covers queries r·block .. and keys c·block .. (the last cells
-    may be narrower); ``mean`` [n, n] the mean weight over the cell's pairs, ``max`` [n, n] the largest."""
+    may be narrower); ``mean`` [n, n] the mean weight over the cell's pairs, ``max`` [n, n] the largest.
+    With ``top`` k > 0 also every row's k largest weights, largest first: ``top_keys`` [T, k] (int)
+    and ``top_weights`` [T, k] (float32), from the same pass."""
 
     block: int
     mean: np.ndarray
     max: np.ndarray
     tokens: int
+    top_keys: np.ndarray | None = None
+    top_weights: np.ndarray | None = None
 
     @property
     def cells(self) -> int:
@@ -177,16 +180,26 @@ def _pool(w: np.ndarray, block: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return cells.sum(axis=(1, 3), dtype=np.float64), cells.max(axis=(1, 3))
 
 
-def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS) -> Overview:
-    """The pooled map of ``layer`` and ``head`` (0-based), at most ``cells`` × ``cells`` (module docstring)."""
+def _top(w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k largest of [R, T]: keys [R, k] and weights [R, k], largest first (ties: the earlier key)."""
+    order = np.argsort(-w, axis=1, kind="stable")[:, :k]  # (R, k)
+    return order, np.take_along_axis(w, order, axis=1)
+
+
+def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, top: int = 0) -> Overview:
+    """The pooled map of ``layer`` and ``head`` (0-based), at most ``cells`` × ``cells`` (module
+    docstring), and with ``top`` > 0 every row's ``top`` largest weights (:class:`Overview`)."""
     lm = check_long(lm, "overview")
     _head(lm, layer, head)
-    if isinstance(cells, bool) or not isinstance(cells, int) or cells < 1:
-        raise ValueError(f"cells must be an int >= 1, got {cells!r}")
+    for name, value, low in (("cells", cells, 1), ("top", top, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     t = lm.num_tokens
     block = -(-t // cells)
     n = -(-t // block)
     sums, maxes = np.zeros((n, n)), np.zeros((n, n), dtype=np.float32)
+    k = min(top, t)
+    keys, best = np.zeros((t, k), dtype=np.int64), np.zeros((t, k), dtype=np.float32)
     strip = max(block, (STRIP_SCORES // max(t, 1)) // block * block)  # whole blocks of rows per strip
     for i0 in range(0, t, strip):
         i1 = min(t, i0 + strip)
@@ -197,5 +210,8 @@ def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS) ->
         s, m = _pool(w, block, n)
         sums[i0 // block: i0 // block + s.shape[0]] = s
         maxes[i0 // block: i0 // block + s.shape[0]] = m
+        if k:
+            keys[i0:i1], best[i0:i1] = _top(w, k)
     sizes = np.diff(np.minimum(np.arange(n + 1) * block, t)).astype(np.float64)  # (n,): each block's width
-    return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes, tokens=t)
+    return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes, tokens=t,
+                    top_keys=keys if k else None, top_weights=best if k else None)

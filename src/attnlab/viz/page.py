@@ -68,10 +68,11 @@ def _inline_json(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def render_page(data: dict, title: str = "attnlab viewer") -> str:
-    """index.html with its stylesheet and scripts inlined and ``data`` embedded before them."""
-    page = read_static("index.html")
-    page = page.replace("<title>attnlab viewer</title>", f"<title>{html.escape(title)}</title>")
+def render_page(data: dict, title: str = "attnlab viewer", page_file: str = "index.html") -> str:
+    """``page_file`` (index.html, or long.html: the long view) with its stylesheet and scripts inlined and
+    ``data`` embedded before them."""
+    page = read_static(page_file)
+    page = re.sub(r"<title>[^<]*</title>", lambda _: f"<title>{html.escape(title)}</title>", page, count=1)
     page = re.sub(r'<link rel="stylesheet" href="([\w.]+)">',
                   lambda m: f"<style>\n{read_static(m.group(1))}</style>", page)
     scripts = re.findall(r'<script src="([\w.]+)"></script>', page)
@@ -100,6 +101,11 @@ def write_maps_html(maps: Maps, path: str | os.PathLike, *, scene: dict | None =
                     deciders: list[str] | None = None, neuron: AttentionMaps | None = None) -> Path:
     """Write :func:`maps_html` to ``path`` (``.html`` appended when it has no suffix); returns the path."""
     return _write(maps_html(maps, scene=scene, target=target, deciders=deciders, neuron=neuron), path)
+
+
+def write_page(text: str, path: str | os.PathLike) -> Path:
+    """Write a rendered page to ``path`` (``.html`` appended when it has no suffix); returns the path."""
+    return _write(text, path)
 
 
 def _write(text: str, path: str | os.PathLike) -> Path:

@@ -24,17 +24,17 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
     the long view's texts of at most ``long_chars`` characters, tiles of ``max_tile`` and ``max_top`` top keys."""
     return SimpleNamespace(**_requests(max_sentences, max_chars, default_overview), **_map_answers(),
                            **_head_answers(), **_scene_answers(), **_generation(max_chars, max_new),
-                           **_circuits(max_chars), **_long(long_chars, max_tile, max_top))
+                           **_circuits(max_chars), **_long_requests(long_chars, max_tile, max_top),
+                           **_long_answers())
 
 
-def _long(long_chars: int, max_tile: int, max_top: int) -> dict[str, type]:
-    """The long view (/api/long/*): one text of up to ``long_chars`` characters, computed on request."""
+def _long_requests(long_chars: int, max_tile: int, max_top: int) -> dict[str, type]:
+    """What the long view (/api/long/*) takes: one text of up to ``long_chars`` characters, a head, a place."""
     from pydantic import BaseModel, ConfigDict, Field
 
     Text = Annotated[str, Field(min_length=1, max_length=long_chars, pattern=r"\S",
                                 description="one text (a tab makes a pair), up to the model's positions")]
     Pos = Annotated[int, Field(ge=0, lt=2**31)]
-    F32 = "base64 of little-endian float32, row-major"
 
     class LongIn(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -57,6 +57,15 @@ def _long(long_chars: int, max_tile: int, max_top: int) -> dict[str, type]:
 
     class LongColumnIn(LongHeadIn):
         key: Pos
+
+    return _models(locals())
+
+
+def _long_answers() -> dict[str, type]:
+    """What the long view answers: sizes, and weights as base64 float32."""
+    from pydantic import BaseModel, Field
+
+    F32 = "base64 of little-endian float32, row-major"
 
     class LongModelOut(BaseModel):
         id: str

@@ -72,10 +72,10 @@ def tile(lm: LongMaps, layer: int, head: int, rows: list[int], cols: list[int]) 
 
 def row(lm: LongMaps, layer: int, head: int, query: int, top: int) -> dict:
     w = longview.row(lm, layer, head, query)
-    order = np.argsort(-w, kind="stable")[:top]
     labels = lm.labels()
     return {"layer": layer, "head": head, "query": query, "weights": floats(w),
-            "top": [{"key": int(j), "token": labels[j], "weight": float(w[j])} for j in order]}
+            "top": [{"key": j, "token": labels[j], "weight": float(x)} for j, x in longview.top_keys(lm, layer, head,
+                                                                                                      query, top)]}
 
 
 def column(lm: LongMaps, layer: int, head: int, key: int) -> dict:
