@@ -99,3 +99,14 @@ def test_the_full_map_is_refused_with_its_bytes_before_allocating():
                                           r"of 2.1 GB; take the long view"):
         check_full("capturing 8192 tokens", 4, 4, 8192)
     assert check_full("short", 4, 4, 64) == full_capture_bytes(4, 4, 64)
+
+
+@pytest.mark.needs("torch")
+def test_every_rows_top_keys_from_the_overview_pass_are_a_stable_sorts():
+    lm, full = _synthetic(t=41, sink=2)
+    for layer in range(lm.num_layers):
+        ov = longview.overview(lm, layer, 1, cells=5, top=6)
+        f = full[layer, 1]
+        want = np.argsort(-f, axis=1, kind="stable")[:, :6]
+        assert np.array_equal(ov.top_keys, want)
+        np.testing.assert_allclose(ov.top_weights, np.take_along_axis(f, want, 1), rtol=0, atol=ATOL)
