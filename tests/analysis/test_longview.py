@@ -110,3 +110,14 @@ def test_every_rows_top_keys_from_the_overview_pass_are_a_stable_sorts():
         want = np.argsort(-f, axis=1, kind="stable")[:, :6]
         assert np.array_equal(ov.top_keys, want)
         np.testing.assert_allclose(ov.top_weights, np.take_along_axis(f, want, 1), rtol=0, atol=ATOL)
+
+
+@pytest.mark.needs("torch")
+def test_analyses_of_the_full_map_refuse_long_maps_naming_why():
+    from attnlab.analysis.roles import head_roles
+    from attnlab.analysis.rollout import rollout
+
+    lm, _ = _synthetic(t=12)
+    for run in (lambda: head_roles(lm), lambda: rollout(lm), lambda: lm.to_words()):
+        with pytest.raises(TypeError, match="a long input's maps hold no weights .* attnlab.analysis.longview"):
+            run()

@@ -149,6 +149,26 @@ class LongMaps:
         """Bytes its full map would take as captured maps: L · H · T² float32."""
         return self.num_layers * self.num_heads * self.num_tokens ** 2 * WEIGHT_BYTES
 
+    def __len__(self) -> int:
+        return 1  # one sentence
+
+    @property
+    def sentences(self) -> list[str]:
+        return [self.sentence]
+
+    @property
+    def weights(self) -> list:
+        """Refused: what reads a full map (roles, the head search, rollout, flow, word level, the full
+        viewer) refuses a long input's maps by this one reason."""
+        raise TypeError(f"a long input's maps hold no weights (its full map would take {size_text(self.full_bytes)}); "
+                        f"attnlab.analysis.longview computes a tile, a row, a column or an overview from them, and "
+                        f"analyses of the full map (roles, head search, rollout, flow) need attnlab.capture of a "
+                        f"shorter text")
+
+    def to_words(self, marks: Any = None) -> Any:
+        """Refused as :attr:`weights`: word-level maps sum and average whole rows of the full map."""
+        return self.weights
+
     def labels(self, i: int = 0) -> list[str]:
         return self.side.labels(i)
 
