@@ -82,6 +82,6 @@ def _table(long: Any, pick: Any) -> Table:
     for col in ("head", "top keys: token (position) weight"):
         table.add_column(col)
     for h in rec["heads"]:
-        keys = ", ".join(f"{k['token']!r} ({k['key'] + 1}) {100 * k['weight']:.1f} %" for k in h["top"])
+        keys = ", ".join(f"{k['token']!r} ({k['key'] + 1}) {100 * k['weight']:.3g} %" for k in h["top"])
         table.add_row(str(Head(h["layer"], h["head"])), keys)
     return table
