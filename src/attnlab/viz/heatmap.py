@@ -39,6 +39,15 @@ class Cells:
 WEIGHTS = Cells()  # attention weights, in 0..1
 
 
+def percent_bar(bar: Any) -> Any:
+    """A colour bar whose ticks read in percent, as the cells' numbers do (a cell reads -6 where the bar
+    would read -0.06 as a fraction)."""
+    from matplotlib.ticker import PercentFormatter
+
+    bar.ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=None))
+    return bar
+
+
 def plot_heatmap(
     weights2d: Any,
     row_labels: list[str],
@@ -103,7 +112,7 @@ def plot_heatmap(
     if title:
         ax.set_title(title)
     if colorbar:
-        fig.colorbar(image, ax=ax, shrink=0.8, label=cells.value)
+        percent_bar(fig.colorbar(image, ax=ax, shrink=0.8, label=cells.value))
     return fig
 
 
@@ -143,7 +152,7 @@ def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     if shared_scale:
-        fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label=cells.value)
+        percent_bar(fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label=cells.value))
     if title:
         fig.suptitle(title)
     return fig
