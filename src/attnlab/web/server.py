@@ -13,6 +13,13 @@ Full maps travel one head at a time (/api/head), and so do the Neuron view's que
 model's maximum length, where a self-contained page, which embeds every head, keeps them only for
 sentences of up to :data:`attnlab.viz.neuron.NEURON_MAX_TOKENS` tokens.
 
+Long inputs (:mod:`attnlab.web.longview`): /api/long/info, /overview, /tile, /row and /column take one
+text of up to :data:`LONG_MAX_CHARS` characters (32,768 tokens at 8 characters each; tokens up to
+the model's positions) and compute every weight on request from its cached queries, keys and row
+LSEs; the full-map endpoints keep :data:`MAX_CHARS` and refuse a capture whose T × T weights would
+pass :data:`attnlab.web.work.SERVER_MAP_BYTES`, with the bytes and the long view offered instead.
+The page of the long view is ``/long``.
+
 Safety: input sizes are bounded (characters per sentence, number of sentences, tokens up to the
 model's maximum) and text must be valid Unicode; a malformed request gets a 422 whose message says
 what is wrong in words, a well-formed one the model cannot take (too many tokens, a word not in the
