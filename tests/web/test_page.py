@@ -46,10 +46,9 @@ def embedded(page: str) -> dict:
 
 
 def test_served_pages_load_nothing_from_the_network(client):
-    page = client.get("/").text
-    urls = loaded_urls(page)
+    urls = {"/" + u for page in ("/", "/long") for u in loaded_urls(client.get(page).text)}  # the viewer, the long view
     assert urls and not [u for u in urls if URL.match(u)]
-    assert sorted("/" + u for u in urls) == sorted(p for p in STATIC_FILES if p != "/")
+    assert sorted(urls) == sorted(p for p in STATIC_FILES if p not in ("/", "/long"))
     for path in ("/docs", "/redoc"):  # FastAPI's would load Swagger UI from a CDN
         assert client.get(path).status_code == 404
     for path in STATIC_FILES:
