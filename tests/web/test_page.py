@@ -103,3 +103,13 @@ def test_cli_maps_html_writes_the_page(default_model, tmp_path, capsys):
     data = embedded(out.read_text())
     assert data["maps"]["level"] == "word"
     assert data["maps"]["sentences"][0]["labels"][5] == "bank"
+
+
+def test_a_page_too_large_is_refused_with_its_bytes_before_packing(bank_maps, monkeypatch):
+    from attnlab.viz import page
+
+    monkeypatch.setattr(page, "MAX_PAGE_BYTES", 1000)
+    monkeypatch.setattr(page.payload, "pack_weights", lambda *a: pytest.fail("packed before the check"))
+    with pytest.raises(ValueError, match=r"would hold .* of packed weights, over the limit of 1.0 kB; write the long "
+                                         r"view's page instead"):
+        page.maps_html(bank_maps)

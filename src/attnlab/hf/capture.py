@@ -256,6 +256,8 @@ def capture_ids(ids: Any, model: str | os.PathLike | LoadedModel | None = None, 
     ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
     if ids.ndim != 2 or ids.shape[1] < 1:
         raise ValueError(f"ids must be (B, T) token ids, got shape {tuple(ids.shape)}")
+    check_full(f"capture_ids of {ids.shape[0]} × {ids.shape[1]} ids", lm.num_layers, lm.num_heads, ids.shape[1],
+               ids.shape[0])
     with torch.inference_mode():
         out = lm.model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
     return torch.stack(out.attentions, dim=1).float().numpy()  # (B, L, H, T, T)

@@ -25,6 +25,7 @@ from attnlab.viz.rollout_view import page_rollout
 
 DATA_ID = "attnlab-data"
 NOTEBOOK_HEIGHT = 760  # px of the notebook frame
+MAX_PAGE_BYTES = 500 * 10**6  # the packed weights a self-contained page may embed (a 1,024-token 6 × 12 model: 201 MB)
 
 
 def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: str | None = None,
@@ -49,6 +50,7 @@ def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: st
     if qk is not None:
         data["neuron"] = qk
     if maps is not None:
+        _check_size(maps)
         data["maps"] = payload.maps_payload(maps, overview=overview)
         data["maps"]["packed"] = [payload.pack_weights(w) for w in maps.weights]
         data["rollout"] = page_rollout(maps)  # at residual 0.5; flow through all layers where short
@@ -60,6 +62,19 @@ def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: st
             raise ValueError("target needs maps and deciders (one decider per sentence) for the head search")
         data["search"] = payload.find_head_payload(maps, target, list(deciders))
     return data
+
+
+def _check_size(maps: Maps) -> None:
+    """Refuse, before packing, a page whose weights alone would pass :data:`MAX_PAGE_BYTES` (each weight
+    packs as 2 bytes, 8/3 in base64, and the page's text is built in memory twice over)."""
+    weights = sum(int(rec.weights[i].size) for _, rec in maps.attentions() for i in range(len(maps)))
+    needed = weights * 8 // 3
+    if needed > MAX_PAGE_BYTES:
+        from attnlab.maps.long import size_text
+
+        raise ValueError(f"a self-contained page of these maps would hold {size_text(needed)} of packed weights, over "
+                         f"the limit of {size_text(MAX_PAGE_BYTES)}; write the long view's page instead "
+                         f"(attnlab.capture_long, then attnlab.viz.longpage.write_long_html), or serve them")
 
 
 def _inline_json(data: dict) -> str:
