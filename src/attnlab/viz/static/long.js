@@ -228,11 +228,24 @@ async function drawGrid() {
         onclick: () => { state.layer = l; state.head = h; showHead(); }}, canvas));
     }
   }
-  for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) { // one at a time: the server computes each on request
-    const ov = await state.src.overview(l, h, state.src instanceof LongServer ? 128 : 512);
-    heatCanvas(grid.querySelector(`canvas[data-layer="${l}"][data-head="${h}"]`), ov.max, ov.cells, ov.cells, maxOf(ov.max));
+  const fill = async () => {
+    for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) { // one at a time: the server computes each on request
+      const ov = await state.src.overview(l, h, state.src instanceof LongServer ? 128 : 512);
+      heatCanvas(grid.querySelector(`canvas[data-layer="${l}"][data-head="${h}"]`), ov.max, ov.cells, ov.cells, maxOf(ov.max));
+    }
+  };
+  // Served, each overview is a pass over the head's whole map (a minute at 32,768 tokens on a small CPU),
+  // and the server's workers are shared with the rows and tiles asked for: past GRID_AUTO tokens the grid
+  // waits to be asked.
+  if (state.src instanceof LongServer && state.info.num_tokens > GRID_AUTO) {
+    const go = AL.el("button", {type: "button", text: `Compute every head's overview (${L * H} passes over ` +
+      `${state.info.num_tokens} × ${state.info.num_tokens})`, onclick: () => { go.remove(); fill(); }});
+    grid.before(go);
+    return;
   }
+  await fill();
 }
+const GRID_AUTO = 4096;
 
 async function start(src) {
   state.src = src;
