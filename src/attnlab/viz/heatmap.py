@@ -7,6 +7,7 @@ no display is needed; save with ``fig.savefig(path)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+TITLE_CHARS_PER_INCH = 9  # characters of a panel's title per inch of panel, at the title's size
 ANNOTATE_MAX = 16  # label every cell with its percentage up to this many rows and columns
 CELL_INCHES = 0.42
 ANNOTATE_POINTS = 8  # cell numbers: 12 px at the report's 110 dpi, readable when the figure fits the page
@@ -147,7 +149,9 @@ def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None
     axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
     vmax = (max(float(np.abs(p["weights"]).max()) for p in panels) if cells.signed else 1.0) if shared_scale else None
     for ax, p in zip(axes, panels):
-        plot_heatmap(p["weights"], p["rows"], p["cols"], title=p["title"], ax=ax, highlight_rows=tuple(p.get("highlight", ())),
+        # a title as wide as its panel, wrapped (a role's long description was cut at both ends: "narks ([CLS]…")
+        title_lines = textwrap.fill(p["title"].replace(" %", "\u00a0%"), max(20, int(side * TITLE_CHARS_PER_INCH)))
+        plot_heatmap(p["weights"], p["rows"], p["cols"], title=title_lines, ax=ax, highlight_rows=tuple(p.get("highlight", ())),
                      vmax=vmax, colorbar=not shared_scale, cells=cells)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
