@@ -127,7 +127,7 @@ def _check_memory(lm: LoadedModel, encs: list, order: list[int], batch_size: int
     (:func:`attnlab.maps.long.check_full`): the longest batch counts, its sequences padded to its longest."""
     if max_bytes is None:
         return
-    last = order[-batch_size:]  # sorted by length: the longest batch is the last
+    last = order[(len(order) - 1) // batch_size * batch_size:]  # sorted by length: the longest batch is the last
     longest = max(len(e.ids) for i in last for e in encs[i] if e is not None)
     where = f"sentences[{last[-1]}]" if len(last) == 1 else f"a batch of {len(last)} sentences"
     check_full(f"capturing {where} ({longest} tokens, {lm.num_layers} layers × {lm.num_heads} heads)", lm.num_layers,

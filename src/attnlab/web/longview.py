@@ -35,15 +35,7 @@ def floats(x: np.ndarray) -> str:
 
 def long_maps(cache: Any, text: str) -> LongMaps:
     """The text's LongMaps, captured once and kept in ``cache`` (a :class:`~attnlab.web.work.MapsCache`)."""
-    from attnlab.hf.capture_long import capture_long
-
-    key = ("long", text)
-    with cache.lock:
-        found = cache._lookup(key)
-        if found is None:
-            found = capture_long(text, cache.loaded(), max_bytes=SERVER_LONG_BYTES)
-            cache.put(key, found)
-        return found
+    return cache.get_long(text, SERVER_LONG_BYTES)
 
 
 def info(lm: LongMaps) -> dict:

@@ -1,4 +1,4 @@
-"""The viewer's heavy work: captured maps in a cache bounded in bytes, and a bounded worker pool.
+"""The viewer's heavy work: captured maps (and long views) in a cache bounded in bytes, and a bounded worker pool.
 
 A 512-token capture holds 2 × L·H·T² float32 weights (token and word level: 150 MB for 6 × 12
 heads), so the cache is bounded in MB, not in entries. The model's work runs in a small thread pool
@@ -105,6 +105,19 @@ class MapsCache:
             found = self._lookup(key)
             if found is None:
                 found = capture(sentences, self.loaded(), qk=True, max_bytes=SERVER_MAP_BYTES)
+                self.put(key, found)
+            return found
+
+    def get_long(self, text: str, max_bytes: int) -> Any:
+        """The long view of one text (:func:`attnlab.hf.capture_long.capture_long`: queries, keys and row
+        LSEs, refused past ``max_bytes``), captured once and kept like the maps."""
+        from attnlab.hf.capture_long import capture_long
+
+        key = ("long", text)
+        with self.lock:
+            found = self._lookup(key)
+            if found is None:
+                found = capture_long(text, self.loaded(), max_bytes=max_bytes)
                 self.put(key, found)
             return found
 
