@@ -85,18 +85,27 @@ function heatCanvas(canvas, values, rows, cols, vmax) {
   ctx.putImageData(img, 0, 0);
 }
 const maxOf = (xs) => xs.reduce((m, x) => (x > m ? x : m), 0);
+// The overview's colour scale: its 99th percentile of the non-zero cells, not its largest (a long map's
+// first rows weigh 100 % on a few keys and would leave every other cell white).
+function scaleOf(xs) {
+  const pos = Array.from(xs).filter((x) => x > 0).sort((a, b) => a - b);
+  return pos.length ? pos[Math.floor(0.99 * (pos.length - 1))] : 0;
+}
+// A weight as a percentage to three significant digits: 0.0031 % reads where 0.0 % would say nothing.
+const pct3 = (x) => `${(100 * x).toPrecision(3)} %`;
 
 async function drawOverview() {
   const {layer, head} = state;
   const ov = await state.src.overview(layer, head, 512);
   if (layer !== state.layer || head !== state.head) return;
   state.ov = ov;
-  const values = ov[state.kind], vmax = maxOf(values);
+  const values = ov[state.kind], vmax = scaleOf(values);
   heatCanvas($("long-overview"), values, ov.cells, ov.cells, vmax);
   LONG.shown.overview = {layer, head, kind: state.kind, cells: ov.cells, block: ov.block, values, vmax};
   $("long-overview-caption").textContent = `layer ${layer + 1}, head ${head + 1}: ${ov.cells} × ${ov.cells} cells of ` +
     `${ov.block} × ${ov.block} weights, each the ${state.kind === "max" ? "largest" : "mean"} weight of its block ` +
-    `(colour scaled to this head's largest, ${AL.pct1(vmax)}). Click or drag to see a region exactly.`;
+    `(darkest at ${pct3(vmax)} and above, 99 % of the cells below it; the largest is ${pct3(maxOf(values))}). ` +
+    "Click or drag to see a region exactly.";
 }
 
 async function drawZoom() {
@@ -145,7 +154,7 @@ async function drawRow() {
     $("long-row-title").textContent = `Query ${q + 1} (${JSON.stringify(readable(toks[q]))}), layer ${layer + 1}, head ${head + 1}: its top keys`;
     $("long-top").replaceChildren(...row.top.map((t) => AL.el("tr", {class: "top-key", "data-key": t.key},
       AL.el("td", {class: "num", text: `${t.key + 1}`}), AL.el("td", {text: JSON.stringify(readable(t.token))}),
-      AL.el("td", {class: "num weight", text: AL.pct1(t.weight)}))));
+      AL.el("td", {class: "num weight", text: pct3(t.weight)}))));
     const strip = $("long-row-strip"), T = toks.length;
     const full = row.weights || (() => { const w = new Float32Array(T); row.top.forEach((t) => (w[t.key] = t.weight)); return w; })();
     heatCanvas(strip, full, 1, T, maxOf(full));
@@ -231,7 +240,7 @@ async function drawGrid() {
   const fill = async () => {
     for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) { // one at a time: the server computes each on request
       const ov = await state.src.overview(l, h, state.src instanceof LongServer ? 128 : 512);
-      heatCanvas(grid.querySelector(`canvas[data-layer="${l}"][data-head="${h}"]`), ov.max, ov.cells, ov.cells, maxOf(ov.max));
+      heatCanvas(grid.querySelector(`canvas[data-layer="${l}"][data-head="${h}"]`), ov.max, ov.cells, ov.cells, scaleOf(ov.max));
     }
   };
   // Served, each overview is a pass over the head's whole map (a minute at 32,768 tokens on a small CPU),
