@@ -67,3 +67,13 @@ def test_the_maps_are_not_uniform():  # the check above would pass trivially on 
 
     long = capture_long(_model(), torch.arange(30) % 23)
     assert longview.row(long, 2, 1, 29).max() > 0.2
+
+
+def test_a_softcapped_models_long_view_refuses_what_its_lse_would_hold(monkeypatch):
+    import torch
+
+    from attnlab.transformer import long
+
+    monkeypatch.setattr(long, "MAX_MAP_BYTES", 1000)
+    with pytest.raises(ValueError, match="softcapped model .* would hold .* of scores, over the limit of 1.0 kB"):
+        long.capture_long(_model(attn_softcap=2.0), torch.arange(20) % 23)

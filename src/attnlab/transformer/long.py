@@ -4,7 +4,8 @@
 One forward with ``hook_rot_q``/``hook_rot_k`` (``hook_q``/``hook_k`` without rotary positions) cached,
 through the model's own backend; then per layer one ``attnlab.attention`` call over those q and k
 with ``return_lse=True`` and a one-wide value (the compiled kernel, or ``torch`` where the model
-softcaps its scores, which the kernel does not), whose LSE is what every weight is computed from.
+softcaps its scores, which the kernel does not: that holds a layer's T × T scores for a moment, so it
+is refused past :data:`attnlab.maps.long.MAX_MAP_BYTES`), whose LSE is what every weight is computed from.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.maps.long import LongMaps
+from attnlab.maps.long import MAX_MAP_BYTES, WEIGHT_BYTES, LongMaps, size_text
 from attnlab.maps.records import LayerFacts, Tokens
 
 
@@ -31,6 +32,14 @@ def _lse(q: Any, k: Any, facts: LayerFacts) -> Any:
 
     v = torch.zeros(k.shape[0], k.shape[1], 1, dtype=q.dtype)  # the LSE does not read the values
     backend = "kernel" if facts.softcap is None else "torch"
+    if facts.softcap is not None:  # torch's LSE holds the layer's scores and weights: T × T per head, twice
+        h, t = q.shape[0], q.shape[1]
+        needed = 2 * h * t * t * WEIGHT_BYTES
+        if needed > MAX_MAP_BYTES:
+            raise ValueError(f"the long view of a softcapped model ({t} tokens) computes each layer's LSE through the "
+                             f"torch backend, which would hold {size_text(needed)} of scores, over the limit of "
+                             f"{size_text(MAX_MAP_BYTES)} (the kernel, which never holds them, has no softcap); cut "
+                             f"the input")
     _, lse = attention(q.contiguous(), k.contiguous(), v, causal=facts.causal, window=facts.window, scale=facts.scale,
                        softcap=facts.softcap, return_lse=True, backend=backend)
     return lse
