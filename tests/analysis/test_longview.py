@@ -121,3 +121,16 @@ def test_analyses_of_the_full_map_refuse_long_maps_naming_why():
     for run in (lambda: head_roles(lm), lambda: rollout(lm), lambda: lm.to_words()):
         with pytest.raises(TypeError, match="a long input's maps hold no weights .* attnlab.analysis.longview"):
             run()
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.parametrize("sink", [0, 2])
+def test_an_overview_in_many_strips_equals_one_in_one(monkeypatch, sink):
+    """Strips of a few rows: their key ranges start past 0 under a window, where the causal band is
+    attention's own (bottom-right aligned), not a mask."""
+    lm, full = _synthetic(t=53, sink=sink)
+    monkeypatch.setattr(longview, "STRIP_SCORES", 53 * 7)  # 7 rows a strip
+    for layer in range(lm.num_layers):
+        ov = longview.overview(lm, layer, 0, cells=8, top=4)
+        _check_pooled(ov, full[layer, 0])
+        assert np.array_equal(ov.top_keys, np.argsort(-full[layer, 0], axis=1, kind="stable")[:, :4])

@@ -93,6 +93,20 @@ def _key_range(lm: LongMaps, layer: int, i0: int, i1: int) -> tuple[int, int]:
     return j0, max(j1, j0 + 1)
 
 
+def _seen(lm: LongMaps, layer: int, i0: int, i1: int, j0: int, j1: int) -> dict:
+    """attention()'s keywords for the tile's visibility: its own causal band where they say the same (a
+    causal strip ending at its last row's key: bottom-right alignment puts row r at key i0 + r, so the
+    band and the window are the capture's), nothing where every key is seen, else :func:`visible` as a mask."""
+    import torch
+
+    facts = lm.layers[layer]
+    if facts.causal and not lm.sink and j1 == i1:
+        return {"causal": True, "window": facts.window}
+    if not facts.causal and facts.window is None:
+        return {}
+    return {"mask": torch.from_numpy(visible(lm, layer, np.arange(i0, i1), np.arange(j0, j1)))}  # (R, C)
+
+
 def _tile(lm: LongMaps, layer: int, head: int, i0: int, i1: int, j0: int, j1: int) -> np.ndarray:
     """The exact float32 weights of rows i0..i1 − 1 on keys j0..j1 − 1 (no checks: the callers')."""
     import torch
@@ -105,10 +119,9 @@ def _tile(lm: LongMaps, layer: int, head: int, i0: int, i1: int, j0: int, j1: in
     # error is the stored LSE's float32 rounding, a relative 6e-7 of each weight
     q = torch.from_numpy(np.asarray(lm.queries[layer, head, i0:i1], dtype=np.float64))  # (R, D)
     k = torch.from_numpy(np.asarray(lm.keys[layer, head // group, j0:j1], dtype=np.float64))  # (C, D)
-    mask = torch.from_numpy(visible(lm, layer, np.arange(i0, i1), np.arange(j0, j1)))  # (R, C)
     v = torch.zeros(j1 - j0, 1, dtype=torch.float64)  # the values do not enter the weights
-    _, w, lse = attention(q, k, v, mask=mask, scale=facts.scale, softcap=facts.softcap, return_weights=True,
-                          return_lse=True, backend="torch")
+    _, w, lse = attention(q, k, v, **_seen(lm, layer, i0, i1, j0, j1), scale=facts.scale, softcap=facts.softcap,
+                          return_weights=True, return_lse=True, backend="torch")
     row_lse = torch.from_numpy(np.asarray(lm.lse[layer, head, i0:i1], dtype=np.float64))
     # the tile's softmax times the tile's share of the whole row; a row that sees nothing here (lse −inf)
     # or at all stays zero
