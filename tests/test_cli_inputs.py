@@ -116,7 +116,7 @@ def test_too_long_sentence_gives_only_attnlabs_error(default_model, capfd):
     assert main(["maps", "word " * 600]) == 2
     err = capfd.readouterr().err
     assert "indexing errors" not in err and "Token indices" not in err
-    assert err.strip().splitlines() == ["error: sentences[0] has 602 tokens; model 'sentence-transformers/all-MiniLM-L6-v2' takes at most 512"]
+    assert err.strip().splitlines() == ["error: sentences[0] has 602 tokens; model 'sentence-transformers/all-MiniLM-L6-v2' takes at most 512 (the positions it embeds): cut the text to 512 tokens, or use a model with at least 602 positions"]
 
 
 def test_heads_reports_progress_off_a_terminal(default_model, capsys):

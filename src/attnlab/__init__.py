@@ -31,6 +31,8 @@ _display.register_html(_notebook_html)
 # Real maps need torch and transformers: these names load their modules on first use (PEP 562).
 _LAZY = {
     "capture": "attnlab.hf.capture",
+    "capture_long": "attnlab.hf.capture_long",
+    "LongMaps": "attnlab.maps.long",
     "load_maps": "attnlab.maps.tokens",
     "AttentionMaps": "attnlab.maps.tokens",
     "WordMaps": "attnlab.maps.words",
@@ -79,6 +81,7 @@ __all__ = [
     "WordMaps",
     "ablate",
     "capture",
+    "capture_long",
     "corpus_roles",
     "find_heads",
     "flow",
@@ -86,6 +89,7 @@ __all__ = [
     "head_roles",
     "head_stats",
     "HeadStats",
+    "LongMaps",
     "induction_scores",
     "rollout",
     "load_maps",

@@ -130,13 +130,15 @@ def test_the_result_ranks_heads_and_is_json_ready():
     clean, corrupted = cm.pair()
     out = patch(m, clean, corrupted, cm.logit_diff)
     top = out.top(3)
-    assert all(isinstance(s.head, Head) for s in top) and top[0].score == out.effect.max()
-    assert top[0].head == np.unravel_index(out.effect.argmax(), out.effect.shape)  # 0-based
+    biggest = np.abs(out.effect).argmax()  # by size, the sign kept (a head that hurts ranks as one that helps)
+    assert all(isinstance(s.head, Head) for s in top) and top[0].score == out.effect.flat[biggest]
+    assert top[0].head == np.unravel_index(biggest, out.effect.shape)  # 0-based
+    assert [abs(s.score) for s in top] == sorted((abs(s.score) for s in top), reverse=True)
     d = json.loads(json.dumps(out.to_dict()))
     assert d["effect"] == out.effect.tolist() and d["axes"] == ["layer", "head"] and len(d["top"]) == 10
     assert d["top"][0] == {**top[0].head.to_dict(), "score": top[0].score}
     by_pos = patch(m, clean, corrupted, cm.logit_diff, over="head_pos")
-    assert by_pos.top(1)[0].score == by_pos.effect.max()
+    assert by_pos.top(1)[0].score == by_pos.effect.flat[np.abs(by_pos.effect).argmax()]
     with pytest.raises(ValueError, match="top ranks heads"):
         patch(m, clean, corrupted, cm.logit_diff, site="resid_pre", over="layer").top()
 

@@ -19,6 +19,8 @@ def test_a_head_grid_is_one_panel_on_a_scale_symmetric_about_zero(tmp_path):
     assert [t.get_text() for t in ax.texts] == ["42", "-10", "0", "5", "20", "-30"]
     assert fig.axes[1].get_ylabel() == EFFECT  # the colour bar
     fig.savefig(tmp_path / "p.png")
+    ticks = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert "−40%" in ticks and "40%" in ticks  # in percent, as the cells (not -0.4 beside a cell's -40)
 
 
 def test_per_position_is_a_panel_per_layer_on_one_scale():

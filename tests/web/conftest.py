@@ -87,6 +87,16 @@ def live_server(viewer_app):
         yield url
 
 
+@pytest.fixture(scope="module")
+def long_server(tiny_llama):
+    """The viewer of a tiny Llama served on 127.0.0.1 (the long view's browser test); yields its base URL."""
+    from attnlab.hf.loading import load_model
+    from attnlab.web.server import create_app
+
+    with served(create_app(load_model(tiny_llama))) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def tiny_seq2seq_dir(tmp_path_factory):
     """A tiny random T5 (2 encoder layers, 3 decoder layers, 4 heads, relative position bias) with a

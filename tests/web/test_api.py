@@ -122,8 +122,8 @@ def test_no_endpoint_takes_a_path_and_static_files_are_only_the_page(client):
     schema = client.get("/openapi.json").json()
     refs = [op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
             for item in schema["paths"].values() for op in item.values() if "requestBody" in op]
-    assert sorted(refs) == ["AttributeIn", "FindHeadIn", "GenerateIn", "HeadIn", "MapsIn", "MapsIn", "NeuronIn", "PatchIn",
-                           "RolloutIn"]
+    assert sorted(refs) == ["AttributeIn", "FindHeadIn", "GenerateIn", "HeadIn", "LongColumnIn", "LongIn", "LongOverviewIn",
+                           "LongRowIn", "LongTileIn", "MapsIn", "MapsIn", "NeuronIn", "PatchIn", "RolloutIn"]
     props = {p for name in refs for p in schema["components"]["schemas"][name]["properties"]}
     assert not props & {"path", "file", "filename", "model", "revision", "folder"}
     assert all(not item.get("get", {}).get("parameters") for item in schema["paths"].values())
@@ -384,6 +384,8 @@ def test_every_endpoint_is_its_own_small_function_with_one_error_mapping():
 
     assert [path for path, *_ in server.POSTS] == ["/api/maps", "/api/head", "/api/neuron", "/api/rollout",
                                                    "/api/roles", "/api/find-head", "/api/generate",
-                                                   "/api/patch", "/api/attribute"]
+                                                   "/api/patch", "/api/attribute", "/api/long/info",
+                                                   "/api/long/overview", "/api/long/tile", "/api/long/row",
+                                                   "/api/long/column"]
     source = inspect.getsource(server)
     assert source.count("except CLIENT_ERRORS") == 1 and "except ValueError" not in source

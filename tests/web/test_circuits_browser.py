@@ -83,6 +83,9 @@ def test_the_model_view_colours_its_heads_by_patching_and_by_attribution(page, d
     want = attnlab.patch(decoder, ids(decoder, CLEAN), ids(decoder, CORRUPTED), metric).effect
     got = colour(page, "patch", CLEAN, CORRUPTED)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    # one text drives both: the small maps are the clean text's, which the page's sentence box now holds
+    assert page.input_value("#sentence-a") == CLEAN
+    assert page.evaluate("() => document.querySelector('#view-model').textContent").count("layers ×") == 1
     best = np.unravel_index(want.argmax(), want.shape)
     cell = page.locator(f'#model-grid .cell[data-layer="{best[0]}"][data-head="{best[1]}"]')
     assert cell.locator(".value").inner_text() == f"{want[best]:.2f}"
@@ -103,10 +106,14 @@ def test_the_model_view_colours_its_heads_by_patching_and_by_attribution(page, d
 def test_a_token_that_is_not_one_is_said_in_the_form(page, decoder_server):
     page.goto(decoder_server + "/#model")
     page.wait_for_selector("#circuit-run:not([disabled])")
+    colour(page, "attribute", CLEAN)
+    page.select_option("#circuit-kind", "patch")  # the form now says another tool: the old colours go
+    assert page.locator("#model-grid .cell.coloured").count() == 0
     page.fill("#circuit-target", " Paris")
     page.click("#circuit-run")
     page.wait_for_selector("#circuit-status.error")
     assert "target must be one token, got ' Paris', which is 3 tokens" in page.inner_text("#circuit-status")
+    assert page.locator("#model-grid .cell.coloured").count() == 0  # and an error leaves none
 
 
 def test_an_encoders_viewer_shows_the_form_disabled_with_the_reason(page, live_server):

@@ -24,6 +24,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 OPERATIONS = [("POST", "/api/maps"), ("POST", "/api/head"), ("POST", "/api/neuron"), ("POST", "/api/roles"),
               ("POST", "/api/rollout"),
               ("POST", "/api/find-head"), ("POST", "/api/generate"), ("POST", "/api/patch"), ("POST", "/api/attribute"),
+              ("POST", "/api/long/info"), ("POST", "/api/long/overview"), ("POST", "/api/long/tile"),
+              ("POST", "/api/long/row"), ("POST", "/api/long/column"),
               ("GET", "/api/info"), ("GET", "/api/scene")]
 EXAMPLES = 15  # per operation and mode
 

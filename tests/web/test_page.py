@@ -46,10 +46,9 @@ def embedded(page: str) -> dict:
 
 
 def test_served_pages_load_nothing_from_the_network(client):
-    page = client.get("/").text
-    urls = loaded_urls(page)
+    urls = {"/" + u for page in ("/", "/long") for u in loaded_urls(client.get(page).text)}  # the viewer, the long view
     assert urls and not [u for u in urls if URL.match(u)]
-    assert sorted("/" + u for u in urls) == sorted(p for p in STATIC_FILES if p != "/")
+    assert sorted(urls) == sorted(p for p in STATIC_FILES if p not in ("/", "/long"))
     for path in ("/docs", "/redoc"):  # FastAPI's would load Swagger UI from a CDN
         assert client.get(path).status_code == 404
     for path in STATIC_FILES:
@@ -104,3 +103,13 @@ def test_cli_maps_html_writes_the_page(default_model, tmp_path, capsys):
     data = embedded(out.read_text())
     assert data["maps"]["level"] == "word"
     assert data["maps"]["sentences"][0]["labels"][5] == "bank"
+
+
+def test_a_page_too_large_is_refused_with_its_bytes_before_packing(bank_maps, monkeypatch):
+    from attnlab.viz import page
+
+    monkeypatch.setattr(page, "MAX_PAGE_BYTES", 1000)
+    monkeypatch.setattr(page.payload, "pack_weights", lambda *a: pytest.fail("packed before the check"))
+    with pytest.raises(ValueError, match=r"would hold .* of packed weights, over the limit of 1.0 kB; write the long "
+                                         r"view's page instead"):
+        page.maps_html(bank_maps)

@@ -81,14 +81,14 @@ def _max_tokens(net: Any) -> int:
 
 
 def _patch_table(found: Any, model_id: str, top: int, tokens: list[str]) -> Table:
-    """The ``top`` heads whose patch restores most (per position: each at its best position), with the
-    metric of the patched run ("patched"); 1-based as people read them."""
+    """The ``top`` heads whose patch changes most, by size with the sign shown (per position: each at its
+    position of largest effect in size), with the metric of the patched run ("patched"); 1-based as people read them."""
     per_pos = found.over == "head_pos"
-    table = Table(title=f"{model_id}: the top {top} heads")
+    table = Table(title=f"{model_id}: the top {top} heads by size of effect (sign shown)")
     for col in ("head", *(("position",) if per_pos else ()), "effect", "patched"):
         table.add_column(col, justify="right")
     for head, effect in found.top(top):
-        where = (int(found.effect[head].argmax()),) if per_pos else ()
+        where = (int(abs(found.effect[head]).argmax()),) if per_pos else ()
         shown = (f"{where[0] + 1} {tokens[where[0]]!r}",) if per_pos else ()
         table.add_row(str(head), *shown, f"{effect:.4f}", f"{float(found.raw[head][where][0]):.4f}")
     return table

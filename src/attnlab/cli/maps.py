@@ -59,14 +59,24 @@ def maps(
     decider: list[str] = typer.Option(None, "--decider", help="With --html and --target: the deciding word of each "
                                       "sentence, in order."),
 ) -> None:
-    """Capture every head's attention map; show one head's map, or where each head looks most."""
+    """Capture every head's attention map; show one head's map, or where each head looks most.
+
+    Above 1,024 tokens (or where the full maps would pass 2 GiB) it takes the long view by itself and says
+    so: queries, keys and each row's log-sum-exp, every weight computed exactly on request."""
     from attnlab.analysis.overview import maps_record
     from attnlab.hf.capture import capture
     from attnlab.hf.loading import load_model
 
+    from attnlab.cli.longview import long_maps, needs_long_view
+
     _check_compare(sentences, target, decider, html)
     lm = load_model(model, revision)
-    found = capture(_as_items(sentences), lm, qk=bool(html))  # the page's Neuron view needs q and k
+    items = _as_items(sentences)
+    why = needs_long_view(lm, items)  # counted before anything of T × T is allocated
+    if why is not None:
+        return long_maps(lm, items, why, pick=_head(layer, head, lm.num_layers, lm.num_heads), words=words, png=png,
+                         save=save, html=html, json_path=json_path, compare=bool(target))
+    found = capture(items, lm, qk=bool(html))  # the page's Neuron view needs q and k
     pick = _head(layer, head, found.num_layers, found.num_heads)
     if png and pick is None:
         raise ValueError("--png draws one head; give --layer and --head (1-based)")

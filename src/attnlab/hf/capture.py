@@ -24,6 +24,7 @@ import numpy as np
 
 from attnlab.hf.encoding import Encoded, check_sentences, decoder_input, encode
 from attnlab.hf.loading import LoadedModel, load_model
+from attnlab.maps.long import MAX_MAP_BYTES, check_full
 from attnlab.maps.records import Attention, LayerFacts, Tokens
 from attnlab.maps.tokens import AttentionMaps, gather
 
@@ -121,6 +122,20 @@ def _encodings(lm: LoadedModel, items: list, seq2seq: bool) -> list[tuple[Encode
     return out
 
 
+def _check_memory(lm: LoadedModel, encs: list, order: list[int], batch_size: int, max_bytes: int | None) -> None:
+    """Refuse, before the first forward, a batch whose T × T weights would pass ``max_bytes``
+    (:func:`attnlab.maps.long.check_full`): the longest batch counts, its sequences padded to its longest."""
+    if max_bytes is None:
+        return
+    last = order[(len(order) - 1) // batch_size * batch_size:]  # sorted by length: the longest batch is the last
+    longest = max(len(e.ids) for i in last for e in encs[i] if e is not None)
+    where = f"sentences[{last[-1]}]" if len(last) == 1 else f"a batch of {len(last)} sentences"
+    check_full(f"capturing {where} ({longest} tokens, {lm.num_layers} layers × {lm.num_heads} heads)", lm.num_layers,
+               lm.num_heads, longest, len(last) * (3 if lm.config.get("is_encoder_decoder") else 1), max_bytes,
+               instead="take the long view (attnlab.capture_long, or `attnlab maps`, which takes it by itself above "
+                       "1024 tokens), or pass max_bytes=None to hold them anyway")
+
+
 def _tokens(encs: list[Encoded]) -> Tokens:
     return Tokens(tokens=[e.tokens for e in encs], word_of=[e.word_of for e in encs], words=[e.words for e in encs],
                   kinds=[e.kinds for e in encs])
@@ -134,9 +149,11 @@ def iter_capture(
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: Progress | None = None,
     qk: bool = False,
+    max_bytes: int | None = MAX_MAP_BYTES,
 ) -> Iterator[tuple[list[int], AttentionMaps]]:
     """Capture batch by batch: yields (indices into ``sentences``, their maps), for corpora too big
-    to hold every map at once. Batches group sentences of similar length, so indices are not in order."""
+    to hold every map at once. Batches group sentences of similar length, so indices are not in order.
+    ``max_bytes``: as :func:`capture`; every batch is checked before any runs."""
     import torch
 
     from attnlab.hf.capture_attention import recording
@@ -148,6 +165,7 @@ def iter_capture(
     seq2seq = bool(lm.config.get("is_encoder_decoder"))
     encs = _encodings(lm, items, seq2seq)
     order = sorted(range(len(items)), key=lambda i: len(encs[i][0].ids))
+    _check_memory(lm, encs, order, batch_size, max_bytes)
     pad = lm.tokenizer.pad_token_id
     done = 0
     for b in range(0, len(order), batch_size):
@@ -194,6 +212,7 @@ def capture(
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: Progress | None = None,
     qk: bool = False,
+    max_bytes: int | None = MAX_MAP_BYTES,
 ) -> AttentionMaps:
     """Every layer's and head's post-softmax weights for each sentence, (A, B) pair, or (for an
     encoder–decoder) (source, target) pair. A string with one tab is a pair too ("A\tB" is
@@ -208,11 +227,17 @@ def capture(
     query head), ``layers`` (per layer :class:`~attnlab.maps.records.LayerFacts`: scale, softcap,
     causal, window) and ``position_bias[i]`` [L, H, Tq, Tk] (T5's relative position bias; None for
     models that add none), to recompute the weights from them: softmax(softcap(q·kᵀ·scale) + bias + mask).
+
+    ``max_bytes``: before the model runs, the capture estimates what its T × T weights would hold at
+    the peak (:func:`attnlab.maps.long.full_capture_bytes`) and refuses more than this with
+    :class:`~attnlab.maps.long.MapTooLarge` (a ValueError naming the bytes); None holds any size.
+    A long input's view without T × T is :func:`attnlab.hf.capture_long.capture_long`.
     """
     items = check_sentences(sentences)
     slots: list[Any] = [None] * len(items)
     parts = []
-    for idx, part in iter_capture(items, model, revision, batch_size=batch_size, progress=progress, qk=qk):
+    for idx, part in iter_capture(items, model, revision, batch_size=batch_size, progress=progress, qk=qk,
+                                  max_bytes=max_bytes):
         parts.append(part)
         for r, i in enumerate(idx):
             slots[i] = (len(parts) - 1, r)
@@ -231,6 +256,8 @@ def capture_ids(ids: Any, model: str | os.PathLike | LoadedModel | None = None, 
     ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
     if ids.ndim != 2 or ids.shape[1] < 1:
         raise ValueError(f"ids must be (B, T) token ids, got shape {tuple(ids.shape)}")
+    check_full(f"capture_ids of {ids.shape[0]} × {ids.shape[1]} ids", lm.num_layers, lm.num_heads, ids.shape[1],
+               ids.shape[0])
     with torch.inference_mode():
         out = lm.model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
     return torch.stack(out.attentions, dim=1).float().numpy()  # (B, L, H, T, T)

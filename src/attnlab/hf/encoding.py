@@ -111,7 +111,8 @@ def encode(tokenizer: Any, texts: tuple[str, ...], limit: int, what: str, model:
     enc = tokenizer(*(() if target else texts), add_special_tokens=True, return_offsets_mapping=True, verbose=False, **kw)
     n = len(enc["input_ids"])
     if n > limit:
-        raise ValueError(f"{what} has {n} tokens; model {model!r} takes at most {limit}")
+        raise ValueError(f"{what} has {n} tokens; model {model!r} takes at most {limit} (the positions it embeds): "
+                         f"cut the text to {limit} tokens, or use a model with at least {n} positions")
     word_of, words, kinds = words_of(enc, texts)
     return Encoded(list(enc["input_ids"]), enc.tokens(), enc.get("token_type_ids"), word_of, words, kinds)
 

@@ -75,13 +75,14 @@ class Patching:
     correlation: float | None = None
 
     def top(self, k: int = 5) -> list[ScoredHead]:
-        """The ``k`` heads whose patch restores most, largest effect first, as (Head, effect); for
-        ``over="head_pos"`` each head scores its largest effect over the positions."""
+        """The ``k`` heads whose patch changes most, largest effect in size first, the sign kept, as
+        (Head, effect); for ``over="head_pos"`` each head scores its effect largest in size over the positions."""
         if self.axes[:2] != ("layer", "head"):
             raise ValueError(f"top ranks heads; this patching is over {self.over!r} of site {self.site!r}, "
                              f"a grid over {list(self.axes)}")
-        grid = self.effect if self.effect.ndim == 2 else self.effect.max(-1)
-        return ranked(grid, n=k)
+        grid = self.effect if self.effect.ndim == 2 else np.take_along_axis(
+            self.effect, np.abs(self.effect).argmax(-1)[..., None], -1)[..., 0]  # (L, H): each head's largest in size
+        return ranked(grid, n=k, by_size=True)
 
     def to_dict(self) -> dict:
         """JSON-ready, 0-based (layers, heads and positions index the nested lists)."""

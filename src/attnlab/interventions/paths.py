@@ -58,11 +58,11 @@ class PathPatching:
     corrupted: np.ndarray
 
     def top(self, k: int = 5) -> list[ScoredHead]:
-        """The grid's ``k`` senders of largest effect, as (Head, effect)."""
+        """The grid's ``k`` senders of largest effect in size, the sign kept, as (Head, effect)."""
         if self.sender is not None:
             raise ValueError(f"top ranks the senders of a grid (sender=None); this path patching has one sender, "
                              f"{tuple(self.sender)}")
-        return ranked(self.effect, n=k)
+        return ranked(self.effect, n=k, by_size=True)
 
     def to_dict(self) -> dict:
         """JSON-ready, 0-based."""

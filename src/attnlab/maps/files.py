@@ -8,6 +8,10 @@ per sentence of each array of each record, named ``<record>.<array>.<i>`` (``sel
 per record its sides by name, its layer and head counts, its per-layer facts (or null) and the names
 of the arrays it holds. Saving and loading are lossless: the arrays come back bit for bit, the rest equal.
 
+Version 3 is a long input's maps (:class:`~attnlab.maps.long.LongMaps`: no weights, one sentence):
+the header names its sentence, sides, model, per-layer facts, sink and length, and the arrays are
+``long.queries`` [L, H, T, D], ``long.keys`` [L, H_kv, T, D] and ``long.lse`` [L, H, T].
+
 Version 1 (the flat record: ``weights_<i>``, ``queries_<i>``, ``cross_<i>``, ``decoder.weights_<i>``, …,
 ``qk_meta`` and ``cross_qk_meta`` in the header) is still read.
 """
@@ -25,7 +29,9 @@ from attnlab.maps.records import Attention, LayerFacts, Maps, Tokens
 
 FORMAT = "attnlab.maps"
 FORMAT_VERSION = 2
-READS = (1, 2)  # the versions load_maps reads
+LONG_VERSION = 3  # a long input's maps: queries, keys and row LSEs, no weights
+READS = (1, 2, LONG_VERSION)  # the versions load_maps reads
+LONG_ARRAYS = ("queries", "keys", "lse")
 # Which side each record is over: (query side, key side).
 SIDES = {"self_attention": ("source", "source"), "decoder": ("target", "target"), "cross": ("target", "source")}
 
@@ -69,9 +75,23 @@ def write(maps: Maps, config: dict, path: str | os.PathLike) -> Path:
     return path
 
 
+def write_long(long: Any, path: str | os.PathLike) -> Path:
+    """Write a :class:`~attnlab.maps.long.LongMaps` to ``path`` (``.npz`` appended when missing), version 3."""
+    path = Path(path)
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    header = {"format": FORMAT, "version": LONG_VERSION, **long.to_fields(), "sides": {"source": _tokens_header(long.side)}}
+    arrays = {f"long.{name}": getattr(long, name) for name in LONG_ARRAYS}
+    arrays["header"] = np.frombuffer(json.dumps(header, ensure_ascii=False).encode(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    return path
+
+
 def read(path: str | os.PathLike) -> dict:
-    """What a maps file written by this version or version 1 holds, as the fields of
-    :class:`~attnlab.maps.tokens.AttentionMaps` (sentences, the records, model id, revision, config)."""
+    """What a maps file of version 1 or 2 holds, as the fields of
+    :class:`~attnlab.maps.tokens.AttentionMaps` (sentences, the records, model id, revision, config);
+    of version 3, the fields of :class:`~attnlab.maps.long.LongMaps` (``level`` "long" says which)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"maps file {str(path)!r} does not exist")
@@ -89,7 +109,16 @@ def read(path: str | os.PathLike) -> dict:
                 f"maps file {str(path)!r} is format {header.get('format')!r} version {version!r}; "
                 f"expected {FORMAT!r} version {' or '.join(map(str, READS))}"
             )
+        if version == LONG_VERSION:
+            return _read_long(header, archive)
         return _read_v2(header, archive) if version == 2 else _read_v1(header, archive)
+
+
+def _read_long(header: dict, archive: Any) -> dict:
+    fields = {k: header[k] for k in ("sentence", "model_id", "revision", "config", "sink", "length")}
+    return {"level": "long", **fields, "side": _tokens(header["sides"]["source"]),
+            "layers": tuple(LayerFacts(**f) for f in header["layers"]),
+            **{name: archive[f"long.{name}"] for name in LONG_ARRAYS}}
 
 
 def _tokens(part: dict) -> Tokens:

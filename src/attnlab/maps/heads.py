@@ -97,11 +97,13 @@ class ScoredHead(NamedTuple):
         return {**self.head.to_dict(), "score": score}
 
 
-def ranked(scores: np.ndarray, at_least: float | None = None, n: int | None = None) -> list[ScoredHead]:
+def ranked(scores: np.ndarray, at_least: float | None = None, n: int | None = None,
+           by_size: bool = False) -> list[ScoredHead]:
     """The heads of ``scores`` [L, H], best first (ties in (layer, head) order): those scoring at
-    least ``at_least`` when given, at most ``n`` of them when given."""
+    least ``at_least`` when given, at most ``n`` of them when given. ``by_size``: largest |score|
+    first, the sign kept (an effect that hurts as much as another helps ranks as high)."""
     scores = np.asarray(scores)
-    order = np.argsort(-scores, axis=None, kind="stable")
+    order = np.argsort(-(np.abs(scores) if by_size else scores), axis=None, kind="stable")
     if at_least is not None:
         order = order[scores.flat[order] >= at_least]
     out = []

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Iterable
 import numpy as np
 
 from attnlab.maps import files
+from attnlab.maps.long import LongMaps
 from attnlab.maps.records import Attention, Maps, Tokens
 from attnlab.maps.words import WordMaps, to_words
 
@@ -61,9 +62,13 @@ class AttentionMaps(Maps):
         return files.write(self, self.config, path)
 
 
-def load_maps(path: str | os.PathLike) -> AttentionMaps:
-    """Read maps written by :meth:`AttentionMaps.save` (this version's format, or an older one's)."""
-    return AttentionMaps(**files.read(path))
+def load_maps(path: str | os.PathLike) -> AttentionMaps | LongMaps:
+    """Read maps written by :meth:`AttentionMaps.save` (this version's format, or an older one's), or a
+    long input's :class:`~attnlab.maps.long.LongMaps` (:meth:`LongMaps.save`, version 3)."""
+    fields = files.read(path)
+    if fields.pop("level", None) == "long":
+        return LongMaps(**fields)
+    return AttentionMaps(**fields)
 
 
 def _pick(lists: list[list], slots: list[tuple[int, int]]) -> list:

@@ -10,9 +10,10 @@ from importlib import resources
 
 STATIC_FILES = {  # served path -> (package file, media type)
     "/": ("index.html", "text/html; charset=utf-8"),
+    "/long": ("long.html", "text/html; charset=utf-8"),
     "/viewer.css": ("viewer.css", "text/css; charset=utf-8"),
     **{f"/{n}.js": (f"{n}.js", "text/javascript; charset=utf-8") for n in ("core", "scene", "head", "model", "compare", "neuron",
-                                                                                 "rollout", "generation", "app")},
+                                                                                 "rollout", "generation", "app", "long")},
 }
 
 

@@ -7,6 +7,7 @@ no display is needed; save with ``fig.savefig(path)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+TITLE_CHARS_PER_INCH = 9  # characters of a panel's title per inch of panel, at the title's size
 ANNOTATE_MAX = 16  # label every cell with its percentage up to this many rows and columns
 CELL_INCHES = 0.42
 ANNOTATE_POINTS = 8  # cell numbers: 12 px at the report's 110 dpi, readable when the figure fits the page
@@ -37,6 +39,15 @@ class Cells:
 
 
 WEIGHTS = Cells()  # attention weights, in 0..1
+
+
+def percent_bar(bar: Any) -> Any:
+    """A colour bar whose ticks read in percent, as the cells' numbers do (a cell reads -6 where the bar
+    would read -0.06 as a fraction)."""
+    from matplotlib.ticker import PercentFormatter
+
+    bar.ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=None))
+    return bar
 
 
 def plot_heatmap(
@@ -103,7 +114,7 @@ def plot_heatmap(
     if title:
         ax.set_title(title)
     if colorbar:
-        fig.colorbar(image, ax=ax, shrink=0.8, label=cells.value)
+        percent_bar(fig.colorbar(image, ax=ax, shrink=0.8, label=cells.value))
     return fig
 
 
@@ -138,12 +149,14 @@ def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None
     axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
     vmax = (max(float(np.abs(p["weights"]).max()) for p in panels) if cells.signed else 1.0) if shared_scale else None
     for ax, p in zip(axes, panels):
-        plot_heatmap(p["weights"], p["rows"], p["cols"], title=p["title"], ax=ax, highlight_rows=tuple(p.get("highlight", ())),
+        # a title as wide as its panel, wrapped (a role's long description was cut at both ends: "narks ([CLS]…")
+        title_lines = textwrap.fill(p["title"].replace(" %", "\u00a0%"), max(20, int(side * TITLE_CHARS_PER_INCH)))
+        plot_heatmap(p["weights"], p["rows"], p["cols"], title=title_lines, ax=ax, highlight_rows=tuple(p.get("highlight", ())),
                      vmax=vmax, colorbar=not shared_scale, cells=cells)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     if shared_scale:
-        fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label=cells.value)
+        percent_bar(fig.colorbar(axes[0].images[0], ax=list(axes), shrink=0.6, label=cells.value))
     if title:
         fig.suptitle(title)
     return fig

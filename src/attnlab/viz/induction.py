@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from attnlab.viz.legends import legend_below
+
 LOSS, PREV, IND = "#333333", "#4c72b0", "#c44e52"
 
 
@@ -31,7 +33,7 @@ def induction_training(data: dict) -> Figure:
     sc.set_ylim(0, 1)
     sc.set_ylabel("best head's score")
     lines = ax.get_lines() + sc.get_lines()
-    ax.legend(lines, [ln.get_label() for ln in lines], frameon=False, fontsize=8, loc="center right")
+    legend_below(ax, lines, [ln.get_label() for ln in lines])
     ax.set_title("The sudden drop: copying is learned")
     grid = right.subplots(2, 2)
     repeat = np.flatnonzero(np.asarray(data["example"]["repeat"]))

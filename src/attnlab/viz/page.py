@@ -25,6 +25,7 @@ from attnlab.viz.rollout_view import page_rollout
 
 DATA_ID = "attnlab-data"
 NOTEBOOK_HEIGHT = 760  # px of the notebook frame
+MAX_PAGE_BYTES = 500 * 10**6  # the packed weights a self-contained page may embed (a 1,024-token 6 × 12 model: 201 MB)
 
 
 def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: str | None = None,
@@ -49,6 +50,7 @@ def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: st
     if qk is not None:
         data["neuron"] = qk
     if maps is not None:
+        _check_size(maps)
         data["maps"] = payload.maps_payload(maps, overview=overview)
         data["maps"]["packed"] = [payload.pack_weights(w) for w in maps.weights]
         data["rollout"] = page_rollout(maps)  # at residual 0.5; flow through all layers where short
@@ -62,16 +64,30 @@ def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: st
     return data
 
 
+def _check_size(maps: Maps) -> None:
+    """Refuse, before packing, a page whose weights alone would pass :data:`MAX_PAGE_BYTES` (each weight
+    packs as 2 bytes, 8/3 in base64, and the page's text is built in memory twice over)."""
+    weights = sum(int(rec.weights[i].size) for _, rec in maps.attentions() for i in range(len(maps)))
+    needed = weights * 8 // 3
+    if needed > MAX_PAGE_BYTES:
+        from attnlab.maps.long import size_text
+
+        raise ValueError(f"a self-contained page of these maps would hold {size_text(needed)} of packed weights, over "
+                         f"the limit of {size_text(MAX_PAGE_BYTES)}; write the long view's page instead "
+                         f"(attnlab.capture_long, then attnlab.viz.longpage.write_long_html), or serve them")
+
+
 def _inline_json(data: dict) -> str:
     # No "<" at all inside the <script> element ("</script" would end it, "<!--" changes how it is
     # parsed); "\u003c" is the same character to JSON.parse.
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def render_page(data: dict, title: str = "attnlab viewer") -> str:
-    """index.html with its stylesheet and scripts inlined and ``data`` embedded before them."""
-    page = read_static("index.html")
-    page = page.replace("<title>attnlab viewer</title>", f"<title>{html.escape(title)}</title>")
+def render_page(data: dict, title: str = "attnlab viewer", page_file: str = "index.html") -> str:
+    """``page_file`` (index.html, or long.html: the long view) with its stylesheet and scripts inlined and
+    ``data`` embedded before them."""
+    page = read_static(page_file)
+    page = re.sub(r"<title>[^<]*</title>", lambda _: f"<title>{html.escape(title)}</title>", page, count=1)
     page = re.sub(r'<link rel="stylesheet" href="([\w.]+)">',
                   lambda m: f"<style>\n{read_static(m.group(1))}</style>", page)
     scripts = re.findall(r'<script src="([\w.]+)"></script>', page)
@@ -100,6 +116,11 @@ def write_maps_html(maps: Maps, path: str | os.PathLike, *, scene: dict | None =
                     deciders: list[str] | None = None, neuron: AttentionMaps | None = None) -> Path:
     """Write :func:`maps_html` to ``path`` (``.html`` appended when it has no suffix); returns the path."""
     return _write(maps_html(maps, scene=scene, target=target, deciders=deciders, neuron=neuron), path)
+
+
+def write_page(text: str, path: str | os.PathLike) -> Path:
+    """Write a rendered page to ``path`` (``.html`` appended when it has no suffix); returns the path."""
+    return _write(text, path)
 
 
 def _write(text: str, path: str | os.PathLike) -> Path:

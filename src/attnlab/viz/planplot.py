@@ -9,6 +9,8 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from attnlab.viz.legends import legend_below
+
 COLORS = {"ttft": "#4c72b0", "total": "#c44e52", "tpot": "#55a868", "weights": "#8c8c8c", "kv": "#dd8452",
           "activations": "#8172b3"}
 
@@ -88,7 +90,7 @@ def plan_figure(curve: dict, asked: dict | None = None) -> Figure:
     draw_plan(ax_time, ax_mem, curve, asked)
     for ax in (ax_time, ax_mem):
         _axes(ax)
-        ax.legend(frameon=False, fontsize=8, loc="upper left")
+        legend_below(ax)
     ax_time.set_ylabel("seconds")
     ax_mem.set_ylabel("GB (10⁹ bytes) per device")
     hw = curve["hardware"]
@@ -110,7 +112,7 @@ def serving_figure(data: dict) -> Figure:
         draw_plan(ax_time, ax_mem, curve, serving["plans"][where])
         for ax in (ax_time, ax_mem):
             _axes(ax)
-            ax.legend(frameon=False, fontsize=7, loc="upper left")
+            legend_below(ax, fontsize=7)
         kind = "predicted from rates measured here" if curve["hardware"]["measured"] else "predicted"
         ax_time.set_title(f"{curve['model']['name']} on {curve['hardware']['name']} ({kind}): latency", fontsize=9)
         ax_mem.set_title("memory", fontsize=9)

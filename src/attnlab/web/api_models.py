@@ -17,12 +17,109 @@ ATTENTION_HELP = ("encoder: the model's own self-attention (an encoder–decoder
              "decoder self-attention; cross: its cross-attention (target rows, source columns)")
 
 
-def api_models(max_sentences: int, max_chars: int, default_overview: int, max_new: int = 128) -> SimpleNamespace:
+def api_models(max_sentences: int, max_chars: int, default_overview: int, max_new: int = 128,
+               long_chars: int = 262_144, max_tile: int = 512, max_top: int = 100) -> SimpleNamespace:
     """Every request and answer model of the API, for sentences of at most ``max_chars``
-    characters, at most ``max_sentences`` at a time, and generations of at most ``max_new`` tokens."""
+    characters, at most ``max_sentences`` at a time, generations of at most ``max_new`` tokens, and
+    the long view's texts of at most ``long_chars`` characters, tiles of ``max_tile`` and ``max_top`` top keys."""
     return SimpleNamespace(**_requests(max_sentences, max_chars, default_overview), **_map_answers(),
                            **_head_answers(), **_scene_answers(), **_generation(max_chars, max_new),
-                           **_circuits(max_chars))
+                           **_circuits(max_chars), **_long_requests(long_chars, max_tile, max_top),
+                           **_long_answers())
+
+
+def _long_requests(long_chars: int, max_tile: int, max_top: int) -> dict[str, type]:
+    """What the long view (/api/long/*) takes: one text of up to ``long_chars`` characters, a head, a place."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    Text = Annotated[str, Field(min_length=1, max_length=long_chars, pattern=r"\S",
+                                description="one text (a tab makes a pair), up to the model's positions")]
+    Pos = Annotated[int, Field(ge=0, lt=2**31)]
+
+    class LongIn(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        text: Text
+
+    class LongHeadIn(LongIn):
+        layer: int = Field(ge=0, lt=1000, description="0-based")
+        head: int = Field(ge=0, lt=1000, description="0-based")
+
+    class LongOverviewIn(LongHeadIn):
+        cells: int = Field(512, ge=1, le=512, description="the overview's side at most, in cells")
+
+    class LongTileIn(LongHeadIn):
+        rows: list[Pos] = Field(min_length=2, max_length=2, description=f"[start, stop) of the queries, at most {max_tile}")
+        cols: list[Pos] = Field(min_length=2, max_length=2, description=f"[start, stop) of the keys, at most {max_tile}")
+
+    class LongRowIn(LongHeadIn):
+        query: Pos
+        top: int = Field(10, ge=1, le=max_top, description="how many top keys")
+
+    class LongColumnIn(LongHeadIn):
+        key: Pos
+
+    return _models(locals())
+
+
+def _long_answers() -> dict[str, type]:
+    """What the long view answers: sizes, and weights as base64 float32."""
+    from pydantic import BaseModel, Field
+
+    F32 = "base64 of little-endian float32, row-major"
+
+    class LongModelOut(BaseModel):
+        id: str
+        revision: str | None
+        num_layers: int
+        num_heads: int
+
+    class LongInfoOut(BaseModel):
+        model: LongModelOut
+        tokens: list[str]
+        is_mark: list[bool]
+        num_tokens: int
+        held_bytes: int = Field(description="what the server keeps for the text: queries, keys, row LSEs")
+        full_bytes: int = Field(description="what its full map would take: L·H·T² float32")
+        full_size: str
+        max_tile: int
+
+    class LongOverviewOut(BaseModel):
+        layer: int
+        head: int
+        block: int = Field(description="each cell pools block × block weights (the last ones narrower)")
+        cells: int
+        num_tokens: int
+        mean: str = Field(description=f"cells × cells mean weights, {F32}")
+        max: str = Field(description=f"cells × cells largest weights, {F32}")
+        encoding: str
+
+    class LongTileOut(BaseModel):
+        layer: int
+        head: int
+        rows: list[int]
+        cols: list[int]
+        weights: str = Field(description=f"the exact weights, {F32}")
+        encoding: str
+
+    class TopKeyOut(BaseModel):
+        key: int
+        token: str
+        weight: float
+
+    class LongRowOut(BaseModel):
+        layer: int
+        head: int
+        query: int
+        weights: str = Field(description=f"the query's weight on every key, {F32}")
+        top: list[TopKeyOut]
+
+    class LongColumnOut(BaseModel):
+        layer: int
+        head: int
+        key: int
+        weights: str = Field(description=f"every query's weight on the key, {F32}")
+
+    return _models(locals())
 
 
 def _models(names: dict[str, Any]) -> dict[str, type]:
@@ -116,6 +213,7 @@ def _map_answers() -> dict[str, type]:
         max_tokens: int
         max_sentences: int
         max_chars: int
+        long_max_chars: int = Field(description="characters of one text of the long view (/api/long/*)")
         encoder_decoder: bool = Field(description="sentences are source<TAB>target pairs; attentions decoder and cross exist")
         generate: GenerateInfoOut = Field(description="what /api/generate can do with this model")
         circuits: CircuitsInfoOut = Field(description="whether /api/patch and /api/attribute can run this model")

@@ -44,7 +44,8 @@ def friendly(error: dict, max_sentences: int, max_chars: int) -> str:
         if kind in ("string_pattern_mismatch", "string_too_short"):
             return "A sentence is empty or only spaces: type some words."
         if kind == "string_too_long":
-            return f"A sentence may have at most {max_chars:,} characters."
+            return (f"A sentence may have at most {max_chars:,} characters for the full maps; a longer text goes to "
+                    f"the long view (POST /api/long/info, /api/long/overview), which computes its map a tile at a time.")
     if top in ("target", "deciders") and kind in ("string_pattern_mismatch", "string_too_short", "too_short"):
         return f"{field}: type a word (it is empty)."
     if kind == "string_unicode":  # pydantic's check: a lone surrogate, half of a UTF-16 pair

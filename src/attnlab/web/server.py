@@ -13,6 +13,13 @@ Full maps travel one head at a time (/api/head), and so do the Neuron view's que
 model's maximum length, where a self-contained page, which embeds every head, keeps them only for
 sentences of up to :data:`attnlab.viz.neuron.NEURON_MAX_TOKENS` tokens.
 
+Long inputs (:mod:`attnlab.web.longview`): /api/long/info, /overview, /tile, /row and /column take one
+text of up to :data:`LONG_MAX_CHARS` characters (32,768 tokens at 8 characters each; tokens up to
+the model's positions) and compute every weight on request from its cached queries, keys and row
+LSEs; the full-map endpoints keep :data:`MAX_CHARS` and refuse a capture whose T × T weights would
+pass :data:`attnlab.web.work.SERVER_MAP_BYTES`, with the bytes and the long view offered instead.
+The page of the long view is ``/long``.
+
 Safety: input sizes are bounded (characters per sentence, number of sentences, tokens up to the
 model's maximum) and text must be valid Unicode; a malformed request gets a 422 whose message says
 what is wrong in words, a well-formed one the model cannot take (too many tokens, a word not in the
@@ -41,7 +48,7 @@ from attnlab.viz import payload
 from attnlab.viz.assets import STATIC_FILES, read_static
 from attnlab.viz.neuron import head_qk
 from attnlab.viz.rollout_view import served_rollout
-from attnlab.web import circuits
+from attnlab.web import circuits, longview
 from attnlab.web.attentions import attention_head
 from attnlab.web.generation import MAX_NEW_TOKENS, Generator
 from attnlab.web.api_models import api_models
@@ -53,7 +60,8 @@ __all__ = ["MapsCache", "check_port", "create_app", "serve"]
 log = logging.getLogger(__name__)
 
 MAX_SENTENCES = 2  # the viewer compares at most two sentences
-MAX_CHARS = 4000  # per sentence: room for 512 tokens of ordinary text, no more
+MAX_CHARS = 4000  # per sentence of the full maps: room for 512 tokens of ordinary text, no more
+LONG_MAX_CHARS = longview.LONG_MAX_CHARS  # per text of the long view (/api/long/*): room for 32,768 tokens
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 CLIENT_ERRORS = (ValueError, LookupError)  # raised by attnlab for what the model cannot take: a 400
@@ -83,7 +91,7 @@ class Viewer:
         lm = self.cache.loaded()
         return {"model_id": lm.model_id, "revision": lm.revision, "num_layers": lm.num_layers,
                 "num_heads": lm.num_heads, "max_tokens": lm.max_tokens, "max_sentences": MAX_SENTENCES,
-                "max_chars": MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder")),
+                "max_chars": MAX_CHARS, "long_max_chars": LONG_MAX_CHARS, "encoder_decoder": bool(lm.config.get("is_encoder_decoder")),
                 "generate": self.generator.info(), "circuits": {"refusal": self.generator.refusal(circuits.CANNOT)}}
 
 
@@ -168,6 +176,37 @@ def attribute_answer(v: Viewer, req: Any) -> dict:
     return circuits.attributed(v.generator, req.text, req.target, req.baseline)
 
 
+def long_info_answer(v: Viewer, req: Any) -> dict:
+    """The long view of one text (any length the model takes, up to ``long_max_chars`` characters):
+    its tokens, marks, and what the server holds for it (queries, keys and row LSEs) against what its
+    full map would take. The weights come from /api/long/overview, /tile, /row and /column."""
+    return longview.info(longview.long_maps(v.cache, req.text))
+
+
+def long_overview_answer(v: Viewer, req: Any) -> bytes:
+    """One head's pooled map (0-based layer and head): each cell the mean and the max weight of a block of
+    block × block pairs, at most ``cells`` × ``cells``, computed exactly from the queries, keys and row LSEs."""
+    lm = longview.long_maps(v.cache, req.text)
+    return v.cache.computed(("long-overview", req.text, req.layer, req.head, req.cells),
+                            lambda: to_json(longview.overview(lm, req.layer, req.head, req.cells)))
+
+
+def long_tile_answer(v: Viewer, req: Any) -> dict:
+    """The exact weights of queries ``rows`` [start, stop) on keys ``cols`` [start, stop), at most
+    ``max_tile`` each; outside the map, a 400 that says its size."""
+    return longview.tile(longview.long_maps(v.cache, req.text), req.layer, req.head, req.rows, req.cols)
+
+
+def long_row_answer(v: Viewer, req: Any) -> dict:
+    """Query ``query``'s weight on every key and its ``top`` keys with their tokens, exact."""
+    return longview.row(longview.long_maps(v.cache, req.text), req.layer, req.head, req.query, req.top)
+
+
+def long_column_answer(v: Viewer, req: Any) -> dict:
+    """The weight every query puts on key ``key``: who attends to it, exact."""
+    return longview.column(longview.long_maps(v.cache, req.text), req.layer, req.head, req.key)
+
+
 POSTS = (  # path, request model, answer model, answer
     ("/api/maps", "MapsIn", "MapsOut", maps_answer),
     ("/api/head", "HeadIn", "HeadOut", head_answer),
@@ -178,6 +217,11 @@ POSTS = (  # path, request model, answer model, answer
     ("/api/generate", "GenerateIn", "GenerateOut", generate_answer),
     ("/api/patch", "PatchIn", "PatchOut", patch_answer),
     ("/api/attribute", "AttributeIn", "AttributeOut", attribute_answer),
+    ("/api/long/info", "LongIn", "LongInfoOut", long_info_answer),
+    ("/api/long/overview", "LongOverviewIn", "LongOverviewOut", long_overview_answer),
+    ("/api/long/tile", "LongTileIn", "LongTileOut", long_tile_answer),
+    ("/api/long/row", "LongRowIn", "LongRowOut", long_row_answer),
+    ("/api/long/column", "LongColumnIn", "LongColumnOut", long_column_answer),
 )
 
 
@@ -192,8 +236,14 @@ def answered(v: Viewer, answer: Callable[[Viewer, Any], Any], req: Any) -> bytes
 
     from attnlab.web.messages import encodable
 
+    from attnlab.maps.long import MapTooLarge
+
     try:
         got = answer(v, req)
+    except MapTooLarge as e:  # the full map of a long input: its size, and the long view offered instead
+        detail = e.said(e.what, e.needed, e.limit, "this viewer's long view computes any part of it exactly: POST "
+                        "/api/long/info, /api/long/overview, /api/long/tile, /api/long/row, /api/long/column")
+        raise HTTPException(status_code=400, detail=encodable(detail)) from None
     except CLIENT_ERRORS as e:
         raise HTTPException(status_code=400, detail=encodable(str(e))) from None
     return got if isinstance(got, bytes) else to_json(got)
@@ -299,7 +349,8 @@ def create_app(model: Any = None, revision: str | None = None, *, preload: bool 
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(Busy, _busy)
 
-    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW, MAX_NEW_TOKENS)
+    M = api_models(MAX_SENTENCES, MAX_CHARS, payload.DEFAULT_OVERVIEW, MAX_NEW_TOKENS, LONG_MAX_CHARS, longview.MAX_TILE,
+                   longview.MAX_TOP)
     busy_doc = {503: {"model": M.ErrorOut,
                       "description": "Every worker is busy and the queue is full; see Retry-After"}}
     heavy_doc = {400: {"model": M.ErrorOut, "description": "Well-formed, but the model cannot take it (too many "

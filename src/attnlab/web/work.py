@@ -1,4 +1,4 @@
-"""The viewer's heavy work: captured maps in a cache bounded in bytes, and a bounded worker pool.
+"""The viewer's heavy work: captured maps (and long views) in a cache bounded in bytes, and a bounded worker pool.
 
 A 512-token capture holds 2 × L·H·T² float32 weights (token and word level: 150 MB for 6 × 12
 heads), so the cache is bounded in MB, not in entries. The model's work runs in a small thread pool
@@ -20,6 +20,7 @@ from typing import Any, Callable
 from attnlab.maps.records import Maps
 from attnlab.maps.tokens import AttentionMaps
 
+SERVER_MAP_BYTES = 2**30  # a full capture the server runs at most (its T × T at the peak); above it: the long view
 CACHE_MB = 512  # captures and payloads kept, in MB: three 512-token captures at both levels
 WORKERS = 1  # torch already spreads one capture over every core; two at once only share them
 QUEUE = 4  # heavy requests that may wait for a worker; more get 503 at once
@@ -88,7 +89,7 @@ class MapsCache:
             found = self._lookup(key)
             if found is not None:
                 return found
-            maps = capture(sentences, self.loaded())
+            maps = capture(sentences, self.loaded(), max_bytes=SERVER_MAP_BYTES)
             words = maps.to_words()
             self.put(("maps", tuple(sentences), "token"), maps)
             self.put(("maps", tuple(sentences), "word"), words)
@@ -103,7 +104,20 @@ class MapsCache:
         with self.lock:
             found = self._lookup(key)
             if found is None:
-                found = capture(sentences, self.loaded(), qk=True)
+                found = capture(sentences, self.loaded(), qk=True, max_bytes=SERVER_MAP_BYTES)
+                self.put(key, found)
+            return found
+
+    def get_long(self, text: str, max_bytes: int) -> Any:
+        """The long view of one text (:func:`attnlab.hf.capture_long.capture_long`: queries, keys and row
+        LSEs, refused past ``max_bytes``), captured once and kept like the maps."""
+        from attnlab.hf.capture_long import capture_long
+
+        key = ("long", text)
+        with self.lock:
+            found = self._lookup(key)
+            if found is None:
+                found = capture_long(text, self.loaded(), max_bytes=max_bytes)
                 self.put(key, found)
             return found
 

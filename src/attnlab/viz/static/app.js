@@ -17,7 +17,16 @@
   let pairs = false; // the served model is an encoder–decoder: the boxes hold a source and a target
 
   AL.showView = function (name) {
-    for (const b of document.querySelectorAll("#tabs button")) {
+    // Show the maps of one text (the model view colours the heads of the text it shows, so a circuit run on
+  // another text first shows that text's maps); resolves to whether they are on show.
+  AL.showText = async function (text) {
+    document.getElementById("sentence-a").value = text;
+    document.getElementById("sentence-b").value = "";
+    await showMaps([text], document.getElementById("level").value);
+    return !!(source.request && source.request.sentences.length === 1 && source.request.sentences[0] === text);
+  };
+
+  for (const b of document.querySelectorAll("#tabs button")) {
       b.hidden = !available[b.dataset.view];
       b.classList.toggle("active", b.dataset.view === name);
     }
@@ -59,6 +68,15 @@
     }
     AL.emit("select-head", {sentence: 0, layer, head});
     AL.showView("head");
+  };
+
+  // Show the maps of one text (the model view colours the heads of the text it shows, so a circuit run on
+  // another text first shows that text's maps); resolves to whether they are on show.
+  AL.showText = async function (text) {
+    document.getElementById("sentence-a").value = text;
+    document.getElementById("sentence-b").value = "";
+    await showMaps([text], document.getElementById("level").value);
+    return !!(source.request && source.request.sentences.length === 1 && source.request.sentences[0] === text);
   };
 
   for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => AL.showView(b.dataset.view));

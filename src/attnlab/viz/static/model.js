@@ -5,6 +5,8 @@
 // (/api/patch: how much of the clean logit difference each head's output restores in the corrupted
 // run) or direct logit attribution (/api/attribute: what each head writes into the logit). Each
 // cell's frame takes AL.signed(value / m), m the largest magnitude over the heads, and shows the value.
+// One text drives both: colouring a text first shows its maps, and colours stay only while their text
+// is the one on show (a new sentence, another tool chosen or a failed run clears them).
 "use strict";
 (function () {
   const AL = window.attnlab;
@@ -30,6 +32,7 @@
     kind.addEventListener("change", () => {
       corrupted.hidden = kind.value !== "patch";
       clean.textContent = kind.value === "patch" ? "Clean " : "Text ";
+      if (st.colour) { st.colour = null; render(); } // the colours said the other tool
     });
     const form = el("form", {id: "circuit-form", class: "controls"},
       el("label", {}, "Colour the heads by ", kind),
@@ -52,14 +55,18 @@
       ? {clean: value("circuit-clean"), corrupted: value("circuit-corrupted"), target: value("circuit-target"), baseline}
       : {text: value("circuit-clean"), target: value("circuit-target"), baseline};
     const button = document.getElementById("circuit-run"), status = document.getElementById("circuit-status");
+    const text = kind === "patch" ? req.clean : req.text;
     button.disabled = true;
     status.classList.remove("error");
     status.textContent = `${KINDS[kind]}…`;
+    if (st.colour) { st.colour = null; render(); } // nothing stale stays while this runs, or after it fails
     try {
       const t0 = performance.now();
+      // One text drives both: the small maps are those of the text the heads are coloured for.
+      if (shownText() !== text && !(await AL.showText(text))) throw new Error("the maps of this text could not be shown");
       const got = await st.source[kind](req);
       const top = Math.max(1e-9, ...got.heads.flat().map(Math.abs));
-      st.colour = {kind, req, got, top};
+      st.colour = {kind, req, got, top, text};
       render();
       status.textContent = `${(performance.now() - t0).toFixed(0)} ms`;
     } catch (e) {
@@ -83,6 +90,10 @@
     return el("p", {id: "circuit-legend", class: "legends"}, el("span", {text: `Coloured by ${what}.`}),
       el("span", {class: "legend"}, el("span", {class: "num", text: AL.num(-c.top)}),
         el("span", {class: "ramp", style: `background: ${ramp}`}), el("span", {class: "num", text: AL.num(c.top)})));
+  }
+
+  function shownText() {
+    return st.maps ? st.maps.sentences[st.sentence].text : null;
   }
 
   function cell(l, h, cellPx, ov) {
@@ -121,16 +132,21 @@
     root.replaceChildren(...[
       el("div", {class: "controls"},
         m.sentences.length > 1 ? el("label", {}, "Sentence ", el("select", {id: "model-sentence", class: "sentence-pick",
-          title: s.text, onchange: (e) => { st.sentence = Number(e.target.value); render(); }},
+          title: s.text, onchange: (e) => { st.sentence = Number(e.target.value); forget(); render(); }},
         m.sentences.map((x, i) => el("option", {value: i, selected: i === st.sentence, text: `${i + 1}: ${x.text}`})))) : null,
         el("span", {class: "muted", text: `${L} layers × ${H} heads · ${n} ${m.level}s` +
           (ov.size < n ? ` · maps shown at ${ov.size} × ${ov.size} (averaged blocks)` : "")})),
       circuitForm(), colourLegend(), el("p", {class: "legends"}, legend), grid].filter(Boolean));
   }
 
+  function forget() { // colours of a text no longer on show go
+    if (st.colour && st.colour.text !== shownText()) st.colour = null;
+  }
+
   AL.on("maps", ({maps, source}) => {
     const first = !st.source;
     Object.assign(st, {maps, sentence: 0, source, served: source instanceof AL.ServerSource});
+    forget();
     render();
     if (first && st.served) {
       source.info().then((info) => { st.info = info; }, (e) => { st.info = {circuits: {refusal: e.message}}; })

@@ -1,0 +1,84 @@
+"""The long view's capture: a text's queries, keys and row LSEs per layer and head, never a T × T array.
+
+The model runs with attnlab's attention observed (:func:`attnlab.hf.capture_attention.observing`):
+transformers builds no mask, each layer's attention goes through the compiled kernel (causal and
+sliding windows as bands), which keeps each row's log-sum-exp, and hands its queries and keys
+(after rotary and norms) to the callback here, which keeps float32 copies. Memory is
+L · (H + H_kv) · T · D floats, as :func:`attnlab.maps.long.long_capture_bytes` counts them.
+
+Encoders and decoders, one unpadded text per call; not encoder–decoders (T5's relative bias is
+T × T) nor softcapping (the kernel has none: Gemma-2's maps come from :func:`attnlab.capture`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from attnlab.hf.encoding import encode
+from attnlab.hf.loading import LoadedModel, load_model
+from attnlab.maps.long import MAX_LONG_BYTES, LongMaps, long_capture_bytes, size_text
+from attnlab.maps.records import LayerFacts, Tokens
+
+
+class _Keep:
+    """The observing callback: each layer's q, k, LSE and facts, as float32 NumPy."""
+
+    def __init__(self) -> None:
+        self.queries: list[np.ndarray] = []
+        self.keys: list[np.ndarray] = []
+        self.lse: list[np.ndarray] = []
+        self.facts: list[LayerFacts] = []
+
+    def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None) -> None:
+        self.queries.append(query[0].float().numpy().copy())  # (H, T, D)
+        self.keys.append(key[0].float().numpy().copy())  # (H_kv, T, D)
+        self.lse.append(lse[0].float().numpy().copy())  # (H, T)
+        self.facts.append(LayerFacts(scale=scale, causal=causal, window=None if window is None else tuple(window)))
+
+
+def _check_memory(lm: LoadedModel, tokens: int, max_bytes: int | None) -> None:
+    """Refuse, before the model runs, queries and keys that would pass ``max_bytes`` (None: any size)."""
+    c = lm.config
+    kv = c.get("num_key_value_heads") or lm.num_heads
+    d = c.get("head_dim") or (c.get("hidden_size") or 0) // lm.num_heads
+    needed = long_capture_bytes(lm.num_layers, lm.num_heads, kv, d, tokens)
+    if max_bytes is not None and needed > max_bytes:
+        raise ValueError(f"the long view of {tokens} tokens of {lm.model_id!r} would keep {size_text(needed)} of queries "
+                         f"and keys ({lm.num_layers} layers × {lm.num_heads} heads of {d}), over the limit of "
+                         f"{size_text(max_bytes)}; cut the text, or pass a larger max_bytes")
+
+
+def capture_long(text: str, model: str | os.PathLike | LoadedModel | None = None, revision: str | None = None, *,
+                 max_bytes: int | None = MAX_LONG_BYTES) -> LongMaps:
+    """The long view of ``text`` (one sentence, or an "A\\tB" pair) through ``model`` (as
+    :func:`attnlab.capture` takes it): a :class:`~attnlab.maps.long.LongMaps` whose weights
+    :mod:`attnlab.analysis.longview` computes a tile, a row, a column or an overview at a time.
+    ``max_bytes``: what its queries, keys and LSEs may hold (checked before the model runs; None: any)."""
+    import torch
+
+    from attnlab.hf.capture_attention import observing
+
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text must be a non-empty string, got {text!r}")
+    lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
+    if lm.config.get("is_encoder_decoder"):
+        raise ValueError(f"the long view serves encoders and decoders; {lm.model_id!r} is an encoder–decoder, "
+                         f"whose relative position bias is T × T: use attnlab.capture")
+    enc = encode(lm.tokenizer, tuple(text.split("\t")), lm.max_tokens, "text", lm.model_id)
+    _check_memory(lm, len(enc.ids), max_bytes)
+    keep = _Keep()
+    ids = torch.tensor([enc.ids])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if enc.type_ids is not None:
+        inputs["token_type_ids"] = torch.tensor([enc.type_ids])
+    with torch.inference_mode(), observing(keep):
+        lm.model(**inputs)
+    if len(keep.facts) != lm.num_layers:
+        raise RuntimeError(f"model {lm.model_id!r} made {len(keep.facts)} attention calls for {lm.num_layers} layers")
+    side = Tokens(tokens=[enc.tokens], word_of=[enc.word_of], words=[enc.words], kinds=[enc.kinds])
+    return LongMaps(sentence=text, side=side, queries=np.stack(keep.queries), keys=np.stack(keep.keys),
+                    lse=np.stack(keep.lse), layers=tuple(keep.facts), model_id=lm.model_id, revision=lm.revision,
+                    config=lm.config)
