@@ -48,7 +48,7 @@ def documented_shape(name: str, c, B: int, T: int) -> tuple:
     d, H, Hkv, Dh = c.d_model, c.num_heads, c.heads_kv, c.head_dim
     return {"hook_scale": (B, T, 1), "hook_q": (B, H, T, Dh), "hook_rot_q": (B, H, T, Dh), "hook_k": (B, Hkv, T, Dh),
             "hook_rot_k": (B, Hkv, T, Dh), "hook_v": (B, Hkv, T, Dh), "hook_attn_scores": (B, H, T, T),
-            "hook_pattern": (B, H, T, T), "hook_z": (B, H, T, Dh)}.get(last, (B, T, d))
+            "hook_pattern": (B, H, T, T), "hook_last_pattern": (B, H, T), "hook_z": (B, H, T, Dh)}.get(last, (B, T, d))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

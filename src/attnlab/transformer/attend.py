@@ -37,7 +37,6 @@ class Pass:
     rope: Any = None  # rotary cos and sin of the positions, (T, Dh) or (B, 1, T, Dh) each
     kv: KVCache | None = None  # decoding: the cache the new tokens are appended to ...
     step: Step | None = None  # ... and what this call appends
-    rows: list | None = None  # maps of decoding: each layer appends (weights (B, H, Tk), key positions (B, Tk))
 
     def visibility(self, window: masks.Mask | None) -> dict:
         """attention()'s keywords for a layer of the plain pass with its sliding window (a Mask, or None):
@@ -55,11 +54,11 @@ class Pass:
         return {"causal": self.causal, "mask": mask}
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict) -> tuple:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict, last: bool = False) -> tuple:
     """attnlab.attention on torch tensors (the float64 NumPy reference gets NumPy copies, no gradients):
-    z (B, H, Tq, Dh) and, when decoding keeps rows, the last query's weights (B, H, Tk)."""
+    z (B, H, Tq, Dh) and, with ``last``, the newest query's weights (B, H, Tk) (recomputed from the LSE)."""
     kw = _call_kwargs(p, kw)
-    if p.rows is not None:
+    if last:
         kw["weights_rows"] = [q.shape[2] - 1]
     if p.backend == "numpy":
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -72,10 +71,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict)
     else:
         out = attention(q, k, v, backend=p.backend, **kw)
         out = list(out) if isinstance(out, tuple) else [out]
-    return out[0], (out[1][:, :, 0] if p.rows is not None else None)
+    return out[0], (out[1][:, :, 0] if last else None)
 
 
-def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str, kw: dict) -> tuple:
+def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str, kw: dict,
+                 last: bool = False) -> tuple:
     """The torch backend's math with ``hook_attn_scores`` (after scale, softcap, score changes and masks,
     before the softmax) and ``hook_pattern`` between its steps, the scores and weights (B, H, Tq, Tk); z = pattern · v.
     Without replacing hooks this is bit for bit ``attend`` with backend "torch". Decoding: the cache's keys."""
@@ -84,7 +84,7 @@ def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at:
     w, _ = eager_weights(q, k, v, call, scores=s)
     w = p.hooks(at + "hook_pattern", w)
     z = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (B, H, Tq, Dh)
-    return z, (w[:, :, -1] if p.rows is not None else None)
+    return z, (w[:, :, -1] if last else None)
 
 
 def _call_kwargs(p: Pass, kw: dict) -> dict:

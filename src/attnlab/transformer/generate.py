@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from attnlab.transformer.cache import KVCache, layer_kinds
-from attnlab.transformer.hooks import Hooks, build
+from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
 from attnlab.transformer.sampling import Sampling
 from attnlab.transformer.weights import torch_dtype
 
@@ -160,15 +160,11 @@ def _left_padded(prompts: list[list[int]], pad: int, device: Any) -> tuple[torch
     return ids.to(device), real.to(device)
 
 
-def _row(rows: list[tuple], b: int, width: int) -> np.ndarray:
-    """Sequence b's attention row [L, H, width] from each layer's (weights (B, H, Tk), key positions (B, Tk))."""
-    first = rows[0][0]
-    wide = np.float64 if first.dtype == torch.float64 else np.float32
-    out = np.zeros((len(rows), first.shape[1], width), dtype=wide)
-    for layer, (w, kpos) in enumerate(rows):
-        where = (kpos[b] >= 0) & (kpos[b] < width)
-        out[layer][:, kpos[b][where].cpu().numpy()] = w[b][:, where].detach().cpu().to(torch.float64).numpy()
-    return out
+def _row(cache: dict, layers: int, b: int, width: int) -> np.ndarray:
+    """Sequence b's attention row [L, H, width] from each layer's ``hook_last_pattern`` (B, H, P), in position order."""
+    rows = [cache[f"blocks.{layer}.{LAST_PATTERN}"][b, :, :width] for layer in range(layers)]  # (H, width) each
+    wide = torch.float64 if rows[0].dtype == torch.float64 else torch.float32
+    return torch.stack(rows).to(wide).cpu().numpy()
 
 
 def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask: Any = None, sample: bool = False,
@@ -197,7 +193,8 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
     n = _check_limits(model, prompts, max_new_tokens, kinds, cache, offset)
     stops = _stops(stop_ids, c.vocab_size)
-    hooks = build(c, fwd_hooks or ())
+    # maps: every layer's newest-query row, kept by the hooks (recomputed from the LSE: no scores held)
+    hooks = build(c, fwd_hooks or (), [f"blocks.{layer}.{LAST_PATTERN}" for layer in range(c.num_layers)] if maps else ())
     weights_dtype, device = model.dtype, model.device
     kv_dtype = weights_dtype if cache_dtype is None else torch_dtype(cache_dtype, "cache_dtype")
     pad = c.pad_token_id if c.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
@@ -219,14 +216,14 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
     chosen, logits_seen, attention = [], [], [[] for _ in range(B)]
     for t in range(n):
         with torch.no_grad():
-            last, rows = model._decode_step(ids, real, kv, backend=backend, rows=maps, hooks=hooks)  # (B, V)
+            last = model._decode_step(ids, real, kv, backend=backend, hooks=hooks)  # (B, V)
         nxt = rule.choose(last, gen)  # (B,)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
         logits_seen.append(torch.where(done[:, None], torch.zeros_like(last), last))
         if maps:
             for b in range(B):
                 if not done[b]:
-                    attention[b].append(_row(rows, b, start[b] + t))
+                    attention[b].append(_row(hooks.cache, model.config.num_layers, b, start[b] + t))
         lengths += (~done).long()
         chosen.append(nxt)
         done = done | torch.isin(nxt, stops)

@@ -20,13 +20,17 @@ from attnlab.transformer.config import TransformerConfig
 # Hook points that see the attention scores or weights: a layer with one of them watched computes
 # its attention in the model itself (the scores materialised), whatever the backend would do.
 WEIGHT_HOOKS = ("attn.hook_attn_scores", "attn.hook_pattern")
+# The newest query's weights over key positions (B, H, P): what generate's maps keep of every step. Rows of
+# weights recomputed from the LSE, so watching it materialises no scores (not a TransformerLens name: it has none).
+LAST_PATTERN = "attn.hook_last_pattern"
 
 
 def _block_names(c: TransformerConfig) -> list[str]:
     """One block's hook points (without the ``blocks.{l}.`` prefix), in the order they fire."""
     rotary = ["attn.hook_rot_q", "attn.hook_rot_k"] if c.positions == "rotary" else []
     post1, post2 = (["ln1_post.hook_scale"], ["ln2_post.hook_scale"]) if c.sandwich_norm else ([], [])  # Gemma-2
-    attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v", *rotary, *WEIGHT_HOOKS, "attn.hook_z", *post1, "hook_attn_out"]
+    attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v", *rotary, *WEIGHT_HOOKS, LAST_PATTERN, "attn.hook_z", *post1,
+            "hook_attn_out"]
     ffn = c.ffn != "none"
     if c.post_norm:  # BERT: the sums are hooked before their norm, the norm's output after it
         mid = ["hook_resid_mid", "ln1.hook_scale", "hook_mlp_out", "hook_resid_post", "ln2.hook_scale"] if ffn else \

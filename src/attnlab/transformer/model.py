@@ -81,12 +81,13 @@ class Attention(nn.Module):
             k, v, kw = read.k, read.v, read.kwargs()
         # 4. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
         #    backend, or, when a hook watches the scores or the pattern, the torch backend's steps with the hooks
+        last = h.wants(at + "hook_last_pattern")
         if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
-            z, row = attend_eager(q, k, v, p, at, kw)
+            z, row = attend_eager(q, k, v, p, at, kw, last)
         else:
-            z, row = attend(q, k, v, p, kw)
-        if p.rows is not None:
-            p.rows.append((row, read.key_positions))
+            z, row = attend(q, k, v, p, kw, last)
+        if last:  # the newest query's weights, in key-position order (a ring's slots are not)
+            h(at + "hook_last_pattern", row if read is None else by_position(row, read.key_positions, p.step.longest))
         z = h(at + "hook_z", z)
         # 5. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
         return self.o(z.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
@@ -227,7 +228,7 @@ class Transformer(nn.Module):
         return self.logits(hidden) if self.config.causal else hidden
 
     def _forward(self, input_ids: Any, attention_mask: Any, backend: str | None, hooks: Hooks,
-                 kv_cache: KVCache | None = None, rows: list | None = None, documents: Any = None) -> torch.Tensor:
+                 kv_cache: KVCache | None = None, documents: Any = None) -> torch.Tensor:
         ids = torch.as_tensor(input_ids, device=self.device)
         if ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(ids.shape)}")
@@ -244,7 +245,7 @@ class Transformer(nn.Module):
         if documents is not None:
             raise ValueError("documents= packs sequences into one row of a plain forward; with kv_cache= each row is "
                              "one sequence (pass them as a batch)")
-        return self._cached(ids, mask, backend, hooks, kv_cache, rows)
+        return self._cached(ids, mask, backend, hooks, kv_cache)
 
     def _plain_pass(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, documents: Any = None) -> Pass:
         c, (B, T) = self.config, ids.shape
@@ -269,7 +270,7 @@ class Transformer(nn.Module):
         return Pass(c, backend, c.causal, pos, hooks, lengths=lengths, key_mask=key_mask, documents=documents,
                     rope=self._rope(pos))
 
-    def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache, rows: Any) -> torch.Tensor:
+    def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache) -> torch.Tensor:
         """Decoding: the real tokens of each row right-aligned (a stable sort puts padding first), one
         step of the cache, positions each sequence's own; the hidden states go back to the rows' order."""
         c, (B, T) = self.config, ids.shape
@@ -286,7 +287,7 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids: the cache holds {int(kv.lengths.max())} tokens; {T} more pass the model's "
                              f"{c.max_positions} learned positions")
         pos = step.positions.clamp(min=0)  # (B, T)
-        p = Pass(c, backend, True, pos, hooks, rope=self._rope(pos), kv=kv, step=step, rows=rows)
+        p = Pass(c, backend, True, pos, hooks, rope=self._rope(pos), kv=kv, step=step)
         x = self._body(ids, p)
         kv.commit(step)
         return x.scatter(1, order[..., None].expand_as(x), x)  # (B, T, d) in the rows' own order
@@ -324,13 +325,10 @@ class Transformer(nn.Module):
         out = linear(hidden, self.tok_emb.weight) if self.lm_head is None else self.lm_head(hidden)
         return out if c.final_softcap is None else c.final_softcap * torch.tanh(out / c.final_softcap)
 
-    def _decode_step(self, ids: torch.Tensor, real: Any, kv: KVCache, *, backend: str | None, rows: bool,
-                     hooks: Hooks) -> tuple:
-        """One step of :func:`~attnlab.transformer.generate.generate`: the logits of each row's last
-        column (B, V) and, with ``rows``, each layer's (weights of that column (B, H, Tk), key positions (B, Tk))."""
-        found: list | None = [] if rows else None
-        hidden = self._forward(ids, real, backend, hooks, kv, found)
-        return self.logits(hidden[:, -1]), found
+    def _decode_step(self, ids: torch.Tensor, real: Any, kv: KVCache, *, backend: str | None, hooks: Hooks) -> torch.Tensor:
+        """One step of :func:`~attnlab.transformer.generate.generate`: the logits of each row's last column (B, V)
+        (its maps are the hooks' ``hook_last_pattern``)."""
+        return self.logits(self._forward(ids, real, backend, hooks, kv)[:, -1])
 
     def embed(self, sentences: list[str] | str, batch_size: int = 32) -> torch.Tensor:
         """Sentence embeddings [N, d]: the mean of the last hidden state over real tokens, L2-normalised
@@ -370,3 +368,13 @@ def _restart(documents: torch.Tensor) -> torch.Tensor:
     start[..., 1:] = documents[..., 1:] != documents[..., :-1]
     first = torch.where(start, t, torch.zeros_like(t)).cummax(-1).values  # each token's document start
     return t - first
+
+
+def by_position(w: torch.Tensor, key_positions: torch.Tensor, width: int) -> torch.Tensor:
+    """Weights over the keys a cache read (B, H, Tk) put in position order (B, H, width): key j of sequence b
+    at key_positions[b, j] (−1: an empty slot, dropped); positions no key holds get 0."""
+    B, H, _ = w.shape
+    out = w.new_zeros(B, H, width + 1)  # the last column takes the empty slots, then goes
+    where = torch.where(key_positions >= 0, key_positions, width).clamp(max=width)  # (B, Tk)
+    out.scatter_(2, where[:, None, :].expand(B, H, -1), w)
+    return out[..., :width]
