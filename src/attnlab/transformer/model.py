@@ -36,7 +36,7 @@ from attnlab.transformer.cache import KVCache
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
 from attnlab.transformer.linear import Linear, linear
-from attnlab.transformer.norms import norm, normed
+from attnlab.transformer.norms import head_norm, norm, normed
 from attnlab.transformer.rotary import angles, frequencies, rotate
 
 ACT = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
@@ -61,6 +61,11 @@ class Attention(nn.Module):
         self.k = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
         self.v = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
         self.o = Linear(c.num_heads * c.head_dim, c.d_model, bias=c.bias if c.out_bias is None else c.out_bias)
+        # QK-norm (Qwen3, Gemma-3): one RMSNorm over Dh for every query head, one for every key head
+        self.q_ln = head_norm(c) if c.qk_norm else None
+        self.k_ln = head_norm(c) if c.qk_norm else None
+        self.sinks = nn.Parameter(torch.zeros(c.num_heads)) if c.attn_sinks else None  # gpt-oss: a logit per head
+        self.local_rope = c.local_rope(layer)  # Gemma-3's sliding layers turn by their own base
 
     def forward(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
         c, h, at, (B, T, _) = self.c, p.hooks, self.at, x.shape
@@ -68,18 +73,24 @@ class Attention(nn.Module):
         q = h(at + "hook_q", self.q(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2))  # (B, H, T, Dh)
         k = h(at + "hook_k", self.k(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
         v = h(at + "hook_v", self.v(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
-        # 2. rotary positions turn q and k by each token's position (relative positions in q·k)
+        # 2. QK-norm: each head's q and k normed over Dh (scale (B, H, T, 1)), before rotary
+        if self.q_ln is not None:
+            q, k = normed(self.q_ln, q, h, at + "q_ln"), normed(self.k_ln, k, h, at + "k_ln")
+        # 3. rotary positions turn q and k by each token's position (relative positions in q·k)
         if c.positions == "rotary":
-            q = h(at + "hook_rot_q", rotate(q, p.rope))
-            k = h(at + "hook_rot_k", rotate(k, p.rope))
-        # 3. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh]
+            rope = p.rope_local if self.local_rope else p.rope
+            q = h(at + "hook_rot_q", rotate(q, rope))
+            k = h(at + "hook_rot_k", rotate(k, rope))
+        # 4. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh]
         #    what each query sees, said once: the pass's visibility, or the cache's read
         read = None if p.kv is None else p.kv.update(self.layer, p.step, k, v, q.dtype)
         if read is None:
             kw = p.visibility(self.window)
         else:
             k, v, kw = read.k, read.v, read.kwargs()
-        # 4. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
+        if self.sinks is not None:  # the learned sinks join every row's softmax, cached or not
+            kw["sink_logits"] = self.sinks
+        # 5. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
         #    backend, or, when a hook watches the scores or the pattern, the torch backend's steps with the hooks
         if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
             z, row = attend_eager(q, k, v, p, at, kw)
@@ -88,7 +99,7 @@ class Attention(nn.Module):
         if p.rows is not None:
             p.rows.append((row, read.key_positions))
         z = h(at + "hook_z", z)
-        # 5. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
+        # 6. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
         return self.o(z.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
 
@@ -100,10 +111,53 @@ class FeedForward(nn.Module):
         self.gate = Linear(c.d_model, c.hidden_ff, bias=c.ffn_bias) if c.ffn == "gated" else None
         self.down = Linear(c.hidden_ff, c.d_model, bias=c.ffn_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
+        """(B, T, d) → (B, T, d); ``hooks`` unused: a dense FFN's points are the block's (``hook_mlp_out``)."""
         # (B, T, d) → (B, T, d_ff) → (B, T, d): act(x W_up), or act(x W_gate) ⊙ x W_up (SwiGLU)
         h = self.act(self.up(x)) if self.gate is None else self.act(self.gate(x)) * self.up(x)
         return self.down(h)
+
+
+class Experts(nn.Module):
+    """gpt-oss's mixture of experts: a router (with bias) picks ``experts_per_token`` of ``num_experts`` for
+    each token, a softmax over the chosen logits weighs their outputs, and each expert is a SwiGLU with
+    biases whose gate and up are clamped at ``swiglu_limit``: (up + 1) · gate · σ(α · gate). Every expert
+    runs once, on the tokens routed to it (never every expert on every token)."""
+
+    def __init__(self, c: TransformerConfig, layer: int):
+        super().__init__()
+        E, d, f = c.num_experts, c.d_model, c.hidden_ff
+        self.k, self.limit, self.alpha, self.at = c.experts_per_token, c.swiglu_limit, c.swiglu_alpha, f"blocks.{layer}.mlp."
+        self.router = Linear(d, E, bias=True)
+        self.gate, self.gate_bias = nn.Parameter(torch.zeros(E, d, f)), nn.Parameter(torch.zeros(E, f))
+        self.up, self.up_bias = nn.Parameter(torch.zeros(E, d, f)), nn.Parameter(torch.zeros(E, f))
+        self.down, self.down_bias = nn.Parameter(torch.zeros(E, f, d)), nn.Parameter(torch.zeros(E, d))
+
+    def forward(self, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
+        B, T, d = x.shape
+        # 1. route: each token's k largest router logits, softmaxed among themselves → (B, T, k) each
+        top, chosen = self.router(x).topk(self.k, dim=-1)
+        weights = hooks(self.at + "hook_expert_weights", top.softmax(-1))  # (B, T, k)
+        chosen = hooks(self.at + "hook_expert_indices", chosen)  # (B, T, k) expert ids
+        # 2. the (token, choice) pairs grouped by expert: a stable sort, then one run per expert
+        flat, w, e = x.reshape(B * T, d), weights.reshape(-1), chosen.reshape(-1)  # (N, d), (N·k,), (N·k,)
+        order = e.argsort(stable=True)  # (N·k,)
+        counts = torch.bincount(e, minlength=self.gate.shape[0]).tolist()
+        out, start = torch.zeros_like(flat), 0  # (N, d)
+        for expert, n in enumerate(counts):
+            if n:
+                pairs = order[start:start + n]  # (n,) this expert's pairs
+                rows = pairs // self.k  # (n,) their tokens
+                out.index_add_(0, rows, self._expert(expert, flat[rows]) * w[pairs, None])  # (n, d)
+            start += n
+        # 3. back to (B, T, d)
+        return out.view(B, T, d)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` on its tokens (n, d) → (n, d)."""
+        gate = (x @ self.gate[e] + self.gate_bias[e]).clamp(max=self.limit)  # (n, f)
+        up = (x @ self.up[e] + self.up_bias[e]).clamp(min=-self.limit, max=self.limit)  # (n, f)
+        return ((up + 1) * gate * torch.sigmoid(self.alpha * gate)) @ self.down[e] + self.down_bias[e]
 
 
 class Block(nn.Module):
@@ -111,7 +165,7 @@ class Block(nn.Module):
         super().__init__()
         self.post, self.at = c.post_norm, f"blocks.{layer}."
         self.attn, self.norm1 = Attention(c, layer), norm(c)
-        self.ffn = FeedForward(c) if c.ffn != "none" else None
+        self.ffn = Experts(c, layer) if c.ffn == "experts" else FeedForward(c) if c.ffn != "none" else None
         self.norm2 = norm(c) if self.ffn is not None else None
         # Gemma-2's sandwich: each sublayer's output normed again before its residual sum
         self.norm1_post = norm(c) if c.sandwich_norm else None
@@ -126,7 +180,7 @@ class Block(nn.Module):
                 x = normed(self.norm1, h(at + "hook_resid_post", x + a), h, at + "ln1")
                 return h(at + "hook_normalized_resid_post", x)
             x = normed(self.norm1, h(at + "hook_resid_mid", x + a), h, at + "ln1")
-            m = h(at + "hook_mlp_out", self.ffn(x))
+            m = h(at + "hook_mlp_out", self.ffn(x, h))
             x = normed(self.norm2, h(at + "hook_resid_post", x + m), h, at + "ln2")
             return h(at + "hook_normalized_resid_post", x)
         # GPT-2, Llama: x = x + sublayer(norm(x)); Gemma-2: x = x + norm_post(sublayer(norm(x)))
@@ -137,7 +191,7 @@ class Block(nn.Module):
         if self.ffn is None:
             return h(at + "hook_resid_post", x + a)
         x = h(at + "hook_resid_mid", x + a)
-        m = self.ffn(normed(self.norm2, x, h, at + "ln2"))
+        m = self.ffn(normed(self.norm2, x, h, at + "ln2"), h)
         if self.norm2_post is not None:
             m = normed(self.norm2_post, m, h, at + "ln2_post")
         m = h(at + "hook_mlp_out", m)
@@ -169,6 +223,8 @@ class Transformer(nn.Module):
         self.lm_head = None if c.tie_embeddings else Linear(c.d_model, c.vocab_size, bias=False)
         # a plain attribute, not a buffer: .to(dtype) must not round the frequencies
         self.inv_freq = frequencies(c) if c.positions == "rotary" else None  # (Dh/2,) float64
+        rotary_local = c.positions == "rotary" and c.rope_local_theta is not None
+        self.inv_freq_local = frequencies(c, local=True) if rotary_local else None  # Gemma-3's sliding layers
         self.to(torch_dtype(dtype))
 
     @classmethod
@@ -267,7 +323,7 @@ class Transformer(nn.Module):
             real = ids.ne(c.pad_token_id).long()  # (B, T)
             pos = real.cumsum(-1) * real + c.pad_token_id
         return Pass(c, backend, c.causal, pos, hooks, lengths=lengths, key_mask=key_mask, documents=documents,
-                    rope=self._rope(pos))
+                    **self._rope(pos))
 
     def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache, rows: Any) -> torch.Tensor:
         """Decoding: the real tokens of each row right-aligned (a stable sort puts padding first), one
@@ -286,13 +342,16 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids: the cache holds {int(kv.lengths.max())} tokens; {T} more pass the model's "
                              f"{c.max_positions} learned positions")
         pos = step.positions.clamp(min=0)  # (B, T)
-        p = Pass(c, backend, True, pos, hooks, rope=self._rope(pos), kv=kv, step=step, rows=rows)
+        p = Pass(c, backend, True, pos, hooks, kv=kv, step=step, rows=rows, **self._rope(pos))
         x = self._body(ids, p)
         kv.commit(step)
         return x.scatter(1, order[..., None].expand_as(x), x)  # (B, T, d) in the rows' own order
 
-    def _rope(self, pos: torch.Tensor) -> Any:
-        return None if self.inv_freq is None else angles(pos, self.inv_freq, self.dtype)
+    def _rope(self, pos: torch.Tensor) -> dict:
+        """Pass's ``rope`` and ``rope_local``: the angles of ``pos`` for the global and the local layers."""
+        factor = self.config.rope_attention_factor
+        return {"rope": None if self.inv_freq is None else angles(pos, self.inv_freq, self.dtype, factor),
+                "rope_local": None if self.inv_freq_local is None else angles(pos, self.inv_freq_local, self.dtype)}
 
     def _body(self, ids: torch.Tensor, p: Pass) -> torch.Tensor:
         h, (B, T) = p.hooks, ids.shape
