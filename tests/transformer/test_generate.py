@@ -13,7 +13,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = [5, 17, 3, 42, 8, 23, 11, 2, 30]
 # (family, cache): the window cache where the family has windows (Gemma-2's global layers stay dense)
 EXACT = [("gpt2", "dense"), ("llama", "dense"), ("llama3", "dense"), ("mistral", "window"), ("mistral", "dense"),
-         ("qwen2", "window"), ("gemma2", "window"), ("gemma2", "dense")]
+         ("qwen2", "window"), ("gemma2", "window"), ("gemma2", "dense"), ("qwen3", "dense"), ("gemma3", "window"),
+         ("gemma3", "dense"), ("gpt_oss", "window"), ("gpt_oss", "dense")]
+WINDOWED = ("mistral", "gemma2", "gemma3", "gpt_oss")
 
 
 def _model(decoder_folder, family, dtype="float64", backend="torch"):
@@ -56,18 +58,22 @@ def test_float32_cached_error_at_most_twice_the_uncached(decoder_folder, family,
     assert 0 < uncached and cached <= 2 * uncached
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "llama3", "mistral", "qwen2", "gemma2"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "llama3", "mistral", "qwen2", "gemma2", "qwen3", "gemma3",
+                                    "gpt_oss"])
 def test_greedy_ids_equal_transformers_generate(decoder_folder, family):
     import torch
     from transformers import AutoModelForCausalLM
 
     folder = decoder_folder(family)
-    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager").eval()
+    # gpt-oss's experts run in float64 only by transformers' eager loop (its grouped matmul refuses double)
+    experts = {"experts_implementation": "eager"} if family == "gpt_oss" else {}
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager",
+                                                  **experts).eval()
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         ref = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(PROMPT):]
-    ours = _model(decoder_folder, family).generate(ids, 64, cache="window" if family in ("mistral", "gemma2") else "dense")
+    ours = _model(decoder_folder, family).generate(ids, 64, cache="window" if family in WINDOWED else "dense")
     assert ours.ids[0].tolist() == ref.tolist()
 
 
