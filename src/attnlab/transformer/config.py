@@ -7,9 +7,14 @@ pre-RMSNorm, rotary positions with Llama-3's "llama3" or "linear" scaling, group
 SwiGLU), Mistral (Llama with a sliding window on every layer), Qwen2 (biases on q, k and v; a
 sliding window on the layers ``layer_types`` names when ``use_sliding_window``) and Gemma-2
 (alternating sliding and global layers, softcapped attention scores and final logits, scores scaled
-by ``query_pre_attn_scalar``, GeGLU, four (1 + w) RMSNorms per block, embeddings scaled by √d). Any
-other family, or an option of these that changes the math (another rope type, a relative position
-type), is refused by name rather than silently computed differently.
+by ``query_pre_attn_scalar``, GeGLU, four (1 + w) RMSNorms per block, embeddings scaled by √d), and
+the decoders of 2025: Qwen3 (QK-norm: each head's queries and keys RMS-normed before rotary),
+Gemma-3 text (Gemma-2's block with QK-norm, ``layer_types`` of local and global layers, each kind
+with its rotary base: ``rope_parameters`` per layer type, or ``rope_local_base_freq`` in older
+configs) and gpt-oss (learned attention sinks, alternating window and full layers, YaRN rotary
+scaling, routed experts with a clamped SwiGLU). Any other family, or an option of these that changes
+the math (another rope type, a layer type such as a hybrid's linear attention, a relative position
+type), is refused naming the key and its value rather than silently computed differently.
 
 **Sliding windows** keep transformers' meaning: ``sliding_window = W`` lets a token see itself and
 the W − 1 tokens before it (transformers' mask keeps key j for query i when i − W < j ≤ i). In

@@ -3,9 +3,11 @@
 Embeddings and positions → L blocks (attention through :func:`attnlab.attention` by any backend,
 then the feed-forward network, each with a residual sum and a norm) → the last hidden state.
 The encoder (BERT, RoBERTa) puts the norm after each residual sum; the causal decoders (GPT-2,
-Llama, Mistral, Qwen2, Gemma-2) before each sublayer, with a final norm (Gemma-2 also after each
-sublayer). Rotary positions turn q and k; learned positions are added to the input. A layer may
-have a sliding window (its ``layer_window``) and softcapped scores. Weights come from
+Llama, Mistral, Qwen2, Gemma-2, Qwen3, Gemma-3, gpt-oss) before each sublayer, with a final norm
+(Gemma-2 and -3 also after each sublayer). Rotary positions turn q and k (after QK-norm in Qwen3 and
+Gemma-3; Gemma-3's sliding layers by their own base); learned positions are added to the input. A
+layer may have a sliding window (its ``layer_window``), softcapped scores and learned sinks (gpt-oss);
+the feed-forward network may be routed experts (gpt-oss, :class:`Experts`). Weights come from
 :mod:`attnlab.transformer.weights`, in any float dtype.
 
 **Decoding** goes through the same forward: ``kv_cache=`` (a :class:`~attnlab.transformer.cache.KVCache`)
