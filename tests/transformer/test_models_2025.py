@@ -57,6 +57,19 @@ def test_old_gemma3_configs_name_the_bases_apart(decoder_folder):
     assert TransformerConfig.from_hf(old) == TransformerConfig.from_hf(new)
 
 
+@pytest.mark.parametrize("family", ["Qwen3Config", "Gemma3TextConfig", "GptOssConfig"])
+def test_a_config_that_leaves_out_defaults_reads_as_transformers_fills_them(family):
+    """config.json without rope keys: gpt-oss's YaRN, Gemma-3's two bases (1e6 global, 1e4 local) as transformers'."""
+    import transformers
+
+    from attnlab.transformer import TransformerConfig
+
+    tiny = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, max_position_embeddings=256 * 1024)
+    cls = getattr(transformers, family)
+    assert TransformerConfig.from_hf({"model_type": cls.model_type, **tiny}) == TransformerConfig.from_hf(cls(**tiny))
+
+
 @pytest.mark.parametrize("family, change, match", [
     ("qwen3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
      "rope_parameters.rope_type .* got 'dynamic'"),

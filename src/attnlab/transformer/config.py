@@ -36,6 +36,9 @@ ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")  # gelu_new: the tanh approxi
 FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2", "qwen3", "gemma3_text", "gpt_oss")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names
+# transformers' rotary scaling of a gpt-oss config that names none (GptOssConfig's default)
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
 
 
 @dataclass(frozen=True)
@@ -365,10 +368,11 @@ def _gemma3(c: dict) -> TransformerConfig:
     full, local = _gemma3_rope(c)
     fields = dict(
         act_key="hidden_activation", act="gelu_pytorch_tanh", activation="gelu_new",
-        tie_embeddings=c.get("tie_word_embeddings", True), sliding_window=c.get("sliding_window"), layer_types=types,
-        attn_scale=float(c.get("query_pre_attn_scalar", 256)) ** -0.5, attn_softcap=c.get("attn_logit_softcapping"),
-        final_softcap=c.get("final_logit_softcapping"), norm_plus_one=True, sandwich_norm=True, embed_scale=True,
-        qk_norm=True, rope_local_theta=local,
+        tie_embeddings=c.get("tie_word_embeddings", True), sliding_window=c.get("sliding_window", 4096),
+        layer_types=types, attn_scale=float(c.get("query_pre_attn_scalar", 256)) ** -0.5,
+        attn_softcap=c.get("attn_logit_softcapping"), final_softcap=c.get("final_logit_softcapping"),
+        norm_plus_one=True, sandwich_norm=True, embed_scale=True, qk_norm=True, rope_local_theta=local,
+        pad_token_id=c.get("pad_token_id", 0),
     )
     return _rotary_decoder({k: v for k, v in c.items() if k not in ("rope_parameters", "rope_scaling")}, **full, **fields)
 
@@ -376,12 +380,12 @@ def _gemma3(c: dict) -> TransformerConfig:
 def _gemma3_rope(c: dict) -> tuple[dict, float]:
     """The global layers' rotary fields and the local layers' base: ``rope_parameters`` per layer type
     (transformers 5), or ``rope_theta`` + ``rope_scaling`` (global) and ``rope_local_base_freq`` (older configs)."""
-    params = c.get("rope_parameters") or {}
+    params, glob = c.get("rope_parameters") or {}, c.get("rope_theta", 1e6)  # transformers' default global base
     if "full_attention" in params or "sliding_attention" in params:
-        full = _rope(c, dict(params.get("full_attention") or {}), "rope_parameters.full_attention")
+        full = _rope(c, {"rope_theta": glob} | dict(params.get("full_attention") or {}), "rope_parameters.full_attention")
         local = dict(params.get("sliding_attention") or {})
     else:
-        full = _rope(c)
+        full = _rope(c | {"rope_theta": glob})
         local = {"rope_theta": c.get("rope_local_base_freq", 10000.0)}
     kind = local.get("rope_type", "default")
     if kind != "default":
@@ -394,8 +398,12 @@ def _gpt_oss(c: dict) -> TransformerConfig:
     """Learned sinks, alternating window and full layers, YaRN and routed experts (clamped SwiGLU)."""
     n = c["num_hidden_layers"]
     types = _layer_types(c, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)])
+    if not (c.get("rope_parameters") or c.get("rope_scaling")):  # none named: transformers' default, YaRN
+        c = c | {"rope_parameters": GPT_OSS_ROPE | {"rope_theta": c.get("rope_theta", 150000.0)}}
     return _rotary_decoder(
-        c, bias=bool(c.get("attention_bias", True)), sliding_window=c.get("sliding_window"), layer_types=types,
-        attn_sinks=True, ffn="experts", num_experts=c["num_local_experts"], experts_per_token=c["num_experts_per_tok"],
+        c, bias=bool(c.get("attention_bias", True)), sliding_window=c.get("sliding_window", 128), layer_types=types,
+        attn_sinks=True, ffn="experts", num_experts=c.get("num_local_experts", 128),
+        experts_per_token=c.get("num_experts_per_tok", 4),
         swiglu_limit=float(c.get("swiglu_limit", 7.0)), swiglu_alpha=float(c.get("swiglu_alpha", 1.702)),
+        norm_eps=c.get("rms_norm_eps", 1e-5),
     )

@@ -134,6 +134,9 @@ class Experts(nn.Module):
         self.gate, self.gate_bias = nn.Parameter(torch.zeros(E, d, f)), nn.Parameter(torch.zeros(E, f))
         self.up, self.up_bias = nn.Parameter(torch.zeros(E, d, f)), nn.Parameter(torch.zeros(E, f))
         self.down, self.down_bias = nn.Parameter(torch.zeros(E, f, d)), nn.Parameter(torch.zeros(E, d))
+        with torch.no_grad():  # random as a Linear's, so that a model built from a config routes and computes
+            for w, fan_in in ((self.gate, d), (self.up, d), (self.down, f)):
+                w.normal_(0.0, fan_in ** -0.5)
 
     def forward(self, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
         B, T, d = x.shape
