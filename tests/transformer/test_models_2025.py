@@ -36,6 +36,9 @@ def test_configs_read_what_changes_the_math(decoder_folder):
 
     qwen, gemma, oss = (TransformerConfig.from_hf(_config_dict(decoder_folder, f)) for f in NEW)
     assert qwen.qk_norm and not qwen.norm_plus_one and qwen.layer_window(0) is None and not qwen.bias
+    slides = TransformerConfig.from_hf(_config_dict(decoder_folder, "qwen3") | {
+        "use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1, "layer_types": None})
+    assert [slides.layer_window(i) for i in range(2)] == [None, 5]  # as Qwen2: from max_window_layers on
     assert gemma.qk_norm and gemma.norm_plus_one and gemma.sandwich_norm and gemma.attn_scale == 16 ** -0.5
     assert [gemma.layer_window(i) for i in range(2)] == [WINDOW, None]
     assert [gemma.local_rope(i) for i in range(2)] == [True, False]  # the sliding layer turns by the local base
