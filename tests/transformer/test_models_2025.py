@@ -188,7 +188,7 @@ def test_experts_are_hook_points_and_each_runs_once(decoder_folder, monkeypatch)
     import torch
 
     from attnlab.transformer import Transformer
-    from attnlab.transformer.model import Experts
+    from attnlab.transformer.experts import Experts
 
     m = Transformer.from_pretrained(decoder_folder("gpt_oss"), dtype="float64", backend="torch")
     ids, mask = _padded_batch(m.config.vocab_size)
@@ -211,6 +211,8 @@ def test_experts_are_hook_points_and_each_runs_once(decoder_folder, monkeypatch)
     with torch.no_grad():  # every token sent to its second choice alone: a different output
         swapped = m.run_with_hooks(ids, mask, fwd_hooks=[("blocks.0.mlp.hook_expert_indices", lambda i, _: i.flip(-1))])
     assert float((swapped - plain).abs().max()) > 1e-3
+    with pytest.raises(ValueError, match=r"blocks.0.mlp.hook_expert_indices must hold expert ids .* in 0..7, got .*8"):
+        m.run_with_hooks(ids, mask, fwd_hooks=[("blocks.0.mlp.hook_expert_indices", lambda i, _: i + 8 - i.max())])
 
 
 @pytest.mark.parametrize("family", ["gemma3", "gpt_oss"])
