@@ -24,6 +24,17 @@ def _model(decoder_folder, family, dtype="float64", backend="torch"):
     return Transformer.from_pretrained(decoder_folder(family), dtype=dtype, backend=backend)
 
 
+def _theirs64(decoder_folder, family):
+    """transformers' model of the family in float64, eager attention (gpt-oss's experts: its eager loop too,
+    since its grouped matmul refuses float64)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    experts = {"experts_implementation": "eager"} if family == "gpt_oss" else {}
+    return AutoModelForCausalLM.from_pretrained(decoder_folder(family), dtype=torch.float64,
+                                                attn_implementation="eager", **experts).eval()
+
+
 def _full_logits(m, seq, fwd_hooks=()):
     """Logits at every position of ``seq``, recomputed without a cache (one pass: causal, so row p is step p's)."""
     import torch
@@ -62,13 +73,8 @@ def test_float32_cached_error_at_most_twice_the_uncached(decoder_folder, family,
                                     "gpt_oss"])
 def test_greedy_ids_equal_transformers_generate(decoder_folder, family):
     import torch
-    from transformers import AutoModelForCausalLM
 
-    folder = decoder_folder(family)
-    # gpt-oss's experts run in float64 only by transformers' eager loop (its grouped matmul refuses double)
-    experts = {"experts_implementation": "eager"} if family == "gpt_oss" else {}
-    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager",
-                                                  **experts).eval()
+    theirs = _theirs64(decoder_folder, family)
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         ref = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,
@@ -97,12 +103,12 @@ def test_a_ragged_batch_equals_each_prompt_alone(decoder_folder, family, cache):
 
 
 @pytest.mark.parametrize("family, cache", [("gpt2", "dense"), ("qwen2", "window"), ("gemma2", "window"),
-                                           ("mistral", "window")])
+                                           ("mistral", "window"), ("qwen3", "dense"), ("gemma3", "window"),
+                                           ("gpt_oss", "window")])
 def test_maps_rows_are_rows_of_the_full_map(decoder_folder, family, cache):
     """Step t's row is row P − 1 + t of the whole sequence's map: attnlab's own (float64, 1e-12) and
     transformers' eager output_attentions (1e-5: its norms and rotary run in float32)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     m = _model(decoder_folder, family)
     n, P = 20, len(PROMPT)
@@ -110,9 +116,7 @@ def test_maps_rows_are_rows_of_the_full_map(decoder_folder, family, cache):
     seq = torch.tensor([g.sequences[0]])
     with torch.no_grad():
         _, cache_ = m.run_with_cache(seq, names=lambda name: name.endswith("hook_pattern"))
-        theirs = AutoModelForCausalLM.from_pretrained(decoder_folder(family), dtype=torch.float64,
-                                                      attn_implementation="eager").eval()
-        ref = theirs(input_ids=seq, output_attentions=True).attentions
+        ref = _theirs64(decoder_folder, family)(input_ids=seq, output_attentions=True).attentions
     ours = np.stack([cache_[f"blocks.{layer}.attn.hook_pattern"][0].numpy() for layer in range(2)])  # (L, H, T, T)
     hf = np.stack([a[0].numpy() for a in ref])
     assert g.positions[0] == list(range(P - 1, P - 1 + n))
