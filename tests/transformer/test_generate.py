@@ -58,7 +58,8 @@ def test_256_cached_steps_equal_recomputing_the_sequence(decoder_folder, family,
     assert torch.equal(g.ids[0], g.logits[0].argmax(-1))  # greedy: each token is its logits' first largest
 
 
-@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "window"), ("gemma2", "window")])
+@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "window"), ("gemma2", "window"),
+                                           ("qwen3", "dense"), ("gemma3", "window"), ("gpt_oss", "window")])
 def test_float32_cached_error_at_most_twice_the_uncached(decoder_folder, family, cache):
     m32, m64 = _model(decoder_folder, family, "float32"), _model(decoder_folder, family, "float64")
     g = m32.generate([PROMPT], 128, cache=cache)
@@ -371,10 +372,12 @@ def test_decoding_checks_the_cache_once_when_appended_and_a_plain_call_checks_ev
     assert [name for name, _ in scanned] == ["q", "k", "v"]
 
 
-@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "dense"), ("mistral", "window")])
+@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "dense"), ("mistral", "window"),
+                                           ("qwen3", "dense"), ("gemma3", "window"), ("gpt_oss", "window")])
 @pytest.mark.needs("kernel")
 def test_the_compiled_decode_pass_generates_what_torch_does(decoder_folder, family, cache, monkeypatch):
-    """backend="kernel": each one-token step (GQA, the cache's lengths, a band) goes through kernel.decode."""
+    """backend="kernel": each one-token step (GQA, the cache's lengths, a band; gpt-oss's learned sinks) goes
+    through kernel.decode."""
     from attnlab.backends import kernel
 
     steps = []
