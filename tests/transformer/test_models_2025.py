@@ -242,3 +242,19 @@ def test_logit_attribution_adds_up(decoder_folder, family):
     m = Transformer.from_pretrained(decoder_folder(family), dtype="float64", backend="torch")
     a = logit_attribution(m, torch.tensor([[5, 17, 3, 42, 8, 23, 11, 2, 30]]), 7, baseline=9)
     assert abs(a.error) < 1e-10 and len(a.components) == 2 * (4 + 1) + 2  # embed, 2 × (4 heads + mlp), bias
+
+
+def test_quantized_weights_are_refused_by_their_method(decoder_folder, tmp_path):
+    """gpt-oss as published stores its experts in MXFP4 (quantization_config): refused by name, not read as
+    missing tensors or as something else."""
+    import shutil
+
+    from attnlab.transformer import Transformer
+
+    for f in decoder_folder("gpt_oss").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quantization_config.quant_method is 'mxfp4'.*dequantize"):
+        Transformer.from_pretrained(tmp_path)

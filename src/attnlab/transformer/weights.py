@@ -165,7 +165,13 @@ def load_pretrained(cls: type, model: Any = None, backend: str = "auto", revisio
 
     wanted = torch_dtype(dtype)
     folder, model_id, rev = resolve(model, revision)
-    config = TransformerConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    raw = json.loads((folder / "config.json").read_text())
+    quant = raw.get("quantization_config")
+    if quant:  # gpt-oss's published experts are MXFP4 blocks, DeepSeek-V3's weights FP8: not tensors we read
+        raise ValueError(f"model {model_id!r}: config.json's quantization_config.quant_method is "
+                         f"{quant.get('quant_method')!r}; attnlab's transformer loads unquantized safetensors "
+                         f"({', '.join(DTYPES)}): dequantize the weights first")
+    config = TransformerConfig.from_hf(raw)
     net = cls(config, backend=backend)
     state = convert(read_safetensors(folder), config)
     expected = set(net.state_dict())
