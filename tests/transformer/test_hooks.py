@@ -54,8 +54,8 @@ def documented_shape(name: str, c, B: int, T: int) -> tuple:
     d, H, Hkv, Dh = c.d_model, c.num_heads, c.heads_kv, c.head_dim
     if ".attn.q_ln." in name or ".attn.k_ln." in name:  # QK-norm: one scale per head and position
         return (B, H if ".q_ln." in name else Hkv, T, 1)
-    if last in ("hook_expert_weights", "hook_expert_indices"):
-        return (B, T, c.experts_per_token)
+    if last in ("hook_expert_weights", "hook_expert_indices"):  # over every expert; the k chosen
+        return (B, T, c.num_experts if last == "hook_expert_weights" else c.experts_per_token)
     return {"hook_scale": (B, T, 1), "hook_q": (B, H, T, Dh), "hook_rot_q": (B, H, T, Dh), "hook_k": (B, Hkv, T, Dh),
             "hook_rot_k": (B, Hkv, T, Dh), "hook_v": (B, Hkv, T, Dh), "hook_attn_scores": (B, H, T, T),
             "hook_pattern": (B, H, T, T), "hook_z": (B, H, T, Dh)}.get(last, (B, T, d))

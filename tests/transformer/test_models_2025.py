@@ -183,8 +183,9 @@ def test_qk_norm_scales_are_hook_points(decoder_folder, family):
 
 
 def test_experts_are_hook_points_and_each_runs_once(decoder_folder, monkeypatch):
-    """TransformerLens's MoE names: blocks.{l}.mlp.hook_expert_weights (B, T, k; softmax over the chosen) and
-    hook_expert_indices (B, T, k). A forward runs each expert at most once per layer, on its tokens only."""
+    """TransformerLens's MoE names and meanings: blocks.{l}.mlp.hook_expert_weights, the router's softmax over
+    every expert before the top-k (B, T, E), and hook_expert_indices, the k chosen (B, T, k). A forward runs
+    each expert at most once per layer, on its tokens only."""
     import torch
 
     from attnlab.transformer import Transformer
@@ -206,11 +207,18 @@ def test_experts_are_hook_points_and_each_runs_once(decoder_folder, monkeypatch)
     assert len({e for e, _ in first}) > 2  # routing differs between tokens
     assert torch.equal(plain, logits)
     w, idx = cache["blocks.0.mlp.hook_expert_weights"], cache["blocks.0.mlp.hook_expert_indices"]
-    assert w.shape == idx.shape == (B, T, 2) and idx.dtype == torch.long
+    assert w.shape == (B, T, 8) and idx.shape == (B, T, 2) and idx.dtype == torch.long
     torch.testing.assert_close(w.sum(-1), torch.ones(B, T, dtype=w.dtype))
+    assert torch.equal(idx, w.topk(2, dim=-1).indices)
     with torch.no_grad():  # every token sent to its second choice alone: a different output
         swapped = m.run_with_hooks(ids, mask, fwd_hooks=[("blocks.0.mlp.hook_expert_indices", lambda i, _: i.flip(-1))])
     assert float((swapped - plain).abs().max()) > 1e-3
+    with torch.no_grad():  # the router's distribution replaced by a uniform one over experts 0 and 1: both chosen
+        even = torch.zeros(8, dtype=w.dtype)
+        even[:2] = 0.5
+        forced, seen = m.run_with_cache(ids, mask, names=["blocks.0.mlp.hook_expert_indices"], fwd_hooks=[
+            ("blocks.0.mlp.hook_expert_weights", lambda p, _: even.expand_as(p))])
+    assert set(seen["blocks.0.mlp.hook_expert_indices"].unique().tolist()) == {0, 1}
     with pytest.raises(ValueError, match=r"blocks.0.mlp.hook_expert_indices must hold expert ids .* in 0..7, got .*8"):
         m.run_with_hooks(ids, mask, fwd_hooks=[("blocks.0.mlp.hook_expert_indices", lambda i, _: i + 8 - i.max())])
 

@@ -2,8 +2,9 @@
 has ``ffn="experts"``. A router picks each token's experts; the (token, choice) pairs are grouped by
 expert with one stable sort, so a batch runs every chosen expert once, on its own tokens, as
 transformers' eager loop and the grouped kernels of serving stacks do, never every expert on every
-token. Its hook points are TransformerLens's MoE names: ``blocks.{l}.mlp.hook_expert_weights`` and
-``hook_expert_indices``."""
+token. Its hook points are TransformerLens's MoE names and meanings: ``blocks.{l}.mlp.hook_expert_weights``,
+the router's softmax over every expert before the top-k (B, T, E), and ``hook_expert_indices``, the
+chosen experts (B, T, k)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,11 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
         B, T, d = x.shape
-        # 1. route: each token's k largest router logits, softmaxed among themselves → (B, T, k) each
-        top, chosen = self.router(x).topk(self.k, dim=-1)
-        weights = hooks(self.at + "hook_expert_weights", top.softmax(-1))  # (B, T, k)
+        # 1. route as TransformerLens's MoE hooks it: the softmax over every expert (B, T, E), its k largest
+        #    renormalised (= gpt-oss's softmax over the k largest logits) → weights and expert ids (B, T, k)
+        probs = hooks(self.at + "hook_expert_weights", self.router(x).softmax(-1))  # (B, T, E)
+        top, chosen = probs.topk(self.k, dim=-1)  # (B, T, k) each
+        weights = top / top.sum(-1, keepdim=True)
         chosen = hooks(self.at + "hook_expert_indices", chosen)  # (B, T, k) expert ids
         E = self.gate.shape[0]
         if chosen.dtype != torch.long or bool(((chosen < 0) | (chosen >= E)).any()):

@@ -30,7 +30,7 @@ def _block_names(c: TransformerConfig) -> list[str]:
     attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v", *qk, *rotary, *WEIGHT_HOOKS, "attn.hook_z", *post1,
             "hook_attn_out"]
     ffn = c.ffn != "none"
-    # TransformerLens's MoE: the routing weights (softmax over the chosen) and the chosen experts
+    # TransformerLens's MoE: the router's softmax over every expert, then the k experts chosen
     experts = ["mlp.hook_expert_weights", "mlp.hook_expert_indices"] if c.ffn == "experts" else []
     if c.post_norm:  # BERT: the sums are hooked before their norm, the norm's output after it
         mid = ["hook_resid_mid", "ln1.hook_scale", "hook_mlp_out", "hook_resid_post", "ln2.hook_scale"] if ffn else \
