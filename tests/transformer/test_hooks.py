@@ -52,8 +52,8 @@ def documented_shape(name: str, c, B: int, T: int) -> tuple:
     """The shape of each hook point as docs/design.md's table gives it (attnlab's convention)."""
     last = name.split(".")[-1]
     d, H, Hkv, Dh = c.d_model, c.num_heads, c.heads_kv, c.head_dim
-    if ".attn.q_ln." in name or ".attn.k_ln." in name:  # QK-norm: one scale per head and position
-        return (B, H if ".q_ln." in name else Hkv, T, 1)
+    if ".attn.q_norm." in name or ".attn.k_norm." in name:  # QK-norm: one scale per head and position
+        return (B, H if ".q_norm." in name else Hkv, T, 1)
     if last in ("hook_expert_weights", "hook_expert_indices"):  # over every expert; the k chosen
         return (B, T, c.num_experts if last == "hook_expert_weights" else c.experts_per_token)
     return {"hook_scale": (B, T, 1), "hook_q": (B, H, T, Dh), "hook_rot_q": (B, H, T, Dh), "hook_k": (B, Hkv, T, Dh),

@@ -159,7 +159,7 @@ def test_sinks_keep_part_of_each_row_as_transformers_does(decoder_folder):
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 def test_qk_norm_scales_are_hook_points(decoder_folder, family):
-    """TransformerLens's names for QK-norm (use_qk_norm): blocks.{l}.attn.q_ln.hook_scale and k_ln, (B, H, T, 1)
+    """TransformerLens's names for QK-norm (use_qk_norm): blocks.{l}.attn.q_norm.hook_scale and k_norm, (B, H, T, 1)
     and (B, H_kv, T, 1), between hook_q/hook_k and rotary; watched, a norm is computed by hand (as every norm's
     hook_scale, docs/design.md): the same logits to rounding; patched, the scale takes effect."""
     import torch
@@ -169,16 +169,16 @@ def test_qk_norm_scales_are_hook_points(decoder_folder, family):
     m = Transformer.from_pretrained(decoder_folder(family), dtype="float64", backend="torch")
     names = m.hook_names()
     block = [n.removeprefix("blocks.0.") for n in names if n.startswith("blocks.0.")]
-    assert block.index("attn.hook_v") < block.index("attn.q_ln.hook_scale") < block.index("attn.k_ln.hook_scale") \
+    assert block.index("attn.hook_v") < block.index("attn.q_norm.hook_scale") < block.index("attn.k_norm.hook_scale") \
         < block.index("attn.hook_rot_q")
     ids, mask = _padded_batch(m.config.vocab_size)
     with torch.no_grad():
         plain = m.logits(m(ids, mask))
-        logits, cache = m.run_with_cache(ids, mask, names=lambda n: "_ln." in n)
-        doubled = m.run_with_hooks(ids, mask, fwd_hooks=[("blocks.1.attn.q_ln.hook_scale", lambda s, _: 2 * s)])
+        logits, cache = m.run_with_cache(ids, mask, names=lambda n: "_norm." in n)
+        doubled = m.run_with_hooks(ids, mask, fwd_hooks=[("blocks.1.attn.q_norm.hook_scale", lambda s, _: 2 * s)])
     assert float((plain - logits).abs().max()) < 1e-12
-    assert cache["blocks.1.attn.q_ln.hook_scale"].shape == (3, 4, ids.shape[1], 1)
-    assert cache["blocks.1.attn.k_ln.hook_scale"].shape == (3, 2, ids.shape[1], 1)
+    assert cache["blocks.1.attn.q_norm.hook_scale"].shape == (3, 4, ids.shape[1], 1)
+    assert cache["blocks.1.attn.k_norm.hook_scale"].shape == (3, 2, ids.shape[1], 1)
     assert float((doubled - plain).abs().max()) > 1e-3
 
 

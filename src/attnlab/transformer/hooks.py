@@ -26,7 +26,7 @@ def _block_names(c: TransformerConfig) -> list[str]:
     """One block's hook points (without the ``blocks.{l}.`` prefix), in the order they fire."""
     rotary = ["attn.hook_rot_q", "attn.hook_rot_k"] if c.positions == "rotary" else []
     post1, post2 = (["ln1_post.hook_scale"], ["ln2_post.hook_scale"]) if c.sandwich_norm else ([], [])  # Gemma-2
-    qk = ["attn.q_ln.hook_scale", "attn.k_ln.hook_scale"] if c.qk_norm else []  # TransformerLens's use_qk_norm names
+    qk = ["attn.q_norm.hook_scale", "attn.k_norm.hook_scale"] if c.qk_norm else []  # TransformerLens's use_qk_norm names
     attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v", *qk, *rotary, *WEIGHT_HOOKS, "attn.hook_z", *post1,
             "hook_attn_out"]
     ffn = c.ffn != "none"

@@ -65,8 +65,8 @@ class Attention(nn.Module):
         self.v = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
         self.o = Linear(c.num_heads * c.head_dim, c.d_model, bias=c.bias if c.out_bias is None else c.out_bias)
         # QK-norm (Qwen3, Gemma-3): one RMSNorm over Dh for every query head, one for every key head
-        self.q_ln = head_norm(c) if c.qk_norm else None
-        self.k_ln = head_norm(c) if c.qk_norm else None
+        self.q_norm = head_norm(c) if c.qk_norm else None
+        self.k_norm = head_norm(c) if c.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(c.num_heads)) if c.attn_sinks else None  # gpt-oss: a logit per head
         self.local_rope = c.local_rope(layer)  # Gemma-3's sliding layers turn by their own base
 
@@ -77,8 +77,8 @@ class Attention(nn.Module):
         k = h(at + "hook_k", self.k(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
         v = h(at + "hook_v", self.v(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
         # 2. QK-norm: each head's q and k normed over Dh (scale (B, H, T, 1)), before rotary
-        if self.q_ln is not None:
-            q, k = normed(self.q_ln, q, h, at + "q_ln"), normed(self.k_ln, k, h, at + "k_ln")
+        if self.q_norm is not None:
+            q, k = normed(self.q_norm, q, h, at + "q_norm"), normed(self.k_norm, k, h, at + "k_norm")
         # 3. rotary positions turn q and k by each token's position (relative positions in q·k)
         if c.positions == "rotary":
             rope = p.rope_local if self.local_rope else p.rope

@@ -41,7 +41,7 @@ _GEMMA2_LAYER = [
     ("norm2", "pre_feedforward_layernorm"), ("norm2_post", "post_feedforward_layernorm"),
     ("ffn.gate", "mlp.gate_proj"), ("ffn.up", "mlp.up_proj"), ("ffn.down", "mlp.down_proj"),
 ]
-_QK_NORM = [("attn.q_ln", "self_attn.q_norm"), ("attn.k_ln", "self_attn.k_norm")]
+_QK_NORM = [("attn.q_norm", "self_attn.q_norm"), ("attn.k_norm", "self_attn.k_norm")]
 # gpt-oss: Llama's attention and norms, a router, its experts (split in _gpt_oss_experts) and the sinks
 _GPT_OSS_LAYER = _LLAMA_LAYER[:5] + [("norm2", "post_attention_layernorm"), ("ffn.router", "mlp.router")]
 LAYOUT = {
