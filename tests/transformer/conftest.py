@@ -117,7 +117,27 @@ DECODERS = {
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                        max_position_embeddings=320, sliding_window=WINDOW, query_pre_attn_scalar=16,
                                        attn_logit_softcapping=5.0, final_logit_softcapping=3.0, pad_token_id=0),
+    # the decoders of 2025: QK-norm (Qwen3, Gemma-3); Gemma-3's local and global layers, each with its own
+    # rotary base (the global one scaled linearly, as the 4B+ models); gpt-oss's sinks, window, YaRN (its
+    # original length shorter than the tests) and 8 experts, 2 per token
+    "qwen3": lambda t: t.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                     max_position_embeddings=320),
+    "gemma3": lambda t: t.Gemma3TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=320, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16, final_logit_softcapping=3.0,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+        pad_token_id=0),
+    "gpt_oss": lambda t: t.GptOssConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=320, sliding_window=WINDOW, num_local_experts=8,
+        num_experts_per_tok=2, rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 5.0,
+                                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                "original_max_position_embeddings": 64}),
 }
+GEMMA = ("gemma2", "gemma3")  # their norms scale by 1 + w
 
 
 @pytest.fixture(scope="session")
@@ -138,7 +158,7 @@ def decoder_folder(tmp_path_factory):
                     if p.dim() > 1 or "norm" not in name:
                         p.normal_(0.0, 0.3)
                     else:
-                        p.normal_(0.0 if family == "gemma2" else 1.0, 0.1)  # Gemma's norms scale by 1 + w
+                        p.normal_(0.0 if family in GEMMA else 1.0, 0.1)
             net.save_pretrained(folder)
             if family == "gpt2":
                 _gpt2_tokenizer().save_pretrained(folder)

@@ -1,5 +1,5 @@
-"""The decoders of today in attnlab's transformer: Mistral, Qwen2, Gemma-2 and Llama-3's rope scaling equal
-transformers' (float32, padded batches, windows smaller than the sequences), in every dtype, with or without a tokenizer."""
+"""The decoders of today in attnlab's transformer: Mistral, Qwen2, Gemma-2, Llama-3's rope scaling, Qwen3,
+Gemma-3 and gpt-oss equal transformers' (float32, padded batches, windows smaller than the sequences), in every dtype, with or without a tokenizer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from .conftest import WINDOW
 
-FAMILIES = ("gpt2", "llama", "llama3", "mistral", "qwen2", "gemma2")
+FAMILIES = ("gpt2", "llama", "llama3", "mistral", "qwen2", "gemma2", "qwen3", "gemma3", "gpt_oss")
 TOL = 1e-4
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -26,7 +26,7 @@ def test_from_llama_config_object_has_gqa_and_rotary():
 @pytest.mark.parametrize("config, match", [
     ({"model_type": "t5"}, "model_type"),
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
-    ({"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope type"),
+    ({"model_type": "llama", "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_parameters.rope_type"),
     ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
 ])
 def test_refuses_what_it_would_compute_differently(config, match):

@@ -13,13 +13,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = [5, 17, 3, 42, 8, 23, 11, 2, 30]
 # (family, cache): the window cache where the family has windows (Gemma-2's global layers stay dense)
 EXACT = [("gpt2", "dense"), ("llama", "dense"), ("llama3", "dense"), ("mistral", "window"), ("mistral", "dense"),
-         ("qwen2", "window"), ("gemma2", "window"), ("gemma2", "dense")]
+         ("qwen2", "window"), ("gemma2", "window"), ("gemma2", "dense"), ("qwen3", "dense"), ("gemma3", "window"),
+         ("gemma3", "dense"), ("gpt_oss", "window"), ("gpt_oss", "dense")]
+WINDOWED = ("mistral", "gemma2", "gemma3", "gpt_oss")
 
 
 def _model(decoder_folder, family, dtype="float64", backend="torch"):
     from attnlab.transformer import Transformer
 
     return Transformer.from_pretrained(decoder_folder(family), dtype=dtype, backend=backend)
+
+
+def _theirs64(decoder_folder, family):
+    """transformers' model of the family in float64, eager attention (gpt-oss's experts: its eager loop too,
+    since its grouped matmul refuses float64)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    experts = {"experts_implementation": "eager"} if family == "gpt_oss" else {}
+    return AutoModelForCausalLM.from_pretrained(decoder_folder(family), dtype=torch.float64,
+                                                attn_implementation="eager", **experts).eval()
 
 
 def _full_logits(m, seq, fwd_hooks=()):
@@ -45,7 +58,8 @@ def test_256_cached_steps_equal_recomputing_the_sequence(decoder_folder, family,
     assert torch.equal(g.ids[0], g.logits[0].argmax(-1))  # greedy: each token is its logits' first largest
 
 
-@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "window"), ("gemma2", "window")])
+@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "window"), ("gemma2", "window"),
+                                           ("qwen3", "dense"), ("gemma3", "window"), ("gpt_oss", "window")])
 def test_float32_cached_error_at_most_twice_the_uncached(decoder_folder, family, cache):
     m32, m64 = _model(decoder_folder, family, "float32"), _model(decoder_folder, family, "float64")
     g = m32.generate([PROMPT], 128, cache=cache)
@@ -56,18 +70,17 @@ def test_float32_cached_error_at_most_twice_the_uncached(decoder_folder, family,
     assert 0 < uncached and cached <= 2 * uncached
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "llama3", "mistral", "qwen2", "gemma2"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "llama3", "mistral", "qwen2", "gemma2", "qwen3", "gemma3",
+                                    "gpt_oss"])
 def test_greedy_ids_equal_transformers_generate(decoder_folder, family):
     import torch
-    from transformers import AutoModelForCausalLM
 
-    folder = decoder_folder(family)
-    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager").eval()
+    theirs = _theirs64(decoder_folder, family)
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         ref = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(PROMPT):]
-    ours = _model(decoder_folder, family).generate(ids, 64, cache="window" if family in ("mistral", "gemma2") else "dense")
+    ours = _model(decoder_folder, family).generate(ids, 64, cache="window" if family in WINDOWED else "dense")
     assert ours.ids[0].tolist() == ref.tolist()
 
 
@@ -91,12 +104,12 @@ def test_a_ragged_batch_equals_each_prompt_alone(decoder_folder, family, cache):
 
 
 @pytest.mark.parametrize("family, cache", [("gpt2", "dense"), ("qwen2", "window"), ("gemma2", "window"),
-                                           ("mistral", "window")])
+                                           ("mistral", "window"), ("qwen3", "dense"), ("gemma3", "window"),
+                                           ("gpt_oss", "window")])
 def test_maps_rows_are_rows_of_the_full_map(decoder_folder, family, cache):
     """Step t's row is row P − 1 + t of the whole sequence's map: attnlab's own (float64, 1e-12) and
     transformers' eager output_attentions (1e-5: its norms and rotary run in float32)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     m = _model(decoder_folder, family)
     n, P = 20, len(PROMPT)
@@ -104,9 +117,7 @@ def test_maps_rows_are_rows_of_the_full_map(decoder_folder, family, cache):
     seq = torch.tensor([g.sequences[0]])
     with torch.no_grad():
         _, cache_ = m.run_with_cache(seq, names=lambda name: name.endswith("hook_pattern"))
-        theirs = AutoModelForCausalLM.from_pretrained(decoder_folder(family), dtype=torch.float64,
-                                                      attn_implementation="eager").eval()
-        ref = theirs(input_ids=seq, output_attentions=True).attentions
+        ref = _theirs64(decoder_folder, family)(input_ids=seq, output_attentions=True).attentions
     ours = np.stack([cache_[f"blocks.{layer}.attn.hook_pattern"][0].numpy() for layer in range(2)])  # (L, H, T, T)
     hf = np.stack([a[0].numpy() for a in ref])
     assert g.positions[0] == list(range(P - 1, P - 1 + n))
@@ -361,10 +372,12 @@ def test_decoding_checks_the_cache_once_when_appended_and_a_plain_call_checks_ev
     assert [name for name, _ in scanned] == ["q", "k", "v"]
 
 
-@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "dense"), ("mistral", "window")])
+@pytest.mark.parametrize("family, cache", [("llama", "dense"), ("mistral", "dense"), ("mistral", "window"),
+                                           ("qwen3", "dense"), ("gemma3", "window"), ("gpt_oss", "window")])
 @pytest.mark.needs("kernel")
 def test_the_compiled_decode_pass_generates_what_torch_does(decoder_folder, family, cache, monkeypatch):
-    """backend="kernel": each one-token step (GQA, the cache's lengths, a band) goes through kernel.decode."""
+    """backend="kernel": each one-token step (GQA, the cache's lengths, a band; gpt-oss's learned sinks) goes
+    through kernel.decode."""
     from attnlab.backends import kernel
 
     steps = []

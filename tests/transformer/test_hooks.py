@@ -12,7 +12,11 @@ import circuit_models as cm
 
 from .conftest import TEXTS
 
-FAMILIES = ("gpt2", "llama", "roberta", "bert")
+FAMILIES = ("gpt2", "llama", "roberta", "bert", "qwen3", "gemma3", "gpt_oss")
+NEW = ("qwen3", "gemma3", "gpt_oss")  # tiny random models of tests/transformer/conftest.py's DECODERS
+BACKENDS = ["torch", "sdpa", "blockwise", "kernel", "auto"]
+# sdpa has no learned sinks: it refuses gpt-oss by name (test_models_2025.py)
+PLAIN = [(f, b) for f in FAMILIES for b in BACKENDS if (f, b) != ("gpt_oss", "sdpa")]
 
 
 def _model(request, family: str, backend: str = "auto"):
@@ -23,6 +27,8 @@ def _model(request, family: str, backend: str = "auto"):
 
     from attnlab.transformer import Transformer, TransformerConfig
 
+    if family in NEW:
+        return Transformer.from_pretrained(request.getfixturevalue("decoder_folder")(family), backend=backend)
     if family == "bert":
         torch.manual_seed(0)
         config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -46,6 +52,10 @@ def documented_shape(name: str, c, B: int, T: int) -> tuple:
     """The shape of each hook point as docs/design.md's table gives it (attnlab's convention)."""
     last = name.split(".")[-1]
     d, H, Hkv, Dh = c.d_model, c.num_heads, c.heads_kv, c.head_dim
+    if ".attn.q_norm." in name or ".attn.k_norm." in name:  # QK-norm: one scale per head and position
+        return (B, H if ".q_norm." in name else Hkv, T, 1)
+    if last in ("hook_expert_weights", "hook_expert_indices"):  # over every expert; the k chosen
+        return (B, T, c.num_experts if last == "hook_expert_weights" else c.experts_per_token)
     return {"hook_scale": (B, T, 1), "hook_q": (B, H, T, Dh), "hook_rot_q": (B, H, T, Dh), "hook_k": (B, Hkv, T, Dh),
             "hook_rot_k": (B, Hkv, T, Dh), "hook_v": (B, Hkv, T, Dh), "hook_attn_scores": (B, H, T, T),
             "hook_pattern": (B, H, T, T), "hook_last_pattern": (B, H, T), "hook_z": (B, H, T, Dh)}.get(last, (B, T, d))
@@ -68,13 +78,12 @@ def test_every_hook_point_fires_in_order_with_its_documented_shape(request, fami
         plain = m(ids, mask)
     assert out.shape == ((B, T, c.vocab_size) if c.causal else (B, T, c.d_model))
     assert float((out - m._output(plain)).abs().max()) < 1e-4
-    rotary = {"gpt2": False, "llama": True, "roberta": False, "bert": False}[family]
+    rotary = family not in ("gpt2", "roberta", "bert")
     assert ("blocks.0.attn.hook_rot_q" in cache) == rotary and ("hook_pos_embed" in cache) == (not rotary)
     assert ("ln_final.hook_scale" in cache) == (not c.post_norm) and ("embed.ln.hook_scale" in cache) == c.post_norm
 
 
-@pytest.mark.parametrize("backend", ["torch", "sdpa", "blockwise", "kernel", "auto"])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family, backend", PLAIN)
 def test_no_hooks_is_the_plain_forward_bit_for_bit(request, family, backend):
     import torch
 

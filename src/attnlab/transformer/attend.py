@@ -35,6 +35,7 @@ class Pass:
     key_mask: Any = None  # (B, 1, 1, T) bool when the padding is elsewhere, else None
     documents: Any = None  # (B, T) or (T,) document ids of a packed batch, else None
     rope: Any = None  # rotary cos and sin of the positions, (T, Dh) or (B, 1, T, Dh) each
+    rope_local: Any = None  # the same for the layers with their own local base (Gemma-3's sliding ones), else None
     kv: KVCache | None = None  # decoding: the cache the new tokens are appended to ...
     step: Step | None = None  # ... and what this call appends
 
@@ -65,7 +66,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict,
             raise ValueError("backend 'numpy' computes on float64 NumPy copies, without gradients; run under "
                              "torch.no_grad() or choose a backend with gradients (torch, blockwise, kernel)")
         arrays = [t.detach().cpu().double().numpy() for t in (q, k, v)]
-        kw = {n: (x.cpu().numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+        kw = {n: (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
         out = attention(*arrays, backend="numpy", **kw)
         out = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in (out if isinstance(out, tuple) else (out,))]
     else:

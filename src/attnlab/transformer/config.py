@@ -7,9 +7,14 @@ pre-RMSNorm, rotary positions with Llama-3's "llama3" or "linear" scaling, group
 SwiGLU), Mistral (Llama with a sliding window on every layer), Qwen2 (biases on q, k and v; a
 sliding window on the layers ``layer_types`` names when ``use_sliding_window``) and Gemma-2
 (alternating sliding and global layers, softcapped attention scores and final logits, scores scaled
-by ``query_pre_attn_scalar``, GeGLU, four (1 + w) RMSNorms per block, embeddings scaled by √d). Any
-other family, or an option of these that changes the math (another rope type, a relative position
-type), is refused by name rather than silently computed differently.
+by ``query_pre_attn_scalar``, GeGLU, four (1 + w) RMSNorms per block, embeddings scaled by √d), and
+the decoders of 2025: Qwen3 (QK-norm: each head's queries and keys RMS-normed before rotary),
+Gemma-3 text (Gemma-2's block with QK-norm, ``layer_types`` of local and global layers, each kind
+with its rotary base: ``rope_parameters`` per layer type, or ``rope_local_base_freq`` in older
+configs) and gpt-oss (learned attention sinks, alternating window and full layers, YaRN rotary
+scaling, routed experts with a clamped SwiGLU). Any other family, or an option of these that changes
+the math (another rope type, a layer type such as a hybrid's linear attention, a relative position
+type), is refused naming the key and its value rather than silently computed differently.
 
 **Sliding windows** keep transformers' meaning: ``sliding_window = W`` lets a token see itself and
 the W − 1 tokens before it (transformers' mask keeps key j for query i when i − W < j ≤ i). In
@@ -19,16 +24,21 @@ the W − 1 tokens before it (transformers' mask keeps key j for query i when i 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 POSITIONS = ("learned", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm")
-FFNS = ("mlp", "gated", "none")  # up → act → down; SwiGLU-style act(gate)·up → down; attention only
+# up → act → down; SwiGLU-style act(gate)·up → down; gpt-oss's routed experts (clamped SwiGLU); attention only
+FFNS = ("mlp", "gated", "experts", "none")
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")  # gelu_new: the tanh approximation (transformers' gelu_pytorch_tanh)
-FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2")
-ROPE_TYPES = ("default", "linear", "llama3")
+FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2", "qwen3", "gemma3_text", "gpt_oss")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names
+# transformers' rotary scaling of a gpt-oss config that names none (GptOssConfig's default)
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,16 @@ class TransformerConfig:
     ``norm_plus_one`` scales RMSNorm by (1 + w); ``sandwich_norm`` adds a norm after attention and
     after the FFN, before each residual sum (Gemma-2's four norms); ``embed_scale`` multiplies the
     token embeddings by √d_model.
+
+    Decoders of 2025: ``qk_norm`` normalises each head's queries and keys (an RMSNorm over Dh, its own
+    weights, (1 + w) where ``norm_plus_one``) before rotary (Qwen3, Gemma-3); ``rope_local_theta`` is
+    the rotary base of the sliding layers, which then turn by plain rotary (Gemma-3's local base; the
+    full layers keep ``rope_theta`` and the scaling); ``rope_type`` "yarn" (gpt-oss) blends scaled and
+    unscaled frequencies between ``rope_beta_fast`` and ``rope_beta_slow`` rotations
+    (``rope_truncate`` rounds the range out) and multiplies cos and sin by ``rope_attention_factor``;
+    ``attn_sinks`` gives every query head a learned sink logit (``attnlab.attention(sink_logits=)``);
+    ``ffn`` "experts" routes each token to ``experts_per_token`` of ``num_experts`` clamped-SwiGLU experts
+    (gpt-oss: ``swiglu_limit``, ``swiglu_alpha``).
     """
 
     vocab_size: int
@@ -90,6 +110,17 @@ class TransformerConfig:
     norm_plus_one: bool = False
     sandwich_norm: bool = False
     embed_scale: bool = False
+    qk_norm: bool = False
+    rope_local_theta: float | None = None
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
+    rope_attention_factor: float = 1.0
+    attn_sinks: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_positions"):
@@ -106,6 +137,7 @@ class TransformerConfig:
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary positions need an even d_head, got {self.head_dim}")
         self._check_decoder_fields()
+        self._check_experts()
 
     def _check_decoder_fields(self) -> None:
         w = self.sliding_window
@@ -120,8 +152,8 @@ class TransformerConfig:
                 raise ValueError(f"layer_types entries must be one of {', '.join(LAYER_TYPES)}, got {', '.join(bad)}")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {', '.join(ROPE_TYPES)}, got {self.rope_type!r}")
-        if self.rope_type == "llama3" and not self.rope_original_positions:
-            raise ValueError("rope_type 'llama3' needs rope_original_positions (the pre-scaling context length)")
+        if self.rope_type in ("llama3", "yarn") and not self.rope_original_positions:
+            raise ValueError(f"rope_type {self.rope_type!r} needs rope_original_positions (the pre-scaling context length)")
         if not self.rope_factor > 0:
             raise ValueError(f"rope_factor must be > 0, got {self.rope_factor!r}")
         for name in ("attn_scale", "attn_softcap", "final_softcap"):
@@ -133,6 +165,14 @@ class TransformerConfig:
         if self.sandwich_norm and self.post_norm:
             raise ValueError("sandwich_norm adds norms to a pre-norm block; it cannot go with post_norm=True")
 
+    def _check_experts(self) -> None:
+        if (self.ffn == "experts") != (self.num_experts > 0):
+            raise ValueError(f"ffn='experts' goes with num_experts >= 1 (and only it), got ffn={self.ffn!r}, "
+                             f"num_experts={self.num_experts!r}")
+        if self.ffn == "experts" and not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(f"experts_per_token must be in 1..num_experts={self.num_experts}, "
+                             f"got {self.experts_per_token!r}")
+
     def layer_window(self, layer: int) -> int | None:
         """Layer ``layer``'s sliding window W (keys a token sees, itself included), or None (every key before it)."""
         if self.sliding_window is None:
@@ -140,6 +180,10 @@ class TransformerConfig:
         if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
             return None
         return self.sliding_window
+
+    def local_rope(self, layer: int) -> bool:
+        """Layer ``layer`` turns by the local rotary base (Gemma-3's sliding layers), not the global one."""
+        return self.rope_local_theta is not None and self.layer_window(layer) is not None
 
     def attention_window(self, layer: int) -> Any:
         """Layer ``layer``'s window as attnlab.masks says it (``masks.sliding_window(W)``, with causal), or None."""
@@ -168,7 +212,8 @@ class TransformerConfig:
         if family not in FAMILIES:
             raise ValueError(f"model_type must be one of {', '.join(FAMILIES)} for attnlab's transformer, got {family!r}")
         return {"bert": _bert, "roberta": _bert, "gpt2": _gpt2, "llama": _llama, "mistral": _mistral,
-                "qwen2": _qwen2, "gemma2": _gemma2}[family](c)
+                "qwen2": _qwen2, "gemma2": _gemma2, "qwen3": _qwen3, "gemma3_text": _gemma3,
+                "gpt_oss": _gpt_oss}[family](c)
 
 
 def _bert(c: dict) -> TransformerConfig:
@@ -206,23 +251,45 @@ def _gpt2(c: dict) -> TransformerConfig:
     )
 
 
-def _rope(c: dict) -> dict:
-    """The rotary fields: theta and the scaling (transformers' ``rope_parameters``, or ``rope_scaling`` of older configs)."""
-    rope = dict(c.get("rope_scaling") or {}) | dict(c.get("rope_parameters") or {})
+def _rope(c: dict, rope: dict | None = None, key: str = "rope_parameters") -> dict:
+    """The rotary fields: theta and the scaling (transformers' ``rope_parameters``, or ``rope_scaling`` of
+    older configs; ``rope`` and ``key``: one layer type's entry, e.g. Gemma-3's ``rope_parameters.full_attention``)."""
+    if rope is None:
+        rope = dict(c.get("rope_scaling") or {}) | dict(c.get("rope_parameters") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        raise ValueError(f"rope type must be one of {', '.join(ROPE_TYPES)}, got {rope_type!r}")
+        raise ValueError(f"{key}.rope_type must be one of {', '.join(ROPE_TYPES)} (the rotary kinds attnlab's "
+                         f"transformer computes), got {rope_type!r}")
     partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1.0):
         raise ValueError(f"partial_rotary_factor must be 1.0 (rotary on every dim), got {partial!r}")
     out = {"rope_type": rope_type, "rope_theta": float(rope.get("rope_theta", c.get("rope_theta") or 10000.0))}
-    if rope_type != "default":
+    if rope_type in ("linear", "llama3"):
         out["rope_factor"] = float(rope["factor"])
     if rope_type == "llama3":
         out.update(rope_low_freq=float(rope.get("low_freq_factor", 1.0)),
                    rope_high_freq=float(rope.get("high_freq_factor", 4.0)),
                    rope_original_positions=int(rope["original_max_position_embeddings"]))
+    if rope_type == "yarn":
+        out.update(_yarn(c, rope))
     return out
+
+
+def _yarn(c: dict, rope: dict) -> dict:
+    """YaRN's fields as transformers' ``_compute_yarn_parameters`` reads them (its defaults included)."""
+    orig = int(rope["original_max_position_embeddings"])
+    factor = rope.get("factor") or c.get("max_position_embeddings", orig) / orig
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = rope.get("attention_factor")
+    if attention is None:
+        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return {"rope_factor": float(factor), "rope_original_positions": orig, "rope_attention_factor": float(attention),
+            "rope_beta_fast": float(rope.get("beta_fast") or 32), "rope_beta_slow": float(rope.get("beta_slow") or 1),
+            "rope_truncate": bool(rope.get("truncate", True))}
 
 
 def _rotary_decoder(c: dict, act_key: str = "hidden_act", act: str = "silu", **fields: Any) -> TransformerConfig:
@@ -251,8 +318,14 @@ def _mistral(c: dict) -> TransformerConfig:
 
 
 def _layer_types(c: dict, default: list[str]) -> tuple[str, ...]:
-    types = c.get("layer_types") or default
-    return tuple(types)
+    """``layer_types`` (or the family's default), refused by its first entry attnlab does not compute
+    (a hybrid's linear attention, say), never run as another kind."""
+    types = tuple(c.get("layer_types") or default)
+    for i, kind in enumerate(types):
+        if kind not in LAYER_TYPES:
+            raise ValueError(f"layer_types[{i}] must be one of {', '.join(LAYER_TYPES)} (the layer kinds attnlab's "
+                             f"transformer computes), got {kind!r}")
+    return types
 
 
 def _qwen2(c: dict) -> TransformerConfig:
@@ -274,4 +347,63 @@ def _gemma2(c: dict) -> TransformerConfig:
         tie_embeddings=c.get("tie_word_embeddings", True), sliding_window=c.get("sliding_window"), layer_types=types,
         attn_scale=float(c.get("query_pre_attn_scalar", 256)) ** -0.5, attn_softcap=c.get("attn_logit_softcapping"),
         final_softcap=c.get("final_logit_softcapping"), norm_plus_one=True, sandwich_norm=True, embed_scale=True,
+    )
+
+
+def _qwen3(c: dict) -> TransformerConfig:
+    """Qwen2 with QK-norm, no q/k/v bias unless ``attention_bias`` (the output's follows it)."""
+    n = c["num_hidden_layers"]
+    window = c.get("sliding_window") if c.get("use_sliding_window", False) else None
+    start = c.get("max_window_layers", n)
+    types = _layer_types(c, ["sliding_attention" if i >= start else "full_attention" for i in range(n)])
+    return _rotary_decoder(c, qk_norm=True, sliding_window=window, layer_types=types if window is not None else None)
+
+
+def _gemma3(c: dict) -> TransformerConfig:
+    """Gemma-2's block with QK-norm, five local layers to a global one, and a rotary base per layer type."""
+    if c.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=True is not supported by attnlab's transformer (a decoder)")
+    n, every = c["num_hidden_layers"], c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
+    types = _layer_types(c, ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)])
+    full, local = _gemma3_rope(c)
+    fields = dict(
+        act_key="hidden_activation", act="gelu_pytorch_tanh", activation="gelu_new",
+        tie_embeddings=c.get("tie_word_embeddings", True), sliding_window=c.get("sliding_window", 4096),
+        layer_types=types, attn_scale=float(c.get("query_pre_attn_scalar", 256)) ** -0.5,
+        attn_softcap=c.get("attn_logit_softcapping"), final_softcap=c.get("final_logit_softcapping"),
+        norm_plus_one=True, sandwich_norm=True, embed_scale=True, qk_norm=True, rope_local_theta=local,
+        pad_token_id=c.get("pad_token_id", 0),
+    )
+    return _rotary_decoder({k: v for k, v in c.items() if k not in ("rope_parameters", "rope_scaling")}, **full, **fields)
+
+
+def _gemma3_rope(c: dict) -> tuple[dict, float]:
+    """The global layers' rotary fields and the local layers' base: ``rope_parameters`` per layer type
+    (transformers 5), or ``rope_theta`` + ``rope_scaling`` (global) and ``rope_local_base_freq`` (older configs)."""
+    params, glob = c.get("rope_parameters") or {}, c.get("rope_theta", 1e6)  # transformers' default global base
+    if "full_attention" in params or "sliding_attention" in params:
+        full = _rope(c, {"rope_theta": glob} | dict(params.get("full_attention") or {}), "rope_parameters.full_attention")
+        local = dict(params.get("sliding_attention") or {})
+    else:
+        full = _rope(c | {"rope_theta": glob})
+        local = {"rope_theta": c.get("rope_local_base_freq", 10000.0)}
+    kind = local.get("rope_type", "default")
+    if kind != "default":
+        raise ValueError(f"rope_parameters.sliding_attention.rope_type must be 'default' (plain rotary on the local "
+                         f"layers), got {kind!r}")
+    return full, float(local.get("rope_theta", 10000.0))
+
+
+def _gpt_oss(c: dict) -> TransformerConfig:
+    """Learned sinks, alternating window and full layers, YaRN and routed experts (clamped SwiGLU)."""
+    n = c["num_hidden_layers"]
+    types = _layer_types(c, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)])
+    if not (c.get("rope_parameters") or c.get("rope_scaling")):  # none named: transformers' default, YaRN
+        c = c | {"rope_parameters": GPT_OSS_ROPE | {"rope_theta": c.get("rope_theta", 150000.0)}}
+    return _rotary_decoder(
+        c, bias=bool(c.get("attention_bias", True)), sliding_window=c.get("sliding_window", 128), layer_types=types,
+        attn_sinks=True, ffn="experts", num_experts=c.get("num_local_experts", 128),
+        experts_per_token=c.get("num_experts_per_tok", 4),
+        swiglu_limit=float(c.get("swiglu_limit", 7.0)), swiglu_alpha=float(c.get("swiglu_alpha", 1.702)),
+        norm_eps=c.get("rms_norm_eps", 1e-5),
     )

@@ -29,14 +29,17 @@ def _block_names(c: TransformerConfig) -> list[str]:
     """One block's hook points (without the ``blocks.{l}.`` prefix), in the order they fire."""
     rotary = ["attn.hook_rot_q", "attn.hook_rot_k"] if c.positions == "rotary" else []
     post1, post2 = (["ln1_post.hook_scale"], ["ln2_post.hook_scale"]) if c.sandwich_norm else ([], [])  # Gemma-2
-    attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v", *rotary, *WEIGHT_HOOKS, LAST_PATTERN, "attn.hook_z", *post1,
+    qk = ["attn.q_norm.hook_scale", "attn.k_norm.hook_scale"] if c.qk_norm else []  # TransformerLens's use_qk_norm names
+    attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v", *qk, *rotary, *WEIGHT_HOOKS, LAST_PATTERN, "attn.hook_z", *post1,
             "hook_attn_out"]
     ffn = c.ffn != "none"
+    # TransformerLens's MoE: the router's softmax over every expert, then the k experts chosen
+    experts = ["mlp.hook_expert_weights", "mlp.hook_expert_indices"] if c.ffn == "experts" else []
     if c.post_norm:  # BERT: the sums are hooked before their norm, the norm's output after it
         mid = ["hook_resid_mid", "ln1.hook_scale", "hook_mlp_out", "hook_resid_post", "ln2.hook_scale"] if ffn else \
             ["hook_resid_post", "ln1.hook_scale"]
         return ["hook_resid_pre", *attn, *mid, "hook_normalized_resid_post"]
-    mid = ["hook_resid_mid", "ln2.hook_scale", *post2, "hook_mlp_out"] if ffn else []
+    mid = ["hook_resid_mid", "ln2.hook_scale", *experts, *post2, "hook_mlp_out"] if ffn else []
     return ["hook_resid_pre", "ln1.hook_scale", *attn, *mid, "hook_resid_post"]
 
 

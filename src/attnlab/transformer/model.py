@@ -3,9 +3,11 @@
 Embeddings and positions → L blocks (attention through :func:`attnlab.attention` by any backend,
 then the feed-forward network, each with a residual sum and a norm) → the last hidden state.
 The encoder (BERT, RoBERTa) puts the norm after each residual sum; the causal decoders (GPT-2,
-Llama, Mistral, Qwen2, Gemma-2) before each sublayer, with a final norm (Gemma-2 also after each
-sublayer). Rotary positions turn q and k; learned positions are added to the input. A layer may
-have a sliding window (its ``layer_window``) and softcapped scores. Weights come from
+Llama, Mistral, Qwen2, Gemma-2, Qwen3, Gemma-3, gpt-oss) before each sublayer, with a final norm
+(Gemma-2 and -3 also after each sublayer). Rotary positions turn q and k (after QK-norm in Qwen3 and
+Gemma-3; Gemma-3's sliding layers by their own base); learned positions are added to the input. A
+layer may have a sliding window (its ``layer_window``), softcapped scores and learned sinks (gpt-oss);
+the feed-forward network may be routed experts (gpt-oss, :class:`Experts`). Weights come from
 :mod:`attnlab.transformer.weights`, in any float dtype.
 
 **Decoding** goes through the same forward: ``kv_cache=`` (a :class:`~attnlab.transformer.cache.KVCache`)
@@ -34,9 +36,10 @@ from torch import nn
 from attnlab.transformer.attend import Pass, attend, attend_eager
 from attnlab.transformer.cache import KVCache
 from attnlab.transformer.config import TransformerConfig
+from attnlab.transformer.experts import Experts
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
 from attnlab.transformer.linear import Linear, linear
-from attnlab.transformer.norms import norm, normed
+from attnlab.transformer.norms import head_norm, norm, normed
 from attnlab.transformer.rotary import angles, frequencies, rotate
 
 ACT = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
@@ -61,6 +64,11 @@ class Attention(nn.Module):
         self.k = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
         self.v = Linear(c.d_model, c.heads_kv * c.head_dim, bias=c.bias)
         self.o = Linear(c.num_heads * c.head_dim, c.d_model, bias=c.bias if c.out_bias is None else c.out_bias)
+        # QK-norm (Qwen3, Gemma-3): one RMSNorm over Dh for every query head, one for every key head
+        self.q_norm = head_norm(c) if c.qk_norm else None
+        self.k_norm = head_norm(c) if c.qk_norm else None
+        self.sinks = nn.Parameter(torch.zeros(c.num_heads)) if c.attn_sinks else None  # gpt-oss: a logit per head
+        self.local_rope = c.local_rope(layer)  # Gemma-3's sliding layers turn by their own base
 
     def forward(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
         c, h, at, (B, T, _) = self.c, p.hooks, self.at, x.shape
@@ -68,18 +76,24 @@ class Attention(nn.Module):
         q = h(at + "hook_q", self.q(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2))  # (B, H, T, Dh)
         k = h(at + "hook_k", self.k(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
         v = h(at + "hook_v", self.v(x).view(B, T, c.heads_kv, c.head_dim).transpose(1, 2))  # (B, Hkv, T, Dh)
-        # 2. rotary positions turn q and k by each token's position (relative positions in q·k)
+        # 2. QK-norm: each head's q and k normed over Dh (scale (B, H, T, 1)), before rotary
+        if self.q_norm is not None:
+            q, k = normed(self.q_norm, q, h, at + "q_norm"), normed(self.k_norm, k, h, at + "k_norm")
+        # 3. rotary positions turn q and k by each token's position (relative positions in q·k)
         if c.positions == "rotary":
-            q = h(at + "hook_rot_q", rotate(q, p.rope))
-            k = h(at + "hook_rot_k", rotate(k, p.rope))
-        # 3. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh]
+            rope = p.rope_local if self.local_rope else p.rope
+            q = h(at + "hook_rot_q", rotate(q, rope))
+            k = h(at + "hook_rot_k", rotate(k, rope))
+        # 4. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh]
         #    what each query sees, said once: the pass's visibility, or the cache's read
         read = None if p.kv is None else p.kv.update(self.layer, p.step, k, v, q.dtype)
         if read is None:
             kw = p.visibility(self.window)
         else:
             k, v, kw = read.k, read.v, read.kwargs()
-        # 4. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
+        if self.sinks is not None:  # the learned sinks join every row's softmax, cached or not
+            kw["sink_logits"] = self.sinks
+        # 5. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
         #    backend, or, when a hook watches the scores or the pattern, the torch backend's steps with the hooks
         last = h.wants(at + "hook_last_pattern")
         if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
@@ -89,7 +103,7 @@ class Attention(nn.Module):
         if last:  # the newest query's weights, in key-position order (a ring's slots are not)
             h(at + "hook_last_pattern", row if read is None else by_position(row, read.key_positions, p.step.longest))
         z = h(at + "hook_z", z)
-        # 5. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
+        # 6. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
         return self.o(z.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
 
@@ -101,7 +115,8 @@ class FeedForward(nn.Module):
         self.gate = Linear(c.d_model, c.hidden_ff, bias=c.ffn_bias) if c.ffn == "gated" else None
         self.down = Linear(c.hidden_ff, c.d_model, bias=c.ffn_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
+        """(B, T, d) → (B, T, d); ``hooks`` unused: a dense FFN's points are the block's (``hook_mlp_out``)."""
         # (B, T, d) → (B, T, d_ff) → (B, T, d): act(x W_up), or act(x W_gate) ⊙ x W_up (SwiGLU)
         h = self.act(self.up(x)) if self.gate is None else self.act(self.gate(x)) * self.up(x)
         return self.down(h)
@@ -112,7 +127,7 @@ class Block(nn.Module):
         super().__init__()
         self.post, self.at = c.post_norm, f"blocks.{layer}."
         self.attn, self.norm1 = Attention(c, layer), norm(c)
-        self.ffn = FeedForward(c) if c.ffn != "none" else None
+        self.ffn = Experts(c, layer) if c.ffn == "experts" else FeedForward(c) if c.ffn != "none" else None
         self.norm2 = norm(c) if self.ffn is not None else None
         # Gemma-2's sandwich: each sublayer's output normed again before its residual sum
         self.norm1_post = norm(c) if c.sandwich_norm else None
@@ -127,7 +142,7 @@ class Block(nn.Module):
                 x = normed(self.norm1, h(at + "hook_resid_post", x + a), h, at + "ln1")
                 return h(at + "hook_normalized_resid_post", x)
             x = normed(self.norm1, h(at + "hook_resid_mid", x + a), h, at + "ln1")
-            m = h(at + "hook_mlp_out", self.ffn(x))
+            m = h(at + "hook_mlp_out", self.ffn(x, h))
             x = normed(self.norm2, h(at + "hook_resid_post", x + m), h, at + "ln2")
             return h(at + "hook_normalized_resid_post", x)
         # GPT-2, Llama: x = x + sublayer(norm(x)); Gemma-2: x = x + norm_post(sublayer(norm(x)))
@@ -138,7 +153,7 @@ class Block(nn.Module):
         if self.ffn is None:
             return h(at + "hook_resid_post", x + a)
         x = h(at + "hook_resid_mid", x + a)
-        m = self.ffn(normed(self.norm2, x, h, at + "ln2"))
+        m = self.ffn(normed(self.norm2, x, h, at + "ln2"), h)
         if self.norm2_post is not None:
             m = normed(self.norm2_post, m, h, at + "ln2_post")
         m = h(at + "hook_mlp_out", m)
@@ -170,6 +185,8 @@ class Transformer(nn.Module):
         self.lm_head = None if c.tie_embeddings else Linear(c.d_model, c.vocab_size, bias=False)
         # a plain attribute, not a buffer: .to(dtype) must not round the frequencies
         self.inv_freq = frequencies(c) if c.positions == "rotary" else None  # (Dh/2,) float64
+        rotary_local = c.positions == "rotary" and c.rope_local_theta is not None
+        self.inv_freq_local = frequencies(c, local=True) if rotary_local else None  # Gemma-3's sliding layers
         self.to(torch_dtype(dtype))
 
     @classmethod
@@ -268,7 +285,7 @@ class Transformer(nn.Module):
             real = ids.ne(c.pad_token_id).long()  # (B, T)
             pos = real.cumsum(-1) * real + c.pad_token_id
         return Pass(c, backend, c.causal, pos, hooks, lengths=lengths, key_mask=key_mask, documents=documents,
-                    rope=self._rope(pos))
+                    **self._rope(pos))
 
     def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache) -> torch.Tensor:
         """Decoding: the real tokens of each row right-aligned (a stable sort puts padding first), one
@@ -287,13 +304,16 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids: the cache holds {int(kv.lengths.max())} tokens; {T} more pass the model's "
                              f"{c.max_positions} learned positions")
         pos = step.positions.clamp(min=0)  # (B, T)
-        p = Pass(c, backend, True, pos, hooks, rope=self._rope(pos), kv=kv, step=step)
+        p = Pass(c, backend, True, pos, hooks, kv=kv, step=step, **self._rope(pos))
         x = self._body(ids, p)
         kv.commit(step)
         return x.scatter(1, order[..., None].expand_as(x), x)  # (B, T, d) in the rows' own order
 
-    def _rope(self, pos: torch.Tensor) -> Any:
-        return None if self.inv_freq is None else angles(pos, self.inv_freq, self.dtype)
+    def _rope(self, pos: torch.Tensor) -> dict:
+        """Pass's ``rope`` and ``rope_local``: the angles of ``pos`` for the global and the local layers."""
+        factor = self.config.rope_attention_factor
+        return {"rope": None if self.inv_freq is None else angles(pos, self.inv_freq, self.dtype, factor),
+                "rope_local": None if self.inv_freq_local is None else angles(pos, self.inv_freq_local, self.dtype)}
 
     def _body(self, ids: torch.Tensor, p: Pass) -> torch.Tensor:
         h, (B, T) = p.hooks, ids.shape

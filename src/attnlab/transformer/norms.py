@@ -28,6 +28,11 @@ def norm(c: TransformerConfig) -> nn.Module:
     return RMSNormPlusOne(c.d_model, c.norm_eps) if c.norm_plus_one else nn.RMSNorm(c.d_model, eps=c.norm_eps)
 
 
+def head_norm(c: TransformerConfig) -> nn.Module:
+    """QK-norm's RMSNorm over one head's Dh (Qwen3: w; Gemma-3: (1 + w))."""
+    return RMSNormPlusOne(c.head_dim, c.norm_eps) if c.norm_plus_one else nn.RMSNorm(c.head_dim, eps=c.norm_eps)
+
+
 def normed(n: nn.Module, x: torch.Tensor, hooks: Hooks, at: str) -> torch.Tensor:
     """n(x); with ``{at}.hook_scale`` watched, by hand, so the scale (B, T, 1) can be read or replaced."""
     name = at + ".hook_scale"

@@ -41,6 +41,9 @@ _GEMMA2_LAYER = [
     ("norm2", "pre_feedforward_layernorm"), ("norm2_post", "post_feedforward_layernorm"),
     ("ffn.gate", "mlp.gate_proj"), ("ffn.up", "mlp.up_proj"), ("ffn.down", "mlp.down_proj"),
 ]
+_QK_NORM = [("attn.q_norm", "self_attn.q_norm"), ("attn.k_norm", "self_attn.k_norm")]
+# gpt-oss: Llama's attention and norms, a router, its experts (split in _gpt_oss_experts) and the sinks
+_GPT_OSS_LAYER = _LLAMA_LAYER[:5] + [("norm2", "post_attention_layernorm"), ("ffn.router", "mlp.router")]
 LAYOUT = {
     "bert": ("encoder.layer.{i}.", _BERT_LAYER, _BERT_TOP),
     "roberta": ("encoder.layer.{i}.", _BERT_LAYER, _BERT_TOP),
@@ -49,6 +52,9 @@ LAYOUT = {
     "mistral": ("layers.{i}.", _LLAMA_LAYER, _LLAMA_TOP),
     "qwen2": ("layers.{i}.", _LLAMA_LAYER, _LLAMA_TOP),
     "gemma2": ("layers.{i}.", _GEMMA2_LAYER, _LLAMA_TOP),
+    "qwen3": ("layers.{i}.", _LLAMA_LAYER + _QK_NORM, _LLAMA_TOP),
+    "gemma3_text": ("layers.{i}.", _GEMMA2_LAYER + _QK_NORM, _LLAMA_TOP),
+    "gpt_oss": ("layers.{i}.", _GPT_OSS_LAYER, _LLAMA_TOP),
 }
 # Any of these in a model folder means it has a tokenizer (text in and out); without: token ids only.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -89,13 +95,7 @@ def convert(tensors: dict, c: TransformerConfig) -> dict:
         pre = layer_prefix.format(i=i)
         pairs += [(f"blocks.{i}.{ours}", pre + theirs, *how) for ours, theirs, *how in layer_names]
     if c.family == "gpt2":
-        for i in range(c.num_layers):  # c_attn: [d, 3d] (Conv1D) → q, k, v Linear weights [d, d] each
-            for kind in ("weight", "bias"):
-                fused = base.get(f"h.{i}.attn.c_attn.{kind}")
-                if fused is not None:
-                    parts = (fused.T if kind == "weight" else fused).chunk(3, dim=0)
-                    base.update({f"_qkv.{i}.{x}.{kind}": t for x, t in zip("qkv", parts)})
-            pairs += [(f"blocks.{i}.attn.{x}", f"_qkv.{i}.{x}") for x in "qkv"]
+        pairs += _gpt2_qkv(base, c)
     if not c.tie_embeddings:
         pairs.append(("lm_head", "lm_head"))
     state = {}
@@ -104,6 +104,39 @@ def convert(tensors: dict, c: TransformerConfig) -> dict:
             t = base.get(f"{theirs}.{kind}")
             if t is not None:
                 state[f"{ours}.{kind}"] = t.T.contiguous() if how == ["T"] and kind == "weight" else t
+    if c.family == "gpt_oss":
+        state.update(_gpt_oss_experts(base, c))
+    return state
+
+
+def _gpt2_qkv(base: dict, c: TransformerConfig) -> list:
+    """GPT-2's c_attn [d, 3d] (Conv1D) split into q, k and v Linear weights [d, d] each (put in ``base``)."""
+    pairs = []
+    for i in range(c.num_layers):
+        for kind in ("weight", "bias"):
+            fused = base.get(f"h.{i}.attn.c_attn.{kind}")
+            if fused is not None:
+                parts = (fused.T if kind == "weight" else fused).chunk(3, dim=0)
+                base.update({f"_qkv.{i}.{x}.{kind}": t for x, t in zip("qkv", parts)})
+        pairs += [(f"blocks.{i}.attn.{x}", f"_qkv.{i}.{x}") for x in "qkv"]
+    return pairs
+
+
+def _gpt_oss_experts(base: dict, c: TransformerConfig) -> dict:
+    """gpt-oss's sinks and experts: gate_up_proj [E, d, 2f] interleaves gate (even columns) and up (odd)."""
+    state = {}
+    for i in range(c.num_layers):
+        pre, ours = f"layers.{i}.mlp.experts.", f"blocks.{i}.ffn."
+        if f"{pre}gate_up_proj" not in base:
+            continue  # reported as missing by the loader
+        gate_up, gate_up_bias = base[f"{pre}gate_up_proj"], base[f"{pre}gate_up_proj_bias"]  # (E, d, 2f), (E, 2f)
+        state.update({ours + "gate": gate_up[..., ::2].contiguous(), ours + "up": gate_up[..., 1::2].contiguous(),
+                      ours + "gate_bias": gate_up_bias[..., ::2].contiguous(),
+                      ours + "up_bias": gate_up_bias[..., 1::2].contiguous(),
+                      ours + "down": base[f"{pre}down_proj"], ours + "down_bias": base[f"{pre}down_proj_bias"]})
+        sinks = base.get(f"layers.{i}.self_attn.sinks")
+        if sinks is not None:
+            state[f"blocks.{i}.attn.sinks"] = sinks
     return state
 
 
@@ -132,7 +165,13 @@ def load_pretrained(cls: type, model: Any = None, backend: str = "auto", revisio
 
     wanted = torch_dtype(dtype)
     folder, model_id, rev = resolve(model, revision)
-    config = TransformerConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    raw = json.loads((folder / "config.json").read_text())
+    quant = raw.get("quantization_config")
+    if quant:  # gpt-oss's published experts are MXFP4 blocks, DeepSeek-V3's weights FP8: not tensors we read
+        raise ValueError(f"model {model_id!r}: config.json's quantization_config.quant_method is "
+                         f"{quant.get('quant_method')!r}; attnlab's transformer loads unquantized safetensors "
+                         f"({', '.join(DTYPES)}): dequantize the weights first")
+    config = TransformerConfig.from_hf(raw)
     net = cls(config, backend=backend)
     state = convert(read_safetensors(folder), config)
     expected = set(net.state_dict())

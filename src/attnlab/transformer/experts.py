@@ -1,0 +1,67 @@
+"""gpt-oss's mixture of experts (:class:`Experts`): the feed-forward network of a block whose config
+has ``ffn="experts"``. A router picks each token's experts; the (token, choice) pairs are grouped by
+expert with one stable sort, so a batch runs every chosen expert once, on its own tokens, as
+transformers' eager loop and the grouped kernels of serving stacks do, never every expert on every
+token. Its hook points are TransformerLens's MoE names and meanings: ``blocks.{l}.mlp.hook_expert_weights``,
+the router's softmax over every expert before the top-k (B, T, E), and ``hook_expert_indices``, the
+chosen experts (B, T, k)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.transformer.config import TransformerConfig
+from attnlab.transformer.hooks import Hooks
+from attnlab.transformer.linear import Linear
+
+
+class Experts(nn.Module):
+    """gpt-oss's mixture of experts: a router (with bias) picks ``experts_per_token`` of ``num_experts`` for
+    each token, a softmax over the chosen logits weighs their outputs, and each expert is a SwiGLU with
+    biases whose gate and up are clamped at ``swiglu_limit``: (up + 1) · gate · σ(α · gate). Every expert
+    runs once, on the tokens routed to it (never every expert on every token)."""
+
+    def __init__(self, c: TransformerConfig, layer: int):
+        super().__init__()
+        E, d, f = c.num_experts, c.d_model, c.hidden_ff
+        self.k, self.limit, self.alpha, self.at = c.experts_per_token, c.swiglu_limit, c.swiglu_alpha, f"blocks.{layer}.mlp."
+        self.router = Linear(d, E, bias=True)
+        self.gate, self.gate_bias = nn.Parameter(torch.zeros(E, d, f)), nn.Parameter(torch.zeros(E, f))
+        self.up, self.up_bias = nn.Parameter(torch.zeros(E, d, f)), nn.Parameter(torch.zeros(E, f))
+        self.down, self.down_bias = nn.Parameter(torch.zeros(E, f, d)), nn.Parameter(torch.zeros(E, d))
+        with torch.no_grad():  # random as a Linear's, so that a model built from a config routes and computes
+            for w, fan_in in ((self.gate, d), (self.up, d), (self.down, f)):
+                w.normal_(0.0, fan_in ** -0.5)
+
+    def forward(self, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
+        B, T, d = x.shape
+        # 1. route as TransformerLens's MoE hooks it: the softmax over every expert (B, T, E), its k largest
+        #    renormalised (= gpt-oss's softmax over the k largest logits) → weights and expert ids (B, T, k)
+        probs = hooks(self.at + "hook_expert_weights", self.router(x).softmax(-1))  # (B, T, E)
+        top, chosen = probs.topk(self.k, dim=-1)  # (B, T, k) each
+        weights = top / top.sum(-1, keepdim=True)
+        chosen = hooks(self.at + "hook_expert_indices", chosen)  # (B, T, k) expert ids
+        E = self.gate.shape[0]
+        if chosen.dtype != torch.long or bool(((chosen < 0) | (chosen >= E)).any()):
+            raise ValueError(f"{self.at}hook_expert_indices must hold expert ids (long) in 0..{E - 1}, got "
+                             f"{chosen.dtype} in {int(chosen.min())}..{int(chosen.max())}")
+        # 2. the (token, choice) pairs grouped by expert: a stable sort, then one run per expert
+        flat, w, e = x.reshape(B * T, d), weights.reshape(-1), chosen.reshape(-1)  # (N, d), (N·k,), (N·k,)
+        order = e.argsort(stable=True)  # (N·k,)
+        counts = torch.bincount(e, minlength=E).tolist()
+        out, start = torch.zeros_like(flat), 0  # (N, d)
+        for expert, n in enumerate(counts):
+            if n:
+                pairs = order[start:start + n]  # (n,) this expert's pairs
+                rows = pairs // self.k  # (n,) their tokens
+                out.index_add_(0, rows, self._expert(expert, flat[rows]) * w[pairs, None])  # (n, d)
+            start += n
+        # 3. back to (B, T, d)
+        return out.view(B, T, d)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` on its tokens (n, d) → (n, d)."""
+        gate = (x @ self.gate[e] + self.gate_bias[e]).clamp(max=self.limit)  # (n, f)
+        up = (x @ self.up[e] + self.up_bias[e]).clamp(min=-self.limit, max=self.limit)  # (n, f)
+        return ((up + 1) * gate * torch.sigmoid(self.alpha * gate)) @ self.down[e] + self.down_bias[e]
