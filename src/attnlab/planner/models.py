@@ -222,6 +222,9 @@ def _field(cfg: Any, *names: str) -> Any:
 
 def from_transformer_config(cfg: Any) -> Architecture:
     """From attnlab's own :class:`~attnlab.transformer.TransformerConfig` (it computes in float32)."""
+    if getattr(cfg, "ffn", None) == "experts":  # sizing it as one MLP would be wrong without a word
+        raise ValueError(f"model: the planner does not size a mixture of experts yet ({getattr(cfg, 'family', 'this')} "
+                         f"config has ffn='experts'); its weights and FLOPs per token differ from a dense MLP's")
     layers = _field(cfg, "num_layers", "n_layers")
     window = getattr(cfg, "layer_window", None)  # a config with sliding windows says each layer's
     windows = tuple(window(i) for i in range(layers)) if callable(window) else (None,) * layers
