@@ -161,7 +161,7 @@ def test_sink_and_window_caches_equal_a_masked_recompute(decoder_folder, cache, 
     full_map = np.stack([maps[f"blocks.{layer}.attn.hook_pattern"][0].numpy() for layer in range(2)])
     for t, row in enumerate(g.attention[0]):
         np.testing.assert_allclose(row, full_map[:, :, P - 1 + t, : P + t], atol=1e-12, rtol=0)
-    assert g.cache["nbytes"] == 2 * 2 * 2 * 8 * ((sink or 0) + window) * 8  # k and v · L · H_kv · D · slots · 8 bytes
+    assert g.kv_cache.nbytes == 2 * 2 * 2 * 8 * ((sink or 0) + window) * 8  # k and v · L · H_kv · D · slots · 8 bytes
 
 
 def test_the_generation_cache_is_exact_in_size(decoder_folder):
@@ -170,9 +170,9 @@ def test_the_generation_cache_is_exact_in_size(decoder_folder):
     m = _model(decoder_folder, "llama", "float32")
     g = m.generate([PROMPT, PROMPT[:4]], 10)
     T = len(PROMPT) + 10 - 1  # every position that is fed: the last new token never is
-    assert g.cache["nbytes"] == 2 * 2 * 2 * 8 * T * 4 * 2  # 2 · L · H_kv · D · T · bytes, for a batch of 2
+    assert g.kv_cache.nbytes == 2 * 2 * 2 * 8 * T * 4 * 2  # 2 · L · H_kv · D · T · bytes, for a batch of 2
     half = m.generate([PROMPT, PROMPT[:4]], 10, cache_dtype=torch.bfloat16)
-    assert half.cache["dtype"] == "bfloat16" and half.cache["nbytes"] == g.cache["nbytes"] // 2
+    assert half.to_dict()["kv_cache"]["dtype"] == "bfloat16" and half.kv_cache.nbytes == g.kv_cache.nbytes // 2
     assert float((half.logits[:, 0] - g.logits[:, 0]).abs().max()) < 0.1  # the prompt's keys and values rounded
 
 
@@ -274,7 +274,7 @@ def test_a_cache_passed_back_in_continues_the_sequence(decoder_folder):
     with pytest.raises(ValueError, match="for a batch of 1"):
         m.generate([more, more], 2, cache="window", kv_cache=first.kv_cache)
     with pytest.raises(TypeError, match="kv_cache must be a KVCache"):
-        m.generate([more], 2, kv_cache=first.cache)
+        m.generate([more], 2, kv_cache=first.to_dict()["kv_cache"])
 
 
 def test_sampling_is_reproducible_with_a_seed(decoder_folder):

@@ -50,18 +50,17 @@ class Generation:
     text: list[str] | None = None
     attention: list[list[np.ndarray]] | None = None
     positions: list[list[int]] | None = None
-    cache: dict | None = None  # KVCache.to_dict() of the cache it ran with: kinds, dtype, bytes
-    kv_cache: Any = None  # that KVCache: every position fed (not the last new token), to pass back in
+    kv_cache: Any = None  # the KVCache it ran with: every position fed (not the last new token), to pass back in
 
     def to_dict(self) -> dict:
-        """JSON-ready: ids, lengths, sequences, text, positions and the cache; logits and attention by shape
+        """JSON-ready: ids, lengths, sequences, text, positions and the KV cache's kinds, dtype and bytes; logits and attention by shape
         (they are arrays: write them with the maps format or NumPy)."""
         return {
             "ids": self.ids.tolist(), "lengths": self.lengths.tolist(), "sequences": self.sequences,
             "prompt_lengths": self.prompt_lengths, "pad_id": self.pad_id, "text": self.text,
             "positions": self.positions, "logits_shape": list(self.logits.shape),
             "attention_shapes": None if self.attention is None else [[list(a.shape) for a in seq] for seq in self.attention],
-            "cache": self.cache,
+            "kv_cache": None if self.kv_cache is None else self.kv_cache.to_dict(),
         }
 
 
@@ -223,7 +222,7 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
         if maps:
             for b in range(B):
                 if not done[b]:
-                    attention[b].append(_row(hooks.cache, model.config.num_layers, b, start[b] + t))
+                    attention[b].append(_row(hooks.kept, model.config.num_layers, b, start[b] + t))
         lengths += (~done).long()
         chosen.append(nxt)
         done = done | torch.isin(nxt, stops)
@@ -239,4 +238,4 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
         text = [model.tokenizer.decode(new[b, : int(lengths[b])].tolist(), skip_special_tokens=True) for b in range(B)]
     positions = [[start[b] - 1 + t for t in range(int(lengths[b]))] for b in range(B)] if maps else None
     return Generation(new, lengths.cpu(), torch.stack(logits_seen, dim=1), seqs, [len(p) for p in prompts], pad, text,
-                      attention if maps else None, positions, kv.to_dict(), kv)
+                      attention if maps else None, positions, kv)

@@ -65,15 +65,15 @@ def describe(c: TransformerConfig) -> str:
 
 class Hooks:
     """The hook points of one forward pass: ``fwd`` name → functions run there, ``keep`` the names
-    whose tensors (after any replacement, detached) are gathered in ``cache``."""
+    whose tensors (after any replacement, detached) are gathered in ``kept``."""
 
-    __slots__ = ("cache", "fwd", "keep", "watched")
+    __slots__ = ("fwd", "keep", "kept", "watched")
 
     def __init__(self, fwd: dict[str, tuple[Callable, ...]] | None = None, keep: frozenset = frozenset()):
         self.fwd = fwd or {}
         self.keep = keep
         self.watched = frozenset(self.fwd) | keep
-        self.cache: dict[str, Any] = {}
+        self.kept: dict[str, Any] = {}
 
     def wants(self, name: str) -> bool:
         return name in self.watched
@@ -89,7 +89,7 @@ class Hooks:
                                      f"got shape {tuple(out.shape)}")
                 x = out
         if name in self.keep:
-            self.cache[name] = x.detach()
+            self.kept[name] = x.detach()
         return x
 
 

@@ -232,7 +232,7 @@ class Transformer(nn.Module):
         a predicate on the name, or None: every hook point), detached, after any ``fwd_hooks`` replaced them."""
         hooks = build(self.config, fwd_hooks, names)
         out = self._output(self._forward(input_ids, attention_mask, backend, hooks, kv_cache, documents=documents))
-        return out, hooks.cache
+        return out, hooks.kept
 
     def generate(self, input_ids: Any, max_new_tokens: int, **kw: Any) -> Any:
         """New tokens with a KV cache (greedy or sampled), the logits they came from and, with
