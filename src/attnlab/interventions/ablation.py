@@ -93,7 +93,7 @@ def _load(model: Any, backend: str) -> tuple[Any, str]:
     from attnlab.transformer.model import Transformer
 
     if isinstance(model, Transformer):
-        return model, model.config.family
+        return model.with_backend(backend), model.config.family
     from pathlib import Path
 
     name = "all-MiniLM-L6-v2" if model is None else Path(model).name if Path(model).is_dir() else str(model)
@@ -136,45 +136,44 @@ def knockout(c: Any, keep: Any, fill: Any = None) -> list[tuple[str, Any]]:
     return [(f"blocks.{layer}.attn.hook_z", gate(layer)) for layer in range(L)]
 
 
-def lm_loss(net: Any, ids: Any, mask: Any, targets: Any = None, *, fwd_hooks: Any = (),
-            backend: str | None = None) -> Any:
+def lm_loss(net: Any, ids: Any, mask: Any, targets: Any = None, *, fwd_hooks: Any = ()) -> Any:
     """Mean next-token cross-entropy of each sequence (B,) over its real targets (or ``targets`` (B, T),
     true where the token at t is to be scored), with ``fwd_hooks`` run (e.g. :func:`knockout`)."""
     import torch.nn.functional as F
 
-    logits = net.run_with_hooks(ids, mask, fwd_hooks=fwd_hooks, backend=backend)[:, :-1]  # (B, T−1, V)
+    logits = net.run_with_hooks(ids, mask, fwd_hooks=fwd_hooks)[:, :-1]  # (B, T−1, V)
     nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T−1)
     scored = (mask if targets is None else targets)[:, 1:].to(nll.dtype)  # (B, T−1)
     return (nll * scored).sum(-1) / scored.sum(-1).clamp(min=1)
 
 
-def _embed(net: Any, ids: Any, mask: Any, *, fwd_hooks: Any = (), backend: str | None = None) -> Any:
+def _embed(net: Any, ids: Any, mask: Any, *, fwd_hooks: Any = ()) -> Any:
     import torch.nn.functional as F
 
     from attnlab.transformer.model import mean_pool
 
-    h = net.run_with_hooks(ids, mask, fwd_hooks=fwd_hooks, backend=backend)  # (B, T, d)
+    h = net.run_with_hooks(ids, mask, fwd_hooks=fwd_hooks)  # (B, T, d)
     return F.normalize(mean_pool(h, mask), dim=-1)  # (B, d)
 
 
-def head_means(net: Any, ids: Any, mask: Any, backend: str | None = None) -> Any:
+def head_means(net: Any, ids: Any, mask: Any) -> Any:
     """Each head's output averaged over the real tokens of the input: the fill of a mean ablation [L, H, Dh]."""
     import torch
 
     with torch.no_grad():
-        _, cache = net.run_with_cache(ids, mask, names=lambda n: n.endswith(".attn.hook_z"), backend=backend)
+        _, cache = net.run_with_cache(ids, mask, names=lambda n: n.endswith(".attn.hook_z"))
     heads = [cache[f"blocks.{layer}.attn.hook_z"] for layer in range(net.config.num_layers)]  # L × (B, H, T, Dh)
     m = mask.to(heads[0].dtype)[:, None, :, None]  # (B, 1, T, 1)
     return torch.stack([(h * m).sum((0, 2)) / m.sum((0, 2)) for h in heads])  # (L, H, Dh)
 
 
-def _run(net: Any, ids: Any, mask: Any, fwd_hooks: Any, backend: str | None) -> Any:
+def _run(net: Any, ids: Any, mask: Any, fwd_hooks: Any) -> Any:
     import torch
 
     with torch.no_grad():
         if net.config.causal:
-            return lm_loss(net, ids, mask, fwd_hooks=fwd_hooks, backend=backend)
-        return _embed(net, ids, mask, fwd_hooks=fwd_hooks, backend=backend)
+            return lm_loss(net, ids, mask, fwd_hooks=fwd_hooks)
+        return _embed(net, ids, mask, fwd_hooks=fwd_hooks)
 
 
 def ablate(sentences: Any, heads: Any, model: Any = None, how: str = "zero", backend: str = "auto") -> Ablation:
@@ -194,8 +193,8 @@ def ablate(sentences: Any, heads: Any, model: Any = None, how: str = "zero", bac
     keep = torch.ones(c.num_layers, c.num_heads)
     for layer, head in picked:
         keep[layer, head] = 0.0
-    fill = head_means(net, ids, mask, backend) if how == "mean" else None
-    clean, hit = _run(net, ids, mask, (), backend), _run(net, ids, mask, knockout(c, keep, fill), backend)
+    fill = head_means(net, ids, mask) if how == "mean" else None
+    clean, hit = _run(net, ids, mask, ()), _run(net, ids, mask, knockout(c, keep, fill))
     if c.causal:
         loss, ablated = clean.numpy().astype(np.float64), hit.numpy().astype(np.float64)
         return Ablation(name, picked, how, "loss", sentences, None, loss, ablated, float((ablated - loss).mean()))
@@ -217,8 +216,8 @@ def head_importance(sentences: Any, model: Any = None, how: str = "zero", backen
     net, name = _load(model, backend)
     c = net.config
     sentences, ids, mask = _encode(net, sentences)
-    fill = head_means(net, ids, mask, backend) if how == "mean" else None
-    clean = _run(net, ids, mask, (), backend)  # (B,) losses or (B, d) embeddings
+    fill = head_means(net, ids, mask) if how == "mean" else None
+    clean = _run(net, ids, mask, ())  # (B,) losses or (B, d) embeddings
     L, H, B = c.num_layers, c.num_heads, ids.shape[0]
     effect = np.zeros(L * H)
     per_pass = _copies(ids)
@@ -228,16 +227,16 @@ def head_importance(sentences: Any, model: Any = None, how: str = "zero", backen
         for j, g in enumerate(group):
             keep[j, :, g // H, g % H] = 0.0
         hooks = knockout(c, keep.reshape(-1, L, H), fill)
-        hit = _run(net, ids.repeat(len(group), 1), mask.repeat(len(group), 1), hooks, backend)
+        hit = _run(net, ids.repeat(len(group), 1), mask.repeat(len(group), 1), hooks)
         hit = hit.reshape(len(group), B, *clean.shape[1:])  # (G, B) or (G, B, d)
         change = (hit - clean).mean(1) if c.causal else 1.0 - (hit * clean).sum(-1).mean(1)  # (G,)
         effect[start:start + len(group)] = change.numpy()
     effect = effect.reshape(L, H)
-    grad = _gradient(net, ids, mask, backend, probes, seed)
+    grad = _gradient(net, ids, mask, probes, seed)
     return Importance(name, "loss" if c.causal else "cosine", how, sentences, effect, grad, _spearman(effect, grad))
 
 
-def _gradient(net: Any, ids: Any, mask: Any, backend: str | None, probes: int | None, seed: int) -> np.ndarray:
+def _gradient(net: Any, ids: Any, mask: Any, probes: int | None, seed: int) -> np.ndarray:
     """Michel et al.'s E_x |∂L(x)/∂ξ_h| (language model), or E_x ‖∂e(x)/∂ξ_h‖ (encoder), [L, H].
 
     Each sequence has its own gates [B, L, H], so one backward pass gives every sequence's gradient.
@@ -252,7 +251,7 @@ def _gradient(net: Any, ids: Any, mask: Any, backend: str | None, probes: int | 
     gates = torch.ones(B, c.num_layers, c.num_heads, dtype=dtype, requires_grad=True)
     with torch.enable_grad():
         if c.causal:
-            (g,) = torch.autograd.grad(lm_loss(net, ids, mask, fwd_hooks=knockout(c, gates), backend=backend).sum(), gates)
+            (g,) = torch.autograd.grad(lm_loss(net, ids, mask, fwd_hooks=knockout(c, gates)).sum(), gates)
             return g.abs().mean(0).numpy().astype(np.float64)
         d = c.d_model
         if probes is None:
@@ -269,8 +268,7 @@ def _gradient(net: Any, ids: Any, mask: Any, backend: str | None, probes: int | 
             u = basis[start:start + per_pass]  # (R, d)
             r = len(u)
             copies = torch.ones(r * B, c.num_layers, c.num_heads, dtype=dtype, requires_grad=True)
-            e = _embed(net, ids.repeat(r, 1), mask.repeat(r, 1), fwd_hooks=knockout(c, copies),
-                       backend=backend)  # (R·B, d)
+            e = _embed(net, ids.repeat(r, 1), mask.repeat(r, 1), fwd_hooks=knockout(c, copies))  # (R·B, d)
             (g,) = torch.autograd.grad((e.reshape(r, B, -1) * u[:, None, :]).sum(), copies)  # (R·B, L, H)
             sq += (g.detach() ** 2).reshape(r, B, c.num_layers, c.num_heads).sum(0)
     return (sq * weight).sqrt().mean(0).numpy().astype(np.float64)

@@ -147,8 +147,7 @@ def values(metric: Callable, logits: Any, cache: dict | None, batch: int) -> Any
     return m.to(torch.float64)
 
 
-def run(model: Any, ids: Any, metric: Callable, names: list[str] | None, fwd_hooks: list, copies: int,
-        backend: str | None) -> Any:
+def run(model: Any, ids: Any, metric: Callable, names: list[str] | None, fwd_hooks: list, copies: int) -> Any:
     """The metric of each of ``copies`` stacked copies of ``ids`` (B, T) with ``fwd_hooks`` → (copies, B) float64.
 
     The hooks see the stacked batch (copies · B); the metric is called on each copy's rows (B) alone."""
@@ -160,13 +159,19 @@ def run(model: Any, ids: Any, metric: Callable, names: list[str] | None, fwd_hoo
         seen[name] = x
 
     hooks = list(fwd_hooks) + [(n, keep) for n in names or ()]  # after the patches at the same point
-    logits = model.run_with_hooks(ids.repeat(copies, 1), fwd_hooks=hooks, backend=backend)
+    logits = model.run_with_hooks(ids.repeat(copies, 1), fwd_hooks=hooks)
     B = ids.shape[0]
     out = []
     for j in range(copies):
         rows = slice(j * B, (j + 1) * B)
         out.append(values(metric, logits[rows], None if names is None else {n: t[rows] for n, t in seen.items()}, B))
     return torch.stack(out)
+
+
+def with_backend(model: Any, backend: str | None) -> Any:
+    """``model`` computing its attention by ``backend`` for one call (None: its own): the model's
+    :meth:`~attnlab.transformer.Transformer.with_backend`, so that nothing below threads a backend."""
+    return model if backend is None else model.with_backend(backend)
 
 
 def normalised(raw: np.ndarray, clean: np.ndarray, corrupted: np.ndarray) -> np.ndarray:
@@ -200,13 +205,13 @@ def _site(model: Any, site: Any, over: Any) -> str:
     return SITES[site]
 
 
-def _caches(model: Any, ids: Any, point: str, backend: str | None) -> list:
+def _caches(model: Any, ids: Any, point: str) -> list:
     """The site's tensor at every layer of the run on ``ids``: L × (B, …)."""
     import torch
 
     L = model.config.num_layers
     with torch.no_grad():
-        _, cache = model.run_with_cache(ids, names=[f"blocks.{l}.{point}" for l in range(L)], backend=backend)
+        _, cache = model.run_with_cache(ids, names=[f"blocks.{l}.{point}" for l in range(L)])
     return [cache[f"blocks.{l}.{point}"] for l in range(L)]
 
 
@@ -249,19 +254,20 @@ def patch(model: Any, clean: Any, corrupted: Any, metric: Callable, site: str = 
     """
     import torch
 
+    model = with_backend(model, backend)
     point = _site(model, site, over)
     a, b = pair(model, clean, corrupted)
     names = check_names(model, names)
     with torch.no_grad():
-        m_clean = run(model, a, metric, names, [], 1, backend)[0].numpy()
-        m_corr = run(model, b, metric, names, [], 1, backend)[0].numpy()
-        acts = _caches(model, a, point, backend)
+        m_clean = run(model, a, metric, names, [], 1)[0].numpy()
+        m_corr = run(model, b, metric, names, [], 1)[0].numpy()
+        acts = _caches(model, a, point)
         axes, units = _grid(acts, over)
         n, L = int(np.prod(units)), model.config.num_layers
         todo = [(i // n, i % n) for i in range(L * n)]
         g = group_size(model, b, copies, len(todo))
-        raw = [run(model, b, metric, names, _swap_hooks(point, acts, todo[s:s + g], units), len(todo[s:s + g]),
-                   backend) for s in range(0, len(todo), g)]
+        raw = [run(model, b, metric, names, _swap_hooks(point, acts, todo[s:s + g], units), len(todo[s:s + g]))
+               for s in range(0, len(todo), g)]
     raw = torch.cat(raw).numpy().reshape(L, *units, b.shape[0])
     return Patching(normalised(raw, m_clean, m_corr), raw, site, over, m_clean, m_corr, axes)
 
@@ -276,26 +282,26 @@ def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Callable, 
     """
     import torch
 
+    model = with_backend(model, backend)
     point = _site(model, site, over)
     a, b = pair(model, clean, corrupted)
     names = check_names(model, names)
-    acts = _caches(model, a, point, backend)
+    acts = _caches(model, a, point)
     axes, units = _grid(acts, over)
     with torch.no_grad():
-        m_clean = run(model, a, metric, names, [], 1, backend)[0].numpy()
-    m_corr, corr, grads = _gradients(model, b, metric, names, point, backend)
+        m_clean = run(model, a, metric, names, [], 1)[0].numpy()
+    m_corr, corr, grads = _gradients(model, b, metric, names, point)
     raw = np.stack([_first_order(acts[l] - corr[l], grads[l], len(units)) for l in range(len(acts))])
     raw = raw + m_corr  # (L, *units, B)
     result = Patching(normalised(raw, m_clean, m_corr), raw, site, over, m_clean, m_corr, axes, "attribution")
     if not compare:
         return result
-    true = patch(model, clean, corrupted, metric, site, over, names=names, backend=backend)
+    true = patch(model, clean, corrupted, metric, site, over, names=names)
     r = float(np.corrcoef(result.effect.ravel(), true.effect.ravel())[0, 1])
     return replace(result, correlation=r)
 
 
-def _gradients(model: Any, ids: Any, metric: Callable, names: list[str] | None, point: str,
-               backend: str | None) -> tuple:
+def _gradients(model: Any, ids: Any, metric: Callable, names: list[str] | None, point: str) -> tuple:
     """On the run of ``ids``: the metric [B] (NumPy), the site's tensor per layer and ∂(Σ_b M_b)/∂ of it."""
     import torch
 
@@ -310,7 +316,7 @@ def _gradients(model: Any, ids: Any, metric: Callable, names: list[str] | None, 
     sites = [f"blocks.{l}.{point}" for l in range(L)]
     with torch.enable_grad():
         hooks = [("hook_embed", leaf)] + [(n, keep) for n in dict.fromkeys(sites + (names or []))]
-        logits = model.run_with_hooks(ids, fwd_hooks=hooks, backend=backend)
+        logits = model.run_with_hooks(ids, fwd_hooks=hooks)
         m = values(metric, logits, None if names is None else {n: seen[n] for n in names}, ids.shape[0])
         grads = torch.autograd.grad(m.sum(), [seen[n] for n in sites], allow_unused=True)
     grads = [torch.zeros_like(seen[n]) if g is None else g for n, g in zip(sites, grads)]

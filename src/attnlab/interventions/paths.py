@@ -34,6 +34,7 @@ from attnlab.interventions.patching import (
     normalised,
     pair,
     run,
+    with_backend,
 )
 from attnlab.maps.heads import Head, ScoredHead, ranked
 
@@ -100,11 +101,11 @@ def _frozen(c: Any, z_clean: list, z_corr: list, mlp_corr: list, senders: list) 
     return hooks
 
 
-def _capture(model: Any, ids: Any, fwd_hooks: list, copies: int, wanted: list, backend: str | None) -> dict:
+def _capture(model: Any, ids: Any, fwd_hooks: list, copies: int, wanted: list) -> dict:
     """The tensors at ``wanted`` of the run on ``copies`` stacked copies of ``ids`` with ``fwd_hooks``."""
     seen: dict = {}
     keep = [(n, lambda x, name: seen.__setitem__(name, x)) for n in wanted]
-    model.run_with_hooks(ids.repeat(copies, 1), fwd_hooks=list(fwd_hooks) + keep, backend=backend)
+    model.run_with_hooks(ids.repeat(copies, 1), fwd_hooks=list(fwd_hooks) + keep)
     return seen
 
 
@@ -117,8 +118,7 @@ def _heads(name: str, head: int, new: Any) -> tuple:
     return (name, fn)
 
 
-def _into_receiver(model: Any, ids: Any, receiver: Head, which: str, kept: Any, copies: int,
-                   backend: str | None) -> list:
+def _into_receiver(model: Any, ids: Any, receiver: Head, which: str, kept: Any, copies: int) -> list:
     """Step 2's fwd_hooks: the receiver's ``which`` input at ``kept`` (G·B, H or H_kv, T, Dh), only its own."""
     c = model.config
     group = c.num_heads // c.heads_kv
@@ -127,7 +127,7 @@ def _into_receiver(model: Any, ids: Any, receiver: Head, which: str, kept: Any, 
         return [_heads(at + f"hook_{which}", receiver.head // (1 if which == "q" else group), kept)]
     shared = [_heads(at + f"hook_{which}", receiver.head // group, kept)]
     own = [at + "hook_attn_scores", at + "hook_pattern", at + "hook_z"]
-    got = _capture(model, ids, shared, copies, own, backend)
+    got = _capture(model, ids, shared, copies, own)
     return [_heads(n, receiver.head, got[n]) for n in own]
 
 
@@ -140,6 +140,7 @@ def path_patch(model: Any, clean: Any, corrupted: Any, metric: Callable, sender:
     (None: about PASS_TOKENS positions and at most PASS_LOGITS logits each)."""
     import torch
 
+    model = with_backend(model, backend)
     c = model.config
     recv, which = _receiver(c, receiver)
     senders = [Head(l, h) for l in range(c.num_layers) for h in range(c.num_heads)] if sender is None else \
@@ -148,13 +149,12 @@ def path_patch(model: Any, clean: Any, corrupted: Any, metric: Callable, sender:
     names = check_names(model, names)
     watch = _watched(c, recv, which)
     with torch.no_grad():
-        m_clean = run(model, a, metric, names, watch, 1, backend)[0].numpy()
-        m_corr = run(model, b, metric, names, watch, 1, backend)[0].numpy()
+        m_clean = run(model, a, metric, names, watch, 1)[0].numpy()
+        m_corr = run(model, b, metric, names, watch, 1)[0].numpy()
         raw = np.tile(m_corr, (len(senders), 1))  # (senders, B)
         reach = [i for i, s in enumerate(senders) if s.layer < recv.layer or sender is not None]
         if reach:
-            raw[reach] = _through(model, a, b, metric, names, [senders[i] for i in reach], recv, which, watch, copies,
-                                  backend)
+            raw[reach] = _through(model, a, b, metric, names, [senders[i] for i in reach], recv, which, watch, copies)
     effect = normalised(raw, m_clean, m_corr)
     if sender is not None:
         return PathPatching(float(effect[0]), raw[0], senders[0], recv, which, m_clean, m_corr)
@@ -163,20 +163,20 @@ def path_patch(model: Any, clean: Any, corrupted: Any, metric: Callable, sender:
 
 
 def _through(model: Any, a: Any, b: Any, metric: Callable, names: Any, senders: list, recv: Head, which: str,
-             watch: list, copies: int | None, backend: str | None) -> np.ndarray:
+             watch: list, copies: int | None) -> np.ndarray:
     """The metric (senders, B) with each sender's clean output reaching only the receiver's input (steps 1, 2)."""
     import torch
 
     c = model.config
-    z_clean, z_corr, mlp_corr = _runs(model, a, b, backend)
+    z_clean, z_corr, mlp_corr = _runs(model, a, b)
     point = f"blocks.{recv.layer}.attn.hook_{which}"
     g = group_size(model, b, copies, len(senders))
     raw = []
     for s in range(0, len(senders), g):
         part = senders[s:s + g]
-        kept = _capture(model, b, _frozen(c, z_clean, z_corr, mlp_corr, part), len(part), [point], backend)[point]
-        hooks = _into_receiver(model, b, recv, which, kept, len(part), backend)
-        raw.append(run(model, b, metric, names, watch + hooks, len(part), backend))
+        kept = _capture(model, b, _frozen(c, z_clean, z_corr, mlp_corr, part), len(part), [point])[point]
+        hooks = _into_receiver(model, b, recv, which, kept, len(part))
+        raw.append(run(model, b, metric, names, watch + hooks, len(part)))
     return torch.cat(raw).numpy()
 
 
@@ -189,11 +189,11 @@ def _watched(c: Any, recv: Head, which: str) -> list:
     return [(at + "hook_attn_scores", lambda x, name: None)]
 
 
-def _runs(model: Any, a: Any, b: Any, backend: str | None) -> tuple[list, list, list]:
+def _runs(model: Any, a: Any, b: Any) -> tuple[list, list, list]:
     """Every layer's hook_z on the clean run, and hook_z and hook_mlp_out on the corrupted run."""
     c = model.config
     zs = [f"blocks.{l}.attn.hook_z" for l in range(c.num_layers)]
     mlps = [f"blocks.{l}.hook_mlp_out" for l in range(c.num_layers)] if c.ffn != "none" else []
-    _, clean = model.run_with_cache(a, names=zs, backend=backend)
-    _, corr = model.run_with_cache(b, names=zs + mlps, backend=backend)
+    _, clean = model.run_with_cache(a, names=zs)
+    _, corr = model.run_with_cache(b, names=zs + mlps)
     return [clean[n] for n in zs], [corr[n] for n in zs], [corr[n] for n in mlps]

@@ -97,6 +97,15 @@ class Read:
         checked = {} if self.k_norm is None else {"kv_checked": True, "k_norm": self.k_norm}
         return {"mask": self.mask, "lengths": self.lengths, "causal": True, **checked}
 
+    def by_position(self, w: torch.Tensor, width: int) -> torch.Tensor:
+        """Weights over the read's keys (B, H, Tk) in position order (B, H, width): key j of sequence b at
+        ``key_positions[b, j]`` (−1: an empty slot, dropped); positions no key holds get 0."""
+        B, H, _ = w.shape
+        out = w.new_zeros(B, H, width + 1)  # the last column takes the empty slots, then goes
+        where = torch.where(self.key_positions >= 0, self.key_positions, width).clamp(max=width)  # (B, Tk)
+        out.scatter_(2, where[:, None, :].expand(B, H, -1), w)
+        return out[..., :width]
+
 
 def _as_read(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cached keys or values as a ``dtype`` query reads them: as stored where attention() takes the mix

@@ -27,6 +27,7 @@ is first used (the package resolves the name lazily), so ``import attnlab`` need
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -101,7 +102,7 @@ class Attention(nn.Module):
         else:
             z, row = attend(q, k, v, p, kw, last)
         if last:  # the newest query's weights, in key-position order (a ring's slots are not)
-            h(at + "hook_last_pattern", row if read is None else by_position(row, read.key_positions, p.step.longest))
+            h(at + "hook_last_pattern", row if read is None else read.by_position(row, p.step.longest))
         z = h(at + "hook_z", z)
         # 6. merge heads and project out: (B, H, T, Dh) → (B, T, H·Dh) → (B, T, d)
         return self.o(z.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
@@ -196,6 +197,15 @@ class Transformer(nn.Module):
         from attnlab.transformer.weights import load_pretrained
 
         return load_pretrained(cls, model, backend=backend, revision=revision, dtype=dtype)
+
+    def with_backend(self, backend: str | None) -> Transformer:
+        """This model computing its attention by ``backend`` (None: its own): a shallow copy sharing every
+        weight, so a call (patching, ablation) overrides the backend once instead of passing it down."""
+        if backend is None or backend == self.backend:
+            return self
+        other = copy.copy(self)  # the modules and parameters are the same objects
+        other.backend = backend
+        return other
 
     @property
     def dtype(self) -> torch.dtype:
@@ -389,12 +399,3 @@ def _restart(documents: torch.Tensor) -> torch.Tensor:
     first = torch.where(start, t, torch.zeros_like(t)).cummax(-1).values  # each token's document start
     return t - first
 
-
-def by_position(w: torch.Tensor, key_positions: torch.Tensor, width: int) -> torch.Tensor:
-    """Weights over the keys a cache read (B, H, Tk) put in position order (B, H, width): key j of sequence b
-    at key_positions[b, j] (−1: an empty slot, dropped); positions no key holds get 0."""
-    B, H, _ = w.shape
-    out = w.new_zeros(B, H, width + 1)  # the last column takes the empty slots, then goes
-    where = torch.where(key_positions >= 0, key_positions, width).clamp(max=width)  # (B, Tk)
-    out.scatter_(2, where[:, None, :].expand(B, H, -1), w)
-    return out[..., :width]
