@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from attnlab import masks
+from attnlab.masks.intervals import contains
 from attnlab.backends import kernel
 
 ROW_STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")
@@ -116,42 +117,45 @@ def _block_rows(h: int, t: int) -> int:
     return max(8, min(t, BLOCK_BYTES // (4 * h * max(t, 1))))
 
 
-def _masked_columns(rows: Any, cols: Any, left: int | None, right: int | None) -> list:
-    """Where a block of rows has hidden keys: only near its band's edges, so the masks touch a
-    few columns, not the whole block. [(column slice, (b, width) bool, True = hidden)]."""
-    out = []
-    i0, i1, j0, j1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
-    if right is not None and i0 + right + 1 < j1:  # keys after the first row's reach
-        c0 = i0 + right + 1 - j0
-        rel = cols[c0:][None, :] - rows[:, None]
-        out.append((slice(c0, None), rel > right))
-    if left is not None and i1 - 1 - left > j0:  # keys before the last row's reach
-        c1 = i1 - 1 - left - j0
-        rel = cols[:c1][None, :] - rows[:, None]
-        out.append((slice(0, c1), rel < -left))
-    return out
-
-
 def visibility(causal: bool, window: tuple | None) -> masks.Mask | None:
     """A layer's causal band and window as the attnlab.masks description the compiled pass reads."""
     terms = ([masks.causal()] if causal else []) + ([] if window is None else [masks.window(*window)])
     return None if not terms else terms[0] if len(terms) == 1 else terms[0] & terms[1]
 
 
-def _band(causal: bool, window: tuple | None) -> tuple[int | None, int | None]:
-    """The keys a row sees, as (left, right) reaches (None: unbounded)."""
-    left = None if window is None else window[0]
-    right = 0 if causal else (None if window is None else window[1])
-    return left, right
+def _spans(t: int, causal: bool, window: tuple | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each row's key intervals (T, n) under the layer's description, None: every key."""
+    m = visibility(causal, window)
+    if m is None:
+        return None
+    lo, hi = m.spans(m.frame(t, t))
+    return lo[0, 0], hi[0, 0]  # (T, n)
 
 
-def _counts(t: int, left: int | None, right: int | None) -> dict[str, int]:
+def _seen(t: int, spans: tuple | None) -> np.ndarray:
+    """How many keys each row sees (T,)."""
+    if spans is None:
+        return np.full(t, t)
+    lo, hi = spans
+    return np.clip(hi - lo, 0, None).sum(-1)
+
+
+def _block_keys(spans: tuple | None, t: int, i0: int, i1: int) -> tuple[int, int]:
+    """The keys [j0, j1) some row i0..i1 − 1 sees (all where every key is seen)."""
+    if spans is None:
+        return 0, t
+    lo, hi = spans[0][i0:i1], spans[1][i0:i1]
+    live = hi > lo
+    if not live.any():
+        return 0, 1
+    return int(np.where(live, lo, t).min()), int(np.where(live, hi, 0).max())
+
+
+def _counts(t: int, spans: tuple | None) -> dict[str, int]:
     """The rows each statistic is a mean over: all, but prev and next (t − 1), entropy_norm (rows seeing > 1 key)."""
     counts = {name: t for name in ROW_STATS}
     counts["prev"] = counts["next"] = t - 1
-    lo_all = np.clip(np.arange(t) - left, 0, None) if left is not None else np.zeros(t, dtype=int)
-    hi_all = np.clip(np.arange(t) + right, None, t - 1) if right is not None else np.full(t, t - 1)
-    counts["entropy_norm"] = int(((hi_all - lo_all) > 0).sum())
+    counts["entropy_norm"] = int((_seen(t, spans) > 1).sum())
     return counts
 
 
@@ -161,12 +165,11 @@ def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool
     the query rows per tile (None: the kernel's)."""
     h, t, d = q.shape
     hkv = k.shape[0]
-    left, right = _band(causal, window)
     sums, received = kernel.stats(q.reshape(hkv, h // hkv, t, d), k, lse.reshape(hkv, h // hkv, t), scale=scale,
                                   mask=visibility(causal, window),
                                   block_size=None if block_rows is None else (block_rows, 512))
     sums = sums.reshape(h, len(kernel.STATS))
-    return ({name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}, _counts(t, left, right),
+    return ({name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}, _counts(t, _spans(t, causal, window)),
             received.reshape(h, t).astype(np.float32))
 
 
@@ -183,7 +186,8 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
     hkv = k.shape[0]
     g = h // hkv
     q, k, lse = q.float(), k.float(), lse.float()
-    left, right = _band(causal, window)
+    spans = _spans(t, causal, window)  # each row's key intervals (T, n): the layer's description
+    seen_all = torch.from_numpy(_seen(t, spans)).float()  # (T,) keys each row sees
     rows_per = block_rows or _block_rows(h, t)
     sums = {name: torch.zeros(h, dtype=torch.float64) for name in ROW_STATS}
     received = torch.zeros(h, t, dtype=torch.float64)
@@ -194,8 +198,7 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
     for i0 in range(0, t, rows_per):
         i1 = min(t, i0 + rows_per)
         b = i1 - i0
-        j0 = 0 if left is None else max(0, i0 - left)  # the keys any row of the block may see
-        j1 = t if right is None else min(t, i1 + right)
+        j0, j1 = _block_keys(spans, t, i0, i1)  # the keys any row of the block may see
         rows = torch.arange(i0, i1)
         cols = torch.arange(j0, j1)
         qb = q[:, i0:i1].reshape(hkv, g * b, d)  # (H_kv, G·b, D): query head h = kv head h // G
@@ -204,24 +207,22 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
         # (baddbmm's fused alpha and the LSE folded into the product both lose 1e-5 of sharp rows' weights)
         x = torch.matmul(qb, k[:, j0:j1].transpose(-1, -2), out=buf_x[:n].view(hkv, g * b, j1 - j0))
         x = x.mul_(scale).view(h, b, j1 - j0).sub_(lse[:, i0:i1, None])  # (H, b, Tk)
-        hidden = _masked_columns(rows, cols, left, right)  # [(column slice, (b, width) bool: hidden)]
-        for cut, off in hidden:
-            x[:, :, cut].masked_fill_(off, -math.inf)
+        hidden = None if spans is None else torch.from_numpy(~contains(spans[0][i0:i1], spans[1][i0:i1], np.arange(j0, j1)))
+        if hidden is not None:  # (b, width): what the rows do not see
+            x.masked_fill_(hidden, -math.inf)
         a = torch.exp(x, out=buf_a[:n].view(h, b, j1 - j0))  # (H, b, Tk): the exact weights
-        for cut, off in hidden:
-            x[:, :, cut].masked_fill_(off, 0.0)  # so that α log α is 0, not NaN, where α = 0
+        if hidden is not None:
+            x.masked_fill_(hidden, 0.0)  # so that α log α is 0, not NaN, where α = 0
         received[:, j0:j1] += torch.matmul(torch.ones(h, 1, b), a)[:, 0]  # column sums as a product: one pass
         # Σ α |i − j| with positions counted from the block's first row, so local heads sum small numbers
         rel = (cols - i0).float()
-        if right == 0:  # every key at or before the row: |i − j| = i − j
+        if causal:  # every key at or before the row: |i − j| = i − j
             dist = (rows - i0).float() - torch.matmul(a, rel)
         else:
             dist = (a * (cols[None, :] - rows[:, None]).abs().float()).sum(-1)
         # −Σ α log α term by term (LSE − Σ α s would cancel badly for sharp rows); x is not needed after
         ent = -x.mul_(a).sum(-1)
-        lo = torch.clamp(rows - left, min=0) if left is not None else torch.zeros_like(rows)
-        hi = torch.clamp(rows + right, max=t - 1) if right is not None else torch.full_like(rows, t - 1)
-        seen = (hi - lo + 1).float()  # (b,): keys each row sees
+        seen = seen_all[i0:i1]  # (b,): keys each row sees
         many = seen > 1
         sums["entropy"] += ent.sum(-1, dtype=torch.float64)
         sums["entropy_norm"] += (ent[:, many] / torch.log(seen[many])).sum(-1, dtype=torch.float64)
@@ -232,7 +233,7 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
             sums[name] += a[:, ok.nonzero()[:, 0], (j[ok] - j0)].sum(-1, dtype=torch.float64)
         if j0 == 0:
             sums["first"] += a[:, :, 0].sum(-1, dtype=torch.float64)
-    return {n: v.numpy() for n, v in sums.items()}, _counts(t, left, right), received.float().numpy()
+    return {n: v.numpy() for n, v in sums.items()}, _counts(t, spans), received.float().numpy()
 
 
 def head_stats(
