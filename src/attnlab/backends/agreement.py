@@ -93,16 +93,11 @@ def _cases() -> tuple[Case, ...]:
     )
 
 
-def _ids(*sizes: int) -> np.ndarray:
-    """Packed documents' ids, one run of each size."""
-    return np.repeat(np.arange(len(sizes)), sizes)
-
-
 def _description_cases() -> tuple[Case, ...]:
     """attnlab.masks: each kind, their combinations, ALiBi, learned sinks and callables (the issue's list)."""
     m = masks
-    docs = m.documents(_ids(1, 20, 9, 1, 30, 6))  # ragged documents, two of length 1 (T = 67)
-    per_row = m.documents(np.stack([_ids(1, 20, 9, 1, 30, 6), _ids(40, 27)]))
+    docs = m.documents(_doc_ids(1, 20, 9, 1, 30, 6))  # ragged documents, two of length 1 (T = 67)
+    per_row = m.documents(np.stack([_doc_ids(1, 20, 9, 1, 30, 6), _doc_ids(40, 27)]))
     sinks = np.array([0.5, -1.0, 2.0, 0.0])
     return (
         Case("documents & causal, ragged (lengths 1)", (2, 4, 67, 16), 2, 67, 16, (("mask", docs & m.causal()),)),
@@ -122,20 +117,22 @@ def _description_cases() -> tuple[Case, ...]:
         Case("Tq<Tk documents & causal, prefix", (2, 2, 25, 16), 2, 67, 16,
              (("mask", (docs & m.causal()) | m.prefix(np.array([5, 0]))),)),
         Case("documents & causal & cache lengths (Tq<Tk)", (2, 2, 9, 16), 2, 67, 16,
-             (("mask", m.documents(_ids(30, 37)) & m.causal()), ("lengths", np.array([67, 40])))),
+             (("mask", m.documents(_doc_ids(30, 37)) & m.causal()), ("lengths", np.array([67, 40])))),
         Case("mask_mod callable (stripes)", (1, 2, 33, 8), 2, 33, 8, (("mask", _stripes),)),
         Case("score_mod callable (a per-head bias)", (1, 2, 33, 8), 2, 33, 8, (("causal", True), ("score_mod", _tilt))),
     )
 
 
-def _stripes(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-    """A FlexAttention mask_mod: causal, and every third key hidden from odd heads."""
+def _doc_ids(*sizes: int) -> np.ndarray:  # packed documents' ids, one run of each size
+    return np.repeat(np.arange(len(sizes)), sizes)
+
+
+def _stripes(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:  # a mask_mod: causal, every third key hidden from odd heads
     return (kv_idx <= q_idx) & ((kv_idx % 3 != 1) | (h % 2 == 0))
 
 
 def _tilt(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-    """A FlexAttention score_mod: a bias that grows with the distance, steeper in later heads (a power of 2
-    per step, so that the bias is exact in whatever float dtype the indices turn into)."""
+    """A FlexAttention score_mod: a distance bias, steeper in later heads (powers of 2: exact in any float dtype)."""
     return score - 0.0625 * (h + 1) * (q_idx - kv_idx)
 
 
@@ -170,7 +167,7 @@ def _decode_cases() -> tuple[Case, ...]:
         Case("decode Tq=1 Tk=1097 softcap, window", (2, 4, 1, 16), 2, 1097, 16,
              (*ragged(1097, 800), ("window", (300, 0)), ("softcap", 2.0))),
         Case("decode Tq=2 Tk=1097 documents", (1, 2, 2, 16), 2, 1097, 16,
-             (*causal, ("mask", masks.documents(_ids(600, 1, 496))))),
+             (*causal, ("mask", masks.documents(_doc_ids(600, 1, 496))))),
     )
 
 
@@ -202,29 +199,14 @@ def allowed_of(
     :mod:`attnlab.masks`: (Tq, Tk), or (*batch, Tq, Tk) broadcastable with ``lengths`` (ints over the first of
     ``batch_dims`` leading dims; by default as many as ``lengths`` has) or the mask's own batch. ``lengths``
     is masks.cache_lengths: each sequence's queries end at its length (query i of sequence b at lengths[b] − Tq + i)."""
-    terms = []
-    if causal:
-        terms.append(masks.causal())
-    if window is not None:
-        left, right = window if isinstance(window, (tuple, list)) else (window, window)
-        terms.append(masks.window(left, right))
-    dims = batch_dims if batch_dims is not None else np.ndim(lengths) if lengths is not None else 0
-    lengths_shape = () if lengths is None else np.shape(lengths)
-    if lengths is not None:
-        terms.append(masks.cache_lengths(lengths))
-    dense = None
-    if mask is not None and not isinstance(mask, masks.Mask) and hasattr(mask, "shape"):
-        dense = np.asarray(mask)
-    elif mask is not None:
-        terms.append(masks.as_mask(mask))
-    allowed = np.ones((tq, tk), bool)
-    if terms:
-        description = terms[0]
-        for t in terms[1:]:
-            description = description & t
-        own = description.batch_shape()  # a prefix of the batch dims, as lengths are
-        width = max(dims, len(own))
-        lead = tuple(np.broadcast_shapes(*(tuple(x) + (1,) * (width - len(x)) for x in (own, lengths_shape))))
+    dense = np.asarray(mask) if hasattr(mask, "shape") else None  # an array: ANDed as it is, after the rest
+    description = masks.from_keywords(None if dense is not None else mask, causal, window, lengths)
+    if description is None:
+        allowed = np.ones((tq, tk), bool)
+    else:
+        own, given = description.batch_shape(), () if lengths is None else np.shape(lengths)  # prefixes of the batch
+        width = max(len(own), batch_dims if batch_dims is not None else len(given))
+        lead = tuple(np.broadcast_shapes(*(tuple(x) + (1,) * (width - len(x)) for x in (own, given))))
         full = description.dense(tq, tk, lead)  # (B, H, Tq, Tk)
         allowed = full.reshape(*lead, tq, tk) if lead else full[0, 0]
     return allowed if dense is None else allowed & dense

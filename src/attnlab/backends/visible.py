@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 
 from attnlab import masks
-from attnlab.masks.frame import Frame, as_numpy, to_bh
-from attnlab.masks.scores import sinks_bh
+from attnlab.masks.frame import Frame, as_numpy
 from attnlab.masks.intervals import NotStructured, contains
-from attnlab.masks.visibility import Both, Causal, Dense, Mask, Window
+from attnlab.masks.visibility import Both, Causal, Dense, Mask
 from attnlab.reference import validate
 
 
@@ -43,13 +42,9 @@ class Visible:
     lengths: bool = False  # ... cache_lengths (each sequence's own length)
     structure: bool = False  # ... anything else (a window, documents, a prefix, sink tokens, key lengths)
 
-    @property
-    def hides(self) -> bool:
-        return self.mask is not None or self.dense is not None or self.rule is not None
-
-    def keep(self, rows: Any = None, cols: Any = None, *, dense: bool = False) -> np.ndarray | None:
+    def keep(self, rows: Any = None, cols: Any = None) -> np.ndarray | None:
         """(B|1, H|1, R, C) bool for query ``rows`` and key ``cols`` (default all): the structured part
-        and the rule; the dense arrays too with ``dense=True``. None: nothing hidden there."""
+        and the rule (dense arrays are the backends' own to apply). None: nothing hidden there."""
         f, out = self.frame, None
         cols = np.arange(f.tk) if cols is None else np.asarray(cols)
         if self.spans is not None:
@@ -58,9 +53,6 @@ class Visible:
         if self.rule is not None:
             r = np.asarray(self.rule.allows(f, *f.grid(rows, cols)))
             out = r if out is None else out & r
-        if dense and self.dense is not None:
-            d = Dense(self.dense).allows(f, *f.grid(rows, cols))
-            out = d if out is None else out & d
         return out
 
     def block_range(self, i0: int, i1: int) -> tuple[int, int]:
@@ -84,23 +76,12 @@ class Visible:
             return "empty"
         return "full" if ((lo <= k0) & (hi >= k1)).any(-1).all() else "edge"
 
-    def sinks_bh(self) -> np.ndarray | None:
-        """The sink logits in the frame's (B|1, H|1) space, float64 NumPy (no gradients)."""
-        if self.sinks is None:
-            return None
-        return sinks_bh(as_numpy(self.sinks).astype(np.float64), self.frame.batch)
 
-
-def _terms(m: Mask) -> list[Mask]:
-    """The top-level factors of an AND (``a & b & c``)."""
+def _terms(m: Mask | None) -> list[Mask]:
+    """The top-level factors of an AND (``a & b & c``); none for None."""
+    if m is None:
+        return []
     return _terms(m.a) + _terms(m.b) if type(m) is Both else [m]
-
-
-def _and(terms: list[Mask]) -> Mask | None:
-    out = None
-    for t in terms:
-        out = t if out is None else out & t
-    return out
 
 
 def build(p: validate.Problem, mask: Any, causal: bool, window: tuple | None, lengths: Any,
@@ -108,28 +89,23 @@ def build(p: validate.Problem, mask: Any, causal: bool, window: tuple | None, le
     """One call's :class:`Visible` from attention()'s keywords (checked against its shapes)."""
     if mask is None and lengths is None and _band_sees_all(causal, window, p.tq, p.tk):  # a decoding step's call
         return _plain(p, score_mod, sinks, softcap)
-    terms = [] if mask is None else _terms(masks.as_mask(mask, "mask"))
-    if causal:
-        terms.append(Causal())
-    if window is not None:
-        terms.append(Window(*window))
-    if lengths is not None:
-        terms.append(masks.cache_lengths(_check_lengths(lengths, p)))
+    n = None if lengths is None else validate.check_lengths(lengths, p)
+    terms = _terms(masks.from_keywords(None if mask is None else masks.as_mask(mask, "mask"), causal, window, n))
     dense = [t.array for t in terms if isinstance(t, Dense)]
     for d in dense:
         validate.check_mask(d, p)
     structured = [t for t in terms if t.structured]
     rule = [t for t in terms if not t.structured and not isinstance(t, Dense)]
-    whole = _and(terms)
+    whole = masks.all_of(terms)
     ends = None if whole is None else whole.ends()
-    frame = Frame(p.tq, p.tk, tuple(p.batch), None if ends is None else to_bh("lengths", ends, tuple(p.batch)))
+    frame = Frame.of(p.tq, p.tk, p.batch, ends)
     for t in terms:
         t.check(frame)
     _check_sinks(sinks, p)
     smod = masks.as_score_mod(score_mod)
     if smod is not None:
         smod.check(frame)
-    part, spans = _and(structured), None
+    part, spans = masks.all_of(structured), None
     if part is not None:
         try:
             spans = part.spans(frame)
@@ -138,7 +114,7 @@ def build(p: validate.Problem, mask: Any, causal: bool, window: tuple | None, le
     if part is not None and _sees_all(spans, p.tk):
         part = spans = None  # one query after every key (a decoding step): the call without it
     kinds = {type(t) for t in _flat(part)} if part is not None else set()
-    return Visible(frame, part, spans, _dense(dense), _and(rule), smod, sinks, softcap, causal=Causal in kinds,
+    return Visible(frame, part, spans, masks.all_of(dense), masks.all_of(rule), smod, sinks, softcap, causal=Causal in kinds,
                    lengths=masks.visibility.CacheLengths in kinds, structure=bool(kinds - {Causal, masks.visibility.CacheLengths}))
 
 
@@ -168,19 +144,6 @@ def _plain(p: validate.Problem, score_mod: Any, sinks: Any, softcap: float | Non
 def _sees_all(spans: tuple, tk: int) -> bool:
     lo, hi = spans
     return bool(((lo[..., 0] <= 0) & (hi[..., 0] >= tk)).all())
-
-
-def _dense(arrays: list) -> Any:
-    if not arrays:
-        return None
-    out = arrays[0]
-    for a in arrays[1:]:
-        out = out & a
-    return out
-
-
-def _check_lengths(lengths: Any, p: validate.Problem) -> np.ndarray:
-    return validate.check_lengths(lengths, p)
 
 
 def _check_sinks(sinks: Any, p: validate.Problem) -> None:

@@ -118,9 +118,8 @@ def _block_rows(h: int, t: int) -> int:
 
 
 def visibility(causal: bool, window: tuple | None) -> masks.Mask | None:
-    """A layer's causal band and window as the attnlab.masks description the compiled pass reads."""
-    terms = ([masks.causal()] if causal else []) + ([] if window is None else [masks.window(*window)])
-    return None if not terms else terms[0] if len(terms) == 1 else terms[0] & terms[1]
+    """A layer's causal band and window as the attnlab.masks description both statistics passes read."""
+    return masks.from_keywords(causal=causal, window=window)
 
 
 def _spans(t: int, causal: bool, window: tuple | None) -> tuple[np.ndarray, np.ndarray] | None:

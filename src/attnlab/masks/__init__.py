@@ -16,6 +16,8 @@ NumPy only: torch tensors given as ids or lengths are read once as NumPy arrays.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +87,21 @@ def mask_mod(fn: Callable[..., Any]) -> Mask:
     return MaskMod(fn)
 
 
+def all_of(terms: Any) -> Any:
+    """``terms[0] & terms[1] & …`` (masks, or boolean arrays); None when there are none."""
+    terms = [t for t in terms if t is not None]
+    return functools.reduce(operator.and_, terms) if terms else None
+
+
+def from_keywords(mask: Any = None, causal: bool = False, window: Any = None, lengths: Any = None) -> Mask | None:
+    """attention()'s shorthands as the one description: ``mask`` (an array, a callable or a Mask) & ``causal()``
+    & ``window(left, right)`` (an int w: both sides) & ``cache_lengths(lengths)``; None: every key."""
+    if window is not None and not isinstance(window, (tuple, list)):
+        window = (window, window)
+    return all_of([None if mask is None else as_mask(mask), Causal() if causal else None,
+                   None if window is None else Window(*window), None if lengths is None else CacheLengths(lengths)])
+
+
 def alibi(slopes: Any) -> ScoreMod:
     """ALiBi: score − slopes[h] · |pos(i) − j| (one slope per query head)."""
     return Alibi(slopes)
@@ -109,5 +126,5 @@ def alibi_slopes(heads: int) -> list[float]:
 
 __all__ = [
     "Frame", "MAX_SPANS", "Mask", "NotStructured", "ScoreMod", "alibi", "alibi_slopes", "as_mask", "as_score_mod",
-    "cache_lengths", "causal", "documents", "key_lengths", "mask_mod", "prefix", "sink_tokens", "sliding_window", "window",
+    "all_of", "cache_lengths", "causal", "documents", "from_keywords", "key_lengths", "mask_mod", "prefix", "sink_tokens", "sliding_window", "window",
 ]

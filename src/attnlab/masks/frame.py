@@ -62,6 +62,12 @@ class Frame:
     batch: tuple = ()
     ends: np.ndarray | None = None
 
+    @classmethod
+    def of(cls, tq: int, tk: int, batch: tuple = (), ends: np.ndarray | None = None) -> Frame:
+        """A call's frame; ``ends`` (a cache_lengths term's lengths, shaped like a prefix of ``batch``) put in (B, H)."""
+        batch = tuple(batch)
+        return cls(tq, tk, batch, None if ends is None else to_bh("cache_lengths", ends, batch))
+
     @property
     def bh(self) -> tuple[int, int]:
         return split_batch(self.batch)

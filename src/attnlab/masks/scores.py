@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.masks.frame import Frame, as_numpy, to_bh
+from attnlab.masks.frame import Frame, as_numpy
 
 
 class ScoreMod:
@@ -99,9 +99,3 @@ def as_score_mod(x: Any) -> ScoreMod | None:
         return Callable_(x)
     raise TypeError(f"score_mod must be a callable (score, b, h, q_idx, kv_idx) -> score or attnlab.masks.alibi(...), "
                     f"got {type(x).__name__}")
-
-
-def sinks_bh(sink_logits: np.ndarray, batch: tuple) -> np.ndarray:
-    """Learned sink logits (one per query head, broadcast against q's leading dims) in (B|1, H|1)."""
-    arr = sink_logits.reshape((1,) * max(len(batch) - sink_logits.ndim, 0) + sink_logits.shape)
-    return to_bh("sink_logits", arr, batch)

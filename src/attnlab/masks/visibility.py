@@ -78,7 +78,7 @@ class Mask:
         tq = _count("tq", tq, low=1)
         tk = tq if tk is None else _count("tk", tk, low=1)
         ends = self.ends()
-        frame = Frame(tq, tk, tuple(batch), None if ends is None else to_bh("cache_lengths", ends, tuple(batch)))
+        frame = Frame.of(tq, tk, batch, ends)
         self.check(frame)
         return frame
 
@@ -108,13 +108,6 @@ class Mask:
         """The leading batch dims the mask's own arrays have (its ids', its lengths'), () if none."""
         shapes = [p.batch_shape() for p in self.parts()]
         return tuple(np.broadcast_shapes(*shapes)) if shapes else ()
-
-    def hides_nothing(self, frame: Frame) -> bool:
-        """Every query sees every key (a decoding step's causal band)."""
-        if not self.structured:
-            return False
-        lo, hi = self.spans(frame)
-        return bool(((lo[..., 0] <= 0) & (hi[..., 0] >= frame.tk)).all())
 
 
 class Both(Mask):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from attnlab import masks
-from attnlab.masks.frame import Frame, as_numpy, split_batch, to_bh
+from attnlab.masks.frame import Frame, as_numpy, split_batch
 from attnlab.reference import validate
 
 
@@ -62,25 +62,14 @@ def scores(q: Any, k: Any, *, scale: float | None = None) -> np.ndarray:
 
 def _frame(p: validate.Problem, description: masks.Mask | None) -> Frame:
     ends = None if description is None else description.ends()
-    return Frame(p.tq, p.tk, tuple(p.batch), None if ends is None else to_bh("lengths", ends, tuple(p.batch)))
+    return Frame.of(p.tq, p.tk, p.batch, ends)
 
 
 def _description(p: validate.Problem, mask: Any, causal: bool, window: Any, lengths: Any) -> masks.Mask | None:
     """The call's visibility as one attnlab.masks description (the keywords are its shorthands)."""
     if hasattr(mask, "shape"):
         validate.check_mask(mask, p)
-    terms = [] if mask is None else [masks.as_mask(mask)]
-    if causal:
-        terms.append(masks.causal())
-    if window is not None:
-        left, right = (window, window) if isinstance(window, (int, np.integer)) else window
-        terms.append(masks.window(left, right))
-    if lengths is not None:
-        terms.append(masks.cache_lengths(validate.check_lengths(lengths, p)))
-    out = None
-    for t in terms:
-        out = t if out is None else out & t
-    return out
+    return masks.from_keywords(mask, causal, window, None if lengths is None else validate.check_lengths(lengths, p))
 
 
 def _in_bh(s: np.ndarray, frame: Frame) -> np.ndarray:

@@ -199,8 +199,7 @@ class Transformer(nn.Module):
         return load_pretrained(cls, model, backend=backend, revision=revision, dtype=dtype)
 
     def with_backend(self, backend: str | None) -> Transformer:
-        """This model computing its attention by ``backend`` (None: its own): a shallow copy sharing every
-        weight, so a call (patching, ablation) overrides the backend once instead of passing it down."""
+        """This model attending by ``backend`` (None: its own): a shallow copy sharing every weight (a call's override)."""
         if backend is None or backend == self.backend:
             return self
         other = copy.copy(self)  # the modules and parameters are the same objects

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from attnlab import masks
 from attnlab.backends.base import Backend, Supports
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
-from attnlab import masks
 from attnlab.backends.request import Call, Request
 from attnlab.backends.tiling import LOG2E, Tiling, block_sizes
 from attnlab.backends.visible import Visible, describe
@@ -215,7 +215,8 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
         raise ValueError(f"q must have shape (B, H, Tq, D), got {tuple(q.shape)}")
     b, h, tq, _ = q.shape
     if visible is None:
-        visible = describe(_decode_mask(mask, causal, window, lengths), tq, k.shape[2], (b, h))
+        n = None if lengths is None else lengths.cpu().numpy() if is_torch(lengths) else np.asarray(lengths)
+        visible = describe(masks.from_keywords(mask, causal, window, n), tq, k.shape[2], (b, h))
     if sinks is not None:
         sinks = np.broadcast_to(_f32(sinks), (b, h))
     out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
@@ -227,20 +228,6 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
 
         return torch.from_numpy(out), torch.from_numpy(lse)
     return out, lse
-
-
-def _decode_mask(mask: Mask | None, causal: bool, window: Any, lengths: Any) -> Mask | None:
-    terms = [] if mask is None else [mask]
-    if causal:
-        terms.append(masks.causal())
-    if window is not None:
-        terms.append(masks.window(*((window, window) if isinstance(window, (int, np.integer)) else window)))
-    if lengths is not None:
-        terms.append(masks.cache_lengths(lengths.cpu().numpy() if is_torch(lengths) else np.asarray(lengths)))
-    out = None
-    for t in terms:
-        out = t if out is None else out & t
-    return out
 
 
 def _stored(x: Any) -> Any:

@@ -1,0 +1,208 @@
+/* The Python entry points of the compiled kernel (forward, backward, stats, decode), included once by _tiles.c
+ * after the argument checks: each takes its buffers (every one checked before anything is read), fills the
+ * pass's problem and its visibility (struct vis), and runs the chosen instruction set's pass without the GIL. */
+
+static PyObject *forward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "scale", "block_q", "block_k", "threads", "spans", "qpos",
+                             "slopes", "sinks", "heads", "softcap", NULL};
+    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
+    Py_buffer view[9] = {{0}};
+    struct problem pr = {0};
+    struct vis vis = {0};
+    long long bq, bk, heads = 1, unused;
+    double softcap = 0.0;
+    int threads;
+    PyObject *result = NULL;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OOOOLd:forward", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3], &heads,
+                                     &softcap))
+        return NULL;
+    if (!take(obj[0], &view[0], "q", 0, 'f', "BGTD", dim) || !take(obj[1], &view[1], "k", 0, 'f', "BKD", dim) ||
+        !take(obj[2], &view[2], "v", 0, 'f', "BKV", dim) || !take(obj[3], &view[3], "out", 1, 'f', "BGTV", dim) ||
+        !take(obj[4], &view[4], "lse", 1, 'f', "BGT", dim))
+        goto done;
+    pr.b = dim[B_], pr.g = dim[G_], pr.tq = dim[T_], pr.tk = dim[K_], pr.d = dim[D_], pr.dv = dim[V_];
+    if (pr.d < 1 || pr.dv < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a head dim >= 1, got 0", pr.d < 1 ? "q" : "v");
+        goto done;
+    }
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
+    int64_t l, r;
+    if (!check_scalars(pr.tq, pr.tk, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.tq, pr.tk, softcap))
+        goto done;
+    (void)unused;
+    pr.vis = &vis;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pr.b * pr.g * pr.tq == 0 ? 0 : isas[chosen].run(&pr);
+    Py_END_ALLOW_THREADS
+    result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None); /* status: a scratch buffer was not allocated */
+done:
+    release(view, 9);
+    return result;
+}
+
+static PyObject *backward(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "dq", "dk", "dv", "scale", "block_q", "block_k",
+                             "threads", "spans", "qpos", "slopes", "sinks", "heads", "softcap", NULL};
+    PyObject *obj[10], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
+    Py_buffer view[14] = {{0}};
+    struct bproblem pr = {0};
+    struct vis vis = {0};
+    long long bq, bk, heads = 1;
+    double softcap = 0.0;
+    int threads;
+    PyObject *result = NULL;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOfLLi|$OOOOLd:backward", kwlist, &obj[0], &obj[1], &obj[2],
+                                     &obj[3], &obj[4], &obj[5], &obj[6], &obj[7], &obj[8], &obj[9], &pr.scale, &bq, &bk,
+                                     &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3], &heads, &softcap))
+        return NULL;
+    static const char *names[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "dq", "dk", "dv"};
+    static const char *dims[] = {"BGTD", "BKD", "BKV", "BGTV", "BGT", "BGTV", "BGT", "BGTD", "BKD", "BKV"};
+    for (int i = 0; i < 10; i++) {
+        if (i == 6 && obj[i] == Py_None) continue;
+        if (!take(obj[i], &view[i], names[i], i >= 7, 'f', dims[i], dim)) goto done;
+    }
+    pr.b = dim[B_], pr.g = dim[G_], pr.tq = dim[T_], pr.tk = dim[K_], pr.d = dim[D_], pr.dv = dim[V_];
+    if (pr.d < 1 || pr.dv < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a head dim >= 1, got 0", pr.d < 1 ? "q" : "v");
+        goto done;
+    }
+    for (int i = 7; i < 10; i++)
+        for (int j = 0; j < 7; j++)
+            if (view[j].obj && view[i].len && view[j].len && (char *)view[i].buf < (char *)view[j].buf + view[j].len &&
+                (char *)view[j].buf < (char *)view[i].buf + view[i].len) {
+                PyErr_Format(PyExc_ValueError, "%s: expected an array of its own, got one that overlaps %s", names[i], names[j]);
+                goto done;
+            }
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
+    pr.dout = view[5].buf, pr.dlse = view[6].obj ? view[6].buf : NULL;
+    pr.gq = view[7].buf, pr.gk = view[8].buf, pr.gv = view[9].buf;
+    int64_t l, r;
+    if (!check_scalars(pr.tq, pr.tk, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
+        !take_vis(vobj, view + 10, &vis, pr.b * pr.g, heads, pr.tq, pr.tk, softcap))
+        goto done;
+    pr.vis = &vis;
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (pr.b * pr.g * pr.tq == 0 || pr.tk == 0) { /* nothing attends to anything: every gradient is 0 */
+        memset(pr.gq, 0, view[7].len);
+        memset(pr.gk, 0, view[8].len);
+        memset(pr.gv, 0, view[9].len);
+    } else {
+        status = isas[chosen].brun(&pr);
+    }
+    Py_END_ALLOW_THREADS
+    result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
+done:
+    release(view, 14);
+    return result;
+}
+
+static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "lse", "sums", "received", "scale", "block_q", "block_k", "threads", "spans",
+                             "heads", NULL};
+    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
+    Py_buffer view[9] = {{0}};
+    struct sproblem pr = {0};
+    struct vis vis = {0};
+    long long bq, bk, heads = 1;
+    int64_t l, r;
+    int threads;
+    PyObject *result = NULL;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    dim['S'] = NSTATS;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OL:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &heads))
+        return NULL;
+    static const char *names[] = {"q", "k", "lse", "sums", "received"};
+    static const char *dims[] = {"BGTD", "BTD", "BGT", "BGS", "BGT"};
+    for (int i = 0; i < 5; i++)
+        if (!take(obj[i], &view[i], names[i], i >= 3, i >= 3 ? 'd' : 'f', dims[i], dim)) goto done;
+    pr.b = dim[B_], pr.g = dim[G_], pr.t = dim[T_], pr.d = dim[D_];
+    if (pr.d < 1) {
+        PyErr_SetString(PyExc_ValueError, "q: expected a head dim >= 1, got 0");
+        goto done;
+    }
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.lse = view[2].buf, pr.sums = view[3].buf, pr.received = view[4].buf;
+    if (!check_scalars(pr.t, pr.t, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.t, pr.t, 0.0))
+        goto done;
+    pr.vis = &vis;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pr.b * pr.g * pr.t == 0 ? 0 : isas[chosen].srun(&pr);
+    Py_END_ALLOW_THREADS
+    result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
+done:
+    release(view, 9);
+    return result;
+}
+
+/* How k and v are stored, by name. */
+static int stored_type(const char *name) {
+    return !strcmp(name, "float32") ? DT_F32 : !strcmp(name, "float16") ? DT_F16 : !strcmp(name, "bfloat16") ? DT_BF16 : -1;
+}
+
+static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "dtype", "scale", "threads", "spans", "qpos", "slopes", "sinks",
+                             "softcap", NULL};
+    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
+    Py_buffer view[9] = {{0}};
+    struct dproblem pr = {0};
+    struct vis vis = {0};
+    const char *dtype;
+    int64_t bq, bk, l, r; /* check_scalars' block sizes and band: the decode pass has none */
+    double softcap = 0.0;
+    int threads;
+    PyObject *result = NULL;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOOd:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &dtype, &pr.scale, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3],
+                                     &softcap))
+        return NULL;
+    pr.kvtype = stored_type(dtype);
+    if (pr.kvtype < 0) {
+        PyErr_Format(PyExc_ValueError, "dtype: expected 'float32', 'float16' or 'bfloat16' (how k and v are stored), got '%s'",
+                     dtype);
+        return NULL;
+    }
+    const char kind = pr.kvtype == DT_F32 ? 'f' : pr.kvtype == DT_F16 ? 'e' : 'u';
+    if (!take(obj[0], &view[0], "q", 0, 'f', "BHTD", dim) || !take_rows(obj[1], &view[1], "k", 0, kind, "BNKD", dim, 1) ||
+        !take_rows(obj[2], &view[2], "v", 0, kind, "BNKV", dim, 1) || !take(obj[3], &view[3], "out", 1, 'f', "BHTV", dim) ||
+        !take(obj[4], &view[4], "lse", 1, 'f', "BHT", dim))
+        goto done;
+    pr.b = dim['B'], pr.h = dim['H'], pr.hkv = dim['N'], pr.tq = dim['T'], pr.tk = dim['K'], pr.d = dim['D'], pr.dv = dim['V'];
+    if (pr.d < 1 || pr.dv < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a head dim >= 1, got 0", pr.d < 1 ? "q" : "v");
+        goto done;
+    }
+    if (pr.hkv < 1 || pr.h % pr.hkv != 0) {
+        PyErr_Format(PyExc_ValueError, "q: expected a multiple of k's %lld key/value heads (dim 1), got %lld heads",
+                     (long long)pr.hkv, (long long)pr.h);
+        goto done;
+    }
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
+    if (!check_scalars(pr.tq, pr.tk, -1, -1, 1, 1, threads, &l, &r, &bq, &bk, &pr.threads) ||
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.h, pr.h, pr.tq, pr.tk, softcap))
+        goto done;
+    pr.vis = &vis;
+    const Py_ssize_t item = view[1].itemsize; /* leading strides in items (a size-1 dim's is never multiplied) */
+    pr.kb = view[1].strides[0] / item, pr.kh = view[1].strides[1] / item;
+    pr.vb = view[2].strides[0] / item, pr.vh = view[2].strides[1] / item;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pr.b * pr.h * pr.tq == 0 ? 0 : isas[chosen].drun(&pr);
+    Py_END_ALLOW_THREADS
+    result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
+done:
+    release(view, 9);
+    return result;
+}
