@@ -9,7 +9,7 @@ import pytest
 
 from attnlab.transformer import TransformerConfig
 
-pytestmark = pytest.mark.needs("torch")
+pytestmark = [pytest.mark.needs("torch"), pytest.mark.usefixtures("one_thread")]
 H, HKV, D, L = 4, 2, 8, 2
 PROMPT, STEPS, BUDGET = 16, 9, 12
 
