@@ -133,6 +133,21 @@ def test_a_ragged_batch_evicts_each_sequence_on_its_own():
         torch.testing.assert_close(both.logits[b], alone.logits[0], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("policy", ["h2o", "snapkv"])
+def test_continuing_from_the_cache_is_one_call(policy):
+    """generate(kv_cache=g.kv_cache) from the last chosen token gives the logits of one longer call."""
+    import torch
+
+    m = _model()
+    prompt = list(range(3, 3 + PROMPT))
+    one = m.generate([prompt], 7, cache=policy, cache_budget=BUDGET)
+    first = m.generate([prompt], 4, cache=policy, cache_budget=BUDGET)
+    rest = m.generate(first.ids[:, -1:], 3, cache=policy, cache_budget=BUDGET, kv_cache=first.kv_cache)
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), one.logits, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="kv_cache keeps 12 tokens per layer and k/v head; cache_budget=16"):
+        m.generate(rest.ids[:, -1:], 2, cache=policy, cache_budget=16, kv_cache=rest.kv_cache)
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"cache": "lru", "cache_budget": 8}, "cache must be one of dense, window, sink, h2o, snapkv, knorm, random"),
     ({"cache": "h2o"}, "cache_budget: cache='h2o' needs cache_budget="),

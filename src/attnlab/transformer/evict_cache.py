@@ -65,6 +65,14 @@ def evict_kinds(config: Any, kind: str, window: int | None, sink: int | None, bu
     return [(kind, recent, sinks) if w is None else ("window", w, None) for w in own]
 
 
+def check_budget(layers: list, budget: int | None) -> None:
+    """A cache passed back in keeps the budget asked for (its evicting layers' own)."""
+    held = sorted({lc.budget for lc in layers if isinstance(lc, EvictingCache)})
+    if held and held != [budget]:
+        raise ValueError(f"kv_cache keeps {held[0]} tokens per layer and k/v head; cache_budget={budget!r} asks for "
+                         "another budget (pass the one it was built with)")
+
+
 class EvictingCache(LayerCache):
     """``budget`` slots per k/v head; ``slot_positions`` (B, H_kv, budget) is each head's own (−1: empty),
     the held keys fill slots 0..held − 1 of every head, in no particular order; ``rank`` (B, H_kv, budget)

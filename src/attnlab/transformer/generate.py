@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from attnlab.transformer.cache import KINDS, KVCache, layer_kinds
+from attnlab.transformer.evict_cache import check_budget
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
 from attnlab.transformer.sampling import Sampling
 from attnlab.transformer.weights import torch_dtype
@@ -190,6 +191,7 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     prompts = _prompts(model, input_ids, attention_mask)
     kinds = layer_kinds(c, cache, window, sink, cache_budget)
     if kv_cache is not None:
+        check_budget(getattr(kv_cache, "layers", ()), cache_budget)
         _check_continued(model, kv_cache, kinds, len(prompts), cache)
     offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
     n = _check_limits(model, prompts, max_new_tokens, kinds, cache, offset)
