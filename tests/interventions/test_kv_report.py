@@ -96,7 +96,7 @@ def test_the_figure_marks_the_pareto_front():
                    KVRow("c", {"cache": "knorm"}, 50.0, 1, 1e-1, 1e-1, 0.5, [0.1], 1.0)])
     assert [r.pareto for r in rows] == [True, True, False]
     fig = kv_figure({"model": "m", "prompt_tokens": 1, "scored_tokens": 1, "rows": [vars(r) for r in rows]})
-    front = [ln for ln in fig.axes[0].lines if ln.get_label() == "Pareto front"][0]
+    front = next(ln for ln in fig.axes[0].lines if ln.get_label() == "Pareto front")
     assert list(front.get_xdata()) == [50.0, 100.0]
 
 

@@ -96,7 +96,7 @@ def test_h2o_keeps_the_keys_the_prompt_attended_to_most():
     for g in range(HKV):
         fixed = set(range(lc.sink)) | set(range(PROMPT - lc.window, PROMPT))
         rest = [p for p in np.argsort(-score[g], kind="stable") if p not in fixed][:BUDGET - len(fixed)]
-        assert set(lc.slot_positions[0, g].tolist()) == fixed | set(int(p) for p in rest)
+        assert set(lc.slot_positions[0, g].tolist()) == fixed | {int(p) for p in rest}
         np.testing.assert_allclose(np.sort(lc.rank[0, g].numpy()), np.sort(score[g][sorted(fixed | set(rest))]),
                                    atol=1e-12)
 

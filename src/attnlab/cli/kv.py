@@ -12,7 +12,17 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from attnlab.cli.common import console, counter, err, json_option, load_decoder, out_file, print_table, progress, write_json
+from attnlab.cli.common import (
+    console,
+    counter,
+    err,
+    json_option,
+    load_decoder,
+    out_file,
+    print_table,
+    progress,
+    write_json,
+)
 
 
 def kv(

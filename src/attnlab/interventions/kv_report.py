@@ -91,7 +91,7 @@ def default_settings(config: Any, context: int) -> tuple[list[dict], list[str]]:
         reason = _refusal(config, {"cache_dtype": d})
         settings += [] if reason else [{"cache_dtype": d}]
         skipped += [f"{d}: {reason}"] if reason else []
-    budgets = sorted({max(int(round(s * context)), 8) for s in BUDGET_SHARES})
+    budgets = sorted({max(round(s * context), 8) for s in BUDGET_SHARES})
     settings += [{"cache": p, "cache_budget": b} for b in budgets for p in POLICIES]
     return settings, skipped
 

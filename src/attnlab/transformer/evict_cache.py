@@ -26,8 +26,10 @@ no position-dependent mask, and a model's sliding-window layers keep their own w
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -201,6 +203,4 @@ def _per_kv_head(w: torch.Tensor, heads_kv: int) -> torch.Tensor:
 
 
 def _with_observe(read: Read, observe: Any) -> Read:
-    from dataclasses import replace
-
     return read if observe is None else replace(read, observe=observe)
