@@ -126,7 +126,7 @@ def _ids(model: Any, text: Any, need: int) -> list[int]:
     if isinstance(text, str):
         if model.tokenizer is None:
             raise ValueError("text: a string needs the model's tokenizer; this model has none (pass token ids)")
-        ids = list(model.tokenizer(text)["input_ids"])
+        ids = list(model.tokenizer(text, verbose=False)["input_ids"])  # a text longer than P + N is cut below, on purpose
     else:
         ids = [int(i) for i in text]
     if len(ids) < need:
