@@ -133,6 +133,17 @@ def test_a_ragged_batch_evicts_each_sequence_on_its_own():
         torch.testing.assert_close(both.logits[b], alone.logits[0], rtol=0, atol=1e-10)
 
 
+def test_a_sliding_layer_keeps_its_window_and_the_others_evict():
+    """A hybrid model: its sliding layers keep their own ring (exact), its global layers the evicting cache."""
+    import torch
+
+    m = _model(sliding_window=6, layer_types=("sliding_attention", "full_attention"))
+    g = m.generate([list(range(3, 3 + PROMPT))], 5, cache="h2o", cache_budget=BUDGET)
+    assert g.kv_cache.kinds == ("window", "h2o") and g.kv_cache.layers[0].capacity == 6
+    assert (g.kv_cache.layers[1].slot_positions >= 0).sum(-1).tolist() == [[BUDGET] * HKV]
+    assert torch.isfinite(g.logits).all()
+
+
 @pytest.mark.parametrize("policy", ["h2o", "snapkv"])
 def test_continuing_from_the_cache_is_one_call(policy):
     """generate(kv_cache=g.kv_cache) from the last chosen token gives the logits of one longer call."""
