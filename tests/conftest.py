@@ -259,3 +259,14 @@ def no_model(monkeypatch):
     """Loading a model (or running the lesson) fails the test: the error must come first."""
     _refuse(monkeypatch, "the command did its work before checking its input", "attnlab.hf.loading.load_model",
             "attnlab.hf.capture.load_model", "attnlab.lesson.run.run_lesson", "attnlab.interventions.corpus.corpus_roles")
+
+
+@pytest.fixture  # here, not in tests/transformer: the kv report's tests run the tiny models too
+def one_thread():
+    """One torch thread: the tiny models' steps are dominated by thread start-up on a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

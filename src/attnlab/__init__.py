@@ -59,6 +59,8 @@ _LAZY = {
     "logit_lens": "attnlab.interventions.attribution",
     "Attribution": "attnlab.interventions.attribution",
     "plan": "attnlab.planner.api",
+    "kv_report": "attnlab.interventions.kv_report",
+    "KVReport": "attnlab.interventions.kv_report",
 }
 
 
@@ -78,6 +80,7 @@ __all__ = [
     "HeadRoles",
     "HeadSearch",
     "Importance",
+    "KVReport",
     "WordMaps",
     "ablate",
     "capture",
@@ -91,6 +94,7 @@ __all__ = [
     "HeadStats",
     "LongMaps",
     "induction_scores",
+    "kv_report",
     "rollout",
     "load_maps",
     "logit_attribution",

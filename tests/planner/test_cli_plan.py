@@ -36,6 +36,9 @@ def _one_error(capsys, text):
     (["--hardware", "h100", "--new-tokens", "100000000"], "--new-tokens must be at most 16,777,216"),
     (["--hardware", "h100", "--batch", "100000000"], "--batch must be at most 1,048,576"),
     (["--hardware", "h100", "--gpus", "5"], "--gpus must split gpt2's 12 query heads and 12 k/v heads evenly"),
+    (["--hardware", "h100", "--cache-dtype", "int3"], "--cache-dtype must be one of float32, float16, bfloat16"),
+    (["--hardware", "h100", "--cache-budget", "2"], "--cache-budget must be an int from 5"),
+    (["--verify", "--cache-dtype", "int8"], "--verify runs the model with a dense cache"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(capsys, args, text):
     assert main(["plan", "--model", "gpt2", *args]) == 2
@@ -105,3 +108,14 @@ def test_no_figure_is_cut_to_fit_a_narrow_output(capsys):
     out = capsys.readouterr().out
     assert "…" not in out
     assert "128,000" in out and "no: deadline" in out and "decode weights (memory bandwidth)" in out
+
+
+def test_cache_dtype_and_budget_are_said_and_written(capsys):
+    assert main(["plan", "--model", "llama-3.1-8b", "--hardware", "h100", "--prompt", "128k", "--new-tokens", "256",
+                 "--cache-dtype", "int4", "--cache-budget", "8192", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cache"] == {"cache_dtype": "int4", "bytes_per_token_per_kv_head": 192.0,
+                            "fixed_bytes_per_sequence_per_kv_head": 81920, "cache_budget": 8192}
+    assert out["rows"][0]["kv_bytes"] == 32 * 8 * (8192 * 192 + 81920)
+    assert main(["plan", "--model", "llama-3.1-8b", "--hardware", "h100", "--prompt", "128k", "--cache-dtype", "int8"]) == 0
+    assert "KV cache: int8, 264 bytes per token and k/v head" in " ".join(capsys.readouterr().out.split())

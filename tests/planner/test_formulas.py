@@ -168,3 +168,32 @@ def test_kv_bytes_equal_attnlabs_own_cache_after_generating(cache, window):
     g = Transformer(c).eval().generate(torch.randint(0, 50, (2, prompt)), new, cache=cache, stop_ids=[])
     assert int(g.lengths.min()) == new  # no sequence stopped early
     assert g.kv_cache.nbytes == f.kv_bytes(load_model(c), prompt + new - 1, 2, 4)
+
+
+@pytest.mark.parametrize("cache_dtype, per_token, fixed", [
+    ("bfloat16", 2 * 128 * 2, 0), ("float32", 2 * 128 * 4, 0), ("int8", 2 * (128 + 4), 0),  # codes + a scale per token
+    ("fp8", 2 * 128, 2 * 4),  # codes; one scale per sequence and head
+    ("int4", 2 * (64 + 8 * 4), 2 * 160 * 128 * 2),  # packed codes + a scale and zero per group of 32; the residual
+])
+def test_a_cache_dtype_counts_its_codes_and_scales(cache_dtype, per_token, fixed):
+    """Bytes per token and k/v head of each stored format (docs/generation.md, quantized caches), keys and values."""
+    from attnlab.planner.cache_format import cache_format
+
+    c = cache_format(128, "bfloat16", cache_dtype, None, 131072)
+    assert (c.per_token, c.fixed) == (per_token, fixed)
+    a = load_model("llama-3.1-8b")
+    assert f.kv_bytes(a, 1000, 1, 2, **c.terms()) == 32 * 8 * (1000 * per_token + fixed)
+
+
+def test_a_cache_budget_stops_the_cache_growing_and_bad_ones_are_named():
+    from attnlab.planner.cache_format import cache_format
+
+    a = load_model("llama-3.1-8b")
+    c = cache_format(128, "bfloat16", None, 4096, a.max_positions)
+    assert f.kv_bytes(a, 100000, 1, 2, **c.terms()) == f.kv_bytes(a, 4096, 1, 2) == f.kv_bytes(a, 5000, 1, 2, **c.terms())
+    for bad, match in ((("int3", None), "cache_dtype must be one of float32, .*int8, int4, fp8, got 'int3'"),
+                       ((None, 4), "cache_budget must be an int from 5"), ((None, 10**6), "cache_budget .* 131,072")):
+        with pytest.raises(ValueError, match=match):
+            cache_format(128, "bfloat16", *bad, a.max_positions)
+    with pytest.raises(ValueError, match="head width 48 is not divisible by 32"):
+        cache_format(48, "bfloat16", "int4", None, 1024)

@@ -155,3 +155,17 @@ def test_the_decoder_that_ships_with_attnlab_is_a_model_name():
     assert (a.num_layers, a.num_heads, a.num_kv_heads, a.head_dim, a.hidden_size, a.max_positions, a.tied) == \
         (4, 4, 2, 32, 128, 128, True)
     assert plan("attnlab:decoder", "h100", prompt_tokens=64, new_tokens=16).rows[0].ttft_s > 0
+
+
+def test_cache_dtype_overrides_the_cache_part_of_dtype_and_shortens_the_decode_read():
+    """plan(cache_dtype=, cache_budget=): the KV bytes are the cache format's, the weights stay dtype's; a
+    step reads fewer bytes, so TPOT falls; the plan says its cache."""
+    import attnlab
+
+    base = attnlab.plan("llama-3.1-8b", "h100", prompt_tokens=[32000])
+    int4 = attnlab.plan("llama-3.1-8b", "h100", prompt_tokens=[32000], cache_dtype="int4")
+    kept = attnlab.plan("llama-3.1-8b", "h100", prompt_tokens=[32000], cache_budget=2048)
+    assert int4.weight_bytes == base.weight_bytes and int4.kv_bytes < 0.4 * base.kv_bytes
+    assert int4.tpot_s < base.tpot_s and kept.tpot_s < int4.tpot_s
+    assert kept.kv_bytes == pytest.approx(base.kv_bytes * 2048 / 32256)
+    assert int4.to_dict()["cache"]["cache_dtype"] == "int4" and base.to_dict()["cache"] is None

@@ -166,14 +166,3 @@ def decoder_folder(tmp_path_factory):
         return made[family]
 
     return make
-
-
-@pytest.fixture
-def one_thread():
-    """One torch thread: the tiny models' steps are dominated by thread start-up on a busy machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

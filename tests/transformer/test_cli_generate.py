@@ -25,9 +25,11 @@ def one_error(capsys, text: str) -> str:
     (["x", "--top-p", "1.5"], "--top-p must lie in (0, 1]"),
     (["x", "--top-k", "0"], "--top-k must be >= 1, got 0"),
     (["x", "--seed", "3"], "--seed takes effect only when sampling"),
-    (["x", "--cache", "ring"], "--cache must be one of dense, window, sink, got 'ring'"),
-    (["x", "--cache", "window", "--sink", "4"], "--sink 4 goes with --cache sink"),
-    (["x", "--window", "8"], "--window 8 goes with --cache window or sink"),
+    (["x", "--cache", "ring"], "--cache must be one of dense, window, sink, h2o, snapkv, knorm, random, got 'ring'"),
+    (["x", "--cache", "window", "--sink", "4"], "--sink 4 goes with --cache sink or an evicting cache"),
+    (["x", "--window", "8"], "--window 8 goes with --cache window, sink or an evicting cache"),
+    (["x", "--cache", "h2o"], "--cache-budget goes with an evicting --cache (h2o, snapkv, knorm, random) and it needs one"),
+    (["x", "--cache-budget", "16"], "--cache-budget goes with an evicting --cache"),
     (["x", "--cache", "sink", "--window", "0"], "--window must be >= 1, got 0"),
     (["x", "--json", "/no/such/folder/x.json"], "--json '/no/such/folder/x.json'"),
     (["x", "--maps", "/no/such/folder/x.npz"], "--maps '/no/such/folder/x.npz'"),
@@ -118,3 +120,23 @@ def test_past_the_models_positions_is_one_line_naming_the_cache(capsys):
     assert main(["generate", "Return the number of", "--max-new-tokens", "500"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --max-new-tokens=500") and "cache='sink'" in err and err.count("\n") == 1
+
+
+def test_the_cli_offers_every_cache_kind():
+    from attnlab.cli.generate import CACHES
+    from attnlab.transformer.cache import KINDS
+
+    assert CACHES == KINDS
+
+
+@pytest.mark.needs("torch")
+def test_an_evicting_cache_runs_from_the_cli_and_says_its_budget(capsys):
+    import json
+
+    assert main(["generate", "def add(a, b):", "--cache", "h2o", "--cache-budget", "8", "--max-new-tokens", "3",
+                 "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_cache"]["kinds"] == ["h2o"] * 4 and out["options"]["cache_budget"] == 8
+    assert {layer["budget"] for layer in out["kv_cache"]["layers"]} == {8}
+    assert main(["generate", "x", "--cache", "knorm", "--cache-budget", "2"]) == 2
+    one_error(capsys, "--cache-budget=2 is below the 4 sink tokens")

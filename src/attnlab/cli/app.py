@@ -16,7 +16,7 @@ import sys
 import typer
 from rich.markup import escape
 
-from attnlab.cli import ablate, circuits, generate, lesson, longinputs, maps, measure, serve
+from attnlab.cli import ablate, circuits, generate, kv, lesson, longinputs, maps, measure, serve
 from attnlab.cli import plan as plan_cli
 from attnlab.cli.common import console, err
 from attnlab.cli.errors import (INTERNAL, REPORT, USAGE, click_error, command_flags, in_flags, is_input_error,
@@ -41,7 +41,7 @@ COMMANDS = {  # in the order --help lists them
     "generate": generate.generate, "stats": longinputs.stats, "rollout": longinputs.rollout, "ablate": ablate.ablate,
     "patch": circuits.patch, "attribute": circuits.attribute,
     "serve": serve.serve, "lesson": lesson.lesson, "cost": lesson.cost, "plan": plan_cli.plan, "check": measure.check,
-    "bench": measure.bench,
+    "bench": measure.bench, "kv": kv.kv,
 }
 for _name, _handler in COMMANDS.items():
     app.command(_name)(_handler)

@@ -16,12 +16,13 @@ import typer
 
 from attnlab.cli.common import decoder_option, err, json_option, load_decoder, out_file, write_json
 
-CACHES = ("dense", "window", "sink")
+CACHES = ("dense", "window", "sink", "h2o", "snapkv", "knorm", "random")  # attnlab.transformer.cache.KINDS
+EVICTING = CACHES[3:]
 SAMPLING = "Sampling is on when --temperature, --top-k or --top-p is given; otherwise greedy."
 
 
 def check_flags(prompt: str, temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None,
-                cache: str, window: int | None, sink: int | None) -> bool:
+                cache: str, window: int | None, sink: int | None, cache_budget: int | None = None) -> bool:
     """The flags' own rules, before any work; returns whether to sample."""
     if not prompt.strip():
         raise ValueError("PROMPT is empty; give the text to continue, e.g. attnlab generate 'Return the'")
@@ -39,10 +40,14 @@ def check_flags(prompt: str, temperature: float | None, top_k: int | None, top_p
     for flag, value in (("--window", window), ("--sink", sink)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
-    if sink is not None and cache != "sink":
-        raise ValueError(f"--sink {sink} goes with --cache sink, got --cache {cache}")
+    if sink is not None and cache not in ("sink", *EVICTING):
+        raise ValueError(f"--sink {sink} goes with --cache sink or an evicting cache, got --cache {cache}")
+    if (cache_budget is None) != (cache not in EVICTING):
+        raise ValueError(f"--cache-budget goes with an evicting --cache ({', '.join(EVICTING)}) and it needs one; got "
+                         f"--cache {cache}" + ("" if cache_budget is None else f" --cache-budget {cache_budget}"))
     if window is not None and cache == "dense":
-        raise ValueError(f"--window {window} goes with --cache window or sink; a dense cache keeps every position")
+        raise ValueError(f"--window {window} goes with --cache window, sink or an evicting cache; a dense cache keeps "
+                         "every position")
     return sample
 
 
@@ -91,7 +96,10 @@ def generate(
                                                       f"in (0, 1]. {SAMPLING}"),
     seed: int = typer.Option(None, "--seed", help="Seed of the sampling (the same seed draws the same tokens); sampling only."),
     cache: str = typer.Option("dense", "--cache", help="The KV cache: dense (every position), window (the last W), "
-                                                        "sink (the first S and the last W: past the model's length)."),
+                                                        "sink (the first S and the last W: past the model's length); "
+                                                        "evicting: h2o, snapkv, knorm, random (with --cache-budget)."),
+    cache_budget: int = typer.Option(None, "--cache-budget", help="Tokens an evicting --cache keeps per layer and k/v "
+                                                                  "head, sinks included (--window: its recent ones)."),
     window: int = typer.Option(None, "--window", help="W of --cache window or sink (default: the model's own window)."),
     sink: int = typer.Option(None, "--sink", help="S of --cache sink: the first tokens always kept."),
     maps_path: str = typer.Option(None, "--maps", metavar="PATH", callback=out_file("--maps"),
@@ -104,12 +112,12 @@ def generate(
 
     Sampling is on when --temperature, --top-k or --top-p is given; otherwise greedy.
     """
-    sample = check_flags(prompt, temperature, top_k, top_p, seed, cache, window, sink)
+    sample = check_flags(prompt, temperature, top_k, top_p, seed, cache, window, sink, cache_budget)
     net, model_id = load_decoder(model, "generate", "Transformer.generate")
     out = sys.stderr if json_path == "-" else sys.stdout
     printer = Printer(net.tokenizer, out, prompt)
     kw = dict(sample=sample, temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
-              seed=seed, cache=cache, window=window, sink=sink, maps=bool(maps_path or html_path), on_token=printer)
+              seed=seed, cache=cache, window=window, sink=sink, cache_budget=cache_budget, maps=bool(maps_path or html_path), on_token=printer)
     eos = net.tokenizer.eos_token_id
     start = time.perf_counter()
     try:

@@ -110,6 +110,10 @@ def plan(
     new_tokens: int = typer.Option(256, "--new-tokens", help="Tokens generated after the prompt."),
     batch: int = typer.Option(1, "--batch", help="Sequences served together."),
     dtype: str | None = typer.Option(None, "--dtype", help="Weights' and cache's dtype (default: the config's)."),
+    cache_dtype: str | None = typer.Option(None, "--cache-dtype", help="The KV cache's dtype, overriding --dtype's "
+                                           "cache part: a float dtype, or int8, int4, fp8 (scales counted)."),
+    cache_budget: int | None = typer.Option(None, "--cache-budget", help="Tokens per layer an evicting cache keeps "
+                                            "(attnlab generate --cache h2o --cache-budget N)."),
     deadline_ms: float | None = typer.Option(None, "--deadline-ms", help="Latency deadline in ms, on --deadline-on."),
     deadline_on: str = typer.Option("total", "--deadline-on", help="What the deadline bounds: total or ttft."),
     memory_gb: float | None = typer.Option(None, "--memory-gb", help="Memory per device in GB (10^9 bytes); default: the device's."),
@@ -138,6 +142,9 @@ def plan(
         raise ValueError(f"--deadline-on must be total or ttft, got {deadline_on!r}")
     _dtype(dtype, hardware)
     hw = _hardware(hardware, efficiency, engine)
+    if verify and (cache_dtype is not None or cache_budget is not None):
+        raise ValueError("--verify runs the model with a dense cache of --dtype; --cache-dtype and --cache-budget "
+                         "are predicted only (attnlab kv measures what they cost in error)")
     for flag, asked in (("--calibrate", calibrate), ("--verify", verify)):
         if asked and hw != "this":
             raise ValueError(f"{flag} measures this machine; it goes with --hardware this")
@@ -152,7 +159,7 @@ def plan(
     from attnlab.planner import plan as run_plan
 
     kw = dict(new_tokens=new_tokens, batch=batch, dtype=dtype, deadline_ms=deadline_ms, memory_gb=memory_gb,
-              gpus=gpus, deadline_on=deadline_on)
+              gpus=gpus, deadline_on=deadline_on, cache_dtype=cache_dtype, cache_budget=cache_budget)
     result = run_plan(model, hw, prompt_tokens=list(lengths), **kw)
     if png_path:
         _png(png_path, result, model, kw)
@@ -262,6 +269,11 @@ def _print(p: Any) -> None:
     if p.deadline_ms is not None:
         limits.insert(0, f"deadline {p.deadline_ms:g} ms on {p.deadline_on}")
     console.print(f"{p.dtype}, batch {p.batch}, {p.new_tokens} new tokens; {'; '.join(limits)}", highlight=False)
+    if p.cache is not None:
+        c = p.cache
+        keep = f", {c.budget:,} tokens kept per layer (evicting)" if c.budget else ""
+        console.print(f"KV cache: {c.dtype}, {c.per_token:g} bytes per token and k/v head (keys and values, scales "
+                      f"counted) + {c.fixed:g} per sequence and k/v head{keep}", highlight=False)
     ranged = any(r.ranges["ttft_s"] for r in p.rows)
     where = ("where the measurements of the published rows left out of the fit fell" if fitted
              else "at the fast and slow ends of this machine's measurements")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnlab.planner import predict as P
+from attnlab.planner.cache_format import cache_format
 from attnlab.planner.hardware import Hardware
 from attnlab.planner.models import Architecture, load_model
 from attnlab.planner.search import Search
@@ -81,6 +82,7 @@ class Plan:
     search: Search
     notes: tuple[str, ...] = field(default=())
     max_prompt_range: tuple[int, int] | None = None  # (at the slow end, at the fast end) of the measured rates
+    cache: Any = None  # the CacheFormat of cache_dtype= / cache_budget= (None: the weights' dtype, every token)
 
     @property
     def predicted(self) -> bool:
@@ -107,6 +109,7 @@ class Plan:
             "memory_model": MEMORY_SAYS, "rows": [r.to_dict() for r in self.rows],
             "max_prompt_tokens": self.max_prompt_tokens, "search": self.search.to_dict(), "notes": list(self.notes),
             "max_prompt_range": list(self.max_prompt_range) if self.max_prompt_range else None,
+            "cache": None if self.cache is None else self.cache.to_dict(),
         }
 
 
@@ -199,7 +202,8 @@ def _notes(a: Architecture, hw: Hardware, lengths: tuple[int, ...], new_tokens: 
 
 def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_tokens: int = 256, batch: int = 1,
          dtype: str | None = None, deadline_ms: float | None = None, memory_gb: float | None = None, gpus: int = 1,
-         deadline_on: str = "total", engine: str | None = None) -> Plan:
+         deadline_on: str = "total", engine: str | None = None, cache_dtype: str | None = None,
+         cache_budget: int | None = None) -> Plan:
     """Predict TTFT, TPOT, total time and memory of serving ``model`` on ``hardware``, per prompt length.
 
     model: a config.json path (file or folder), a bundled name (:data:`attnlab.planner.models.BUNDLED`),
@@ -210,6 +214,9 @@ def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_toke
     gpus: devices in tensor parallelism (named accelerators only). engine: a named accelerator's serving
     engine, "vllm" (the default), "trt-llm" or "ideal" (the assumed efficiencies): its efficiencies are fitted
     to published measurements where there are some (:data:`attnlab.planner.hardware.FITTED`).
+    cache_dtype: the KV cache's dtype when it differs from the weights' (float, or "int8", "int4", "fp8" with
+    their scales counted: :mod:`attnlab.planner.cache_format`); cache_budget: the tokens per layer an evicting
+    cache keeps (generate's cache="h2o" etc.): memory and the decode read stop growing there.
     """
     lengths = _lengths(prompt_tokens)
     for name, value in (("new_tokens", new_tokens), ("batch", batch), ("gpus", gpus)):
@@ -225,17 +232,19 @@ def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_toke
     _splits(a, gpus)
     dtype = dtype or a.dtype
     nbytes = P.nbytes_of(dtype)
+    cache = None if cache_dtype is None and cache_budget is None else cache_format(
+        a.head_dim, dtype, cache_dtype, cache_budget, a.max_positions)
     hw = P.resolve_hardware(hardware, a, dtype, engine)
     if gpus > 1 and hw.link is None:
         raise ValueError(f"gpus={gpus}: tensor parallelism needs a named accelerator (with its link), not {hw.name}")
     budget = memory_gb * 1e9 if memory_gb is not None else hw.memory_bytes
-    s = P.Setup(a, hw, nbytes, gpus, new_tokens)
+    s = P.Setup(a, hw, nbytes, gpus, new_tokens, cache)
     deadline_s = None if deadline_ms is None else deadline_ms / 1000
     rows = tuple(_row(s, n, batch, budget, deadline_s, deadline_on) for n in lengths)
     search = P.largest_prompt(s, batch, budget, deadline_s, deadline_on)
     return Plan(a, hw, dtype, batch, new_tokens, gpus, deadline_ms, deadline_on, budget, rows,
                 search.n or None, search, tuple(_notes(a, hw, lengths, new_tokens)),
-                _prompt_span(s, batch, budget, deadline_s, deadline_on, search.n))
+                _prompt_span(s, batch, budget, deadline_s, deadline_on, search.n), cache)
 
 
 def _prompt_span(s: P.Setup, batch: int, budget: float, deadline_s: float | None, on: str, n: int) -> tuple[int, int] | None:

@@ -50,10 +50,21 @@ def decode_weight_bytes(a: Architecture, nbytes: int) -> int:
     return (p["layers"] + p["norms_and_biases"] + a.vocab_size * a.hidden_size) * nbytes
 
 
-def kv_bytes(a: Architecture, tokens: int, batch: int, nbytes: int) -> int:
-    """Σ_l 2 · H_kv · D · B · min(T, w_l) · bytes: the k and v of every layer, a window's layer keeping its last w."""
-    per_token = 2 * a.num_kv_heads * a.head_dim * batch * nbytes
-    return sum(per_token * (tokens if w is None else min(tokens, w)) for w in a.windows)
+def kv_layer_bytes(a: Architecture, tokens: int, batch: int, nbytes: int, window: int | None = None, *,
+                   per_token: float | None = None, fixed: float = 0, budget: int | None = None) -> float:
+    """One layer's k and v: H_kv · B · (min(T, w, budget) · per_token + fixed). ``per_token`` (bytes per token and
+    k/v head, keys and values) is 2 · D · bytes unless a cache format says otherwise; ``fixed`` (bytes per
+    sequence and k/v head whatever T: a quantized cache's residual or scales) 0; ``budget`` (an evicting cache's
+    tokens) none (:mod:`attnlab.planner.cache_format`)."""
+    per = 2 * a.head_dim * nbytes if per_token is None else per_token
+    kept = min(x for x in (tokens, window, budget) if x is not None)
+    return a.num_kv_heads * batch * (kept * per + fixed)
+
+
+def kv_bytes(a: Architecture, tokens: int, batch: int, nbytes: int, **cache: float | None) -> float:
+    """Σ_l 2 · H_kv · D · B · min(T, w_l) · bytes: the k and v of every layer, a window's layer keeping its last w
+    (``cache``: :func:`kv_layer_bytes`'s per_token, fixed and budget)."""
+    return sum(kv_layer_bytes(a, tokens, batch, nbytes, w, **cache) for w in a.windows)
 
 
 def causal_pairs(n: int, window: int | None, past: int = 0) -> int:

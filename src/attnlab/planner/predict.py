@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from attnlab.planner import formulas as f
+from attnlab.planner.cache_format import CacheFormat
 from attnlab.planner.hardware import DEFAULT_ENGINE, Hardware, accelerator
 from attnlab.planner.models import DTYPE_BYTES, Architecture
 from attnlab.planner.search import Search, largest_length
@@ -43,6 +44,12 @@ class Setup:
     nbytes: int
     gpus: int
     new_tokens: int
+    cache: CacheFormat | None = None  # the KV cache's bytes (None: the weights' dtype, every token)
+
+    @property
+    def kv(self) -> dict:
+        """:func:`attnlab.planner.formulas.kv_bytes`'s keywords for this cache."""
+        return {} if self.cache is None else self.cache.terms()
 
     @property
     def kv_share(self) -> float:
@@ -105,9 +112,8 @@ def prefill_terms(s: Setup, n: int, batch: int) -> tuple[Term, ...]:
 def decode_terms(s: Setup, keys: int, batch: int) -> tuple[Term, ...]:
     """One decode step whose attention reads ``keys`` keys per sequence (the cache and the new token)."""
     a = s.a
-    per_token = 2 * a.num_kv_heads * s.kv_share * a.head_dim * batch * s.nbytes
-    kv = sum(count * s.hw.decode_attention.seconds(per_token * (keys if w is None else min(keys, w)))
-             for w, count in Counter(a.windows).items())
+    kv = sum(count * s.hw.decode_attention.seconds(s.kv_share * f.kv_layer_bytes(a, keys, batch, s.nbytes, w, **s.kv))
+             for w, count in Counter(a.windows).items())  # the bytes the cache stores for those keys, read as stored
     return (_matmuls(s, batch, batch, decode=True), Term("KV cache read", "decode", kv, "memory bandwidth"),
             Term("overhead", "decode", s.hw.overhead(a.num_layers, prefill=False), "dispatch and host"),
             *_allreduce(s, 1, batch, "decode"))
@@ -129,8 +135,8 @@ def memory(s: Setup, n: int, batch: int) -> dict:
     """Bytes per device: weights, KV (at the prompt and at the end), activations, and the peak."""
     a, g = s.a, s.gpus
     weights = f.weight_bytes(a, s.nbytes) / g
-    kv_prompt = f.kv_bytes(a, n, batch, s.nbytes) * s.kv_share
-    kv_end = f.kv_bytes(a, n + s.new_tokens, batch, s.nbytes) * s.kv_share
+    kv_prompt = f.kv_bytes(a, n, batch, s.nbytes, **s.kv) * s.kv_share
+    kv_end = f.kv_bytes(a, n + s.new_tokens, batch, s.nbytes, **s.kv) * s.kv_share
     acts = f.prefill_activation_bytes(a, n, batch, s.nbytes)
     activations = max(acts["attention"], acts["feed_forward"]) / g + acts["logits"]
     peak = weights + max(kv_prompt + activations, kv_end)

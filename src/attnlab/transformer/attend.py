@@ -72,7 +72,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict,
     else:
         out = attention(q, k, v, backend=p.backend, **kw)
         out = list(out) if isinstance(out, tuple) else [out]
-    return out[0], (out[1][:, :, 0] if last else None)
+    return out[0], (out[1][:, :, 0] if last else out[1] if len(out) > 1 else None)
+
+
+def received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict, rows: range,
+             chunk: int = 128) -> torch.Tensor:
+    """The weights the query columns ``rows`` of this step give each key, summed over them: (B, H, Tk) float32
+    or wider. Each chunk of rows is one attention call (``weights_rows=``) over the keys its newest row may
+    see (bottom-right causal with each sequence's length cut to it), so nothing holds Tq × Tk."""
+    B, H, tq, _ = q.shape
+    full = kw.get("lengths")
+    n = torch.full((B,), k.shape[2], device=q.device) if full is None else torch.as_tensor(full, device=q.device)
+    total = q.new_zeros(B, H, k.shape[2], dtype=torch.promote_types(q.dtype, torch.float32))
+    for i in range(rows.start, rows.stop, chunk):
+        j = min(i + chunk, rows.stop)
+        cut = dict(kw, lengths=(n - (tq - j)).clamp(min=0), weights_rows=list(range(j - i)))  # (B,) keys row j − 1 sees
+        total += attend(q[:, :, i:j], k, v, p, cut)[1].sum(2)  # (B, H, R, Tk) → (B, H, Tk)
+    return total
 
 
 def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str, kw: dict,

@@ -24,12 +24,13 @@ import torch
 
 from attnlab.backends.request import max_norm
 from attnlab.transformer.config import TransformerConfig
+from attnlab.transformer.evict_cache import POLICIES, EvictingCache, evict_kinds
 from attnlab.transformer.layer_cache import (
     DENSE_START, SINK_DEFAULT, DenseCache, LayerCache, Read, SinkCache, Step, WindowCache,
 )
 from attnlab.transformer.weights import torch_dtype
 
-KINDS = ("dense", "window", "sink")
+KINDS = ("dense", "window", "sink", *POLICIES)
 
 
 def _check_entries(name: str, x: Any, shape: tuple, dtype: torch.dtype, layer: int) -> torch.Tensor:
@@ -63,10 +64,11 @@ class KVCache:
     @classmethod
     def for_model(cls, config: TransformerConfig, batch: int, *, kind: str = "dense", window: int | None = None,
                   sink: int | None = None, capacity: int | None = None, dtype: Any = torch.float32,
-                  device: Any = "cpu") -> KVCache:
+                  device: Any = "cpu", budget: int | None = None, seed: int = 0) -> KVCache:
         """A cache for ``config``'s layers: each layer's kind from :func:`layer_kinds`; dense layers
-        start at ``capacity`` slots (default 256; they double when a write needs more)."""
-        kinds = layer_kinds(config, kind, window, sink)
+        start at ``capacity`` slots (default 256; they double when a write needs more); an evicting
+        kind keeps ``budget`` per layer and k/v head (``seed``: the random policy's generator)."""
+        kinds = layer_kinds(config, kind, window, sink, budget)
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"capacity must be an int >= 1 (slots per dense layer) or None, got {capacity!r}")
         dtype = torch_dtype(dtype)
@@ -76,6 +78,8 @@ class KVCache:
         for (what, w, s), layer in zip(kinds, range(config.num_layers)):
             if what == "dense":
                 layers.append(DenseCache(batch, h, d, start, dtype, device, window=config.layer_window(layer)))
+            elif what in POLICIES:
+                layers.append(EvictingCache(batch, h, d, budget, s, w, what, dtype, device, seed))
             elif what == "window":
                 layers.append(WindowCache(batch, h, d, w, dtype, device))
             else:
@@ -135,17 +139,24 @@ class KVCache:
                 "nbytes": self.nbytes, "layers": [layer.describe() for layer in self.layers]}
 
 
-def layer_kinds(config: TransformerConfig, kind: str, window: int | None, sink: int | None) -> list[tuple]:
+def layer_kinds(config: TransformerConfig, kind: str, window: int | None, sink: int | None,
+                budget: int | None = None) -> list[tuple]:
     """Each layer's (kind, W, S) for a cache of ``kind``.
 
     dense: every layer dense (a sliding layer reads its band). window: a sliding layer keeps a ring
     of its own W (or of ``window`` when smaller), every other layer a ring of ``window`` (when not
     given: stays dense, so a hybrid model such as Gemma-2 is exact). sink: the sliding layers as for
     window, every other layer ``sink`` first tokens (default 4) plus a ring of ``window``.
-    ``window`` is W: the keys a token sees, itself included.
+    ``window`` is W: the keys a token sees, itself included. An evicting kind (h2o, snapkv, knorm,
+    random): :func:`~attnlab.transformer.evict_cache.evict_kinds` (``window`` its recent positions).
     """
     if kind not in KINDS:
         raise ValueError(f"cache must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind in POLICIES:
+        return evict_kinds(config, kind, window, sink, budget)
+    if budget is not None:
+        raise ValueError(f"cache_budget={budget!r} sizes an evicting cache ({', '.join(POLICIES)}); cache={kind!r} "
+                         "keeps what its kind says")
     for name, value in (("window", window), ("sink", sink)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnlab.transformer.cache import KVCache, layer_kinds
+from attnlab.transformer.cache import KINDS, KVCache, layer_kinds
+from attnlab.transformer.evict_cache import check_budget
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
 from attnlab.transformer.sampling import Sampling
 from attnlab.transformer.weights import torch_dtype
@@ -171,11 +172,13 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
              stop_ids: Sequence[int] | int = (), cache: str = "dense", window: int | None = None,
              sink: int | None = None, cache_dtype: Any = None, maps: bool = False,
              on_token: Callable[[int, torch.Tensor], Any] | None = None, backend: str | None = None,
-             fwd_hooks: Any = None, kv_cache: KVCache | None = None) -> Generation:
+             fwd_hooks: Any = None, kv_cache: KVCache | None = None, cache_budget: int | None = None) -> Generation:
     """Generate up to ``max_new_tokens`` per prompt (see :class:`Generation`); every check before any work.
 
     ``kv_cache``: continue from a cache an earlier call returned (``Generation.kv_cache``); it holds
     every position fed so far, so ``input_ids`` start with the last token that call chose.
+    ``cache`` "h2o", "snapkv", "knorm" or "random" evicts down to ``cache_budget`` tokens per layer and k/v
+    head (:mod:`attnlab.transformer.evict_cache`; ``window``: its recent positions, ``sink``: its sinks).
     """
     c = model.config
     if not c.causal:
@@ -184,10 +187,11 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable as on_token(step, ids), got {type(on_token).__name__}")
     if not isinstance(cache, str):
-        raise TypeError(f"cache must be 'dense', 'window' or 'sink', got {type(cache).__name__}")
+        raise TypeError(f"cache must be a cache kind ({', '.join(KINDS)}), got {type(cache).__name__}")
     prompts = _prompts(model, input_ids, attention_mask)
-    kinds = layer_kinds(c, cache, window, sink)
+    kinds = layer_kinds(c, cache, window, sink, cache_budget)
     if kv_cache is not None:
+        check_budget(getattr(kv_cache, "layers", ()), cache_budget)
         _check_continued(model, kv_cache, kinds, len(prompts), cache)
     offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
     n = _check_limits(model, prompts, max_new_tokens, kinds, cache, offset)
@@ -199,7 +203,7 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     pad = c.pad_token_id if c.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
     B, longest = len(prompts), max(len(p) for p in prompts)
     kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
-                                       dtype=kv_dtype, device=device)
+                                       dtype=kv_dtype, device=device, budget=cache_budget, seed=seed or 0)
     return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
 
 

@@ -88,8 +88,9 @@ class Read:
     v: torch.Tensor
     lengths: torch.Tensor | None  # None: every sequence's Tk (an even step)
     mask: masks.Mask | None  # the window (or a sink's first keys and window) in the read's key order
-    key_positions: torch.Tensor
+    key_positions: torch.Tensor  # (B, Tk), or (B, H_kv, Tk) where each k/v head keeps its own (an evicting cache)
     k_norm: float | None = None
+    observe: Any = None  # an evicting cache's observe(received): after the step's attention, ranks and cuts its keys
 
     def kwargs(self) -> dict:
         """The keyword arguments of :func:`attnlab.attention` for this read: causal, each sequence's length
@@ -102,8 +103,9 @@ class Read:
         ``key_positions[b, j]`` (−1: an empty slot, dropped); positions no key holds get 0."""
         B, H, _ = w.shape
         out = w.new_zeros(B, H, width + 1)  # the last column takes the empty slots, then goes
-        where = torch.where(self.key_positions >= 0, self.key_positions, width).clamp(max=width)  # (B, Tk)
-        out.scatter_(2, where[:, None, :].expand(B, H, -1), w)
+        pos = self.key_positions
+        pos = pos[:, None].expand(B, H, -1) if pos.dim() == 2 else pos.repeat_interleave(H // pos.shape[1], dim=1)
+        out.scatter_(2, torch.where(pos >= 0, pos, width).clamp(max=width), w)  # (B, H, Tk) → (B, H, width + 1)
         return out[..., :width]
 
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.transformer.attend import Pass, attend, attend_eager
+from attnlab.transformer.attend import Pass, attend, attend_eager, received
 from attnlab.transformer.cache import KVCache
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.experts import Experts
@@ -85,13 +85,10 @@ class Attention(nn.Module):
             rope = p.rope_local if self.local_rope else p.rope
             q = h(at + "hook_rot_q", rotate(q, rope))
             k = h(at + "hook_rot_k", rotate(k, rope))
-        # 4. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh]
-        #    what each query sees, said once: the pass's visibility, or the cache's read
+        # 4. decoding: append k and v to the cache; the keys read are the cache's [B, Hkv, Tk, Dh] (and what it sees)
         read = None if p.kv is None else p.kv.update(self.layer, p.step, k, v, q.dtype)
-        if read is None:
-            kw = p.visibility(self.window)
-        else:
-            k, v, kw = read.k, read.v, read.kwargs()
+        kw = p.visibility(self.window) if read is None else read.kwargs()
+        k, v = (k, v) if read is None else (read.k, read.v)
         if self.sinks is not None:  # the learned sinks join every row's softmax, cached or not
             kw["sink_logits"] = self.sinks
         # 5. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
@@ -101,6 +98,8 @@ class Attention(nn.Module):
             z, row = attend_eager(q, k, v, p, at, kw, last)
         else:
             z, row = attend(q, k, v, p, kw, last)
+        if read is not None and read.observe is not None:  # an evicting cache ranks (and cuts) by this attention
+            read.observe(lambda rows: received(q, k, v, p, kw, rows))
         if last:  # the newest query's weights, in key-position order (a ring's slots are not)
             h(at + "hook_last_pattern", row if read is None else read.by_position(row, p.step.longest))
         z = h(at + "hook_z", z)

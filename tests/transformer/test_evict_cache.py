@@ -1,0 +1,173 @@
+"""Evicting caches (h2o, snapkv, knorm, random): every step equals the float64 reference attention over the
+positions its k/v head kept, at their original positions; the prompt's queries see the whole prompt; each head
+keeps its own positions, sinks and recent ones included, never more than the budget; bad input refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnlab.transformer import TransformerConfig
+
+pytestmark = [pytest.mark.needs("torch"), pytest.mark.usefixtures("one_thread")]
+H, HKV, D, L = 4, 2, 8, 2
+PROMPT, STEPS, BUDGET = 16, 9, 12
+
+
+def _model(**kw):
+    import torch
+
+    from attnlab.transformer import Transformer
+
+    torch.manual_seed(0)
+    c = TransformerConfig(**{"vocab_size": 29, "d_model": H * D, "num_layers": L, "num_heads": H, "num_kv_heads": HKV,
+                             "positions": "rotary", "norm": "rmsnorm", "ffn": "gated", "activation": "silu",
+                             "max_positions": 64, **kw})
+    return Transformer(c, backend="torch", dtype="float64").eval()
+
+
+def _names():
+    return [f"blocks.{layer}.attn.{n}" for layer in range(L) for n in ("hook_rot_q", "hook_rot_k", "hook_v", "hook_z")]
+
+
+def _reference(q, k, v):
+    from attnlab.reference.attention import attention
+
+    return attention(q, k, v, scale=1 / np.sqrt(D))
+
+
+@pytest.mark.parametrize("policy", ["h2o", "snapkv", "knorm", "random"])
+def test_each_step_is_the_reference_over_the_positions_its_head_kept(policy):
+    import torch
+
+    from attnlab.transformer.cache import KVCache
+
+    m = _model()
+    ids = torch.randint(1, 29, (1, PROMPT + STEPS), generator=torch.Generator().manual_seed(1))
+    kv = KVCache.for_model(m.config, 1, kind=policy, budget=BUDGET, dtype=torch.float64)
+    keys = {layer: [] for layer in range(L)}  # each position's rotated key and value, kept as fed
+    vals = {layer: [] for layer in range(L)}
+    heads_differ = False
+    for t in range(STEPS + 1):
+        chunk = ids[:, :PROMPT] if t == 0 else ids[:, PROMPT + t - 1:PROMPT + t]
+        _, got = m.run_with_cache(chunk, kv_cache=kv, names=_names())
+        for layer in range(L):
+            at = f"blocks.{layer}.attn."
+            keys[layer].append(got[at + "hook_rot_k"][0].numpy())  # (H_kv, Tq, D)
+            vals[layer].append(got[at + "hook_v"][0].numpy())
+            k_all, v_all = np.concatenate(keys[layer], 1), np.concatenate(vals[layer], 1)  # (H_kv, T, D)
+            q, z = got[at + "hook_rot_q"][0].numpy(), got[at + "hook_z"][0].numpy()  # (H, Tq, D)
+            lc = kv.layers[layer]
+            kept = lc.slot_positions[0].numpy()  # (H_kv, budget)
+            assert (kept >= 0).sum(-1).tolist() == [BUDGET] * HKV
+            if t == 0:  # the prompt's queries see the whole prompt, causal
+                from attnlab.reference.attention import attention
+
+                want = attention(q, np.repeat(k_all, H // HKV, 0), np.repeat(v_all, H // HKV, 0), causal=True,
+                                 scale=1 / np.sqrt(D))
+                np.testing.assert_allclose(z, want, rtol=0, atol=1e-12)
+                continue
+            heads_differ |= set(kept[0]) != set(kept[1])
+            for h in range(H):
+                pos = np.sort(kept[h // (H // HKV)])
+                assert set(range(lc.sink)) <= set(pos) and PROMPT + t - 1 in pos  # sinks and the newest token
+                want = _reference(q[h], k_all[h // (H // HKV), pos], v_all[h // (H // HKV), pos])
+                np.testing.assert_allclose(z[h], want, rtol=0, atol=1e-12)
+    assert heads_differ or policy in ("h2o", "snapkv")  # each k/v head chose its own (h2o: test below)
+
+
+def test_h2o_keeps_the_keys_the_prompt_attended_to_most():
+    """After the prompt, h2o holds the sinks, the recent half and the keys with most accumulated attention,
+    whose sums the float64 reference gives independently."""
+    import torch
+
+    from attnlab.reference.attention import attention
+    from attnlab.transformer.cache import KVCache
+
+    m = _model()
+    ids = torch.randint(1, 29, (1, PROMPT), generator=torch.Generator().manual_seed(2))
+    kv = KVCache.for_model(m.config, 1, kind="h2o", budget=BUDGET, dtype=torch.float64)
+    _, got = m.run_with_cache(ids, kv_cache=kv, names=_names())
+    q, k = got["blocks.0.attn.hook_rot_q"][0].numpy(), got["blocks.0.attn.hook_rot_k"][0].numpy()
+    _, w = attention(q, np.repeat(k, H // HKV, 0), np.repeat(k, H // HKV, 0), causal=True, scale=1 / np.sqrt(D),
+                     return_weights=True)  # (H, T, T)
+    score = w.sum(1).reshape(HKV, H // HKV, PROMPT).sum(1)  # (H_kv, T): received by each key, per k/v head
+    lc = kv.layers[0]
+    for g in range(HKV):
+        fixed = set(range(lc.sink)) | set(range(PROMPT - lc.window, PROMPT))
+        rest = [p for p in np.argsort(-score[g], kind="stable") if p not in fixed][:BUDGET - len(fixed)]
+        assert set(lc.slot_positions[0, g].tolist()) == fixed | {int(p) for p in rest}
+        np.testing.assert_allclose(np.sort(lc.rank[0, g].numpy()), np.sort(score[g][sorted(fixed | set(rest))]),
+                                   atol=1e-12)
+
+
+def test_knorm_keeps_the_smallest_keys_and_random_is_seeded():
+    import torch
+
+    m = _model()
+    ids = torch.randint(1, 29, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    gen = m.generate(ids, 3, cache="knorm", cache_budget=BUDGET)
+    lc = gen.kv_cache.layers[0]
+    assert lc.describe() == {"kind": "knorm", "capacity": BUDGET, "budget": BUDGET, "sink": 4, "recent": 1}
+    assert gen.kv_cache.nbytes == L * 2 * HKV * BUDGET * D * 8  # budget slots of k and v, float64
+    _, got = m.run_with_cache(torch.cat([ids, gen.ids[:, :2]], 1), names=["blocks.0.attn.hook_rot_k"])
+    norms = got["blocks.0.attn.hook_rot_k"][0].norm(dim=-1)  # (H_kv, T)
+    for g in range(HKV):
+        held = set(lc.slot_positions[0, g].tolist())
+        free = [p for p in range(4, PROMPT + 1) if p not in held]  # the newest, PROMPT + 1, is always held
+        assert max(norms[g, sorted(held - {0, 1, 2, 3, PROMPT + 1})]) <= min(norms[g, free]) + 1e-12
+    a = m.generate(ids, 4, cache="random", cache_budget=BUDGET).kv_cache.layers[1].slot_positions
+    b = m.generate(ids, 4, cache="random", cache_budget=BUDGET).kv_cache.layers[1].slot_positions
+    assert torch.equal(a, b)
+
+
+def test_a_ragged_batch_evicts_each_sequence_on_its_own():
+    """Prompts of unequal length in one batch give each sequence the logits it gets alone."""
+    import torch
+
+    m = _model()
+    prompts = [[3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 2], [4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 1]]
+    both = m.generate(prompts, 5, cache="h2o", cache_budget=BUDGET)
+    for b, p in enumerate(prompts):
+        alone = m.generate([p], 5, cache="h2o", cache_budget=BUDGET)
+        torch.testing.assert_close(both.logits[b], alone.logits[0], rtol=0, atol=1e-10)
+
+
+def test_a_sliding_layer_keeps_its_window_and_the_others_evict():
+    """A hybrid model: its sliding layers keep their own ring (exact), its global layers the evicting cache."""
+    import torch
+
+    m = _model(sliding_window=6, layer_types=("sliding_attention", "full_attention"))
+    g = m.generate([list(range(3, 3 + PROMPT))], 5, cache="h2o", cache_budget=BUDGET)
+    assert g.kv_cache.kinds == ("window", "h2o") and g.kv_cache.layers[0].capacity == 6
+    assert (g.kv_cache.layers[1].slot_positions >= 0).sum(-1).tolist() == [[BUDGET] * HKV]
+    assert torch.isfinite(g.logits).all()
+
+
+@pytest.mark.parametrize("policy", ["h2o", "snapkv"])
+def test_continuing_from_the_cache_is_one_call(policy):
+    """generate(kv_cache=g.kv_cache) from the last chosen token gives the logits of one longer call."""
+    import torch
+
+    m = _model()
+    prompt = list(range(3, 3 + PROMPT))
+    one = m.generate([prompt], 7, cache=policy, cache_budget=BUDGET)
+    first = m.generate([prompt], 4, cache=policy, cache_budget=BUDGET)
+    rest = m.generate(first.ids[:, -1:], 3, cache=policy, cache_budget=BUDGET, kv_cache=first.kv_cache)
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), one.logits, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="kv_cache keeps 12 tokens per layer and k/v head; cache_budget=16"):
+        m.generate(rest.ids[:, -1:], 2, cache=policy, cache_budget=16, kv_cache=rest.kv_cache)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"cache": "lru", "cache_budget": 8}, "cache must be one of dense, window, sink, h2o, snapkv, knorm, random"),
+    ({"cache": "h2o"}, "cache_budget: cache='h2o' needs cache_budget="),
+    ({"cache": "h2o", "cache_budget": 4}, "cache_budget=4 is below the 4 sink tokens"),
+    ({"cache": "knorm", "cache_budget": 65}, "cache_budget=65 is above the model's context of 64"),
+    ({"cache": "snapkv", "cache_budget": 8, "window": 6}, "window=6 newest positions \\+ 4 sinks pass cache_budget=8"),
+    ({"cache": "dense", "cache_budget": 8}, "cache_budget=8 sizes an evicting cache"),
+])
+def test_bad_input_is_refused_by_name_before_any_work(kw, match):
+    m = _model()
+    with pytest.raises(ValueError, match=match):
+        m.generate([1, 2, 3], 2, **kw)
