@@ -27,6 +27,7 @@ from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.layer_cache import (
     DENSE_START, SINK_DEFAULT, DenseCache, LayerCache, Read, SinkCache, Step, WindowCache,
 )
+from attnlab.transformer.latent_cache import LatentCache
 from attnlab.transformer.weights import torch_dtype
 
 KINDS = ("dense", "window", "sink")
@@ -70,11 +71,13 @@ class KVCache:
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"capacity must be an int >= 1 (slots per dense layer) or None, got {capacity!r}")
         dtype = torch_dtype(dtype)
-        h, d = config.heads_kv, config.head_dim
+        h, d = _kv_shape(config)
         start = capacity or DENSE_START
         layers: list[LayerCache] = []
         for (what, w, s), layer in zip(kinds, range(config.num_layers)):
-            if what == "dense":
+            if what == "latent":  # MLA: the latent and the rotary key, one row per token for every head
+                layers.append(LatentCache(batch, d, start, dtype, device))
+            elif what == "dense":
                 layers.append(DenseCache(batch, h, d, start, dtype, device, window=config.layer_window(layer)))
             elif what == "window":
                 layers.append(WindowCache(batch, h, d, w, dtype, device))
@@ -121,7 +124,7 @@ class KVCache:
 
     def check_fits(self, config: TransformerConfig, batch: int, name: str = "kv_cache", device: Any = None) -> None:
         """A cache passed back in must be one of this model's, for this batch: else a ValueError naming ``name``."""
-        want = (config.num_layers, config.heads_kv, config.head_dim, batch)
+        want = (config.num_layers, *_kv_shape(config), batch)
         first = self.layers[0].k.shape
         got = (len(self.layers), first[1], first[3], self.batch)
         if got != want:
@@ -133,6 +136,11 @@ class KVCache:
     def to_dict(self) -> dict:
         return {"kinds": list(self.kinds), "lengths": self.lengths.tolist(), "dtype": str(self.dtype).removeprefix("torch."),
                 "nbytes": self.nbytes, "layers": [layer.describe() for layer in self.layers]}
+
+
+def _kv_shape(config: TransformerConfig) -> tuple[int, int]:
+    """(k/v heads, width) of a layer's cache: MLA keeps one row of kv_rank + rope_dim for every head."""
+    return (config.heads_kv, config.head_dim) if config.latent is None else (1, config.latent.cached)
 
 
 def layer_kinds(config: TransformerConfig, kind: str, window: int | None, sink: int | None) -> list[tuple]:
@@ -150,6 +158,12 @@ def layer_kinds(config: TransformerConfig, kind: str, window: int | None, sink: 
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
     own = [config.layer_window(layer) for layer in range(config.num_layers)]
+    if config.latent is not None:  # the latent kind, dense in positions
+        if kind != "dense" or window is not None or sink is not None:
+            raise ValueError(f"cache={kind!r}: a {config.family} model (latent attention) keeps its latent cache "
+                             "of every position (cache='dense', no window= or sink=); window and sink caches "
+                             "are not implemented for it")
+        return [("latent", None, None)] * config.num_layers
     if kind == "dense":
         if window is not None or sink is not None:
             raise ValueError("window= and sink= size a 'window' or 'sink' cache; the dense cache keeps every position")

@@ -28,12 +28,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from attnlab.transformer.shapes import Latent, Routing
+
 POSITIONS = ("learned", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm")
 # up → act → down; SwiGLU-style act(gate)·up → down; gpt-oss's routed experts (clamped SwiGLU); attention only
 FFNS = ("mlp", "gated", "experts", "none")
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")  # gelu_new: the tanh approximation (transformers' gelu_pytorch_tanh)
-FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2", "qwen3", "gemma3_text", "gpt_oss")
+FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2", "qwen3", "gemma3_text", "gpt_oss",
+            "deepseek_v3", "qwen3_moe")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names
 # transformers' rotary scaling of a gpt-oss config that names none (GptOssConfig's default)
@@ -69,7 +72,9 @@ class TransformerConfig:
     (``rope_truncate`` rounds the range out) and multiplies cos and sin by ``rope_attention_factor``;
     ``attn_sinks`` gives every query head a learned sink logit (``attnlab.attention(sink_logits=)``);
     ``ffn`` "experts" routes each token to ``experts_per_token`` of ``num_experts`` clamped-SwiGLU experts
-    (gpt-oss: ``swiglu_limit``, ``swiglu_alpha``).
+    (gpt-oss: ``swiglu_limit``, ``swiglu_alpha``), or, with ``routing`` (:class:`Routing`), to SwiGLU
+    experts picked as DeepSeek-V3 and Qwen3-MoE do; ``latent`` (:class:`Latent`): multi-head latent
+    attention (DeepSeek-V3's MLA; ``d_head`` is then a head's query and key width, nope + rope).
     """
 
     vocab_size: int
@@ -121,6 +126,8 @@ class TransformerConfig:
     experts_per_token: int = 0
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
+    latent: Latent | None = None
+    routing: Routing | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_positions"):
@@ -172,6 +179,19 @@ class TransformerConfig:
         if self.ffn == "experts" and not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"experts_per_token must be in 1..num_experts={self.num_experts}, "
                              f"got {self.experts_per_token!r}")
+        r = self.routing
+        if r is not None and (self.ffn != "experts" or self.num_experts % r.groups
+                              or not set(r.dense_layers) <= set(range(self.num_layers))):
+            raise ValueError(f"routing goes with ffn='experts', num_experts (got {self.num_experts}) a multiple of "
+                             f"routing.groups={r.groups} and dense_layers in 0..{self.num_layers - 1}, "
+                             f"got ffn={self.ffn!r}, dense_layers={r.dense_layers}")
+        if self.latent is not None and (self.head_dim != self.latent.qk_dim or self.positions != "rotary"):
+            raise ValueError(f"latent attention needs rotary positions and d_head = nope_dim + rope_dim = "
+                             f"{self.latent.qk_dim}, got positions={self.positions!r}, d_head={self.d_head!r}")
+
+    def routed(self, layer: int) -> bool:
+        """Layer ``layer``'s FFN is routed experts (not one of the routing's dense layers)."""
+        return self.ffn == "experts" and (self.routing is None or layer not in self.routing.dense_layers)
 
     def layer_window(self, layer: int) -> int | None:
         """Layer ``layer``'s sliding window W (keys a token sees, itself included), or None (every key before it)."""
@@ -197,6 +217,11 @@ class TransformerConfig:
         return self.d_head or self.d_model // self.num_heads
 
     @property
+    def rotary_dim(self) -> int:
+        """The dims rotary turns: a head's (latent attention: its rotary part only)."""
+        return self.head_dim if self.latent is None else self.latent.rope_dim
+
+    @property
     def heads_kv(self) -> int:
         return self.num_kv_heads or self.num_heads
 
@@ -209,6 +234,10 @@ class TransformerConfig:
         """From a transformers config object or its ``config.json`` dict (BERT, RoBERTa, GPT-2, Llama)."""
         c = config if isinstance(config, dict) else config.to_dict()
         family = c.get("model_type")
+        if family in ("deepseek_v3", "qwen3_moe"):  # their readers use this module's: imported when asked
+            from attnlab.transformer import config_moe
+
+            return getattr(config_moe, family)(c)
         if family not in FAMILIES:
             raise ValueError(f"model_type must be one of {', '.join(FAMILIES)} for attnlab's transformer, got {family!r}")
         return {"bert": _bert, "roberta": _bert, "gpt2": _gpt2, "llama": _llama, "mistral": _mistral,
