@@ -52,8 +52,9 @@ def deepseek_v3(c: dict) -> TransformerConfig:
 def qwen3_moe(c: dict) -> TransformerConfig:
     """Qwen3 (QK-norm) whose FFNs are routed experts: softmax over every expert, the top-k renormalised when
     ``norm_topk_prob``; the layers of ``mlp_only_layers``, and those off ``decoder_sparse_step``, dense."""
+    c = {"max_position_embeddings": 32768} | c  # Qwen3MoeConfig's default
     n, step = c["num_hidden_layers"], c.get("decoder_sparse_step", 1)
-    experts = c.get("num_experts", 128)
+    experts = c.get("num_local_experts", c.get("num_experts", 128))  # transformers 5 saves the former
     only = set(c.get("mlp_only_layers") or ())
     dense = tuple(i for i in range(n) if i in only or experts == 0 or (i + 1) % step)
     window = c.get("sliding_window", 4096) if c.get("use_sliding_window", False) else None
