@@ -234,10 +234,11 @@ class TransformerConfig:
         """From a transformers config object or its ``config.json`` dict (BERT, RoBERTa, GPT-2, Llama)."""
         c = config if isinstance(config, dict) else config.to_dict()
         family = c.get("model_type")
-        if family in ("deepseek_v3", "qwen3_moe"):  # their readers use this module's: imported when asked
+        if family in ("deepseek_v3", "qwen3_moe"):  # rotary decoders with their own fields, read there
             from attnlab.transformer import config_moe
 
-            return getattr(config_moe, family)(c)
+            c, fields = getattr(config_moe, family)(c)
+            return _rotary_decoder(c, **fields)
         if family not in FAMILIES:
             raise ValueError(f"model_type must be one of {', '.join(FAMILIES)} for attnlab's transformer, got {family!r}")
         return {"bert": _bert, "roberta": _bert, "gpt2": _gpt2, "llama": _llama, "mistral": _mistral,
