@@ -217,6 +217,11 @@ class TransformerConfig:
         return self.d_head or self.d_model // self.num_heads
 
     @property
+    def value_dim(self) -> int:
+        """A head's value (and ``hook_z``) width: head_dim, or latent attention's v_dim."""
+        return self.head_dim if self.latent is None else self.latent.v_dim
+
+    @property
     def rotary_dim(self) -> int:
         """The dims rotary turns: a head's (latent attention: its rotary part only)."""
         return self.head_dim if self.latent is None else self.latent.rope_dim
