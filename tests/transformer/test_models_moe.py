@@ -243,3 +243,9 @@ def test_attribution_patching_and_ablation_work_on_latent_heads(decoder_folder):
     keep[1, 2] = 0
     with torch.no_grad():
         assert float((lm_loss(m, ids, mask, fwd_hooks=knockout(m.config, keep)) - lm_loss(m, ids, mask)).abs().max()) > 0
+
+
+def test_past_the_trained_positions_is_refused_by_name(decoder_folder):
+    m = _ours(decoder_folder, "deepseek_v3")
+    with pytest.raises(ValueError, match="max_new_tokens=400: .* passes the model's 320 positions; latent attention"):
+        m.generate([PROMPT], 400)
