@@ -249,3 +249,18 @@ def test_past_the_trained_positions_is_refused_by_name(decoder_folder):
     m = _ours(decoder_folder, "deepseek_v3")
     with pytest.raises(ValueError, match="max_new_tokens=400: .* passes the model's 320 positions; latent attention"):
         m.generate([PROMPT], 400)
+
+
+@pytest.mark.parametrize("family, cache", [("qwen3", "dense"), ("gemma3", "window"), ("gpt_oss", "window"),
+                                           ("deepseek_v3", "dense"), ("qwen3_moe", "dense")])
+def test_the_planners_kv_bytes_equal_the_cache_generate_keeps(decoder_folder, family, cache):
+    """The planner reads the model's config.json as the transformer does: its KV bytes for the tokens held equal
+    the cache's nbytes after generate (local layers' rings of W, MLA's latent rows)."""
+    from attnlab.planner import formulas as f
+    from attnlab.planner.models import load_model
+
+    m = _ours(decoder_folder, family, "float64")
+    g = m.generate([PROMPT], 20, cache=cache)
+    held = len(PROMPT) + 20 - 1
+    for a in (load_model(decoder_folder(family)), load_model(m.config)):  # its config.json, attnlab's own config
+        assert f.kv_bytes(a, held, 1, 8) == g.kv_cache.nbytes
