@@ -264,3 +264,18 @@ def test_the_planners_kv_bytes_equal_the_cache_generate_keeps(decoder_folder, fa
     held = len(PROMPT) + 20 - 1
     for a in (load_model(decoder_folder(family)), load_model(m.config)):  # its config.json, attnlab's own config
         assert f.kv_bytes(a, held, 1, 8) == g.kv_cache.nbytes
+
+
+def test_generate_maps_of_latent_attention_are_rows_of_the_full_map(decoder_folder):
+    """Each step's row (the latent read's weights, in position order) equals that row of the expanded forward's
+    pattern in float64: the weights are the same numbers whichever way the scores are summed."""
+    import torch
+
+    m = _ours(decoder_folder, "deepseek_v3", "float64")
+    g = m.generate([PROMPT], 6, maps=True)
+    with torch.no_grad():
+        _, cache = m.run_with_cache(torch.tensor([g.sequences[0]]), names=lambda n: n.endswith("hook_pattern"))
+    full = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][0] for layer in range(3)])  # (L, H, T, T)
+    for t, row in enumerate(g.attention[0]):
+        p = g.positions[0][t]
+        assert float((torch.from_numpy(row) - full[:, :, p, : p + 1]).abs().max()) < 1e-12
