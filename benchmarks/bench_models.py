@@ -72,7 +72,7 @@ def models(family: str):
     return hf, ours
 
 
-def filled(family: str, hf, ours, T: int, steps: int):  # noqa: ANN001
+def filled(family: str, hf, ours, T: int, steps: int):
     """(transformers' cache, attnlab's cache), each holding the same T random entries per layer."""
     import torch
     from transformers import DynamicCache
@@ -101,7 +101,7 @@ def filled(family: str, hf, ours, T: int, steps: int):  # noqa: ANN001
 WARMUP = 3  # untimed steps first (auto's first choice of a backend measures, once per shape)
 
 
-def time_steps(run, steps: int) -> float:  # noqa: ANN001
+def time_steps(run, steps: int) -> float:
     """Median seconds of ``steps`` calls of ``run(i)``, after WARMUP untimed ones."""
     for i in range(WARMUP):
         run(i)
@@ -123,8 +123,9 @@ def decode(family: str, T: int, steps: int, rounds: int) -> dict:
     for r in range(rounds):
         theirs, mine = filled(family, hf, ours, T, steps + WARMUP)
         _, mine_k = filled(family, hf, ours, T, steps + WARMUP)
-        runs = {"transformers": lambda i: hf(input_ids=tok, cache=theirs, use_cache=True),
-                "attnlab": lambda i: ours(tok, kv_cache=mine), "attnlab-kernel": lambda i: kernel(tok, kv_cache=mine_k)}
+        runs = {"transformers": lambda i, c=theirs: hf(input_ids=tok, cache=c, use_cache=True),
+                "attnlab": lambda i, c=mine: ours(tok, kv_cache=c),
+                "attnlab-kernel": lambda i, c=mine_k: kernel(tok, kv_cache=c)}
         for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
             with torch.no_grad():
                 per[name].append(time_steps(runs[name], steps))

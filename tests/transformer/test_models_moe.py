@@ -135,8 +135,6 @@ def test_latent_decoding_equals_expanded_keys_and_values(decoder_folder):
 
 def test_the_kernel_decodes_the_latent_cache_in_place(decoder_folder, monkeypatch):
     """A float32 decoding step reaches the compiled decode pass with k and v the cache's own rows (no copy)."""
-    import torch
-
     from attnlab.backends import kernel
 
     seen = []
