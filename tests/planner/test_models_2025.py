@@ -75,3 +75,11 @@ def test_local_layers_bound_their_cache():
     gemma, oss = load_model("gemma-3-27b"), load_model("gpt-oss-120b")
     assert gemma.windows[:6] == (1024,) * 5 + (None,) and oss.windows[:2] == (128, None)
     assert f.kv_bytes(gemma, 100000, 1, 2) == 2 * 16 * 128 * 2 * (52 * 1024 + 10 * 100000)
+
+
+def test_gemma_3s_multimodal_config_is_read_as_its_text_model():
+    text = BUNDLED["gemma-3-27b"].config
+    wrapped = {"model_type": "gemma3", "torch_dtype": "bfloat16", "vision_config": {"hidden_size": 1152},
+               "text_config": {k: v for k, v in text.items() if k != "model_type"}}
+    assert load_model(wrapped).windows == load_model("gemma-3-27b").windows
+    assert f.kv_bytes(load_model(wrapped), 4096, 1, 2) == f.kv_bytes(load_model("gemma-3-27b"), 4096, 1, 2)

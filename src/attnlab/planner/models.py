@@ -230,7 +230,9 @@ def _windows(c: dict, layers: int, where: str) -> tuple[int | None, ...]:
 
 
 def from_config(c: dict, name: str = "config.json", source: str = "") -> Architecture:
-    """An :class:`Architecture` from a transformers ``config.json`` dict."""
+    """An :class:`Architecture` from a transformers ``config.json`` dict (Gemma-3's multimodal one: its text model)."""
+    if c.get("model_type") == "gemma3" and isinstance(c.get("text_config"), dict):  # the language model is what is served
+        c = {"torch_dtype": c.get("torch_dtype")} | c["text_config"] | {"model_type": "gemma3_text"}
     kind = c.get("model_type")
     if kind not in FAMILIES:
         raise ValueError(f"{name}: model_type must be one of {', '.join(FAMILIES)} for the planner, got {kind!r}")
