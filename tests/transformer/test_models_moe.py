@@ -277,3 +277,18 @@ def test_generate_maps_of_latent_attention_are_rows_of_the_full_map(decoder_fold
     for t, row in enumerate(g.attention[0]):
         p = g.positions[0][t]
         assert float((torch.from_numpy(row) - full[:, :, p, : p + 1]).abs().max()) < 1e-12
+
+
+def test_a_config_whose_parts_do_not_fit_is_refused_by_name():
+    from attnlab.transformer import TransformerConfig
+    from attnlab.transformer.shapes import Latent, Routing
+
+    base = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, positions="rotary")
+    with pytest.raises(ValueError, match="latent attention needs rotary positions and d_head = nope_dim \\+ rope_dim = 24"):
+        TransformerConfig(**base, latent=Latent(kv_rank=16, rope_dim=8, nope_dim=16, v_dim=8))
+    with pytest.raises(ValueError, match="routing goes with ffn='experts', num_experts .* routing.groups=3"):
+        TransformerConfig(**base, ffn="experts", num_experts=8, experts_per_token=2, routing=Routing(d_ff=8, groups=3))
+    with pytest.raises(ValueError, match="routing.top_groups must be at most groups=2, got 3"):
+        Routing(d_ff=8, groups=2, top_groups=3)
+    with pytest.raises(ValueError, match="latent.rope_dim must be even"):
+        Latent(kv_rank=16, rope_dim=7, nope_dim=8, v_dim=8)

@@ -24,11 +24,11 @@ the W − 1 tokens before it (transformers' mask keeps key j for query i when i 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from attnlab.transformer.shapes import Latent, Routing
+from attnlab.transformer.config_rope import ROPE_TYPES, _rope
+from attnlab.transformer.shapes import Latent, Routing, check_parts
 
 POSITIONS = ("learned", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm")
@@ -37,7 +37,6 @@ FFNS = ("mlp", "gated", "experts", "none")
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")  # gelu_new: the tanh approximation (transformers' gelu_pytorch_tanh)
 FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2", "qwen3", "gemma3_text", "gpt_oss",
             "deepseek_v3", "qwen3_moe")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names
 # transformers' rotary scaling of a gpt-oss config that names none (GptOssConfig's default)
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
@@ -179,15 +178,7 @@ class TransformerConfig:
         if self.ffn == "experts" and not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"experts_per_token must be in 1..num_experts={self.num_experts}, "
                              f"got {self.experts_per_token!r}")
-        r = self.routing
-        if r is not None and (self.ffn != "experts" or self.num_experts % r.groups
-                              or not set(r.dense_layers) <= set(range(self.num_layers))):
-            raise ValueError(f"routing goes with ffn='experts', num_experts (got {self.num_experts}) a multiple of "
-                             f"routing.groups={r.groups} and dense_layers in 0..{self.num_layers - 1}, "
-                             f"got ffn={self.ffn!r}, dense_layers={r.dense_layers}")
-        if self.latent is not None and (self.head_dim != self.latent.qk_dim or self.positions != "rotary"):
-            raise ValueError(f"latent attention needs rotary positions and d_head = nope_dim + rope_dim = "
-                             f"{self.latent.qk_dim}, got positions={self.positions!r}, d_head={self.d_head!r}")
+        check_parts(self)
 
     def routed(self, layer: int) -> bool:
         """Layer ``layer``'s FFN is routed experts (not one of the routing's dense layers)."""
@@ -284,47 +275,6 @@ def _gpt2(c: dict) -> TransformerConfig:
         max_positions=c["n_positions"], positions="learned", norm="layernorm", norm_eps=c.get("layer_norm_epsilon", 1e-5),
         ffn="mlp", activation=act, causal=True, tie_embeddings=c.get("tie_word_embeddings", True), family="gpt2",
     )
-
-
-def _rope(c: dict, rope: dict | None = None, key: str = "rope_parameters") -> dict:
-    """The rotary fields: theta and the scaling (transformers' ``rope_parameters``, or ``rope_scaling`` of
-    older configs; ``rope`` and ``key``: one layer type's entry, e.g. Gemma-3's ``rope_parameters.full_attention``)."""
-    if rope is None:
-        rope = dict(c.get("rope_scaling") or {}) | dict(c.get("rope_parameters") or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"{key}.rope_type must be one of {', '.join(ROPE_TYPES)} (the rotary kinds attnlab's "
-                         f"transformer computes), got {rope_type!r}")
-    partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1.0):
-        raise ValueError(f"partial_rotary_factor must be 1.0 (rotary on every dim), got {partial!r}")
-    out = {"rope_type": rope_type, "rope_theta": float(rope.get("rope_theta", c.get("rope_theta") or 10000.0))}
-    if rope_type in ("linear", "llama3"):
-        out["rope_factor"] = float(rope["factor"])
-    if rope_type == "llama3":
-        out.update(rope_low_freq=float(rope.get("low_freq_factor", 1.0)),
-                   rope_high_freq=float(rope.get("high_freq_factor", 4.0)),
-                   rope_original_positions=int(rope["original_max_position_embeddings"]))
-    if rope_type == "yarn":
-        out.update(_yarn(c, rope))
-    return out
-
-
-def _yarn(c: dict, rope: dict) -> dict:
-    """YaRN's fields as transformers' ``_compute_yarn_parameters`` reads them (its defaults included)."""
-    orig = int(rope["original_max_position_embeddings"])
-    factor = rope.get("factor") or c.get("max_position_embeddings", orig) / orig
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attention = rope.get("attention_factor")
-    if attention is None:
-        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
-        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-    return {"rope_factor": float(factor), "rope_original_positions": orig, "rope_attention_factor": float(attention),
-            "rope_beta_fast": float(rope.get("beta_fast") or 32), "rope_beta_slow": float(rope.get("beta_slow") or 1),
-            "rope_truncate": bool(rope.get("truncate", True))}
 
 
 def _rotary_decoder(c: dict, act_key: str = "hidden_act", act: str = "silu", **fields: Any) -> TransformerConfig:

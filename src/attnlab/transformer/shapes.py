@@ -7,6 +7,7 @@ has none). No torch here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 SCORES = ("softmax", "sigmoid")  # the router's score of every expert: Qwen3-MoE's softmax, DeepSeek-V3's sigmoid
 
@@ -92,3 +93,15 @@ class Routing:
             raise ValueError(f"routing.shared_d_ff must be an int >= 0 (0: no shared expert), got {self.shared_d_ff!r}")
         if not isinstance(self.dense_layers, tuple):
             raise ValueError(f"routing.dense_layers must be a tuple of layer indices, got {self.dense_layers!r}")
+
+
+def check_parts(c: Any) -> None:
+    """A TransformerConfig's ``routing`` and ``latent`` fit the rest of it: else a ValueError naming the fields."""
+    r = c.routing
+    if r is not None and (c.ffn != "experts" or c.num_experts % r.groups or not set(r.dense_layers) <= set(range(c.num_layers))):
+        raise ValueError(f"routing goes with ffn='experts', num_experts (got {c.num_experts}) a multiple of "
+                         f"routing.groups={r.groups} and dense_layers in 0..{c.num_layers - 1}, "
+                         f"got ffn={c.ffn!r}, dense_layers={r.dense_layers}")
+    if c.latent is not None and (c.head_dim != c.latent.qk_dim or c.positions != "rotary"):
+        raise ValueError(f"latent attention needs rotary positions and d_head = nope_dim + rope_dim = "
+                         f"{c.latent.qk_dim}, got positions={c.positions!r}, d_head={c.d_head!r}")
