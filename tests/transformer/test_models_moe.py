@@ -292,3 +292,34 @@ def test_a_config_whose_parts_do_not_fit_is_refused_by_name():
         Routing(d_ff=8, groups=2, top_groups=3)
     with pytest.raises(ValueError, match="latent.rope_dim must be even"):
         Latent(kv_rank=16, rope_dim=7, nope_dim=8, v_dim=8)
+
+
+def test_deepseek_v3s_published_config_reads_as_transformers_reads_it():
+    """DeepSeek-V3's config.json as published (older keys: rope_scaling with "type", scoring_func, topk_method):
+    YaRN's frequencies over the 64 rotary dims and its cos/sin factor as transformers computes them, and the softmax
+    scale 1/√192 times mscale(40, mscale_all_dim)² (transformers' yarn_apply_mscale)."""
+    import torch
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+
+    from attnlab.transformer import TransformerConfig
+    from attnlab.transformer.rotary import frequencies
+
+    published = {"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+                 "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+                 "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5,
+                 "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                 "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+                 "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True, "scoring_func": "sigmoid",
+                 "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+                 "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                  "original_max_position_embeddings": 4096, "type": "yarn"},
+                 "tie_word_embeddings": False, "hidden_act": "silu"}
+    c = TransformerConfig.from_hf(published)
+    hf = transformers.DeepseekV3Config(**{k: v for k, v in published.items() if k != "model_type"})
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    torch.testing.assert_close(frequencies(c), inv.double(), rtol=1e-6, atol=0)
+    assert c.rope_attention_factor == pytest.approx(factor, rel=1e-12)
+    assert c.attn_scale == pytest.approx(yarn_apply_mscale(hf.rope_parameters, 192 ** -0.5), rel=1e-12)
+    assert (c.latent.cached, c.routing.dense_layers, c.num_experts) == (576, (0, 1, 2), 256)
