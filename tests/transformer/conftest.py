@@ -136,6 +136,27 @@ DECODERS = {
         num_experts_per_tok=2, rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 5.0,
                                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                                 "original_max_position_embeddings": 64}),
+    # mixtures of experts: DeepSeek-V3 (MLA with a low-rank query, interleaved rotary pairs and YaRN with its
+    # mscale; sigmoid routing with a correction bias over 4 groups of 2 experts, the best 2 groups kept; a shared
+    # expert; layer 0 dense), the same without q_lora_rank, groups or renormalisation, and Qwen3-MoE (softmax
+    # routing, layer 1 dense by mlp_only_layers)
+    "deepseek_v3": lambda t: t.DeepseekV3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5,
+        kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=8, n_group=4, topk_group=2,
+        num_experts_per_tok=2, first_k_dense_replace=1, max_position_embeddings=320,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 5.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 0.707, "mscale_all_dim": 1.0, "original_max_position_embeddings": 64}),
+    "deepseek_v3_plain": lambda t: t.DeepseekV3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2, n_routed_experts=8, routed_scaling_factor=1.0,
+        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=16, n_group=1,
+        topk_group=1, num_experts_per_tok=3, first_k_dense_replace=0, norm_topk_prob=False, rope_interleave=False,
+        max_position_embeddings=320),
+    "qwen3_moe": lambda t: t.Qwen3MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, mlp_only_layers=[1], max_position_embeddings=320),
 }
 GEMMA = ("gemma2", "gemma3")  # their norms scale by 1 + w
 
@@ -159,6 +180,9 @@ def decoder_folder(tmp_path_factory):
                         p.normal_(0.0, 0.3)
                     else:
                         p.normal_(0.0 if family in GEMMA else 1.0, 0.1)
+                for name, b in net.named_buffers():  # DeepSeek's routing correction bias: a buffer, zero at init
+                    if name.endswith("e_score_correction_bias"):
+                        b.normal_(0.0, 0.3)
             net.save_pretrained(folder)
             if family == "gpt2":
                 _gpt2_tokenizer().save_pretrained(folder)

@@ -84,7 +84,7 @@ def test_a_config_that_leaves_out_defaults_reads_as_transformers_fills_them(fami
     ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "default"},
                                     "full_attention": {"rope_type": "longrope"}}},
      "rope_parameters.full_attention.rope_type .* got 'longrope'"),
-    ("gpt_oss", {"model_type": "deepseek_v3"}, "model_type must be one of .* got 'deepseek_v3'"),
+    ("gpt_oss", {"model_type": "qwen3_next"}, "model_type must be one of .* got 'qwen3_next'"),
 ])
 def test_what_it_does_not_compute_is_refused_by_key_and_value(decoder_folder, family, change, match):
     from attnlab.transformer import TransformerConfig

@@ -123,8 +123,8 @@ def knockout(c: Any, keep: Any, fill: Any = None) -> list[tuple[str, Any]]:
     L, H = c.num_layers, c.num_heads
     if keep.dim() not in (2, 3) or tuple(keep.shape[-2:]) != (L, H):
         raise ValueError(f"keep must be [L, H] = {[L, H]} or [B, L, H], got {list(keep.shape)}")
-    if fill is not None and tuple(fill.shape) != (L, H, c.head_dim):
-        raise ValueError(f"fill must be [L, H, Dh] = {[L, H, c.head_dim]}, got {list(fill.shape)}")
+    if fill is not None and tuple(fill.shape) != (L, H, c.value_dim):
+        raise ValueError(f"fill must be [L, H, Dv] = {[L, H, c.value_dim]}, got {list(fill.shape)}")
 
     def gate(layer: int) -> Any:
         def fn(z: Any, name: str) -> Any:  # z (B, H, T, Dh)

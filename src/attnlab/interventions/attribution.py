@@ -144,7 +144,7 @@ def _parts(model: Any, cache: dict, p: int) -> tuple[list, list]:
     bias = torch.zeros_like(vecs[0])
     for layer, block in enumerate(model.blocks):
         o = block.attn.o
-        w = o.weight.view(c.d_model, c.num_heads, c.head_dim)  # (d, H·Dh) → (d, H, Dh)
+        w = o.weight.view(c.d_model, c.num_heads, c.value_dim)  # (d, H·Dv) → (d, H, Dv)
         heads = torch.einsum("hk,dhk->hd", cache[f"blocks.{layer}.attn.hook_z"][0, :, p], w)  # (H, d)
         post = (lambda y: y) if block.norm1_post is None else _frozen(
             block.norm1_post, cache[f"blocks.{layer}.ln1_post.hook_scale"][0, p])

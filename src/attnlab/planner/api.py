@@ -141,6 +141,11 @@ def _splits(a: Architecture, gpus: int) -> None:
     copies of them (as vLLM and TensorRT-LLM require): 3 devices cannot share 8 k/v heads."""
     if gpus == 1:
         return
+    if a.latent:  # one latent row for every head, replicated on every device: only the query heads split
+        if a.num_heads % gpus:
+            raise ValueError(f"gpus must split {a.name}'s {a.num_heads} query heads evenly (tensor parallelism; its "
+                             f"latent cache is replicated on every device), got {gpus}")
+        return
     if a.num_heads % gpus or (a.num_kv_heads % gpus and gpus % a.num_kv_heads):
         fit = [g for g in range(2, a.num_heads + 1)
                if not a.num_heads % g and not (a.num_kv_heads % g and g % a.num_kv_heads)]
@@ -191,6 +196,13 @@ def _notes(a: Architecture, hw: Hardware, lengths: tuple[int, ...], new_tokens: 
     notes = list(hw.notes)
     if not hw.measured:
         notes.append(_predicted_note(hw))
+    formats = [f"{part} in {fmt}" for part, fmt in (("experts", a.expert_format), ("linear layers", a.linear_format)) if fmt]
+    if formats:  # the published formats, read from quantization_config; the cache keeps the plan's dtype
+        notes.append(f"weights as published: {', '.join(formats)} (scales counted), the rest in the "
+                     "plan's dtype")
+    if a.num_experts:
+        notes.append(f"{a.name}: {a.experts_per_token} of {a.num_experts} experts per token; a decode step reads the "
+                     "experts its batch chose (the expected number of distinct ones under uniform routing)")
     beyond = [n for n in lengths if n + new_tokens > a.max_positions]
     if beyond:
         window = (f"; its sliding window ({max(w for w in a.windows if w)} tokens) bounds the KV cache, "
@@ -233,7 +245,8 @@ def plan(model: Any, hardware: Any = "this", prompt_tokens: Any = 4096, new_toke
     dtype = dtype or a.dtype
     nbytes = P.nbytes_of(dtype)
     cache = None if cache_dtype is None and cache_budget is None else cache_format(
-        a.head_dim, dtype, cache_dtype, cache_budget, a.max_positions)
+        a.head_dim, dtype, cache_dtype, cache_budget, a.max_positions,
+        a.kv_lora_rank + a.rope_dim if a.latent else None)
     hw = P.resolve_hardware(hardware, a, dtype, engine)
     if gpus > 1 and hw.link is None:
         raise ValueError(f"gpus={gpus}: tensor parallelism needs a named accelerator (with its link), not {hw.name}")

@@ -46,9 +46,11 @@ class CacheFormat:
 
 
 def cache_format(head_dim: int, weights_dtype: str, cache_dtype: str | None, cache_budget: int | None,
-                 max_positions: int) -> CacheFormat:
+                 max_positions: int, latent_width: int | None = None) -> CacheFormat:
     """The cache of a model with head width ``head_dim`` whose weights are ``weights_dtype``; ``cache_dtype``
-    None: the weights' dtype (``dtype=`` sets both, ``cache_dtype=`` overrides the cache's part)."""
+    None: the weights' dtype (``dtype=`` sets both, ``cache_dtype=`` overrides the cache's part).
+    ``latent_width``: latent attention's row (kv_lora_rank + rope_dim numbers per token, for every head), which
+    is stored in a float dtype only (attnlab's quantized cache quantizes per-head keys and values)."""
     dtype = weights_dtype if cache_dtype is None else cache_dtype
     known = (*FLOAT_BYTES, *QUANTIZED)
     if dtype not in known:
@@ -57,6 +59,12 @@ def cache_format(head_dim: int, weights_dtype: str, cache_dtype: str | None, cac
                                      or not SINKS < cache_budget <= max_positions):
         raise ValueError(f"cache_budget must be an int from {SINKS + 1} (the {SINKS} sink tokens and the newest) to the "
                          f"model's {max_positions:,} positions, got {cache_budget!r}")
+    if latent_width is not None:
+        if dtype not in FLOAT_BYTES:
+            raise ValueError(f"cache_dtype={dtype!r}: a latent attention cache (one row of {latent_width} numbers "
+                             f"for every head) is kept in a float dtype ({', '.join(FLOAT_BYTES)}); the quantized "
+                             "formats quantize per-head keys and values")
+        return CacheFormat(dtype, latent_width * FLOAT_BYTES[dtype], 0, cache_budget)
     d = head_dim
     if dtype in FLOAT_BYTES:
         return CacheFormat(dtype, 2 * d * FLOAT_BYTES[dtype], 0, cache_budget)

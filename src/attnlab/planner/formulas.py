@@ -6,63 +6,134 @@ B the batch; w_l is layer l's window (None: the whole context). Each function st
 
 from __future__ import annotations
 
-from attnlab.planner.models import Architecture
+from attnlab.planner.models import WEIGHT_FORMATS, Architecture
 
 
-def layer_matmul_params(a: Architecture) -> dict[str, int]:
-    """Weights of one layer's matmuls, by matrix (each a (d_in, d_out) matrix that every token multiplies)."""
-    d, q, kv = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    ffn = {"gate": d * a.intermediate_size} if a.gated else {}
-    return {"q": d * q, "k": d * kv, "v": d * kv, "o": q * d, **ffn, "up": d * a.intermediate_size,
-            "down": a.intermediate_size * d}
+def attention_params(a: Architecture) -> dict[str, int]:
+    """One layer's attention matrices, by matrix: q, k, v, o; latent attention's q (or q_a and q_b), kv_a
+    (x → latent and rotary key), kv_b (latent → every head's key and value part) and o."""
+    d, H = a.hidden_size, a.num_heads
+    if not a.latent:
+        q, kv = H * a.head_dim, a.num_kv_heads * a.head_dim
+        return {"q": d * q, "k": d * kv, "v": d * kv, "o": q * d}
+    nope = a.head_dim - a.rope_dim
+    q = {"q_a": d * a.q_lora_rank, "q_b": a.q_lora_rank * H * a.head_dim} if a.q_lora_rank else {"q": d * H * a.head_dim}
+    return {**q, "kv_a": d * (a.kv_lora_rank + a.rope_dim), "kv_b": a.kv_lora_rank * H * (nope + a.value_dim),
+            "o": H * a.value_dim * d}
+
+
+def _ffn(a: Architecture, width: int) -> dict[str, int]:
+    d = a.hidden_size
+    return {**({"gate": d * width} if a.gated else {}), "up": d * width, "down": width * d}
+
+
+def layer_matmul_params(a: Architecture) -> dict[str, float]:
+    """Weights of one layer's matmuls that every token multiplies, by matrix. A mixture of experts: its dense
+    layers' FFN and its routed layers' (the router, ``experts_per_token`` experts, the shared one) averaged
+    over the layers, so that L times the sum is a token's matmul weights through the model."""
+    attn = attention_params(a)
+    if not a.num_experts:
+        return {**attn, **_ffn(a, a.intermediate_size)}
+    share, dense = a.routed_layers / a.num_layers, a.dense_layers / a.num_layers
+    out: dict[str, float] = {**attn, "router": share * a.hidden_size * a.num_experts}
+    out.update({f"dense_{k}": dense * v for k, v in _ffn(a, a.intermediate_size).items()})
+    out.update({f"experts_{k}": share * a.experts_per_token * v for k, v in _ffn(a, a.expert_size).items()})
+    if a.shared_size:
+        out.update({f"shared_{k}": share * v for k, v in _ffn(a, a.shared_size).items()})
+    return out
 
 
 def matmul_shapes(a: Architecture) -> list[tuple[int, int, int]]:
-    """The distinct (d_in, d_out, how many per layer) of one layer's matmuls: what calibration times."""
-    d, q, kv, ff = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.intermediate_size
+    """The distinct (d_in, d_out, how many per layer) of one layer's matmuls: what calibration times (a mixture:
+    a routed layer's, its active experts and shared expert)."""
+    d = a.hidden_size
+    pairs = {"q": (d, None), "k": (d, None), "v": (d, None), "q_a": (d, a.q_lora_rank), "q_b": (a.q_lora_rank, None),
+             "kv_a": (d, a.kv_lora_rank + a.rope_dim), "kv_b": (a.kv_lora_rank, None), "o": (None, d)}
     shapes: dict[tuple[int, int], int] = {}
-    for d_in, d_out in ((d, q), (d, kv), (d, kv), (q, d), *([(d, ff)] * (2 if a.gated else 1)), (ff, d)):
+    for name, count in attention_params(a).items():
+        d_in, d_out = pairs[name]
+        d_in, d_out = d_in or count // d_out, d_out or count // d_in
         shapes[(d_in, d_out)] = shapes.get((d_in, d_out), 0) + 1
+    width, many = (a.intermediate_size, 1) if not a.num_experts else (a.expert_size, a.experts_per_token)
+    ffn = [(width, many), *([(a.shared_size, 1)] if a.num_experts and a.shared_size else [])]
+    for w, m in ffn:
+        for d_in, d_out in ((d, w), *([(d, w)] if a.gated else []), (w, d)):
+            shapes[(d_in, d_out)] = shapes.get((d_in, d_out), 0) + m
     return [(i, o, m) for (i, o), m in shapes.items()]
 
 
 def weight_params(a: Architecture) -> dict[str, int]:
-    """Every parameter, by part: the layers' matmuls, their norms and biases, embeddings, the LM head."""
-    d = a.hidden_size
-    layer = sum(layer_matmul_params(a).values())
+    """Every parameter, by part: the layers' matmuls (attention, dense FFNs, routers, shared experts), the
+    routed experts, the norms and biases, embeddings, the LM head."""
+    d, L = a.hidden_size, a.num_layers
+    attn = sum(attention_params(a).values())
+    ffn = sum(_ffn(a, a.intermediate_size).values())
+    layers = L * attn + (a.dense_layers if a.num_experts else L) * ffn
+    experts = a.routed_layers * a.num_experts * sum(_ffn(a, a.expert_size).values()) if a.num_experts else 0
+    if a.num_experts:
+        layers += a.routed_layers * (d * a.num_experts + (sum(_ffn(a, a.shared_size).values()) if a.shared_size else 0))
     small = 2 * d + ((a.num_heads + 2 * a.num_kv_heads) * a.head_dim if a.qkv_bias else 0)  # two norms, q/k/v biases
+    small += a.kv_lora_rank + a.q_lora_rank  # MLA's two low-rank norms
     return {
-        "layers": a.num_layers * layer,
-        "norms_and_biases": a.num_layers * small + d,
+        "layers": layers,
+        "experts": experts,
+        "norms_and_biases": L * small + d,
         "embedding": a.vocab_size * d + (a.max_positions * d if a.learned_positions else 0),
         "lm_head": 0 if a.tied else a.vocab_size * d,
     }
 
 
-def weight_bytes(a: Architecture, nbytes: int) -> int:
-    return sum(weight_params(a).values()) * nbytes
+def _part_bytes(a: Architecture, nbytes: float) -> tuple[float, float]:
+    """Bytes per weight of the layers' matmuls and of the routed experts, in their published formats."""
+    linear = WEIGHT_FORMATS[a.linear_format] if a.linear_format else nbytes
+    return linear, WEIGHT_FORMATS[a.expert_format] if a.expert_format else linear
 
 
-def decode_weight_bytes(a: Architecture, nbytes: int) -> int:
-    """Bytes of weights one decode step reads: every layer's matrices and the LM head (the embedding
-    matrix when tied); of the embedding only one row per token, which is left out."""
-    p = weight_params(a)
-    return (p["layers"] + p["norms_and_biases"] + a.vocab_size * a.hidden_size) * nbytes
+def weight_bytes(a: Architecture, nbytes: int) -> float:
+    """Every weight's bytes: the linear layers and experts in their published formats (MXFP4, FP8 blocks, with
+    their scales), the rest (embeddings, norms, LM head) in ``nbytes``."""
+    p, (linear, expert) = weight_params(a), _part_bytes(a, nbytes)
+    return p["layers"] * linear + p["experts"] * expert + (p["norms_and_biases"] + p["embedding"] + p["lm_head"]) * nbytes
+
+
+def distinct_experts(a: Architecture, batch: int) -> float:
+    """The expected number of distinct experts a routed layer's decode step reads for ``batch`` tokens under
+    uniform routing: E · (1 − (1 − k/E)^B) (k at batch 1, at most E)."""
+    if not a.num_experts:
+        return 0.0
+    return a.num_experts * (1 - (1 - a.experts_per_token / a.num_experts) ** batch)
+
+
+def decode_weight_bytes(a: Architecture, nbytes: int, batch: int = 1) -> float:
+    """Bytes of weights one decode step reads: every layer's matrices, the experts its ``batch`` tokens chose
+    (:func:`distinct_experts`) and the LM head (the embedding matrix when tied); of the embedding only one row
+    per token, which is left out."""
+    p, (linear, expert) = weight_params(a), _part_bytes(a, nbytes)
+    read = distinct_experts(a, batch) * a.routed_layers * sum(_ffn(a, a.expert_size).values()) if a.num_experts else 0
+    return p["layers"] * linear + read * expert + (p["norms_and_biases"] + a.vocab_size * a.hidden_size) * nbytes
+
+
+def kv_elements(a: Architecture) -> int:
+    """Numbers one layer caches per token: 2 · H_kv · D (keys and values), or latent attention's latent and
+    rotary key, kv_lora_rank + rope_dim, for every head at once."""
+    return a.kv_lora_rank + a.rope_dim if a.latent else 2 * a.num_kv_heads * a.head_dim
 
 
 def kv_layer_bytes(a: Architecture, tokens: int, batch: int, nbytes: int, window: int | None = None, *,
                    per_token: float | None = None, fixed: float = 0, budget: int | None = None) -> float:
-    """One layer's k and v: H_kv · B · (min(T, w, budget) · per_token + fixed). ``per_token`` (bytes per token and
-    k/v head, keys and values) is 2 · D · bytes unless a cache format says otherwise; ``fixed`` (bytes per
-    sequence and k/v head whatever T: a quantized cache's residual or scales) 0; ``budget`` (an evicting cache's
-    tokens) none (:mod:`attnlab.planner.cache_format`)."""
-    per = 2 * a.head_dim * nbytes if per_token is None else per_token
+    """One layer's cache: heads · B · (min(T, w, budget) · per_token + fixed), heads being H_kv (a latent cache:
+    one row for every head). ``per_token`` (bytes per token and k/v head) is :func:`kv_elements` / heads · bytes
+    unless a cache format says otherwise; ``fixed`` (bytes per sequence and k/v head whatever T: a quantized
+    cache's residual or scales) 0; ``budget`` (an evicting cache's tokens) none
+    (:mod:`attnlab.planner.cache_format`)."""
+    heads = 1 if a.latent else a.num_kv_heads
+    per = kv_elements(a) // heads * nbytes if per_token is None else per_token
     kept = min(x for x in (tokens, window, budget) if x is not None)
-    return a.num_kv_heads * batch * (kept * per + fixed)
+    return heads * batch * (kept * per + fixed)
 
 
 def kv_bytes(a: Architecture, tokens: int, batch: int, nbytes: int, **cache: float | None) -> float:
-    """Σ_l 2 · H_kv · D · B · min(T, w_l) · bytes: the k and v of every layer, a window's layer keeping its last w
+    """Σ_l kv_elements · B · min(T, w_l) · bytes: every layer's cache, a window's layer keeping its last w
     (``cache``: :func:`kv_layer_bytes`'s per_token, fixed and budget)."""
     return sum(kv_layer_bytes(a, tokens, batch, nbytes, w, **cache) for w in a.windows)
 
@@ -83,9 +154,9 @@ def prefill_matmul_flops(a: Architecture, n: int, batch: int) -> int:
 
 
 def attention_flops(a: Architecture, n: int, batch: int, past: int = 0) -> int:
-    """4 · B · H · D · pairs per layer: q·k and the weights times v, 2 FLOPs each per pair and dimension,
+    """2 · B · H · (D + Dv) · pairs per layer: q·k and the weights times v, 2 FLOPs each per pair and dimension,
     over the causal pairs of each layer's window (causality halves the n² of full attention)."""
-    return sum(4 * batch * a.num_heads * a.head_dim * causal_pairs(n, w, past) for w in a.windows)
+    return sum(2 * batch * a.num_heads * (a.head_dim + a.value_dim) * causal_pairs(n, w, past) for w in a.windows)
 
 
 def decode_matmul_flops(a: Architecture, batch: int) -> int:

@@ -153,7 +153,7 @@ def _bandwidth(a: Architecture, dtype: Any, nbytes: int) -> list[float]:
 
     from attnlab.transformer.linear import linear
 
-    target = min(decode_weight_bytes(a, nbytes), BANDWIDTH_BYTES)
+    target = int(min(decode_weight_bytes(a, nbytes), BANDWIDTH_BYTES))
     head = min(a.vocab_size, max(1, target // (a.hidden_size * nbytes)))  # the LM head, its rows capped by the target
     mats = [(torch.randn(1, a.hidden_size, dtype=dtype), torch.randn(head, a.hidden_size, dtype=dtype))]
     total = head * a.hidden_size * nbytes

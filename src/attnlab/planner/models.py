@@ -9,7 +9,17 @@ dimension (``head_dim``: Gemma-2's 256 is not 3584 / 16), the grouped k/v heads,
 attention window: Mistral's ``sliding_window``; Qwen2's, only where ``use_sliding_window`` is true
 and for the layers from ``max_window_layers`` on (as transformers reads it); Gemma-2's alternating
 local and global layers (``layer_types`` where the config lists them, else every even layer local,
-as transformers' Gemma-2 does).
+as transformers' Gemma-2 does; Gemma-3's five local layers to a global one; gpt-oss's alternation).
+
+The models of 2025 add what changes the counts: **latent attention** (DeepSeek-V3's MLA: the cache holds
+``kv_lora_rank + qk_rope_head_dim`` numbers per token and layer, one row for every head, replicated on
+every device under tensor parallelism), a **mixture of experts** (``num_experts`` of width
+``expert_size``, ``experts_per_token`` of them active, a shared expert of ``shared_size``, the first
+``dense_layers`` layers dense: a decode step reads the experts its tokens chose, a prefill computes
+``experts_per_token`` of them per token), and **weights in their published formats**, read from
+``quantization_config``: gpt-oss's experts in MXFP4 (4-bit values, an 8-bit scale per 32: 4.25 bits),
+DeepSeek-V3's linear layers in FP8 with a float32 scale per 128 × 128 block
+(:data:`WEIGHT_FORMATS`). The cache's dtype stays the plan's ``dtype``.
 """
 
 from __future__ import annotations
@@ -19,7 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.planner.models_2025 import BUNDLED_2025, extra_fields, transformer_fields
+
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "fp8": 1}
+# Bytes per weight of the published quantized formats, scales included: MXFP4 (OCP microscaling: 4-bit
+# values, one 8-bit exponent per 32), FP8 e4m3 with one float32 scale per 128 × 128 block (DeepSeek-V3).
+WEIGHT_FORMATS = {"mxfp4": (4 + 8 / 32) / 8, "fp8-block128": 1 + 4 / (128 * 128)}
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,17 @@ class Architecture:
     qkv_bias: bool = False
     dtype: str = "bfloat16"  # the dtype the weights are published in
     source: str = ""  # where the numbers come from
+    kv_lora_rank: int = 0  # latent attention (MLA): the latent's width (0: per-head keys and values) ...
+    rope_dim: int = 0  # ... the rotary key's, cached beside it (head_dim is a head's query/key width)
+    q_lora_rank: int = 0  # MLA's low-rank query (0: one projection)
+    v_head_dim: int = 0  # a head's value width when it differs from head_dim (MLA)
+    num_experts: int = 0  # a mixture of experts (0: a dense FFN of intermediate_size in every layer) ...
+    experts_per_token: int = 0
+    expert_size: int = 0  # ... each expert's width
+    shared_size: int = 0  # the shared expert's width (DeepSeek-V3)
+    dense_layers: int = 0  # layers of a mixture whose FFN is dense (DeepSeek-V3's first 3)
+    expert_format: str = ""  # the experts' published format (WEIGHT_FORMATS; "": dtype)
+    linear_format: str = ""  # every linear layer's published format, experts included unless expert_format
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
@@ -57,6 +83,26 @@ class Architecture:
                              f"({self.num_layers})")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"{self.name}: dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
+        for name in ("expert_format", "linear_format"):
+            if getattr(self, name) not in ("", *WEIGHT_FORMATS):
+                raise ValueError(f"{self.name}: {name} must be one of {', '.join(WEIGHT_FORMATS)} or '', "
+                                 f"got {getattr(self, name)!r}")
+        if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts and self.expert_size >= 1):
+            raise ValueError(f"{self.name}: a mixture needs 1 <= experts_per_token <= num_experts={self.num_experts} "
+                             f"and expert_size >= 1, got {self.experts_per_token}, {self.expert_size}")
+
+    @property
+    def latent(self) -> bool:
+        """Latent attention (MLA): the cache holds one latent row per token and layer for every head."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def routed_layers(self) -> int:
+        return self.num_layers - self.dense_layers if self.num_experts else 0
 
     @property
     def windowed(self) -> bool:
@@ -118,7 +164,9 @@ BUNDLED: dict[str, Bundled] = {
         "https://huggingface.co/google/gemma-2-9b/blob/main/config.json", "Gemma 2, June 2024",
         ("google/gemma-2-9b",)),
 }
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma", "gemma2")  # model_type values read
+BUNDLED.update({name: Bundled(*entry) for name, entry in BUNDLED_2025.items()})
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma", "gemma2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss",
+            "deepseek_v3")  # model_type values read
 
 
 def _need(c: dict, *names: str, where: str) -> Any:
@@ -164,7 +212,12 @@ def _windows(c: dict, layers: int, where: str) -> tuple[int | None, ...]:
         return tuple(w if t == "sliding_attention" else None for t in types)
     if not w:
         return (None,) * layers
-    if kind == "qwen2":  # the window is on only when switched on, and only from max_window_layers on
+    if kind == "gemma3_text":  # five local layers to a global one (sliding_window_pattern)
+        every = c.get("sliding_window_pattern", 6)
+        return tuple(w if (i + 1) % every else None for i in range(layers))
+    if kind == "gpt_oss":  # window and full layers alternate, the first windowed
+        return tuple(w if i % 2 == 0 else None for i in range(layers))
+    if kind in ("qwen2", "qwen3", "qwen3_moe"):  # the window is on only when switched on, and only from max_window_layers on
         if not c.get("use_sliding_window", False):
             return (None,) * layers
         start = c.get("max_window_layers", layers)
@@ -177,7 +230,9 @@ def _windows(c: dict, layers: int, where: str) -> tuple[int | None, ...]:
 
 
 def from_config(c: dict, name: str = "config.json", source: str = "") -> Architecture:
-    """An :class:`Architecture` from a transformers ``config.json`` dict."""
+    """An :class:`Architecture` from a transformers ``config.json`` dict (Gemma-3's multimodal one: its text model)."""
+    if c.get("model_type") == "gemma3" and isinstance(c.get("text_config"), dict):  # the language model is what is served
+        c = {"torch_dtype": c.get("torch_dtype")} | c["text_config"] | {"model_type": "gemma3_text"}
     kind = c.get("model_type")
     if kind not in FAMILIES:
         raise ValueError(f"{name}: model_type must be one of {', '.join(FAMILIES)} for the planner, got {kind!r}")
@@ -197,12 +252,15 @@ def from_config(c: dict, name: str = "config.json", source: str = "") -> Archite
     kv = _count(c, "num_key_value_heads", where, heads)
     if heads % kv:
         raise ValueError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
+    head_dim = _head_dim(c, d, heads, where, ("hidden_size", "num_attention_heads"))
+    more = extra_fields(c, kind, where, layers)
     return Architecture(
-        name, layers, heads, kv, _head_dim(c, d, heads, where, ("hidden_size", "num_attention_heads")), d,
+        name, layers, heads, kv, more.pop("head_dim", head_dim), d,
         _need(c, "intermediate_size", where=where), _need(c, "vocab_size", where=where),
         _need(c, "max_position_embeddings", where=where), _windows(c, layers, where),
         gated=True, tied=c.get("tie_word_embeddings", kind.startswith("gemma")),
-        qkv_bias=bool(c.get("attention_bias", kind == "qwen2")), dtype=_dtype(c, where, "bfloat16"), source=source)
+        qkv_bias=bool(c.get("attention_bias", kind in ("qwen2", "gpt_oss"))), dtype=_dtype(c, where, "bfloat16"),
+        source=source, **more)
 
 
 def _dtype(c: dict, where: str, default: str) -> str:
@@ -222,17 +280,14 @@ def _field(cfg: Any, *names: str) -> Any:
 
 def from_transformer_config(cfg: Any) -> Architecture:
     """From attnlab's own :class:`~attnlab.transformer.TransformerConfig` (it computes in float32)."""
-    if getattr(cfg, "ffn", None) == "experts":  # sizing it as one MLP would be wrong without a word
-        raise ValueError(f"model: the planner does not size a mixture of experts yet ({getattr(cfg, 'family', 'this')} "
-                         f"config has ffn='experts'); its weights and FLOPs per token differ from a dense MLP's")
     layers = _field(cfg, "num_layers", "n_layers")
     window = getattr(cfg, "layer_window", None)  # a config with sliding windows says each layer's
     windows = tuple(window(i) for i in range(layers)) if callable(window) else (None,) * layers
     return Architecture(
         f"attnlab transformer ({getattr(cfg, 'family', 'custom')})", layers, _field(cfg, "num_heads", "n_heads"),
         cfg.heads_kv, cfg.head_dim, cfg.d_model, cfg.hidden_ff, cfg.vocab_size, cfg.max_positions, windows,
-        gated=cfg.ffn == "gated", tied=cfg.tie_embeddings, learned_positions=cfg.positions == "learned",
-        qkv_bias=cfg.bias, dtype="float32", source="attnlab TransformerConfig")
+        gated=cfg.ffn in ("gated", "experts"), tied=cfg.tie_embeddings, learned_positions=cfg.positions == "learned",
+        qkv_bias=cfg.bias, dtype="float32", source="attnlab TransformerConfig", **transformer_fields(cfg))
 
 
 def bundled_key(name: str) -> str | None:

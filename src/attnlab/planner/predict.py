@@ -53,7 +53,9 @@ class Setup:
 
     @property
     def kv_share(self) -> float:
-        """The fraction of the k/v heads each device holds."""
+        """The fraction of the k/v heads each device holds (latent attention: its one latent row on every device)."""
+        if self.a.latent:
+            return 1.0
         return math.ceil(self.a.num_kv_heads / self.gpus) / self.a.num_kv_heads
 
 
@@ -84,7 +86,7 @@ def _matmuls(s: Setup, rows: int, batch: int, decode: bool = False) -> Term:
         compute = (a.num_layers * layer_flops + head_flops) / s.hw.matmul.at_largest
     else:
         compute = a.num_layers * s.hw.matmul.seconds(layer_flops) + s.hw.matmul.seconds(head_flops)
-    memory = s.hw.bandwidth.seconds(f.decode_weight_bytes(a, s.nbytes) / g)
+    memory = s.hw.bandwidth.seconds(f.decode_weight_bytes(a, s.nbytes, rows) / g)  # a mixture: the experts chosen
     return Term("weights" if decode else "matmuls", "decode" if decode else "prefill", max(compute, memory),
                 "compute" if compute >= memory else "memory bandwidth")
 
@@ -100,7 +102,8 @@ def _allreduce(s: Setup, tokens: int, batch: int, phase: str) -> tuple[Term, ...
 def prefill_terms(s: Setup, n: int, batch: int) -> tuple[Term, ...]:
     a = s.a
     heads_share = 1 / s.gpus
-    attention = sum(count * s.hw.attention.seconds(4 * batch * a.num_heads * heads_share * a.head_dim * f.causal_pairs(n, w))
+    width = a.head_dim + a.value_dim  # q·k over D, the weights times v over Dv
+    attention = sum(count * s.hw.attention.seconds(2 * batch * a.num_heads * heads_share * width * f.causal_pairs(n, w))
                     for w, count in Counter(a.windows).items())
     per_layer = f.elementwise_bytes(a, n, batch, s.nbytes) / s.gpus
     return (_matmuls(s, batch * n, batch), Term("attention", "prefill", attention, "compute"),

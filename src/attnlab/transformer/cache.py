@@ -28,6 +28,7 @@ from attnlab.transformer.evict_cache import POLICIES, EvictingCache, evict_kinds
 from attnlab.transformer.layer_cache import (
     DENSE_START, SINK_DEFAULT, DenseCache, LayerCache, Read, SinkCache, Step, WindowCache,
 )
+from attnlab.transformer.latent_cache import LatentCache
 from attnlab.transformer.weights import torch_dtype
 
 KINDS = ("dense", "window", "sink", *POLICIES)
@@ -72,11 +73,13 @@ class KVCache:
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"capacity must be an int >= 1 (slots per dense layer) or None, got {capacity!r}")
         dtype = torch_dtype(dtype)
-        h, d = config.heads_kv, config.head_dim
+        h, d = _kv_shape(config)
         start = capacity or DENSE_START
         layers: list[LayerCache] = []
         for (what, w, s), layer in zip(kinds, range(config.num_layers)):
-            if what == "dense":
+            if what == "latent":  # MLA: the latent and the rotary key, one row per token for every head
+                layers.append(LatentCache(batch, d, start, dtype, device))
+            elif what == "dense":
                 layers.append(DenseCache(batch, h, d, start, dtype, device, window=config.layer_window(layer)))
             elif what in POLICIES:
                 layers.append(EvictingCache(batch, h, d, budget, s, w, what, dtype, device, seed))
@@ -125,7 +128,7 @@ class KVCache:
 
     def check_fits(self, config: TransformerConfig, batch: int, name: str = "kv_cache", device: Any = None) -> None:
         """A cache passed back in must be one of this model's, for this batch: else a ValueError naming ``name``."""
-        want = (config.num_layers, config.heads_kv, config.head_dim, batch)
+        want = (config.num_layers, *_kv_shape(config), batch)
         first = self.layers[0].k.shape
         got = (len(self.layers), first[1], first[3], self.batch)
         if got != want:
@@ -137,6 +140,11 @@ class KVCache:
     def to_dict(self) -> dict:
         return {"kinds": list(self.kinds), "lengths": self.lengths.tolist(), "dtype": str(self.dtype).removeprefix("torch."),
                 "nbytes": self.nbytes, "layers": [layer.describe() for layer in self.layers]}
+
+
+def _kv_shape(config: TransformerConfig) -> tuple[int, int]:
+    """(k/v heads, width) of a layer's cache: MLA keeps one row of kv_rank + rope_dim for every head."""
+    return (config.heads_kv, config.head_dim) if config.latent is None else (1, config.latent.cached)
 
 
 def layer_kinds(config: TransformerConfig, kind: str, window: int | None, sink: int | None,
@@ -152,6 +160,10 @@ def layer_kinds(config: TransformerConfig, kind: str, window: int | None, sink: 
     """
     if kind not in KINDS:
         raise ValueError(f"cache must be one of {', '.join(KINDS)}, got {kind!r}")
+    if config.latent is not None and kind != "dense":
+        raise ValueError(f"cache={kind!r}: a {config.family} model (latent attention) keeps its latent cache "
+                         "of every position (cache='dense'); window, sink and evicting caches are not "
+                         "implemented for it")
     if kind in POLICIES:
         return evict_kinds(config, kind, window, sink, budget)
     if budget is not None:
@@ -161,6 +173,12 @@ def layer_kinds(config: TransformerConfig, kind: str, window: int | None, sink: 
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
     own = [config.layer_window(layer) for layer in range(config.num_layers)]
+    if config.latent is not None:  # the latent kind, dense in positions
+        if kind != "dense" or window is not None or sink is not None:
+            raise ValueError(f"cache={kind!r}: a {config.family} model (latent attention) keeps its latent cache "
+                             "of every position (cache='dense', no window= or sink=); window and sink caches "
+                             "are not implemented for it")
+        return [("latent", None, None)] * config.num_layers
     if kind == "dense":
         if window is not None or sink is not None:
             raise ValueError("window= and sink= size a 'window' or 'sink' cache; the dense cache keeps every position")

@@ -24,17 +24,19 @@ the W − 1 tokens before it (transformers' mask keeps key j for query i when i 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
+
+from attnlab.transformer.config_rope import ROPE_TYPES, _rope
+from attnlab.transformer.shapes import Latent, Routing, check_parts
 
 POSITIONS = ("learned", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm")
 # up → act → down; SwiGLU-style act(gate)·up → down; gpt-oss's routed experts (clamped SwiGLU); attention only
 FFNS = ("mlp", "gated", "experts", "none")
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")  # gelu_new: the tanh approximation (transformers' gelu_pytorch_tanh)
-FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2", "qwen3", "gemma3_text", "gpt_oss")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2", "qwen3", "gemma3_text", "gpt_oss",
+            "deepseek_v3", "qwen3_moe")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names
 # transformers' rotary scaling of a gpt-oss config that names none (GptOssConfig's default)
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
@@ -69,7 +71,9 @@ class TransformerConfig:
     (``rope_truncate`` rounds the range out) and multiplies cos and sin by ``rope_attention_factor``;
     ``attn_sinks`` gives every query head a learned sink logit (``attnlab.attention(sink_logits=)``);
     ``ffn`` "experts" routes each token to ``experts_per_token`` of ``num_experts`` clamped-SwiGLU experts
-    (gpt-oss: ``swiglu_limit``, ``swiglu_alpha``).
+    (gpt-oss: ``swiglu_limit``, ``swiglu_alpha``), or, with ``routing`` (:class:`Routing`), to SwiGLU
+    experts picked as DeepSeek-V3 and Qwen3-MoE do; ``latent`` (:class:`Latent`): multi-head latent
+    attention (DeepSeek-V3's MLA; ``d_head`` is then a head's query and key width, nope + rope).
     """
 
     vocab_size: int
@@ -121,6 +125,8 @@ class TransformerConfig:
     experts_per_token: int = 0
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
+    latent: Latent | None = None
+    routing: Routing | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_positions"):
@@ -172,6 +178,11 @@ class TransformerConfig:
         if self.ffn == "experts" and not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"experts_per_token must be in 1..num_experts={self.num_experts}, "
                              f"got {self.experts_per_token!r}")
+        check_parts(self)
+
+    def routed(self, layer: int) -> bool:
+        """Layer ``layer``'s FFN is routed experts (not one of the routing's dense layers)."""
+        return self.ffn == "experts" and (self.routing is None or layer not in self.routing.dense_layers)
 
     def layer_window(self, layer: int) -> int | None:
         """Layer ``layer``'s sliding window W (keys a token sees, itself included), or None (every key before it)."""
@@ -197,6 +208,16 @@ class TransformerConfig:
         return self.d_head or self.d_model // self.num_heads
 
     @property
+    def value_dim(self) -> int:
+        """A head's value (and ``hook_z``) width: head_dim, or latent attention's v_dim."""
+        return self.head_dim if self.latent is None else self.latent.v_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims rotary turns: a head's (latent attention: its rotary part only)."""
+        return self.head_dim if self.latent is None else self.latent.rope_dim
+
+    @property
     def heads_kv(self) -> int:
         return self.num_kv_heads or self.num_heads
 
@@ -209,6 +230,11 @@ class TransformerConfig:
         """From a transformers config object or its ``config.json`` dict (BERT, RoBERTa, GPT-2, Llama)."""
         c = config if isinstance(config, dict) else config.to_dict()
         family = c.get("model_type")
+        if family in ("deepseek_v3", "qwen3_moe"):  # rotary decoders with their own fields, read there
+            from attnlab.transformer import config_moe
+
+            c, fields = getattr(config_moe, family)(c)
+            return _rotary_decoder(c, **fields)
         if family not in FAMILIES:
             raise ValueError(f"model_type must be one of {', '.join(FAMILIES)} for attnlab's transformer, got {family!r}")
         return {"bert": _bert, "roberta": _bert, "gpt2": _gpt2, "llama": _llama, "mistral": _mistral,
@@ -249,47 +275,6 @@ def _gpt2(c: dict) -> TransformerConfig:
         max_positions=c["n_positions"], positions="learned", norm="layernorm", norm_eps=c.get("layer_norm_epsilon", 1e-5),
         ffn="mlp", activation=act, causal=True, tie_embeddings=c.get("tie_word_embeddings", True), family="gpt2",
     )
-
-
-def _rope(c: dict, rope: dict | None = None, key: str = "rope_parameters") -> dict:
-    """The rotary fields: theta and the scaling (transformers' ``rope_parameters``, or ``rope_scaling`` of
-    older configs; ``rope`` and ``key``: one layer type's entry, e.g. Gemma-3's ``rope_parameters.full_attention``)."""
-    if rope is None:
-        rope = dict(c.get("rope_scaling") or {}) | dict(c.get("rope_parameters") or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"{key}.rope_type must be one of {', '.join(ROPE_TYPES)} (the rotary kinds attnlab's "
-                         f"transformer computes), got {rope_type!r}")
-    partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1.0):
-        raise ValueError(f"partial_rotary_factor must be 1.0 (rotary on every dim), got {partial!r}")
-    out = {"rope_type": rope_type, "rope_theta": float(rope.get("rope_theta", c.get("rope_theta") or 10000.0))}
-    if rope_type in ("linear", "llama3"):
-        out["rope_factor"] = float(rope["factor"])
-    if rope_type == "llama3":
-        out.update(rope_low_freq=float(rope.get("low_freq_factor", 1.0)),
-                   rope_high_freq=float(rope.get("high_freq_factor", 4.0)),
-                   rope_original_positions=int(rope["original_max_position_embeddings"]))
-    if rope_type == "yarn":
-        out.update(_yarn(c, rope))
-    return out
-
-
-def _yarn(c: dict, rope: dict) -> dict:
-    """YaRN's fields as transformers' ``_compute_yarn_parameters`` reads them (its defaults included)."""
-    orig = int(rope["original_max_position_embeddings"])
-    factor = rope.get("factor") or c.get("max_position_embeddings", orig) / orig
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attention = rope.get("attention_factor")
-    if attention is None:
-        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
-        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-    return {"rope_factor": float(factor), "rope_original_positions": orig, "rope_attention_factor": float(attention),
-            "rope_beta_fast": float(rope.get("beta_fast") or 32), "rope_beta_slow": float(rope.get("beta_slow") or 1),
-            "rope_truncate": bool(rope.get("truncate", True))}
 
 
 def _rotary_decoder(c: dict, act_key: str = "hidden_act", act: str = "silu", **fields: Any) -> TransformerConfig:

@@ -42,26 +42,38 @@ class Experts(nn.Module):
         top, chosen = probs.topk(self.k, dim=-1)  # (B, T, k) each
         weights = top / top.sum(-1, keepdim=True)
         chosen = hooks(self.at + "hook_expert_indices", chosen)  # (B, T, k) expert ids
-        E = self.gate.shape[0]
-        if chosen.dtype != torch.long or bool(((chosen < 0) | (chosen >= E)).any()):
-            raise ValueError(f"{self.at}hook_expert_indices must hold expert ids (long) in 0..{E - 1}, got "
-                             f"{chosen.dtype} in {int(chosen.min())}..{int(chosen.max())}")
-        # 2. the (token, choice) pairs grouped by expert: a stable sort, then one run per expert
-        flat, w, e = x.reshape(B * T, d), weights.reshape(-1), chosen.reshape(-1)  # (N, d), (N·k,), (N·k,)
-        order = e.argsort(stable=True)  # (N·k,)
-        counts = torch.bincount(e, minlength=E).tolist()
-        out, start = torch.zeros_like(flat), 0  # (N, d)
-        for expert, n in enumerate(counts):
-            if n:
-                pairs = order[start:start + n]  # (n,) this expert's pairs
-                rows = pairs // self.k  # (n,) their tokens
-                out.index_add_(0, rows, self._expert(expert, flat[rows]) * w[pairs, None])  # (n, d)
-            start += n
-        # 3. back to (B, T, d)
-        return out.view(B, T, d)
+        # 2. each chosen expert once, on its tokens → (B, T, d)
+        return run_each(x, weights, chosen, self.gate.shape[0], self._expert, self.at)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on its tokens (n, d) → (n, d)."""
         gate = (x @ self.gate[e] + self.gate_bias[e]).clamp(max=self.limit)  # (n, f)
         up = (x @ self.up[e] + self.up_bias[e]).clamp(min=-self.limit, max=self.limit)  # (n, f)
         return ((up + 1) * gate * torch.sigmoid(self.alpha * gate)) @ self.down[e] + self.down_bias[e]
+
+
+def run_each(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, experts: int, expert, at: str) -> torch.Tensor:
+    """Σ over each token's chosen experts of weight · expert(token): x (B, T, d), weights and ``chosen``
+    expert ids (B, T, k) → (B, T, d). The (token, choice) pairs are grouped by expert with one stable
+    sort, and ``expert(e, rows (n, d)) → (n, d)`` runs once per expert chosen, on its tokens only."""
+    B, T, d = x.shape
+    k = chosen.shape[-1]
+    check_chosen(chosen, experts, at)
+    flat, w, e = x.reshape(B * T, d), weights.reshape(-1), chosen.reshape(-1)  # (N, d), (N·k,), (N·k,)
+    order = e.argsort(stable=True)  # (N·k,)
+    counts = torch.bincount(e, minlength=experts).tolist()
+    out, start = torch.zeros_like(flat), 0  # (N, d)
+    for expert_id, n in enumerate(counts):
+        if n:
+            pairs = order[start:start + n]  # (n,) this expert's pairs
+            rows = pairs // k  # (n,) their tokens
+            out.index_add_(0, rows, expert(expert_id, flat[rows]) * w[pairs, None].to(flat.dtype))  # (n, d)
+        start += n
+    return out.view(B, T, d)
+
+
+def check_chosen(chosen: torch.Tensor, experts: int, at: str) -> None:
+    """The chosen ids (after their hook) are expert ids: else a ValueError naming the hook."""
+    if chosen.dtype != torch.long or bool(((chosen < 0) | (chosen >= experts)).any()):
+        raise ValueError(f"{at}hook_expert_indices must hold expert ids (long) in 0..{experts - 1}, got "
+                         f"{chosen.dtype} in {int(chosen.min())}..{int(chosen.max())}")

@@ -134,6 +134,9 @@ def _check_limits(model: Any, prompts: list[list[int]], max_new_tokens: Any, kin
     if c.positions == "learned":
         raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {longest} tokens + {max_new_tokens} new = {total} "
                          f"passes the model's {c.max_positions} learned positions; no cache goes past them")
+    if kinds[0][0] == "latent":
+        raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {longest} tokens + {max_new_tokens} new = {total} "
+                         f"passes the model's {c.max_positions} positions; latent attention's cache keeps every one")
     if any(kind == "dense" for kind, _, _ in kinds):
         allow = "cache='sink' (or 'window')" if cache == "dense" else "cache='sink', or cache='window' with window="
         raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {longest} tokens + {max_new_tokens} new = {total} "

@@ -25,16 +25,19 @@ WEIGHT_HOOKS = ("attn.hook_attn_scores", "attn.hook_pattern")
 LAST_PATTERN = "attn.hook_last_pattern"
 
 
-def _block_names(c: TransformerConfig) -> list[str]:
-    """One block's hook points (without the ``blocks.{l}.`` prefix), in the order they fire."""
+def _block_names(c: TransformerConfig, layer: int | None = None) -> list[str]:
+    """Block ``layer``'s hook points (without the ``blocks.{l}.`` prefix), in the order they fire (None: any
+    block's, a mixture's dense layers included)."""
     rotary = ["attn.hook_rot_q", "attn.hook_rot_k"] if c.positions == "rotary" else []
     post1, post2 = (["ln1_post.hook_scale"], ["ln2_post.hook_scale"]) if c.sandwich_norm else ([], [])  # Gemma-2
     qk = ["attn.q_norm.hook_scale", "attn.k_norm.hook_scale"] if c.qk_norm else []  # TransformerLens's use_qk_norm names
-    attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v", *qk, *rotary, *WEIGHT_HOOKS, LAST_PATTERN, "attn.hook_z", *post1,
-            "hook_attn_out"]
+    # latent attention (MLA): the query, the normed latent, the rotary parts; no per-head k or v to hook
+    inputs = ["attn.hook_q", "attn.hook_latent"] if c.latent is not None else ["attn.hook_q", "attn.hook_k", "attn.hook_v"]
+    attn = [*inputs, *qk, *rotary, *WEIGHT_HOOKS, LAST_PATTERN, "attn.hook_z", *post1, "hook_attn_out"]
     ffn = c.ffn != "none"
-    # TransformerLens's MoE: the router's softmax over every expert, then the k experts chosen
-    experts = ["mlp.hook_expert_weights", "mlp.hook_expert_indices"] if c.ffn == "experts" else []
+    # TransformerLens's MoE: the router's scores of every expert, then the k experts chosen
+    routed = c.ffn == "experts" if layer is None else c.routed(layer)
+    experts = ["mlp.hook_expert_weights", "mlp.hook_expert_indices"] if routed else []
     if c.post_norm:  # BERT: the sums are hooked before their norm, the norm's output after it
         mid = ["hook_resid_mid", "ln1.hook_scale", "hook_mlp_out", "hook_resid_post", "ln2.hook_scale"] if ffn else \
             ["hook_resid_post", "ln1.hook_scale"]
@@ -51,9 +54,8 @@ def _embed_names(c: TransformerConfig) -> list[str]:
 
 def hook_names(c: TransformerConfig) -> tuple[str, ...]:
     """Every hook point of a model with config ``c``, in the order they fire."""
-    block = _block_names(c)
     final = [] if c.post_norm else ["ln_final.hook_scale"]
-    return (*_embed_names(c), *(f"blocks.{l}.{n}" for l in range(c.num_layers) for n in block), *final)
+    return (*_embed_names(c), *(f"blocks.{l}.{n}" for l in range(c.num_layers) for n in _block_names(c, l)), *final)
 
 
 def describe(c: TransformerConfig) -> str:

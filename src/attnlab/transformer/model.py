@@ -37,13 +37,14 @@ from torch import nn
 from attnlab.transformer.attend import Pass, attend, attend_eager, received
 from attnlab.transformer.cache import KVCache
 from attnlab.transformer.config import TransformerConfig
-from attnlab.transformer.experts import Experts
+from attnlab.transformer.ffn import FeedForward
 from attnlab.transformer.hooks import WEIGHT_HOOKS, Hooks, build, hook_names
+from attnlab.transformer.latent import LatentAttention
 from attnlab.transformer.linear import Linear, linear
 from attnlab.transformer.norms import head_norm, norm, normed
 from attnlab.transformer.rotary import angles, frequencies, rotate
+from attnlab.transformer.routed import mixture
 
-ACT = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
 # The backends whose math the model's own scores path is: the one a layer takes when its scores or
 # pattern are hooked ("auto" then means "torch" for that layer).
 EAGER_BACKENDS = ("torch", "auto")
@@ -107,27 +108,12 @@ class Attention(nn.Module):
         return self.o(z.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, c: TransformerConfig):
-        super().__init__()
-        self.act = ACT[c.activation]
-        self.up = Linear(c.d_model, c.hidden_ff, bias=c.ffn_bias)
-        self.gate = Linear(c.d_model, c.hidden_ff, bias=c.ffn_bias) if c.ffn == "gated" else None
-        self.down = Linear(c.hidden_ff, c.d_model, bias=c.ffn_bias)
-
-    def forward(self, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
-        """(B, T, d) → (B, T, d); ``hooks`` unused: a dense FFN's points are the block's (``hook_mlp_out``)."""
-        # (B, T, d) → (B, T, d_ff) → (B, T, d): act(x W_up), or act(x W_gate) ⊙ x W_up (SwiGLU)
-        h = self.act(self.up(x)) if self.gate is None else self.act(self.gate(x)) * self.up(x)
-        return self.down(h)
-
-
 class Block(nn.Module):
     def __init__(self, c: TransformerConfig, layer: int):
         super().__init__()
         self.post, self.at = c.post_norm, f"blocks.{layer}."
-        self.attn, self.norm1 = Attention(c, layer), norm(c)
-        self.ffn = Experts(c, layer) if c.ffn == "experts" else FeedForward(c) if c.ffn != "none" else None
+        self.attn, self.norm1 = (LatentAttention if c.latent else Attention)(c, layer), norm(c)
+        self.ffn = mixture(c, layer) if c.ffn == "experts" else FeedForward(c) if c.ffn != "none" else None
         self.norm2 = norm(c) if self.ffn is not None else None
         # Gemma-2's sandwich: each sublayer's output normed again before its residual sum
         self.norm1_post = norm(c) if c.sandwich_norm else None

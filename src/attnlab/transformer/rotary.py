@@ -31,7 +31,7 @@ from attnlab.transformer.config import TransformerConfig
 def frequencies(c: TransformerConfig, local: bool = False) -> torch.Tensor:
     """The rotary frequencies (Dh/2,) of config ``c``, float64: its global layers', or with ``local``
     its sliding layers' (plain rotary of base ``rope_local_theta``)."""
-    dh = c.head_dim
+    dh = c.rotary_dim
     base = c.rope_local_theta if local else c.rope_theta
     inv = 1.0 / base ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh)  # (Dh/2,)
     if local:
@@ -53,7 +53,7 @@ def frequencies(c: TransformerConfig, local: bool = False) -> torch.Tensor:
 
 def _yarn(c: TransformerConfig, inv: torch.Tensor) -> torch.Tensor:
     """YaRN's blend of interpolated (inv / factor) and kept (inv) frequencies, ramped over the dims."""
-    dh, base, orig = c.head_dim, c.rope_theta, c.rope_original_positions
+    dh, base, orig = c.rotary_dim, c.rope_theta, c.rope_original_positions
 
     def dim_of(rotations: float) -> float:  # the dim that turns ``rotations`` times in the original length
         return dh * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))

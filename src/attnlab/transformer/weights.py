@@ -44,6 +44,13 @@ _GEMMA2_LAYER = [
 _QK_NORM = [("attn.q_norm", "self_attn.q_norm"), ("attn.k_norm", "self_attn.k_norm")]
 # gpt-oss: Llama's attention and norms, a router, its experts (split in _gpt_oss_experts) and the sinks
 _GPT_OSS_LAYER = _LLAMA_LAYER[:5] + [("norm2", "post_attention_layernorm"), ("ffn.router", "mlp.router")]
+# DeepSeek-V3: MLA's projections and norms; the dense layers' MLP or the routed layers' router, shared expert
+# (the experts themselves: _routed_experts)
+_MLA = [("attn." + ours, "self_attn." + theirs) for ours, theirs in (
+    ("q", "q_proj"), ("q_a", "q_a_proj"), ("q_a_norm", "q_a_layernorm"), ("q_b", "q_b_proj"),
+    ("kv_a", "kv_a_proj_with_mqa"), ("kv_norm", "kv_a_layernorm"), ("kv_b", "kv_b_proj"), ("o", "o_proj"))]
+_SHARED = [("ffn.shared." + x, f"mlp.shared_experts.{x}_proj") for x in ("gate", "up", "down")]
+_DEEPSEEK_LAYER = [_LLAMA_LAYER[0], _LLAMA_LAYER[5], *_LLAMA_LAYER[6:], *_MLA, *_SHARED]
 LAYOUT = {
     "bert": ("encoder.layer.{i}.", _BERT_LAYER, _BERT_TOP),
     "roberta": ("encoder.layer.{i}.", _BERT_LAYER, _BERT_TOP),
@@ -55,6 +62,8 @@ LAYOUT = {
     "qwen3": ("layers.{i}.", _LLAMA_LAYER + _QK_NORM, _LLAMA_TOP),
     "gemma3_text": ("layers.{i}.", _GEMMA2_LAYER + _QK_NORM, _LLAMA_TOP),
     "gpt_oss": ("layers.{i}.", _GPT_OSS_LAYER, _LLAMA_TOP),
+    "deepseek_v3": ("layers.{i}.", _DEEPSEEK_LAYER, _LLAMA_TOP),
+    "qwen3_moe": ("layers.{i}.", _LLAMA_LAYER + _QK_NORM, _LLAMA_TOP),
 }
 # Any of these in a model folder means it has a tokenizer (text in and out); without: token ids only.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -106,6 +115,8 @@ def convert(tensors: dict, c: TransformerConfig) -> dict:
                 state[f"{ours}.{kind}"] = t.T.contiguous() if how == ["T"] and kind == "weight" else t
     if c.family == "gpt_oss":
         state.update(_gpt_oss_experts(base, c))
+    if c.routing is not None:
+        state.update(_routed_experts(base, c))
     return state
 
 
@@ -137,6 +148,26 @@ def _gpt_oss_experts(base: dict, c: TransformerConfig) -> dict:
         sinks = base.get(f"layers.{i}.self_attn.sinks")
         if sinks is not None:
             state[f"blocks.{i}.attn.sinks"] = sinks
+    return state
+
+
+def _routed_experts(base: dict, c: TransformerConfig) -> dict:
+    """DeepSeek-V3's and Qwen3-MoE's routers and experts: per expert ``experts.{e}.gate_proj`` / ``up_proj`` /
+    ``down_proj`` (as transformers saves them), or already fused ``experts.gate_up_proj`` (E, 2f, d) and
+    ``experts.down_proj`` (E, d, f), into ``gate_up`` (gate's rows first) and ``down``."""
+    import torch
+
+    state = {}
+    for i in (layer for layer in range(c.num_layers) if c.routed(layer)):
+        pre, ours = f"layers.{i}.mlp.", f"blocks.{i}.ffn."
+        for theirs, mine in (("gate.weight", "router"), ("gate.e_score_correction_bias", "score_bias"),
+                             ("experts.gate_up_proj", "gate_up"), ("experts.down_proj", "down")):
+            if pre + theirs in base:
+                state[ours + mine] = base[pre + theirs]
+        each = [[base.get(f"{pre}experts.{e}.{x}_proj.weight") for e in range(c.num_experts)] for x in ("gate", "up", "down")]
+        if all(t is not None for part in each for t in part):  # else missing, reported by the loader
+            gate, up, down = (torch.stack(part) for part in each)  # (E, f, d), (E, f, d), (E, d, f)
+            state[ours + "gate_up"], state[ours + "down"] = torch.cat((gate, up), dim=1), down
     return state
 
 
