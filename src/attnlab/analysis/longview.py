@@ -13,7 +13,10 @@ the one implementation of attention, and never more than one tile of T × T at o
     column(lm, layer, head, key)           the weight every query puts on the key, [T]
     overview(lm, layer, head, cells)       the pooled map: each cell the mean and the max weight of a
                                            block of b × b pairs (b = ⌈T / cells⌉; a pair a row cannot
-                                           see counts as a weight of 0 in the mean)
+                                           see counts as a weight of 0 in the mean); by the compiled
+                                           pooled pass (kernel.pool: the tiles' weights pooled in the
+                                           cache, no strip of rows × T kept) where the kernel is built
+                                           and no top keys are asked, else from tiles as above
 
 Visibility (which key j query i sees) is the capture's: ``causal`` (j ≤ i), the layer's ``window``
 (left, right) reaches (i − left ≤ j ≤ i + right), a ``sink`` (keys below it are seen past the window),
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from attnlab import masks
+from attnlab.backends import kernel
 from attnlab.maps.heads import Head
 from attnlab.maps.long import LongMaps
 
@@ -226,6 +230,19 @@ def _top(w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.take_along_axis(w, order, axis=1)
 
 
+def _compiled_pool(lm: LongMaps, layer: int, head: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The cells' weight sums [n, n] (float64) and maxima [n, n] (float32) by the compiled pooled pass
+    (:func:`attnlab.backends.kernel.pool`), from the stored q, k and LSE of the real tokens."""
+    t, facts = lm.num_tokens, lm.layers[layer]
+    group = lm.num_heads // lm.num_kv_heads
+    q = lm.queries[layer, head, None, None, :t]  # (1, 1, T, D)
+    k = lm.keys[layer, head // group, None, :t]  # (1, T, D)
+    lse = lm.lse[layer, head, None, None, :t]  # (1, 1, T)
+    sums, maxes = kernel.pool(q, k, lse, scale=facts.scale, block=block, mask=description(lm, layer),
+                              softcap=facts.softcap)
+    return sums[0, 0], maxes[0, 0]
+
+
 def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, top: int = 0) -> Overview:
     """The pooled map of ``layer`` and ``head`` (0-based), at most ``cells`` × ``cells`` (module
     docstring), and with ``top`` > 0 every row's ``top`` largest weights (:class:`Overview`)."""
@@ -237,6 +254,11 @@ def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, to
     t = lm.num_tokens
     block = -(-t // cells)
     n = -(-t // block)
+    sizes = np.diff(np.minimum(np.arange(n + 1) * block, t)).astype(np.float64)  # (n,): each block's width
+    if top == 0 and kernel.isa() is not None:
+        sums, maxes = _compiled_pool(lm, layer, head, block)
+        return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes,
+                        tokens=t)
     sums, maxes = np.zeros((n, n)), np.zeros((n, n), dtype=np.float32)
     k = min(top, t)
     keys, best = np.zeros((t, k), dtype=np.int64), np.zeros((t, k), dtype=np.float32)
@@ -252,6 +274,5 @@ def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, to
         maxes[i0 // block: i0 // block + s.shape[0]] = m
         if k:
             keys[i0:i1], best[i0:i1] = _top(w, k)
-    sizes = np.diff(np.minimum(np.arange(n + 1) * block, t)).astype(np.float64)  # (n,): each block's width
     return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes, tokens=t,
                     top_keys=keys if k else None, top_weights=best if k else None)
