@@ -106,20 +106,21 @@ done:
 
 static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "lse", "sums", "received", "scale", "block_q", "block_k", "threads", "spans",
-                             "heads", NULL};
+                             "heads", "softcap", NULL};
     PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
     Py_buffer view[9] = {{0}};
     struct sproblem pr = {0};
     struct vis vis = {0};
     long long bq, bk, heads = 1;
+    double softcap = 0.0;
     int64_t l, r;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
     dim['S'] = NSTATS;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OL:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &heads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OLd:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &heads, &softcap))
         return NULL;
     static const char *names[] = {"q", "k", "lse", "sums", "received"};
     static const char *dims[] = {"BGTD", "BTD", "BGT", "BGS", "BGT"};
@@ -132,7 +133,7 @@ static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwar
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.lse = view[2].buf, pr.sums = view[3].buf, pr.received = view[4].buf;
     if (!check_scalars(pr.t, pr.t, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
-        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.t, pr.t, 0.0))
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.t, pr.t, softcap))
         goto done;
     pr.vis = &vis;
     int status;

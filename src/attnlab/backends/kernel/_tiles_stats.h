@@ -89,13 +89,14 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
             }
             memset(col, 0, sizeof(float) * ncp);
             for (int64_t r = 0; r < nr; r++) {
-                const float *restrict p = s + r * bk;
+                float *restrict p = s + r * bk;
                 double *restrict acc = sc->row + r * NROW;
                 const int64_t pos = i0 + r;
                 int64_t iv[4], c4[4]; /* the row sees columns c4[0]..c4[1]-1 and c4[2]..c4[3]-1 of this tile */
                 vis_row(pr->vis, bg, pos, iv);
                 vis_cols(iv, j0, nc, c4);
                 if (c4[1] <= c4[0] || sc->lse2[r] == -INFINITY) continue;
+                if (pr->vis->cap > 0.0f) F(softcap)(p, ncp, pr->vis->cap, NULL); /* Gemma-2's scores, as the forward's */
                 const int whole = c4[0] == 0 && c4[1] == ncp; /* every column seen, none padding */
                 if (whole && pos >= j0 + nc - 1) F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 1);
                 else if (whole && pos <= j0) F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 2);
