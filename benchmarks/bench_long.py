@@ -14,6 +14,11 @@ Modes: ``stats`` (attnlab.head_stats: kernel forward with LSE + the tiled statis
 weight, [L, H, T, T]), ``ratio`` (head_stats and the SDPA forward alternated in one process for
 three rounds, the median of each: on a loaded machine the fairest time ratio). Dense maps of T
 tokens would need L · H · T² · 4 bytes.
+
+``--before SO`` (ratio mode): also time head_stats with the compiled kernel loaded from SO, a build of
+``_tiles.c`` from another commit, in the same rounds, so a change to the kernel is measured before and
+after in one run (e.g. ``git show REV:src/attnlab/backends/kernel/_tiles.c`` and its headers built with
+the ``gcc`` line of ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -67,7 +72,18 @@ def rss_mib() -> float:
     return float("nan")
 
 
-def measure(mode: str, folder: Path, tokens: int) -> dict:
+def _kernel_from(path: str):
+    """The compiled kernel module of another build, loaded beside this one's."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader("before._tiles", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("before._tiles", path, loader=loader))
+    loader.exec_module(module)
+    return module
+
+
+def measure(mode: str, folder: Path, tokens: int, before: str | None = None) -> dict:
     """One measurement, in this process (run by the parent in a fresh one)."""
     import torch
 
@@ -75,7 +91,7 @@ def measure(mode: str, folder: Path, tokens: int) -> dict:
 
     words = text(tokens)
     if mode == "ratio":
-        return ratio(folder, words, tokens)
+        return ratio(folder, words, tokens, before=before)
     if mode == "sdpa":
         from transformers import AutoModel, AutoTokenizer
 
@@ -107,8 +123,9 @@ def measure(mode: str, folder: Path, tokens: int) -> dict:
             "dense_maps_gb": LAYERS * HEADS * tokens**2 * 4 / 1e9, "threads": torch.get_num_threads()}
 
 
-def ratio(folder: Path, words: str, tokens: int, rounds: int = 3) -> dict:
-    """head_stats and the plain SDPA forward, alternated ``rounds`` times in this process: medians."""
+def ratio(folder: Path, words: str, tokens: int, rounds: int = 3, before: str | None = None) -> dict:
+    """head_stats and the plain SDPA forward, alternated ``rounds`` times in this process: medians (with
+    ``before``, head_stats with that build of the kernel too, in the same rounds)."""
     import statistics
 
     import torch
@@ -120,18 +137,25 @@ def ratio(folder: Path, words: str, tokens: int, rounds: int = 3) -> dict:
     lm = load_model(folder)
     net = AutoModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     ids = lm.tokenizer(words, return_tensors="pt")["input_ids"]
-    times: dict[str, list[float]] = {"stats": [], "sdpa": []}
+    from attnlab.backends import kernel
+
+    builds = {"stats": kernel._tiles} | ({"stats_before": _kernel_from(before)} if before else {})
+    times: dict[str, list[float]] = {"sdpa": [], **{name: [] for name in builds}}
     for _ in range(rounds):
         start = time.perf_counter()
         with torch.inference_mode():
             net(input_ids=ids)
         times["sdpa"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        head_stats(words, lm)
-        times["stats"].append(time.perf_counter() - start)
+        for name, build in builds.items():
+            kernel._tiles = build
+            start = time.perf_counter()
+            head_stats(words, lm)
+            times[name].append(time.perf_counter() - start)
+        kernel._tiles = builds["stats"]
     med = {k: statistics.median(v) for k, v in times.items()}
+    extra = {"before_seconds": med["stats_before"], "before_ratio": med["stats_before"] / med["sdpa"]} if before else {}
     return {"mode": "ratio", "tokens": tokens, "seconds": med["stats"], "sdpa_seconds": med["sdpa"],
-            "ratio": med["stats"] / med["sdpa"], "rounds": times, "peak_mib": float("nan"), "base_mib": float("nan"),
+            "ratio": med["stats"] / med["sdpa"], **extra, "rounds": times, "peak_mib": float("nan"), "base_mib": float("nan"),
             "dense_maps_gb": LAYERS * HEADS * tokens**2 * 4 / 1e9, "threads": torch.get_num_threads()}
 
 
@@ -149,11 +173,12 @@ def main() -> None:
     ap.add_argument("--modes", default="stats,sdpa", help="comma-separated: stats, sdpa, capture")
     ap.add_argument("--folder", default="/tmp/attnlab-bench-long-llama", help="where the tiny model is built")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--before", default=None, metavar="SO", help="ratio mode: also head_stats with this kernel build")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "TOKENS"), help=argparse.SUPPRESS)  # the child process
     args = ap.parse_args()
     folder = Path(args.folder)
     if args.one:
-        print(json.dumps(measure(args.one[0], folder, int(args.one[1]))))
+        print(json.dumps(measure(args.one[0], folder, int(args.one[1]), args.before)))
         return
     if not (folder / "config.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
@@ -162,7 +187,8 @@ def main() -> None:
     results = []
     for tokens in (int(t) for t in args.tokens.split(",")):
         for mode in args.modes.split(","):
-            out = subprocess.run([sys.executable, __file__, "--folder", str(folder), "--one", mode, str(tokens)],
+            before = ["--before", args.before] if args.before else []
+            out = subprocess.run([sys.executable, __file__, "--folder", str(folder), *before, "--one", mode, str(tokens)],
                                  capture_output=True, text=True, env=env)
             if out.returncode:
                 sys.exit(f"{mode} at {tokens} tokens failed:\n{out.stderr[-3000:]}")
@@ -171,6 +197,9 @@ def main() -> None:
             if mode == "ratio":
                 print(f"ratio    T={tokens:6}  head_stats {r['seconds']:.2f} s / SDPA forward {r['sdpa_seconds']:.2f} s "
                       f"= {r['ratio']:.2f} (medians of 3 alternated rounds)", flush=True)
+                if "before_ratio" in r:
+                    print(f"         before ({args.before}): head_stats {r['before_seconds']:.2f} s "
+                          f"= {r['before_ratio']:.2f} the SDPA forward", flush=True)
                 continue
             print(f"{mode:8} T={tokens:6}  {r['seconds']:8.2f} s  peak {r['peak_mib']:8.0f} MiB "
                   f"(after loading {r['base_mib']:6.0f} MiB)  dense maps would be {r['dense_maps_gb']:.1f} GB", flush=True)

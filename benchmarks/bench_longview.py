@@ -1,5 +1,6 @@
 """The long view (issue 30) on a Llama-style model with random weights: capture against a plain forward
-with the same (kernel) attention, the first overview of one head and of every head, a 256 × 256 tile
+with the same (kernel) attention, the first overview of one head and of every head (``--tiles-too``: one head's
+also from attention's tiles, the path without the compiled kernel, in the same run), a 256 × 256 tile
 and a row's top keys through the server, and the self-contained page's size and load time.
 
     .venv/bin/python benchmarks/bench_longview.py --tokens 32768 --json /tmp/longview_32768.json
@@ -90,17 +91,27 @@ def capture_vs_forward(lm, words: str, repeat: int) -> dict:
             "held_bytes": long.nbytes, "full_bytes": long.full_bytes, "peak_mib": peak_mib()}, long
 
 
-def overviews(long, repeat: int, all_heads: int | None) -> dict:
+def overviews(long, repeat: int, all_heads: int | None, tiles_too: bool = False) -> dict:
     from attnlab.analysis.longview import overview
+    from attnlab.backends import kernel
 
     one, runs, _ = timed(lambda: overview(long, 0, 0), repeat)
+    before = {}
+    if tiles_too and kernel.isa() is not None:  # the same overview from attention's tiles, as without the kernel
+        built = kernel.isa
+        kernel.isa = lambda: None
+        try:
+            before["one_head_tiles_s"] = timed(lambda: overview(long, 0, 0), 1)[0]
+        finally:
+            kernel.isa = built
+        before["tiles_over_compiled"] = before["one_head_tiles_s"] / one
     heads = [(l, h) for l in range(long.num_layers) for h in range(long.num_heads)]
     some = heads if all_heads is None else heads[:all_heads]
     t = time.perf_counter()
     for l, h in some:
         overview(long, l, h)
     spent = time.perf_counter() - t
-    return {"one_head_s": one, "one_head_runs": runs, "all_heads_s": spent * len(heads) / len(some),
+    return {"one_head_s": one, "one_head_runs": runs, **before, "all_heads_s": spent * len(heads) / len(some),
             "all_heads_timed": len(some), "all_heads_of": len(heads), "peak_mib": peak_mib()}
 
 
@@ -160,6 +171,8 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--all-heads", type=int, default=None, help="time this many heads' overviews and scale up")
+    ap.add_argument("--tiles-too", action="store_true",
+                    help="also time one head's overview from attention's tiles (the path without the compiled kernel)")
     ap.add_argument("--page", action="store_true", help="also write the self-contained page and load it in Chromium")
     ap.add_argument("--no-server", action="store_true")
     ap.add_argument("--json", default=None)
@@ -175,7 +188,7 @@ def main() -> None:
                   "model": vars(args), "base_mib": peak_mib()}
         result["capture"], long = capture_vs_forward(lm, words, args.repeat)
         print(json.dumps(result["capture"], indent=1), file=sys.stderr)
-        result["overview"] = overviews(long, args.repeat, args.all_heads)
+        result["overview"] = overviews(long, args.repeat, args.all_heads, args.tiles_too)
         print(json.dumps(result["overview"], indent=1), file=sys.stderr)
         if not args.no_server:
             result["server"] = served(lm, words, args.tokens, args.repeat)

@@ -134,3 +134,26 @@ def test_an_overview_in_many_strips_equals_one_in_one(monkeypatch, sink):
         ov = longview.overview(lm, layer, 0, cells=8, top=4)
         _check_pooled(ov, full[layer, 0])
         assert np.array_equal(ov.top_keys, np.argsort(-full[layer, 0], axis=1, kind="stable")[:, :4])
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.parametrize("pad, sink", [(0, 0), (9, 0), (0, 3), (6, 2)])
+def test_the_compiled_overview_equals_the_tiles_one(monkeypatch, pad, sink):
+    """kernel.pool (where the kernel is built) against the overview from attention's tiles (without it), with
+    causal, a window, sink tokens, padding, softcap and grouped heads (4 over 2), cells of several sizes."""
+    from attnlab.backends import kernel
+
+    if kernel.isa() is None:
+        pytest.skip("the compiled kernel was not built here")
+    lm, full = _synthetic(t=131, pad=pad, sink=sink)
+    for cells in (8, 45):
+        compiled = [longview.overview(lm, layer, head, cells=cells) for layer in range(4) for head in range(4)]
+        with monkeypatch.context() as m:
+            m.setattr(kernel, "isa", lambda: None)  # as where no compiler built it
+            tiles = [longview.overview(lm, layer, head, cells=cells) for layer in range(4) for head in range(4)]
+        for a, b in zip(compiled, tiles):
+            assert a.block == b.block and a.top_keys is None
+            np.testing.assert_allclose(a.mean, b.mean, rtol=0, atol=ATOL)
+            np.testing.assert_allclose(a.max, b.max, rtol=0, atol=ATOL)
+        if cells == 8:
+            _check_pooled(compiled[5], full[1, 1])

@@ -33,13 +33,15 @@ def _equal_everywhere(long, full, atol=1e-6):
                 np.testing.assert_allclose(ov.mean[r], means, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
 def test_long_view_equals_the_full_map_of_a_decoder(tiny_folder, arch):
     lm = load_model(tiny_folder(arch))
     long = capture_long(TEXT, lm)
     assert long.keys.shape[1] < long.queries.shape[1]  # grouped keys kept once per k/v head
-    if arch == "mistral":
+    if arch in ("mistral", "gemma2"):
         assert long.layers[0].window == (3, 0) and long.layers[0].causal
+    if arch == "gemma2":  # softcapped scores: the kernel caps them in its tiles, the long view from the facts
+        assert [f.softcap for f in long.layers] == [0.5, 0.5]
     _equal_everywhere(long, capture(TEXT, lm))
 
 
@@ -77,3 +79,11 @@ def test_text_longer_than_the_positions_is_one_clear_error(tiny_llama):
     for run in (lambda: capture_long(words, lm), lambda: capture(words, lm)):
         with pytest.raises(ValueError, match=rf"has \d+ tokens; model .* takes at most {lm.max_tokens} "):
             run()
+
+
+@pytest.mark.parametrize("arch", ["t5", "bart"])
+def test_an_encoder_decoder_is_refused_naming_why(tiny_folder, arch):
+    lm = load_model(tiny_folder(arch))
+    with pytest.raises(ValueError, match=r"is an encoder–decoder \(two sequences joined by cross-attention; T5's "
+                                         r"relative position bias is itself T × T\): use attnlab.capture"):
+        capture_long(TEXT, lm)

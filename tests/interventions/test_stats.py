@@ -99,6 +99,20 @@ def test_sliding_window_decoder_equals_dense_maps(tmp_path):
     _check(maps, stats, causal=True, window=tiny.WINDOW - 1)
 
 
+def test_softcapped_decoder_equals_dense_maps(tmp_path):
+    """Gemma-2's softcapped scores (and window): the kernel caps them in its tiles, in the forward and the pass."""
+    import tiny_models as tiny
+    tiny.build("gemma2", tmp_path)
+    text = "The river runs past the bank, slowly! I put the money in the bank."
+    stats = head_stats(text, tmp_path, block_rows=5)
+    w = attnlab.capture([text], tmp_path).weights[0]
+    for layer, window in enumerate((tiny.WINDOW - 1, None)):  # Gemma-2 alternates sliding and full layers
+        want, received = _dense(w[layer:layer + 1], True, window)
+        for name in ROW_STATS:
+            np.testing.assert_allclose(stats.means[name][layer], want[name][0], rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(stats.received[0][layer], received[0], rtol=1e-5, atol=1e-5)
+
+
 def test_bad_texts(default_model):
     with pytest.raises(ValueError, match="texts must be"):
         head_stats([], default_model)
@@ -106,11 +120,12 @@ def test_bad_texts(default_model):
         head_stats(_text(700), default_model)
 
 
-@pytest.mark.parametrize("h, hkv, t, d, causal, window", [
-    (8, 4, 300, 32, True, None), (4, 4, 200, 64, False, None), (6, 2, 257, 32, False, (20, 7)), (2, 1, 129, 16, True, (50, 0)),
+@pytest.mark.parametrize("h, hkv, t, d, causal, window, softcap", [
+    (8, 4, 300, 32, True, None, None), (4, 4, 200, 64, False, None, None), (6, 2, 257, 32, False, (20, 7), None),
+    (2, 1, 129, 16, True, (50, 0), None), (4, 2, 180, 32, True, None, 2.0),
 ])
 @pytest.mark.needs("kernel")
-def test_the_pytorch_pass_and_the_compiled_pass_agree(h, hkv, t, d, causal, window):
+def test_the_pytorch_pass_and_the_compiled_pass_agree(h, hkv, t, d, causal, window, softcap):
     """Builds without a C compiler use the PyTorch pass (layer_stats): it gives what the compiled one does
     (which test_tiles.py checks against float64 dense weights), with grouped-query heads and bands."""
     import torch
@@ -128,9 +143,13 @@ def test_the_pytorch_pass_and_the_compiled_pass_agree(h, hkv, t, d, causal, wind
     if right is not None:
         seen &= j <= i + right
     s = (q @ k.repeat_interleave(h // hkv, 0).transpose(-1, -2)).double() * d**-0.5
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
     lse = torch.logsumexp(s.masked_fill(~seen, -torch.inf), -1).float()
-    a, counts_a, received_a = layer_stats(q, k, lse, scale=d**-0.5, causal=causal, window=window, block_rows=37)
-    b, counts_b, received_b = compiled_layer_stats(q, k, lse, scale=d**-0.5, causal=causal, window=window)
+    a, counts_a, received_a = layer_stats(q, k, lse, scale=d**-0.5, causal=causal, window=window, softcap=softcap,
+                                          block_rows=37)
+    b, counts_b, received_b = compiled_layer_stats(q, k, lse, scale=d**-0.5, causal=causal, window=window,
+                                                   softcap=softcap)
     assert counts_a == counts_b
     for name in ROW_STATS:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-6, atol=1e-6, err_msg=name)

@@ -13,7 +13,13 @@ the one implementation of attention, and never more than one tile of T × T at o
     column(lm, layer, head, key)           the weight every query puts on the key, [T]
     overview(lm, layer, head, cells)       the pooled map: each cell the mean and the max weight of a
                                            block of b × b pairs (b = ⌈T / cells⌉; a pair a row cannot
-                                           see counts as a weight of 0 in the mean)
+                                           see counts as a weight of 0 in the mean); by the compiled
+                                           pooled pass (kernel.pool: the tiles' weights pooled in the
+                                           cache, no strip of rows × T kept) where the kernel is built
+                                           and no top keys are asked, else from tiles as above
+
+    sink_share(lm, layer, head)            learned sinks (gpt-oss): each query's mass on the sink, exp(sink −
+                                           lse) [T] (its weights add up to 1 minus it); None without sinks
 
 Visibility (which key j query i sees) is the capture's: ``causal`` (j ≤ i), the layer's ``window``
 (left, right) reaches (i − left ≤ j ≤ i + right), a ``sink`` (keys below it are seen past the window),
@@ -29,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from attnlab import masks
+from attnlab.backends import kernel
 from attnlab.maps.heads import Head
 from attnlab.maps.long import LongMaps
 
@@ -179,12 +186,24 @@ def column(lm: LongMaps, layer: int, head: int, key: int) -> np.ndarray:
     return _tile(lm, layer, head, 0, t, j, j + 1)[:, 0]
 
 
+def sink_share(lm: LongMaps, layer: int, head: int) -> np.ndarray | None:
+    """Learned sinks: the share of each query's softmax mass that goes to the sink, exp(sink − lse), float32 [T]
+    (its weights on the keys add up to 1 minus it); None where the maps have no learned sinks."""
+    lm = check_long(lm, "sink_share")
+    _head(lm, layer, head)
+    if lm.sink_logits is None:
+        return None
+    lse = lm.lse[layer, head, :lm.num_tokens].astype(np.float64)
+    return np.exp(float(lm.sink_logits[layer, head]) - lse).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class Overview:
     """A head's pooled map: cell (r, c) covers queries r·block .. and keys c·block .. (the last cells
     may be narrower); ``mean`` [n, n] the mean weight over the cell's pairs, ``max`` [n, n] the largest.
     With ``top`` k > 0 also every row's k largest weights, largest first: ``top_keys`` [T, k] (int)
-    and ``top_weights`` [T, k] (float32), from the same pass."""
+    and ``top_weights`` [T, k] (float32), from the same pass. With learned sinks, ``sink_share`` [n]:
+    the mean over each row of cells' queries of the mass they put on the sink (:func:`sink_share`)."""
 
     block: int
     mean: np.ndarray
@@ -192,6 +211,7 @@ class Overview:
     tokens: int
     top_keys: np.ndarray | None = None
     top_weights: np.ndarray | None = None
+    sink_share: np.ndarray | None = None
 
     @property
     def cells(self) -> int:
@@ -226,6 +246,19 @@ def _top(w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.take_along_axis(w, order, axis=1)
 
 
+def _compiled_pool(lm: LongMaps, layer: int, head: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The cells' weight sums [n, n] (float64) and maxima [n, n] (float32) by the compiled pooled pass
+    (:func:`attnlab.backends.kernel.pool`), from the stored q, k and LSE of the real tokens."""
+    t, facts = lm.num_tokens, lm.layers[layer]
+    group = lm.num_heads // lm.num_kv_heads
+    q = lm.queries[layer, head, None, None, :t]  # (1, 1, T, D)
+    k = lm.keys[layer, head // group, None, :t]  # (1, T, D)
+    lse = lm.lse[layer, head, None, None, :t]  # (1, 1, T)
+    sums, maxes = kernel.pool(q, k, lse, scale=facts.scale, block=block, mask=description(lm, layer),
+                              softcap=facts.softcap)
+    return sums[0, 0], maxes[0, 0]
+
+
 def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, top: int = 0) -> Overview:
     """The pooled map of ``layer`` and ``head`` (0-based), at most ``cells`` × ``cells`` (module
     docstring), and with ``top`` > 0 every row's ``top`` largest weights (:class:`Overview`)."""
@@ -237,6 +270,15 @@ def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, to
     t = lm.num_tokens
     block = -(-t // cells)
     n = -(-t // block)
+    sizes = np.diff(np.minimum(np.arange(n + 1) * block, t)).astype(np.float64)  # (n,): each block's width
+    share = sink_share(lm, layer, head)
+    if share is not None:  # (n,): each row of cells' mean
+        share = np.add.reduceat(share.astype(np.float64), np.arange(n) * block) / sizes
+        share = share.astype(np.float32)
+    if top == 0 and kernel.isa() is not None:
+        sums, maxes = _compiled_pool(lm, layer, head, block)
+        return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes,
+                        tokens=t, sink_share=share)
     sums, maxes = np.zeros((n, n)), np.zeros((n, n), dtype=np.float32)
     k = min(top, t)
     keys, best = np.zeros((t, k), dtype=np.int64), np.zeros((t, k), dtype=np.float32)
@@ -252,6 +294,5 @@ def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, to
         maxes[i0 // block: i0 // block + s.shape[0]] = m
         if k:
             keys[i0:i1], best[i0:i1] = _top(w, k)
-    sizes = np.diff(np.minimum(np.arange(n + 1) * block, t)).astype(np.float64)  # (n,): each block's width
     return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes, tokens=t,
-                    top_keys=keys if k else None, top_weights=best if k else None)
+                    top_keys=keys if k else None, top_weights=best if k else None, sink_share=share)

@@ -52,7 +52,7 @@ def observing(callback: Callable[..., None]) -> Iterator[None]:
     """Run the model's attention without any T × T array: inside the block, transformers builds no
     mask, each attention call goes through attnlab's compiled blockwise kernel (causal and sliding
     windows as bands, the LSE kept) and then calls ``callback(query (B, H, T, D), key (B, H_kv, T, D),
-    lse (B, H, T), scale=, causal=, window=)``; no weights come out. One unpadded sequence per call."""
+    lse (B, H, T), scale=, causal=, window=, softcap=)``; no weights come out. One unpadded sequence per call."""
     token = _OBSERVE.set(callback)
     try:
         yield
@@ -67,18 +67,16 @@ def _observed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     if attention_mask is not None or position_bias is not None:
         raise ValueError("long-input statistics take one unpadded sequence of a model without position biases "
                          "(T5's relative bias is T × T); this call came with a mask or a bias")
-    if softcap is not None:
-        raise ValueError("long-input statistics go through attnlab's kernel backend, which does not support "
-                         "logit softcapping (Gemma-2); capture() serves such models up to their maps' size")
     causal = bool(getattr(module, "is_causal", False))
     window = None if sliding_window is None else (int(sliding_window) - 1, 0)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     # One contiguous copy of q and k (the model hands them over as transposed views), which the kernel's
     # forward and the callback's pass both read as they are, instead of each making its own.
     query, key = query.contiguous(), key.contiguous()
-    out, lse = attention(query, key, value, causal=causal, window=window, scale=scale, return_lse=True,
+    softcap = None if softcap is None else float(softcap)  # Gemma-2's cap: the kernel applies it in its tiles
+    out, lse = attention(query, key, value, causal=causal, window=window, scale=scale, softcap=softcap, return_lse=True,
                          backend="kernel")
-    callback(query, key, lse, scale=scale, causal=causal, window=window)
+    callback(query, key, lse, scale=scale, causal=causal, window=window, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -6,8 +6,10 @@ sliding windows as bands), which keeps each row's log-sum-exp, and hands its que
 (after rotary and norms) to the callback here, which keeps float32 copies. Memory is
 L · (H + H_kv) · T · D floats, as :func:`attnlab.maps.long.long_capture_bytes` counts them.
 
-Encoders and decoders, one unpadded text per call; not encoder–decoders (T5's relative bias is
-T × T) nor softcapping (the kernel has none: Gemma-2's maps come from :func:`attnlab.capture`).
+Encoders and decoders (causal, sliding windows, Gemma-2's softcapped scores: the kernel caps them in its
+tiles), one unpadded text per call; not encoder–decoders: the long view is one sequence's
+self-attention, while an encoder–decoder has two sequences, its decoder's cross-attention between them,
+and (T5) a relative position bias that is itself T × T; :func:`attnlab.capture` serves them.
 """
 
 from __future__ import annotations
@@ -24,19 +26,26 @@ from attnlab.maps.records import LayerFacts, Tokens
 
 
 class _Keep:
-    """The observing callback: each layer's q, k, LSE and facts, as float32 NumPy."""
+    """The observing callback: each layer's q, k, LSE and facts, as float32 NumPy, copied once into arrays of
+    every layer, [L, H, T, D], [L, H_kv, T, D] and [L, H, T], made at the first layer's call (a list of
+    per-layer copies stacked at the end copied everything twice and held it twice at the peak)."""
 
-    def __init__(self) -> None:
-        self.queries: list[np.ndarray] = []
-        self.keys: list[np.ndarray] = []
-        self.lse: list[np.ndarray] = []
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.arrays: dict[str, np.ndarray] = {}
         self.facts: list[LayerFacts] = []
 
-    def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None) -> None:
-        self.queries.append(query[0].float().numpy().copy())  # (H, T, D)
-        self.keys.append(key[0].float().numpy().copy())  # (H_kv, T, D)
-        self.lse.append(lse[0].float().numpy().copy())  # (H, T)
-        self.facts.append(LayerFacts(scale=scale, causal=causal, window=None if window is None else tuple(window)))
+    def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None,
+                 softcap: float | None) -> None:
+        layer = len(self.facts)
+        if layer >= self.num_layers:
+            raise RuntimeError(f"the model made more attention calls than its {self.num_layers} layers")
+        for name, x in (("queries", query[0]), ("keys", key[0]), ("lse", lse[0])):  # (H, T, D), (H_kv, T, D), (H, T)
+            if name not in self.arrays:
+                self.arrays[name] = np.empty((self.num_layers, *x.shape), dtype=np.float32)
+            self.arrays[name][layer] = x.float().numpy()
+        self.facts.append(LayerFacts(scale=scale, softcap=softcap, causal=causal,
+                                     window=None if window is None else tuple(window)))
 
 
 def _check_memory(lm: LoadedModel, tokens: int, max_bytes: int | None) -> None:
@@ -65,11 +74,12 @@ def capture_long(text: str, model: str | os.PathLike | LoadedModel | None = None
         raise ValueError(f"text must be a non-empty string, got {text!r}")
     lm = model if isinstance(model, LoadedModel) else load_model(model, revision)
     if lm.config.get("is_encoder_decoder"):
-        raise ValueError(f"the long view serves encoders and decoders; {lm.model_id!r} is an encoder–decoder, "
-                         f"whose relative position bias is T × T: use attnlab.capture")
+        raise ValueError(f"the long view serves encoders and decoders; {lm.model_id!r} is an encoder–decoder (two "
+                         f"sequences joined by cross-attention; T5's relative position bias is itself T × T): use "
+                         f"attnlab.capture, within its memory limit")
     enc = encode(lm.tokenizer, tuple(text.split("\t")), lm.max_tokens, "text", lm.model_id)
     _check_memory(lm, len(enc.ids), max_bytes)
-    keep = _Keep()
+    keep = _Keep(lm.num_layers)
     ids = torch.tensor([enc.ids])
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if enc.type_ids is not None:
@@ -79,6 +89,6 @@ def capture_long(text: str, model: str | os.PathLike | LoadedModel | None = None
     if len(keep.facts) != lm.num_layers:
         raise RuntimeError(f"model {lm.model_id!r} made {len(keep.facts)} attention calls for {lm.num_layers} layers")
     side = Tokens(tokens=[enc.tokens], word_of=[enc.word_of], words=[enc.words], kinds=[enc.kinds])
-    return LongMaps(sentence=text, side=side, queries=np.stack(keep.queries), keys=np.stack(keep.keys),
-                    lse=np.stack(keep.lse), layers=tuple(keep.facts), model_id=lm.model_id, revision=lm.revision,
+    return LongMaps(sentence=text, side=side, queries=keep.arrays["queries"], keys=keep.arrays["keys"],
+                    lse=keep.arrays["lse"], layers=tuple(keep.facts), model_id=lm.model_id, revision=lm.revision,
                     config=lm.config)

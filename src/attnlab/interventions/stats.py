@@ -82,10 +82,11 @@ class _Accumulator:
         self.counts: list[dict[str, int]] = []
         self.received: list[np.ndarray] = []  # per layer (H, T)
 
-    def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None) -> None:
+    def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None,
+                 softcap: float | None = None) -> None:
         stats = compiled_layer_stats if kernel.isa() is not None else layer_stats
         sums, counts, received = stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window,
-                                       block_rows=self.block_rows)
+                                       softcap=softcap, block_rows=self.block_rows)
         self.sums.append(sums)
         self.counts.append(counts)
         self.received.append(received)
@@ -159,13 +160,13 @@ def _counts(t: int, spans: tuple | None) -> dict[str, int]:
 
 
 def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
-                         block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+                         softcap: float | None = None, block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
     """:func:`layer_stats` by the compiled pass (:func:`attnlab.backends.kernel.stats`); ``block_rows``
     the query rows per tile (None: the kernel's)."""
     h, t, d = q.shape
     hkv = k.shape[0]
     sums, received = kernel.stats(q.reshape(hkv, h // hkv, t, d), k, lse.reshape(hkv, h // hkv, t), scale=scale,
-                                  mask=visibility(causal, window),
+                                  mask=visibility(causal, window), softcap=softcap,
                                   block_size=None if block_rows is None else (block_rows, 512))
     sums = sums.reshape(h, len(kernel.STATS))
     return ({name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}, _counts(t, _spans(t, causal, window)),
@@ -173,11 +174,12 @@ def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool
 
 
 def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
-                block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+                softcap: float | None = None, block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
     """One layer's row-statistic sums (name → (H,), float64), their row counts, and the attention
     each key receives (H, T), from q (H, T, D), k (H_kv, T, D) and the rows' LSE (H, T) (torch tensors).
 
-    ``window`` (left, right) as attnlab.attention's band; with ``causal`` right is 0.
+    ``window`` (left, right) as attnlab.attention's band; with ``causal`` right is 0; ``softcap`` c: the
+    scores are c·tanh(s / c) (Gemma-2), as attention applies it.
     """
     import torch
 
@@ -205,7 +207,10 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
         # log α = scale · q·k − LSE, rounded as attention rounds its scores: the product, then the scale
         # (baddbmm's fused alpha and the LSE folded into the product both lose 1e-5 of sharp rows' weights)
         x = torch.matmul(qb, k[:, j0:j1].transpose(-1, -2), out=buf_x[:n].view(hkv, g * b, j1 - j0))
-        x = x.mul_(scale).view(h, b, j1 - j0).sub_(lse[:, i0:i1, None])  # (H, b, Tk)
+        x = x.mul_(scale)
+        if softcap is not None:
+            x = x.div_(softcap).tanh_().mul_(softcap)
+        x = x.view(h, b, j1 - j0).sub_(lse[:, i0:i1, None])  # (H, b, Tk)
         hidden = None if spans is None else torch.from_numpy(~contains(spans[0][i0:i1], spans[1][i0:i1], np.arange(j0, j1)))
         if hidden is not None:  # (b, width): what the rows do not see
             x.masked_fill_(hidden, -math.inf)
@@ -250,7 +255,7 @@ def head_stats(
 
     ``texts``: a str or a list of them, each run alone (no padding), tokenized with the model's
     special tokens and cut to ``max_tokens`` when given. ``model``: as :func:`attnlab.capture`;
-    encoders and decoders (causal, sliding windows); not encoder–decoders or softcapping.
+    encoders and decoders (causal, sliding windows, softcapped scores); not encoder–decoders.
     ``progress(done, total)`` after each text (of this rank's share). ``distributed``: True shares
     the texts between the ranks of ``group`` (joining torchrun's job from its environment if no group
     exists yet), sums the statistics with one all-reduce and gathers each text's attention received;

@@ -142,5 +142,5 @@ def circuit_tables(d: dict) -> tuple:
         table(f"Path patching into {head.label()}: each layer-1 head's effect on its attention to the token after "
               "the earlier copy, through its queries, keys and values",
               ["layer-1 head", "through q", "through k", "through v"],
-              [[f"layer 1, head {h + 1}", *(f"{p[w][h]:.1%}" for w in INPUTS)] for h in heads]),
+              [[str(Head(0, h)), *(f"{p[w][h]:.1%}" for w in INPUTS)] for h in heads]),  # compact in cells
     )

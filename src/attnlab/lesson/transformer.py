@@ -38,6 +38,7 @@ from attnlab.lesson.circuit import (
     corrupt,
 )
 from attnlab.lesson.fmt import num
+from attnlab.maps.heads import Head
 from attnlab.lesson.section import Section, table
 from attnlab.maps.heads import Head
 
@@ -202,7 +203,7 @@ def _maps(weights: tuple, i: int = 0) -> list:
 def _tables(c: InductionConfig, run: dict, losses: dict, prev_head: int, ind_head: int) -> tuple:
     """The section's tables of training: the curve, every head's scores, the knock-outs."""
     h, before, after = run["history"], run["before"], run["after"]
-    score_rows = [[f"layer {layer + 1}, head {head + 1}", num(before["previous_token"][layer, head], 2),
+    score_rows = [[str(Head(layer, head)), num(before["previous_token"][layer, head], 2),
                    num(after["previous_token"][layer, head], 2), num(before["induction"][layer, head], 2),
                    num(after["induction"][layer, head], 2)]
                   for layer in range(2) for head in range(c.heads)]
@@ -218,8 +219,8 @@ def _tables(c: InductionConfig, run: dict, losses: dict, prev_head: int, ind_hea
               score_rows),
         table("The loss on the repeat with heads knocked out (zeroed)", ["heads out", "loss (nats)"],
               [["none", f"{losses['none']:.2f}"],
-               [f"the induction head (layer 2, head {ind_head + 1})", f"{losses['induction_head']:.2f}"],
-               [f"the previous-token head (layer 1, head {prev_head + 1})", f"{losses['previous_token_head']:.2f}"],
+               [f"the induction head ({Head(1, ind_head)})", f"{losses['induction_head']:.2f}"],
+               [f"the previous-token head ({Head(0, prev_head)})", f"{losses['previous_token_head']:.2f}"],
                ["both", f"{losses['both']:.2f}"]]),
     )
 

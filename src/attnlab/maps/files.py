@@ -10,7 +10,8 @@ of the arrays it holds. Saving and loading are lossless: the arrays come back bi
 
 Version 3 is a long input's maps (:class:`~attnlab.maps.long.LongMaps`: no weights, one sentence):
 the header names its sentence, sides, model, per-layer facts, sink and length, and the arrays are
-``long.queries`` [L, H, T, D], ``long.keys`` [L, H_kv, T, D] and ``long.lse`` [L, H, T].
+``long.queries`` [L, H, T, D], ``long.keys`` [L, H_kv, T, D] and ``long.lse`` [L, H, T] (and ``long.sink_logits``
+[L, H] where the model has learned sinks).
 
 Version 1 (the flat record: ``weights_<i>``, ``queries_<i>``, ``cross_<i>``, ``decoder.weights_<i>``, …,
 ``qk_meta`` and ``cross_qk_meta`` in the header) is still read.
@@ -32,6 +33,7 @@ FORMAT_VERSION = 2
 LONG_VERSION = 3  # a long input's maps: queries, keys and row LSEs, no weights
 READS = (1, 2, LONG_VERSION)  # the versions load_maps reads
 LONG_ARRAYS = ("queries", "keys", "lse")
+LONG_OPTIONAL = ("sink_logits",)  # [L, H] learned sinks, where the model has them
 # Which side each record is over: (query side, key side).
 SIDES = {"self_attention": ("source", "source"), "decoder": ("target", "target"), "cross": ("target", "source")}
 
@@ -81,7 +83,8 @@ def write_long(long: Any, path: str | os.PathLike) -> Path:
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
     header = {"format": FORMAT, "version": LONG_VERSION, **long.to_fields(), "sides": {"source": _tokens_header(long.side)}}
-    arrays = {f"long.{name}": getattr(long, name) for name in LONG_ARRAYS}
+    arrays = {f"long.{name}": getattr(long, name) for name in LONG_ARRAYS + LONG_OPTIONAL
+              if getattr(long, name) is not None}
     arrays["header"] = np.frombuffer(json.dumps(header, ensure_ascii=False).encode(), dtype=np.uint8)
     with open(path, "wb") as f:
         np.savez(f, **arrays)
@@ -118,7 +121,8 @@ def _read_long(header: dict, archive: Any) -> dict:
     fields = {k: header[k] for k in ("sentence", "model_id", "revision", "config", "sink", "length")}
     return {"level": "long", **fields, "side": _tokens(header["sides"]["source"]),
             "layers": tuple(LayerFacts(**f) for f in header["layers"]),
-            **{name: archive[f"long.{name}"] for name in LONG_ARRAYS}}
+            **{name: archive[f"long.{name}"] for name in LONG_ARRAYS},
+            **{name: archive[f"long.{name}"] for name in LONG_OPTIONAL if f"long.{name}" in archive.files}}
 
 
 def _tokens(part: dict) -> Tokens:

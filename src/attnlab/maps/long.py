@@ -10,6 +10,8 @@ before the model's own copies, and one 4,096-token forward of a 32 × 32 model 3
     lse     [L, H, T]         each row's log-sum-exp of its scores (−inf: a row that sees nothing)
     layers                    per layer :class:`~attnlab.maps.records.LayerFacts`: scale, softcap, causal, window
     sink                      keys 0 .. sink − 1 are seen by every row that may see them causally (StreamingLLM)
+    sink_logits [L, H]        learned sinks (gpt-oss): a logit per head in every row's softmax, with no value; the
+                              LSE includes it, so a row's weights add up to 1 − exp(sink − lse) (None: none)
     length                    the real tokens: keys (and queries) at and past it are padding
 
 so that weight_ij = exp(softcap(scale · q_i·k_j) − lse_i) where key j is visible to query i, else 0.
@@ -104,6 +106,7 @@ class LongMaps:
     config: dict = field(default_factory=dict, repr=False)
     sink: int = 0
     length: int | None = None
+    sink_logits: np.ndarray | None = field(default=None, repr=False)
     level: ClassVar[str] = "long"
 
     def __post_init__(self) -> None:
@@ -122,6 +125,8 @@ class LongMaps:
             raise ValueError(f"LongMaps.side must hold one sentence of {self.num_tokens} tokens")
         if self.sink < 0:
             raise ValueError(f"LongMaps.sink must be >= 0, got {self.sink}")
+        if self.sink_logits is not None:
+            _check("sink_logits", self.sink_logits, (lyr, h), "L, H")
 
     @property
     def num_layers(self) -> int:
@@ -142,7 +147,8 @@ class LongMaps:
 
     @property
     def nbytes(self) -> int:
-        return int(self.queries.nbytes + self.keys.nbytes + self.lse.nbytes)
+        sinks = 0 if self.sink_logits is None else self.sink_logits.nbytes
+        return int(self.queries.nbytes + self.keys.nbytes + self.lse.nbytes + sinks)
 
     @property
     def full_bytes(self) -> int:

@@ -90,7 +90,7 @@ def head_costs(data: dict) -> Figure:
     short = m["model_id"].rsplit("/", 1)[-1]  # "all-MiniLM-L6-v2", not its hub owner
     rows = [("1 head\nof 512", data["one_head_512"]), ("8 heads\nof 64", data["eight_heads_512"]),
             ("BERT base\n12 heads of 64", data["bert_base"]), (f"{short}\n{m['num_heads']} heads of {m['d_head']}", m["cost"])]
-    parts = (("projections", "Q, K, V = XW"), ("scores", "QKᵀ"), ("weighted_sum", "αV"), ("output", "W^O"))
+    parts = (("projections", "Q, K, V = XW"), ("scores", "QKᵀ"), ("weighted_sum", "αV"), ("output", "Wᴼ"))
     colors = ("#4c72b0", "#dd8452", "#55a868", "#8172b2")
     fig = Figure(figsize=(8, 3.8), layout="constrained")
     ax = fig.add_subplot()

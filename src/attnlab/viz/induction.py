@@ -69,7 +69,9 @@ def induction_circuit(data: dict) -> Figure:
     heat.set_xticks(range(grid.shape[1]), [f"head {h + 1}" for h in range(grid.shape[1])])
     heat.set_yticks(range(grid.shape[0]), [f"layer {layer + 1}" for layer in range(grid.shape[0])])
     heat.set_title("Activation patching: share of the log-probability restored", fontsize=10)
-    fig.colorbar(im, ax=heat, shrink=0.8)
+    from matplotlib.ticker import PercentFormatter
+
+    fig.colorbar(im, ax=heat, shrink=0.8, format=PercentFormatter(xmax=1, decimals=0))  # percent, as the cells
     inputs = ("q", "k", "v")
     values = [d["path"][w][sender["head"]] for w in inputs]
     bars.bar([f"through {w}" for w in inputs], values, color=[PREV if w == "k" else "#999999" for w in inputs])
@@ -78,7 +80,8 @@ def induction_circuit(data: dict) -> Figure:
     bars.axhline(0, color=LOSS, lw=0.8)
     bars.set_ylim(min(0.0, *values) - 0.05, max(1.0, *values) * 1.12)
     bars.set_ylabel("share of the attention restored")
+    bars.yaxis.set_major_formatter(PercentFormatter(xmax=1, decimals=0))  # as the bars' own labels
     bars.spines[["top", "right"]].set_visible(False)
-    bars.set_title(f"Path patching: layer 1, head {sender['head'] + 1} → layer {head['layer'] + 1}, "
-                   f"head {head['head'] + 1}", fontsize=10)
+    bars.set_title(f"Path patching:\nlayer 1, head {sender['head'] + 1} → layer {head['layer'] + 1}, "
+                   f"head {head['head'] + 1}", fontsize=10)  # two lines: one ran past the figure's edge
     return fig

@@ -92,6 +92,8 @@ def _long_answers() -> dict[str, type]:
         mean: str = Field(description=f"cells × cells mean weights, {F32}")
         max: str = Field(description=f"cells × cells largest weights, {F32}")
         encoding: str
+        sink_share: str | None = Field(None, description=f"learned sinks: each row of cells' mean share of its "
+                                                         f"queries' attention on the sink, {F32}; null without sinks")
 
     class LongTileOut(BaseModel):
         layer: int
@@ -112,6 +114,8 @@ def _long_answers() -> dict[str, type]:
         query: int
         weights: str = Field(description=f"the query's weight on every key, {F32}")
         top: list[TopKeyOut]
+        sink_share: float | None = Field(None, description="learned sinks: the query's attention on the sink (its "
+                                                           "weights add up to 1 minus it); null without sinks")
 
     class LongColumnOut(BaseModel):
         layer: int

@@ -47,9 +47,11 @@ def info(lm: LongMaps) -> dict:
 
 
 def overview(lm: LongMaps, layer: int, head: int, cells: int) -> dict:
+    """The pooled map; ``sink_share`` (learned sinks only, else null): each row of cells' mean mass on the sink."""
     ov = longview.overview(lm, layer, head, cells)
     return {"layer": layer, "head": head, "block": ov.block, "cells": ov.cells, "num_tokens": ov.tokens,
-            "mean": floats(ov.mean), "max": floats(ov.max), "encoding": "base64 float32, row-major"}
+            "mean": floats(ov.mean), "max": floats(ov.max), "encoding": "base64 float32, row-major",
+            "sink_share": None if ov.sink_share is None else floats(ov.sink_share)}
 
 
 def tile(lm: LongMaps, layer: int, head: int, rows: list[int], cols: list[int]) -> dict:
@@ -63,9 +65,13 @@ def tile(lm: LongMaps, layer: int, head: int, rows: list[int], cols: list[int]) 
 
 
 def row(lm: LongMaps, layer: int, head: int, query: int, top: int) -> dict:
+    """The query's whole row and top keys; ``sink_share`` (learned sinks only, else null): its mass on the sink,
+    so that its weights add up to 1 minus it."""
     w = longview.row(lm, layer, head, query)
     labels = lm.labels()
+    share = longview.sink_share(lm, layer, head)
     return {"layer": layer, "head": head, "query": query, "weights": floats(w),
+            "sink_share": None if share is None else float(share[query]),
             "top": [{"key": j, "token": labels[j], "weight": float(x)} for j, x in longview.top_keys(lm, layer, head,
                                                                                                       query, top)]}
 

@@ -157,14 +157,14 @@ def _f32(x: Any) -> np.ndarray:
 STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")  # the sums stats() gives, in order
 
 
-def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, block_size: Any = None,
-          threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, softcap: float | None = None,
+          block_size: Any = None, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Statistics of self-attention's weights, compiled: ``(sums, received)``, float64.
 
     q (B, G, T, D), k (B, T, D) and the rows' LSE (B, G, T) as :func:`forward` gave it; ``mask`` which keys
     each row sees (an attnlab.masks description, structured; None: every key), read as stored (each row's
-    key intervals). Each tile's weights exp(scale q·k − LSE) are recomputed from the forward's own scores
-    and, in the cache, summed into ``sums`` (B, G, 7): per head, over its rows, each of :data:`STATS` (the
+    key intervals); ``softcap`` the scores' cap (None: none). Each tile's weights exp(s − LSE), s =
+    softcap(scale q·k), are recomputed from the forward's own scores and, in the cache, summed into ``sums`` (B, G, 7): per head, over its rows, each of :data:`STATS` (the
     weight on key i − 1, i, i + 1 and 0; Σ_j w |i − j|; the entropy −Σ_j w ln w in nats; that entropy over
     ln(keys the row sees), for rows that see more than one), and ``received`` (B, G, T), the column sums.
     No T × T buffer; the same bits for any ``threads``. Raises ValueError where the kernel was not built.
@@ -176,8 +176,36 @@ def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, b
     q, k, lse = _buffers(q, k, lse)
     sums, received = np.empty((b, g, len(STATS))), np.empty((b, g, t))
     kw = vis_args(describe(mask, t, t, (b, g)), None)
+    if softcap is not None:
+        kw["softcap"] = softcap
     _tiles.stats(q, k, lse, sums, received, scale, block_q, block_k, threads or 0, **kw)
     return sums, received
+
+
+def pool(q: Any, k: Any, lse: Any, *, scale: float, block: int, mask: Mask | None = None, softcap: float | None = None,
+         block_size: Any = None, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The pooled map of self-attention's weights, compiled: ``(sums, maxes)`` (B, G, N, N), N = ⌈T / block⌉.
+
+    q (B, G, T, D), k (B, T, D) and the rows' LSE (B, G, T) as :func:`forward` gave it; ``mask`` which keys
+    each row sees (attnlab.masks, structured; None: every key), ``softcap`` the scores' cap (None: none).
+    Each tile's weights exp(s − LSE), s the forward's own scores, are recomputed and pooled in the cache:
+    cell (r, c) of a head covers queries r·block .. and keys c·block .. (the last cells narrower), ``sums``
+    float64 the sum of its weights and ``maxes`` float32 the largest (a pair a row does not see weighs 0).
+    Work goes to the threads by rows of cells; tiles no row sees are skipped. No T × T buffer, nor a row of
+    T weights; the same bits for any ``threads``. Raises ValueError where the kernel was not built.
+    """
+    if _tiles is None:
+        raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
+    b, g, t, _ = q.shape
+    block_q, block_k = BLOCK if block_size is None else block_sizes(1, t, block_size)
+    q, k, lse = _buffers(q, k, lse)
+    n = -(-t // block) if isinstance(block, int) and block >= 1 else 0  # a bad block: the kernel's error names it
+    sums, maxes = np.empty((b, g, n, n)), np.empty((b, g, n, n), np.float32)
+    kw = vis_args(describe(mask, t, t, (b, g)), None)
+    if softcap is not None:
+        kw["softcap"] = softcap
+    _tiles.pool(q, k, lse, sums, maxes, scale, block, block_q, block_k, threads or 0, **kw)
+    return sums, maxes
 
 
 DECODE_MAX_TQ = 32  # the kernel backend serves calls of at most this many query rows by the decode pass

@@ -72,12 +72,13 @@ static const struct {
     int (*brun)(struct bproblem *);
     int (*srun)(struct sproblem *);
     int (*drun)(struct dproblem *);
+    int (*prun)(struct pproblem *);
 } isas[] = {
 #ifdef X86_VARIANTS
-    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512, srun_avx512, drun_avx512},
-    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2, srun_avx2, drun_avx2},
+    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512, srun_avx512, drun_avx512, prun_avx512},
+    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2, srun_avx2, drun_avx2, prun_avx2},
 #endif
-    {"128-bit vectors", "", run_base, brun_base, srun_base, drun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
+    {"128-bit vectors", "", run_base, brun_base, srun_base, drun_base, prun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
 };
 #define NISAS ((int)(sizeof isas / sizeof isas[0]))
 static int supported[NISAS];
@@ -186,12 +187,19 @@ static PyMethodDef methods[] = {
      "heads (heads = H): spans (B'|1, H|1, Tq, 4) int64, each row's keys [lo1, hi1) and [lo2, hi2) (None: all);\n"
      "qpos (B'|1, H|1, Tq) and slopes (H|1,) float32 base 2: ALiBi; sinks (B'|1, H|1) float32: learned sinks.\n"
      "Block sizes >= 1; threads 0: OpenMP's default. Every argument is checked first (ValueError naming it)."},
+    {"pool", (PyCFunction)(void (*)(void))pool, METH_VARARGS | METH_KEYWORDS,
+     "pool(q, k, lse, sums, maxes, scale, block, block_q, block_k, threads, *, spans=None, qpos=None, slopes=None,\n"
+     "heads=1, softcap=0.0)\n\n"
+     "The pooled map of self-attention's weights exp(s - lse), s the forward's scores (scale, softcap, ALiBi), recomputed\n"
+     "tile by tile: float32 q (B, G, T, D), k (B, T, D) and forward's lse (B, G, T); into float64 sums and float32 maxes\n"
+     "(B, G, N, N), N = ceil(T / block): each cell's sum and largest weight over its block x block pairs (a pair a row\n"
+     "does not see weighs 0). Visibility as forward's. The same checks as forward; the same bits for any threads."},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_VARARGS | METH_KEYWORDS,
-     "stats(q, k, lse, sums, received, scale, block_q, block_k, threads, *, spans=None, heads=1)\n\n"
+     "stats(q, k, lse, sums, received, scale, block_q, block_k, threads, *, spans=None, heads=1, softcap=0.0)\n\n"
      "Statistics of self-attention's weights exp(scale q.k - lse), recomputed tile by tile: float32 q (B, G, T, D),\n"
      "k (B, T, D) and forward's lse (B, G, T); into float64 sums (B, G, 7) (per head, summed over rows: the\n"
      "weight on key i - 1, i, i + 1 and 0, sum_j w |i - j|, the entropy -sum_j w ln w and the entropy over\n"
-     "ln(keys seen) where more than one) and received (B, G, T) (column sums). spans as forward's (None: all).\n"
+     "ln(keys seen) where more than one) and received (B, G, T) (column sums). spans and softcap as forward's.\n"
      "The same checks as forward; the same bits for any threads."},
     {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
     {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},

@@ -174,7 +174,9 @@ static int take_one(PyObject *obj, Py_buffer *view, const char *name, char kind,
 static int take_vis(PyObject *obj[4], Py_buffer view[4], struct vis *v, int64_t flat, int64_t heads, int64_t tq, int64_t tk,
                     double softcap) {
     if (!(softcap >= 0.0) || isinf(softcap)) {
-        PyErr_Format(PyExc_ValueError, "softcap: expected 0 (none) or a finite cap > 0, got %g", softcap);
+        char got[32]; /* PyErr_Format has no %g */
+        snprintf(got, sizeof got, "%g", softcap);
+        PyErr_Format(PyExc_ValueError, "softcap: expected 0 (none) or a finite cap > 0, got %s", got);
         return 0;
     }
     v->cap = (float)(softcap * 1.4426950408889634); /* the kernels' scores are in base 2 */

@@ -318,6 +318,7 @@ static TARGET int F(run)(struct problem *pr) {
 
 #include "_tiles_backward.h"
 #include "_tiles_stats.h"
+#include "_tiles_pool.h"
 #include "_tiles_decode.h"
 
 #undef VF

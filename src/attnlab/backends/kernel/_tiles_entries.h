@@ -1,4 +1,4 @@
-/* The Python entry points of the compiled kernel (forward, backward, stats, decode), included once by _tiles.c
+/* The Python entry points of the compiled kernel (forward, backward, stats, pool, decode), included once by _tiles.c
  * after the argument checks: each takes its buffers (every one checked before anything is read), fills the
  * pass's problem and its visibility (struct vis), and runs the chosen instruction set's pass without the GIL. */
 
@@ -106,20 +106,21 @@ done:
 
 static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "lse", "sums", "received", "scale", "block_q", "block_k", "threads", "spans",
-                             "heads", NULL};
+                             "heads", "softcap", NULL};
     PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
     Py_buffer view[9] = {{0}};
     struct sproblem pr = {0};
     struct vis vis = {0};
     long long bq, bk, heads = 1;
+    double softcap = 0.0;
     int64_t l, r;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
     dim['S'] = NSTATS;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OL:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &heads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OLd:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &heads, &softcap))
         return NULL;
     static const char *names[] = {"q", "k", "lse", "sums", "received"};
     static const char *dims[] = {"BGTD", "BTD", "BGT", "BGS", "BGT"};
@@ -132,12 +133,61 @@ static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwar
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.lse = view[2].buf, pr.sums = view[3].buf, pr.received = view[4].buf;
     if (!check_scalars(pr.t, pr.t, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
-        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.t, pr.t, 0.0))
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.t, pr.t, softcap))
         goto done;
     pr.vis = &vis;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.g * pr.t == 0 ? 0 : isas[chosen].srun(&pr);
+    Py_END_ALLOW_THREADS
+    result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
+done:
+    release(view, 9);
+    return result;
+}
+
+static PyObject *pool(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"q", "k", "lse", "sums", "maxes", "scale", "block", "block_q", "block_k", "threads", "spans",
+                             "qpos", "slopes", "heads", "softcap", NULL};
+    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None}; /* no sinks: the LSE holds them */
+    Py_buffer view[9] = {{0}};
+    struct pproblem pr = {0};
+    struct vis vis = {0};
+    long long block, bq, bk, heads = 1;
+    double softcap = 0.0;
+    int64_t l, r;
+    int threads;
+    PyObject *result = NULL;
+    Py_ssize_t dim[128];
+    for (int i = 0; i < 128; i++) dim[i] = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOdLLLi|$OOOLd:pool", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale64, &block, &bq, &bk, &threads, &vobj[0], &vobj[1], &vobj[2], &heads,
+                                     &softcap))
+        return NULL;
+    pr.scale = (float)pr.scale64, pr.softcap64 = softcap;
+    if (block < 1) {
+        PyErr_Format(PyExc_ValueError, "block: expected the cells' side in tokens, >= 1, got %lld", block);
+        return NULL;
+    }
+    static const char *names[] = {"q", "k", "lse", "sums", "maxes"};
+    static const char *dims[] = {"BGTD", "BTD", "BGT", "BGNN", "BGNN"};
+    for (int i = 0; i < 5; i++) {
+        if (!take(obj[i], &view[i], names[i], i >= 3, i == 3 ? 'd' : 'f', dims[i], dim)) goto done;
+        if (i == 2) dim['N'] = (dim[T_] + block - 1) / block; /* the cells a side */
+    }
+    pr.b = dim[B_], pr.g = dim[G_], pr.t = dim[T_], pr.d = dim[D_], pr.block = block, pr.n = dim['N'];
+    if (pr.d < 1) {
+        PyErr_SetString(PyExc_ValueError, "q: expected a head dim >= 1, got 0");
+        goto done;
+    }
+    pr.q = view[0].buf, pr.k = view[1].buf, pr.lse = view[2].buf, pr.sums = view[3].buf, pr.maxes = view[4].buf;
+    if (!check_scalars(pr.t, pr.t, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
+        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.t, pr.t, softcap))
+        goto done;
+    pr.vis = &vis;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pr.b * pr.g * pr.t == 0 ? 0 : isas[chosen].prun(&pr);
     Py_END_ALLOW_THREADS
     result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:

@@ -59,6 +59,24 @@ struct sscratch {
     double *row;                        /* NROW accumulators per row of the block */
 };
 
+/* The pooled pass (the long view's overview): per head, the sum and the largest of the weights of each
+ * cell of block x block pairs (the last cells narrower), N = ceil(T / block) cells a side. */
+struct pproblem {
+    const float *q, *k, *lse;     /* (B, G, T, D), (B, T, D), (B, G, T): self-attention, one length */
+    double *sums;                 /* (B, G, N, N) */
+    float *maxes;                 /* (B, G, N, N) */
+    const float *kp;              /* packed keys */
+    const struct vis *vis;        /* which keys each row sees, ALiBi, softcap (the forward's description) */
+    int64_t b, g, t, d, bq, bk, block, n, bqp, tkp;
+    float scale;                  /* as the forward rounds it */
+    double scale64, softcap64;    /* as given: a large weight is recomputed in double from them (0: no softcap) */
+    int threads;
+};
+
+struct pscratch {
+    float *q, *s, *csum, *cmax, *lse2, *lse2lo; /* query rows, score tile, the tile's column sums and maxima, LSE */
+};
+
 /* The decode pass (_tiles_decode.h): few query rows against a long cache, split into chunks of keys. */
 enum { DT_F32, DT_F16, DT_BF16 }; /* how q, k and v are stored */
 enum { DECODE_MIN_CHUNK = 512, DECODE_MAX_ITEMS = 4096, DECODE_MAX_PART = 1 << 22 };

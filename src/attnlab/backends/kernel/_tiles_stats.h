@@ -9,6 +9,49 @@
  * is the same for any thread count. Memory: the outputs (per head NSTATS sums and T column sums)
  * and one tile per thread. */
 
+/* One weight from its base-2 score, as the row's sweep computes it (the few looked up by position). */
+static inline TARGET float F(sweight)(float score, const struct sscratch *sc, int64_t r) {
+    return F(exp2v)((VF){} + ((score - sc->lse2[r]) - sc->lse2lo[r]))[0];
+}
+
+/* One row of a tile: its weights from the scores p (base 2), added to the column sums; the row's distance and
+ * entropy terms into acc[0] and acc[1]. `at` = the row's position less the tile's first key. mode 1: the
+ * row sees every column and all lie at or before it (|i - j| = at - c, no masking); 2: every column, all at
+ * or after it; 0: any columns c4 (masked lane by lane). Inlined with a constant mode: three loops. */
+static inline TARGET __attribute__((always_inline)) void F(srow)(const float *restrict p, float *restrict col,
+                                                                 int64_t ncp, float lse2s, float lse2los, int64_t at,
+                                                                 double *restrict acc, const int64_t c4[4], int mode) {
+    VI lane;
+    VF lanef;
+    for (int u = 0; u < VW; u++) lane[u] = u, lanef[u] = (float)u;
+    const VF lse2 = (VF){} + lse2s, lse2lo = (VF){} + lse2los, here = (VF){} + (float)at;
+    VF dist = (VF){}, ent = (VF){};
+    for (int64_t c = 0; c < ncp; c += VW) {
+        const VF x = (*(const VF *)(p + c) - lse2) - lse2lo;
+        VF w = F(exp2v)(x), far;
+        if (mode == 1) {
+            far = here - (lanef + (float)c); /* i - j, exact in float */
+        } else if (mode == 2) {
+            far = (lanef + (float)c) - here;
+        } else {
+            const VI idx = lane + (int32_t)c;
+            const VI seen = ((idx >= (int32_t)c4[0]) & (idx < (int32_t)c4[1])) |
+                            ((idx >= (int32_t)c4[2]) & (idx < (int32_t)c4[3]));
+            w = F(select)(seen, w, (VF){});
+            const VF gap = __builtin_convertvector(idx - (int32_t)at, VF); /* j - i */
+            far = F(select)((VI)(gap < 0.0f), -gap, gap);
+            ent += w * F(select)(seen, x, (VF){}); /* w is 0 where unseen, but x may be inf there */
+            dist += w * far;
+            *(VF *)(col + c) += w;
+            continue;
+        }
+        dist += w * far;
+        ent += w * x;
+        *(VF *)(col + c) += w;
+    }
+    for (int u = 0; u < VW; u++) acc[0] += dist[u], acc[1] += ent[u];
+}
+
 /* One head (b, g): every query block against every key it may see. */
 static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr, const struct sscratch *sc, int64_t bg) {
     const int64_t d = pr->d, t = pr->t, bq = pr->bq, bk = pr->bk, bqp = pr->bqp, b = bg / pr->g;
@@ -16,8 +59,6 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
     const float *kp = pr->kp + b * pr->tkp * d;
     double *restrict sums = pr->sums + bg * NSTATS, *restrict recv = pr->received + bg * t;
     float *restrict q = sc->q, *restrict s = sc->s, *restrict col = sc->col;
-    VI lane;
-    for (int u = 0; u < VW; u++) lane[u] = u;
     for (int i = 0; i < NSTATS; i++) sums[i] = 0.0;
     memset(recv, 0, sizeof(double) * t);
     for (int64_t i0 = 0; i0 < t; i0 += bq) {
@@ -55,27 +96,16 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
                 vis_row(pr->vis, bg, pos, iv);
                 vis_cols(iv, j0, nc, c4);
                 if (c4[1] <= c4[0] || sc->lse2[r] == -INFINITY) continue;
-                const VF lse2 = (VF){} + sc->lse2[r], lse2lo = (VF){} + sc->lse2lo[r];
-                VF dist = (VF){}, ent = (VF){};
-                for (int64_t c = 0; c < ncp; c += VW) {
-                    const VI idx = lane + (int32_t)c;
-                    const VI seen = ((idx >= (int32_t)c4[0]) & (idx < (int32_t)c4[1])) |
-                                    ((idx >= (int32_t)c4[2]) & (idx < (int32_t)c4[3]));
-                    const VF x = F(select)(seen, (*(const VF *)(p + c) - lse2) - lse2lo, (VF){});
-                    const VF w = F(select)(seen, F(exp2v)(x), (VF){});
-                    const VF gap = __builtin_convertvector(idx + (int32_t)(j0 - pos), VF); /* j - i */
-                    const VF far = F(select)(gap < 0.0f, -gap, gap);
-                    dist += w * far;
-                    ent += w * x;
-                    *(VF *)(p + c) = w;
-                    *(VF *)(col + c) += w;
-                }
-                for (int u = 0; u < VW; u++) acc[0] += dist[u], acc[1] += ent[u];
+                if (pr->vis->cap > 0.0f) F(softcap)(p, ncp, pr->vis->cap, NULL); /* Gemma-2's scores, as the forward's */
+                const int whole = c4[0] == 0 && c4[1] == ncp; /* every column seen, none padding */
+                if (whole && pos >= j0 + nc - 1) F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 1);
+                else if (whole && pos <= j0) F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 2);
+                else F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 0);
                 for (int o = -1; o <= 1; o++) { /* the weights on keys i - 1, i, i + 1 */
                     const int64_t c = pos + o - j0;
-                    if ((c >= c4[0] && c < c4[1]) || (c >= c4[2] && c < c4[3])) acc[3 + o] += p[c];
+                    if ((c >= c4[0] && c < c4[1]) || (c >= c4[2] && c < c4[3])) acc[3 + o] += F(sweight)(p[c], sc, r);
                 }
-                if (j0 == 0 && c4[0] == 0) acc[5] += p[0];
+                if (j0 == 0 && c4[0] == 0) acc[5] += F(sweight)(p[0], sc, r);
             }
             for (int64_t c = 0; c < nc; c++) recv[j0 + c] += col[c];
         }

@@ -40,7 +40,7 @@ class LongServer {
   }
   async row(layer, head, query, top) {
     const d = await this.call("row", {layer, head, query, top});
-    return {weights: f32(d.weights), top: d.top};
+    return {weights: f32(d.weights), top: d.top, sinkShare: d.sink_share};
   }
   async column(layer, head, key) { return f32((await this.call("column", {layer, head, key})).weights); }
 }
@@ -151,7 +151,8 @@ async function drawRow() {
   try {
     const row = await state.src.row(layer, head, q, 10);
     LONG.shown.row = {layer, head, query: q, top: row.top, weights: row.weights};
-    $("long-row-title").textContent = `Query ${q + 1} (${JSON.stringify(readable(toks[q]))}), layer ${layer + 1}, head ${head + 1}: its top keys`;
+    const sink = row.sinkShare == null ? "" : ` (the learned sink takes ${pct3(row.sinkShare)} of its attention)`;
+    $("long-row-title").textContent = `Query ${q + 1} (${JSON.stringify(readable(toks[q]))}), layer ${layer + 1}, head ${head + 1}: its top keys${sink}`;
     $("long-top").replaceChildren(...row.top.map((t) => AL.el("tr", {class: "top-key", "data-key": t.key},
       AL.el("td", {class: "num", text: `${t.key + 1}`}), AL.el("td", {text: JSON.stringify(readable(t.token))}),
       AL.el("td", {class: "num weight", text: pct3(t.weight)}))));
