@@ -149,14 +149,19 @@ def run(args, log=print) -> None:
     config = TransformerConfig(**SIZES[args.size], **COMMON)
     model = Transformer(config, backend=args.backend).train()
     shared.init(model)
+    before = continue_from(model, args.init, args.backend) if args.init else None
     params = sum(p.numel() for p in model.parameters())
     log(f"size {args.size}: {params / 1e6:.2f} M parameters, {args.threads} thread(s), backend {args.backend}")
     report = {**facts, "size": args.size, "parameters": params, "seed": args.seed, "schedule_steps": args.steps,
               "batch": args.batch, "context": CONTEXT, "lr": args.lr, "threads": args.threads,
               "backend": args.backend, "cpu": cpu(), "torch": torch.__version__}
+    earlier = before["tokens_seen"] if before else 0
+    if before:  # a second phase: what the first ran, and its command's numbers
+        report["continued_from"] = {k: before[k] for k in ("seed", "schedule_steps", "steps", "lr", "tokens_seen",
+                                                           "train_seconds", "held_out_nats_by_position") if k in before}
 
     def checkpoint(done: int) -> None:
-        shared.save(model, tok, {**report, "steps": done, "tokens_seen": done * args.batch * CONTEXT,
+        shared.save(model, tok, {**report, "steps": done, "tokens_seen": earlier + done * args.batch * CONTEXT,
                                  "checkpoint": True}, args.out)
         log(f"checkpoint at step {done} in {args.out}")
 
@@ -164,7 +169,7 @@ def run(args, log=print) -> None:
                      seed=args.seed, log=log, until=args.until, minutes=args.minutes, every=10,
                      checkpoint=checkpoint, checkpoint_s=60 * args.checkpoint_minutes)
     model.eval()
-    report.update(steps=ran["steps"], tokens_seen=ran["steps"] * args.batch * CONTEXT, train_seconds=ran["seconds"],
+    report.update(steps=ran["steps"], tokens_seen=earlier + ran["steps"] * args.batch * CONTEXT, train_seconds=ran["seconds"],
                   tokens_per_second=round(ran["steps"] * args.batch * CONTEXT / max(ran["seconds"], 1e-9), 1))
     if ran["steps"] < args.steps:
         report["stopped"] = (f"after {ran['steps']} of {args.steps} scheduled steps (--minutes {args.minutes}); "
@@ -177,6 +182,15 @@ def run(args, log=print) -> None:
     report["eval_seconds"] = round(time.perf_counter() - start, 1)
     shared.save(model, tok, report, args.out)
     log(json.dumps({k: v for k, v in report.items() if k != "held_out_files"}, indent=2))
+
+
+def continue_from(model, folder: Path, backend: str) -> dict:
+    """Load the weights of a saved folder (an earlier phase) into ``model``; its training.json."""
+    from attnlab.transformer import Transformer
+
+    saved = Transformer.from_pretrained(folder, backend=backend)
+    model.load_state_dict(saved.state_dict())
+    return json.loads((folder / "training.json").read_text())
 
 
 def evaluate(folder: Path, threads: int, log=print) -> None:
@@ -212,6 +226,8 @@ def main() -> None:
     ap.add_argument("--backend", default="sdpa", help="attnlab attention backend for training (sdpa: torch's fused CPU "
                     "kernel, ~4x the torch backend's speed at 2,048 tokens in the pilot)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", type=Path, default=None, help="start from this saved folder's weights (a second phase; "
+                    "its training.json is kept under continued_from)")
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out figures (a pilot)")
     ap.add_argument("--evaluate", type=Path, default=None, help="only add the held-out figures to this saved folder")
     args = ap.parse_args()
