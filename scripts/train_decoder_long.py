@@ -158,7 +158,8 @@ def run(args, log=print) -> None:
     earlier = before["tokens_seen"] if before else 0
     if before:  # a second phase: what the first ran, and its command's numbers
         report["continued_from"] = {k: before[k] for k in ("seed", "schedule_steps", "steps", "lr", "tokens_seen",
-                                                           "train_seconds", "held_out_nats_by_position") if k in before}
+                                                           "train_seconds", "threads", "held_out_nats_by_position", "continued_from")
+                                     if k in before}
 
     def checkpoint(done: int) -> None:
         shared.save(model, tok, {**report, "steps": done, "tokens_seen": earlier + done * args.batch * CONTEXT,
