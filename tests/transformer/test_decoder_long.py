@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.locate.folder import BUNDLED_DECODERS, DECODER, DECODER_LONG, decoder_folder, resolve
+from attnlab.locate.folder import (
+    BUNDLED_DECODERS,
+    DECODER,
+    DECODER_LONG,
+    decoder_folder,
+    resolve,
+)
 
 pytestmark = pytest.mark.needs("torch", "transformers")
 ROOT = Path(__file__).resolve().parents[2]
