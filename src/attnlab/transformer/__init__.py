@@ -7,7 +7,8 @@ it generates with a :class:`KVCache` (``Transformer.generate`` → :class:`Gener
 
 ``Transformer.from_pretrained(DEFAULT_DECODER)`` is the small decoder that ships with attnlab (a
 Llama-style model trained on the docstrings of Python's standard library, with its tokenizer): text
-in, text out, offline.
+in, text out, offline. ``"attnlab:decoder-long"`` is its sibling with a context of 2,048 tokens,
+trained at that length on the standard library's source files.
 """
 
 from attnlab.locate.folder import DECODER as DEFAULT_DECODER
