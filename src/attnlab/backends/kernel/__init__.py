@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from attnlab import masks
-from attnlab.backends.base import Backend, Supports
+from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
-from attnlab.backends.request import Call, Request
+from attnlab.backends.request import Call, Request, Unchecked
 from attnlab.backends.tiling import LOG2E, Tiling, block_sizes
 from attnlab.backends.visible import Visible, describe
 from attnlab.masks import Mask
@@ -186,7 +186,7 @@ STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v i
 
 def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
            threads: int | None = None, mask: Mask | None = None, visible: Visible | None = None,
-           sinks: Any = None) -> tuple[Any, Any]:
+           sinks: Any = None, check: bool = False) -> tuple[Any, Any]:
     """Attention of a few query rows against a cache, compiled: out (B, H, Tq, Dv) and LSE (B, H, Tq), float32.
 
     q (B, H, Tq, D) float32 (or k's dtype); k (B, H_kv, Tk, D) and v (B, H_kv, Tk, Dv) float32, float16 or
@@ -199,6 +199,11 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     cache is split into chunks of keys spread over the threads (None: OpenMP's default) and merged by
     their LSE; the chunks follow the shapes and the visibility only, so any thread count gives the same
     bits. NumPy or CPU torch in, the same out (torch: views of NumPy buffers, float32).
+
+    ``check``: k and v are checked as the pass reads them, not before: a score that is not finite (a NaN or
+    Inf in a key read; q is finite), one beyond float32's safe range (base.OVERFLOW_LIMIT) or an output that
+    is not finite (a NaN or Inf in a value read) raises request.Unchecked, for the caller to check k and v
+    itself (attention() does: the error names k or v). Keys no row sees are not read, so not checked.
     """
     if _tiles is None:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
@@ -222,7 +227,9 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
     kw = vis_args(visible, sinks)
     kw.pop("heads", None)
-    _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw)
+    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw)
+    if check and not (largest <= OVERFLOW_LIMIT["float32"] and np.isfinite(out).all()):
+        raise Unchecked
     if torch_in:
         import torch
 
@@ -264,7 +271,8 @@ def _decodes(call: Call) -> bool:
 
 def _run_decode(call: Call) -> tuple[Any, Any, Any]:
     p = call.problem
-    out, lse = decode(call.q, call.k, call.v, scale=p.scale, visible=call.visible, sinks=call.visible.sinks)
+    out, lse = decode(call.q, call.k, call.v, scale=p.scale, visible=call.visible, sinks=call.visible.sinks,
+                      check=call.kv_pending)
     torch_in = call.request.library == "torch"
     return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
 
@@ -295,6 +303,9 @@ class KernelBackend(Backend):
 
     def compute_dtype(self, dtype: str) -> str:
         return work_dtype(dtype)
+
+    def checks_kv(self, call: Call) -> bool:
+        return _decodes(call)  # the decode pass notes what it reads; the tiles path's reads are O(T²) anyway
 
     def estimate(self, r: Request) -> float:
         p = r.problem

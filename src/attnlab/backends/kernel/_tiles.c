@@ -167,7 +167,8 @@ static PyMethodDef methods[] = {
      "(query head h reads k/v head h // (H / Hkv)); spans (B|1, H|1, Tq, 4) int64: each row's keys [lo1, hi1) and\n"
      "[lo2, hi2), sorted (None: every key); qpos (B|1, H|1, Tq) and slopes (H|1,) float32 base 2: ALiBi;\n"
      "sinks (B|1, H|1) float32: learned sink logits.\n"
-     "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads."},
+     "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads. Returns the largest\n"
+     "|scale q.k| it computed (0.0 where none), NaN where one of them was not finite (a NaN or Inf in a key read)."},
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
     {"backward", (PyCFunction)(void (*)(void))backward, METH_VARARGS | METH_KEYWORDS,
      "backward(q, k, v, out, lse, dout, dlse, dq, dk, dv, scale, block_q, block_k, threads, *, spans=None, qpos=None,\n"

@@ -13,6 +13,12 @@
  * from the shapes and the visibility (decode_chunk), never from the thread count: the same bits for
  * any number of threads. */
 
+#ifndef DECODE_AHEAD
+#define DECODE_AHEAD 4
+#endif
+#ifndef DECODE_LOC
+#define DECODE_LOC 3
+#endif
 typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
 #define VH F(vh)
 
@@ -194,6 +200,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     const int64_t bh = it / pr->chunks, b = bh / pr->hkv, hk = bh % pr->hkv;
     float *restrict acc = pr->parts + it * pr->part, *restrict m = acc + rows * dvp, *restrict l = m + rows;
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    pr->checks[2 * it] = pr->checks[2 * it + 1] = 0.0f;
     int64_t j0, j1;
     decode_chunk(pr, b, hk, it % pr->chunks, &j0, &j1);
     if (j1 <= j0) return;
@@ -220,6 +227,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     const int k_direct = pr->kvtype == DT_F32 && dp == d, v_direct = dvp == dv;
     VI lane;
     for (int u = 0; u < VW; u++) lane[u] = u;
+    VF bad = {}, big = {}; /* the check of what is read: the scores' NaN/Inf, their largest |value| */
     for (int64_t j = j0; j < j1; j += VW) {
         const int64_t nk = j1 - j < VW ? j1 - j : VW;
         int any = !gaps; /* some row sees a key of the block: else it is not read (the chunk is inside one run) */
@@ -229,6 +237,12 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             any = c[1] > c[0];
         }
         if (!any) continue;
+        if (j + (DECODE_AHEAD + 1) * VW <= j1) { /* the block DECODE_AHEAD ahead, into the cache: one stream per
+                                                * core is latency-bound without it */
+            const char *pk = kh + (j + DECODE_AHEAD * VW) * d * item, *pv = vh + (j + DECODE_AHEAD * VW) * dv * item;
+            for (int64_t x = 0; x < VW * d * (int64_t)item; x += 64) __builtin_prefetch(pk + x, 0, DECODE_LOC);
+            for (int64_t x = 0; x < VW * dv * (int64_t)item; x += 64) __builtin_prefetch(pv + x, 0, DECODE_LOC);
+        }
         const float *kb = kf;
         int64_t ldk = dp;
         if (k_direct && nk == VW)
@@ -251,6 +265,8 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             }
             const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
             VF s = F(dots)(q + r * dp, kb, ldk, dp);
+            bad += s * 0.0f; /* NaN from here on where a score is not finite: a key that is not (q is) */
+            big = F(select)(s > big, s, F(select)(-s > big, -s, big));
             if (pr->vis->cap > 0.0f) s = F(tanhv)(s * (1.0f / pr->vis->cap)) * pr->vis->cap;
             s = F(select)(seen, s, (VF){} - INFINITY);
             const float slope = vis_slope(pr->vis, flat0 + r / tq);
@@ -289,6 +305,9 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     }
     for (int64_t r = 0; r < rows; r++)
         for (int u = 0; u < VW; u++) l[r] += lv[r * VW + u];
+    float top = 0.0f, nan = 0.0f;
+    for (int u = 0; u < VW; u++) top = big[u] > top ? big[u] : top, nan += bad[u];
+    pr->checks[2 * it] = top, pr->checks[2 * it + 1] = nan;
 }
 
 /* Output row `row` of the B Hkv groups' rows: its chunks merged by their log-sum-exp, in chunk order. */
@@ -333,9 +352,9 @@ static TARGET int F(drun)(struct dproblem *pr) {
     if (chunks > DECODE_MAX_PART / (heads * pr->part)) chunks = DECODE_MAX_PART / (heads * pr->part);
     pr->chunks = chunks < 1 ? 1 : chunks;
     const int64_t items = heads * pr->chunks;
-    float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * pr->part)));
+    float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * (pr->part + 2))));
     if (!parts) return -1;
-    pr->parts = parts;
+    pr->parts = parts, pr->checks = parts + items * pr->part;
     const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 8 * pr->rows);
     int64_t next = 0;
     int failed = 0;
@@ -358,6 +377,9 @@ static TARGET int F(drun)(struct dproblem *pr) {
             for (int64_t row = 0; row < heads * pr->rows; row++) F(dmerge)(pr, row);
         }
     }
+    float top = 0.0f, nan = 0.0f; /* in item order: the same for any thread count */
+    for (int64_t it = 0; it < items; it++) top = pr->checks[2 * it] > top ? pr->checks[2 * it] : top, nan += pr->checks[2 * it + 1];
+    pr->largest = nan == 0.0f ? top / 1.4426950408889634f : NAN; /* back from base 2 */
     free(parts);
     return failed ? -1 : 0;
 }

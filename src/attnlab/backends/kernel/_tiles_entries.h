@@ -201,7 +201,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.h * pr.tq == 0 ? 0 : isas[chosen].drun(&pr);
     Py_END_ALLOW_THREADS
-    result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
+    result = status != 0 ? PyErr_NoMemory() : PyFloat_FromDouble(pr.largest); /* what the pass saw of k */
 done:
     release(view, 9);
     return result;

@@ -74,6 +74,9 @@ struct dproblem {
     int64_t g, rows, dp, dvp;     /* set by drun: G = H / Hkv, rows per group G Tq, D and Dv padded to vectors */
     int64_t chunks, part;         /* chunks per (b, k/v head), floats of one chunk's partial result */
     float *parts;                 /* per work item: acc (rows, dvp), then the rows' maxima and sums (base 2) */
+    float *checks;                /* per work item: its scores' largest |value| (base 2) and a sum that is NaN
+                                   * where one of them was not finite */
+    float largest;                /* set by drun: the largest |scale q.k| computed; NaN where one was not finite */
 };
 
 static float bf16_float(uint16_t x) {
