@@ -42,6 +42,7 @@
 #define ROWS 24
 #define SFX avx512
 #define CVTPH(p) ((VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))) /* VW float16 values as floats */
+#define WIDEN16(p) _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))) /* VW uint16 as uint32 */
 #include "_tiles_body.h"
 
 #define TARGET __attribute__((target(AVX2_TARGET)))
@@ -52,6 +53,7 @@
 #define ROWS 12
 #define SFX avx2
 #define CVTPH(p) ((VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
+#define WIDEN16(p) _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p)))
 #include "_tiles_body.h"
 #endif
 

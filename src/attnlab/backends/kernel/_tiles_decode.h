@@ -16,6 +16,15 @@
 #ifndef DECODE_AHEAD
 #define DECODE_AHEAD 4
 #endif
+#ifndef DECODE_PV4
+#define DECODE_PV4 1
+#endif
+#ifndef DECODE_PF16
+#define DECODE_PF16 0
+#endif
+#ifndef DECODE_KDIRECT
+#define DECODE_KDIRECT 1
+#endif
 #ifndef DECODE_LOC
 #define DECODE_LOC 3
 #endif
@@ -23,7 +32,11 @@ typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias
 #define VH F(vh)
 
 static inline TARGET VF F(bf16v)(const uint16_t *p) { /* VW bfloat16 values as floats: the top 16 bits */
+#ifdef WIDEN16 /* one widening load (GCC splits __builtin_convertvector's into halves) */
+    const VU bits = (VU)WIDEN16(p) << 16;
+#else
     const VU bits = __builtin_convertvector(*(const VH *)p, VU) << 16;
+#endif
     VF f;
     __builtin_memcpy(&f, &bits, sizeof f);
     return f;
@@ -99,38 +112,62 @@ static inline TARGET VF F(fold)(VF *c) {
     return COMB(c[0], c[1], LO1, HI1);
 }
 
-/* The scores of one query row (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp floats read). */
-static inline TARGET VF F(dots)(const float *restrict q, const float *restrict k, int64_t ldk, int64_t dp) {
-    VF c[VW];
-    for (int u = 0; u < VW; u++) c[u] = (VF){};
-    for (int64_t t = 0; t < dp; t += VW) {
-        const VF a = *(const VF *)(q + t);
-        for (int u = 0; u < VW; u++) c[u] += a * *(const VFU *)(k + u * ldk + t);
+/* Where a block is prefetched: lines [0, k_lines) of k at pk, then v's at pv. */
+struct F(ahead) { const char *pk, *pv; int64_t k_lines; };
+
+static inline TARGET void F(prefetch)(const struct F(ahead) *a, int64_t x) {
+    __builtin_prefetch(x < a->k_lines ? a->pk + 64 * x : a->pv + 64 * (x - a->k_lines), 0, DECODE_LOC);
+}
+
+/* The scores of two query rows q0, q1 (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp floats
+ * read), VW / 2 keys at a time: each vector of keys loaded once for both rows. Lines [x, x1) of `pf` are
+ * prefetched along the way, a few per step. */
+static inline TARGET void F(dots2)(const float *restrict q0, const float *restrict q1, const float *restrict k,
+                                   int64_t ldk, int64_t dp, const struct F(ahead) *pf, int64_t x, int64_t x1,
+                                   VF *s0, VF *s1) {
+    enum { HALF = VW / 2 };
+    VF c0[VW], c1[VW];
+    const int64_t each = ((x1 - x) * HALF + dp - 1) / dp; /* lines per step (2 dp / VW steps) */
+    for (int h = 0; h < VW; h += HALF) {
+        VF a0[HALF], a1[HALF];
+        for (int u = 0; u < HALF; u++) a0[u] = a1[u] = (VF){};
+        for (int64_t t = 0; t < dp; t += VW) {
+            for (int64_t y = 0; y < each && x < x1; y++, x++) F(prefetch)(pf, x);
+            const VF b0 = *(const VF *)(q0 + t), b1 = *(const VF *)(q1 + t);
+            for (int u = 0; u < HALF; u++) {
+                const VF kk = *(const VFU *)(k + (h + u) * ldk + t);
+                a0[u] += b0 * kk, a1[u] += b1 * kk;
+            }
+        }
+        for (int u = 0; u < HALF; u++) c0[h + u] = a0[u], c1[h + u] = a1[u];
     }
-    return F(fold)(c);
+    for (; x < x1; x++) F(prefetch)(pf, x);
+    *s0 = F(fold)(c0);
+    *s1 = F(fold)(c1);
 }
 
 /* acc[r][dvp] += sum over keys u in [a, z) of p[r][u] v[u] for NR rows (p's rows VW apart, acc's dvp,
  * v's ldv items of type ELEM, LOAD(x) the VW values at x as floats): each row of v loaded (and converted)
- * once for the NR rows, 4 vectors of columns at a time. */
-#define PVG(NAME, NR, ELEM, LOAD)                                                                              \
+ * once for the NR rows, NC vectors of columns at a time (NR NC accumulators in registers). */
+#define PVG(NAME, NR, NC, ELEM, LOAD)                                                                          \
     static inline TARGET void F(NAME)(const float *restrict p, int64_t a, int64_t z, const ELEM *restrict v,   \
                                       int64_t ldv, int64_t dvp, float *restrict acc) {                         \
         int64_t t = 0;                                                                                         \
-        for (; t + 4 * VW <= dvp; t += 4 * VW) {                                                               \
-            VF c[NR][4];                                                                                       \
+        for (; t + NC * VW <= dvp; t += NC * VW) {                                                             \
+            VF c[NR][NC];                                                                                      \
             for (int r = 0; r < NR; r++)                                                                       \
-                for (int i = 0; i < 4; i++) c[r][i] = *(const VF *)(acc + r * dvp + t + i * VW);               \
+                for (int i = 0; i < NC; i++) c[r][i] = *(const VF *)(acc + r * dvp + t + i * VW);              \
             for (int64_t u = a; u < z; u++) {                                                                  \
                 const ELEM *row = v + u * ldv + t;                                                             \
-                const VF b0 = LOAD(row), b1 = LOAD(row + VW), b2 = LOAD(row + 2 * VW), b3 = LOAD(row + 3 * VW);  \
+                VF b[NC];                                                                                      \
+                for (int i = 0; i < NC; i++) b[i] = LOAD(row + i * VW);                                        \
                 for (int r = 0; r < NR; r++) {                                                                 \
                     const float w = p[r * VW + u];                                                             \
-                    c[r][0] += w * b0, c[r][1] += w * b1, c[r][2] += w * b2, c[r][3] += w * b3;                \
+                    for (int i = 0; i < NC; i++) c[r][i] += w * b[i];                                          \
                 }                                                                                              \
             }                                                                                                  \
             for (int r = 0; r < NR; r++)                                                                       \
-                for (int i = 0; i < 4; i++) *(VF *)(acc + r * dvp + t + i * VW) = c[r][i];                     \
+                for (int i = 0; i < NC; i++) *(VF *)(acc + r * dvp + t + i * VW) = c[r][i];                    \
         }                                                                                                      \
         for (; t < dvp; t += VW) {                                                                             \
             VF c[NR];                                                                                          \
@@ -145,9 +182,12 @@ static inline TARGET VF F(dots)(const float *restrict q, const float *restrict k
 #define LOAD_F32(x) (*(const VFU *)(x))
 #define LOAD_BF16(x) F(bf16v)(x)
 #define LOAD_F16(x) CVTPH(x)
-#define PVGS(T, ELEM, LOAD) PVG(CAT(pv1, T), 1, ELEM, LOAD) PVG(CAT(pv2, T), 2, ELEM, LOAD) PVG4(CAT(pv4, T), ELEM, LOAD)
-#if VW == 16 /* 16 accumulators: AVX-512 has the registers, AVX2 and the baseline pair their rows */
-#define PVG4(NAME, ELEM, LOAD) PVG(NAME, 4, ELEM, LOAD)
+#define PVGS(T, ELEM, LOAD) PVG(CAT(pv1, T), 1, 4, ELEM, LOAD) PVG(CAT(pv2, T), 2, 4, ELEM, LOAD) PVG4(CAT(pv4, T), ELEM, LOAD)
+#if VW == 16 /* 16 accumulators: AVX-512 has the registers */
+#define PVG4(NAME, ELEM, LOAD) PVG(NAME, 4, 4, ELEM, LOAD)
+#define PV_ROWS 4
+#elif DECODE_PV4 /* AVX2 and the baseline: 4 rows of 2 vectors of columns (each v vector converted once for 4) */
+#define PVG4(NAME, ELEM, LOAD) PVG(NAME, 4, 2, ELEM, LOAD)
 #define PV_ROWS 4
 #else
 #define PVG4(NAME, ELEM, LOAD)
@@ -164,7 +204,7 @@ static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64
     if (nr == 1) F(CAT(pv1, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);                                      \
     else if (nr == 2) F(CAT(pv2, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);                                 \
     else PV4_CALL(T, ELEM)
-#if VW == 16
+#if PV_ROWS == 4
 #define PV4_CALL(T, ELEM) F(CAT(pv4, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);
 #else
 #define PV4_CALL(T, ELEM) {}
@@ -224,7 +264,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     const char *vh = (const char *)pr->v + (b * pr->vb + hk * pr->vh) * item;
     /* read in place: whole blocks of float32 keys; values of any dtype, converted as loaded, where their
      * rows are whole vectors (else staged in L1, padded) */
-    const int k_direct = pr->kvtype == DT_F32 && dp == d, v_direct = dvp == dv;
+    const int k_direct = DECODE_KDIRECT && pr->kvtype == DT_F32 && dp == d, v_direct = dvp == dv;
     VI lane;
     for (int u = 0; u < VW; u++) lane[u] = u;
     VF bad = {}, big = {}; /* the check of what is read: the scores' NaN/Inf, their largest |value| */
@@ -237,12 +277,6 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             any = c[1] > c[0];
         }
         if (!any) continue;
-        if (j + (DECODE_AHEAD + 1) * VW <= j1) { /* the block DECODE_AHEAD ahead, into the cache: one stream per
-                                                * core is latency-bound without it */
-            const char *pk = kh + (j + DECODE_AHEAD * VW) * d * item, *pv = vh + (j + DECODE_AHEAD * VW) * dv * item;
-            for (int64_t x = 0; x < VW * d * (int64_t)item; x += 64) __builtin_prefetch(pk + x, 0, DECODE_LOC);
-            for (int64_t x = 0; x < VW * dv * (int64_t)item; x += 64) __builtin_prefetch(pv + x, 0, DECODE_LOC);
-        }
         const float *kb = kf;
         int64_t ldk = dp;
         if (k_direct && nk == VW)
@@ -256,6 +290,16 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             vb = vh + j * dv * item, ldv = dv, vtype = pr->kvtype;
         else
             F(stage)(vh + j * dv * item, pr->kvtype, nk, dv, vf, dvp);
+        /* the block DECODE_AHEAD ahead, prefetched a few lines at a time as the rows' scores are computed (one
+         * stream per core is latency-bound without it; all at once, the prefetches queue behind each other) */
+        const int ahead = DECODE_AHEAD > 0 && j + (DECODE_AHEAD + 1) * VW <= j1 && (DECODE_PF16 || pr->kvtype == DT_F32);
+        const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * d * item, vh + (j + DECODE_AHEAD * VW) * dv * item,
+                                    ahead ? VW * d * (int64_t)item / 64 : 0};
+        const int64_t lines = ahead ? pf.k_lines + VW * dv * (int64_t)item / 64 : 0, pairs = (rows + 1) / 2;
+        for (int64_t r = 0; r < rows; r += 2) { /* every row's scores into p[r], two rows at a time */
+            const int64_t x0 = lines * (r / 2) / pairs, x1 = lines * (r / 2 + 1) / pairs, r1 = r + 1 < rows ? r + 1 : r;
+            F(dots2)(q + r * dp, q + r1 * dp, kb, ldk, dp, &pf, x0, x1, (VF *)(p + r * VW), (VF *)(p + r1 * VW));
+        }
         for (int64_t r = 0; r < rows; r++) { /* each row's weights of the block: p[r] (0 where unseen) */
             int64_t c[4]; /* the row sees keys j + [c0, c1) and j + [c2, c3) */
             F(seen_in)(bound + 4 * r, j, nk, c);
@@ -264,7 +308,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                 continue;
             }
             const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
-            VF s = F(dots)(q + r * dp, kb, ldk, dp);
+            VF s = *(const VF *)(p + r * VW);
             bad += s * 0.0f; /* NaN from here on where a score is not finite: a key that is not (q is) */
             big = F(select)(s > big, s, F(select)(-s > big, -s, big));
             if (pr->vis->cap > 0.0f) s = F(tanhv)(s * (1.0f / pr->vis->cap)) * pr->vis->cap;
@@ -396,3 +440,4 @@ static TARGET int F(drun)(struct dproblem *pr) {
 #undef VH
 #undef PV_ROWS
 #undef CVTPH
+#undef WIDEN16
