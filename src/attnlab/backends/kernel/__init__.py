@@ -186,7 +186,7 @@ STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v i
 
 def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
            threads: int | None = None, mask: Mask | None = None, visible: Visible | None = None,
-           sinks: Any = None, check: bool = False) -> tuple[Any, Any]:
+           sinks: Any = None, check: bool = False, k_scale: Any = None, v_scale: Any = None) -> tuple[Any, Any]:
     """Attention of a few query rows against a cache, compiled: out (B, H, Tq, Dv) and LSE (B, H, Tq), float32.
 
     q (B, H, Tq, D) float32 (or k's dtype); k (B, H_kv, Tk, D) and v (B, H_kv, Tk, Dv) float32, float16 or
@@ -200,6 +200,10 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     their LSE; the chunks follow the shapes and the visibility only, so any thread count gives the same
     bits. NumPy or CPU torch in, the same out (torch: views of NumPy buffers, float32).
 
+    ``k_scale``, ``v_scale``: an int8 cache (the quantized cache's "int8", symmetric): k and v int8 codes,
+    each key's and value row's float32 scale (B, H_kv, Tk), contiguous; key j is k[..., j, :] · k_scale[..., j]
+    (dequantized in registers, never into a float copy), q float32.
+
     ``check``: k and v are checked as the pass reads them, not before: a score that is not finite (a NaN or
     Inf in a key read; q is finite), one beyond float32's safe range (base.OVERFLOW_LIMIT) or an output that
     is not finite (a NaN or Inf in a value read) raises request.Unchecked, for the caller to check k and v
@@ -209,10 +213,13 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
     torch_in = is_torch(q)
     stored = dtype_name(k)
-    if dtype_name(v) != stored or stored not in STORED:
-        raise TypeError(f"k and v must share one dtype of {', '.join(STORED)}, got k {stored} and v {dtype_name(v)}")
-    if dtype_name(q) not in ("float32", stored):
+    int8 = stored == "int8" and (k_scale is not None or v_scale is not None)
+    if dtype_name(v) != stored or (stored not in STORED and not int8):
+        raise TypeError(f"k and v must share one dtype of {', '.join(STORED)} (or int8 with k_scale and v_scale), "
+                        f"got k {stored} and v {dtype_name(v)}")
+    if dtype_name(q) not in ("float32", stored) or (int8 and dtype_name(q) != "float32"):
         raise TypeError(f"q must be float32 or k's dtype ({stored}), got {dtype_name(q)}")
+    scales = {"k_scale": _buffers(k_scale)[0], "v_scale": _buffers(v_scale)[0]} if int8 else {}
     for name, x in (("q", q), ("k", k), ("v", v)):
         if torch_in and x.device.type != "cpu":
             raise ValueError(f"{name} must be on the CPU, got a tensor on {x.device}")
@@ -227,7 +234,7 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
     kw = vis_args(visible, sinks)
     kw.pop("heads", None)
-    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw)
+    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw, **scales)
     if check and not (largest <= OVERFLOW_LIMIT["float32"] and np.isfinite(out).all()):
         raise Unchecked
     if torch_in:

@@ -52,7 +52,9 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         for (int64_t t = 0; t < dp; t++) q[r * dp + t] = t < d ? src[r * d + t] * mul : 0.0f;
     memset(acc, 0, sizeof(float) * rows * dvp);
     memset(lv, 0, sizeof(float) * rows * VW);
-    const size_t item = pr->kvtype == DT_F32 ? 4 : 2;
+    const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_I8 ? 1 : 2;
+    const float *ksc = pr->ks ? pr->ks + (b * pr->hkv + hk) * pr->tk : NULL; /* int8: the keys' and values' scales */
+    const float *vsc = pr->vs ? pr->vs + (b * pr->hkv + hk) * pr->tk : NULL;
     const char *kh = (const char *)pr->k + (b * pr->kb + hk * pr->kh) * item;
     const char *vh = (const char *)pr->v + (b * pr->vb + hk * pr->vh) * item;
     /* read in place: whole blocks of keys, values of any dtype, where their rows are whole vectors (else
@@ -96,8 +98,11 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             VF *s0 = (VF *)(p + r * VW), *s1 = (VF *)(p + r1 * VW);
             if (ktype == DT_F32) F(dots2)(q0, q1, (const float *)kb, ldk, dp, &pf, x0, x1, s0, s1);
             else if (ktype == DT_BF16) F(dots2bf)(q0, q1, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
+            else if (ktype == DT_I8) F(dots2b)(q0, q1, (const int8_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
             else F(dots2h)(q0, q1, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
         }
+        VF ks = {}, vs = {}; /* int8: the block's scales (0 past its nk keys) */
+        for (int u = 0; u < nk && (ksc || vsc); u++) ks[u] = ksc ? ksc[j + u] : 0.0f, vs[u] = vsc ? vsc[j + u] : 0.0f;
         for (int64_t r = 0; r < rows; r++) { /* each row's weights of the block: p[r] (0 where unseen) */
             int64_t c[4]; /* the row sees keys j + [c0, c1) and j + [c2, c3) */
             F(seen_in)(bound + 4 * r, j, nk, c);
@@ -107,6 +112,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             }
             const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
             VF s = *(const VF *)(p + r * VW);
+            if (ksc) s *= ks; /* int8: code dot products times each key's scale */
             bad += s * 0.0f; /* NaN from here on where a score is not finite: a key that is not (q is) */
             big = F(select)(s > big, s, F(select)(-s > big, -s, big));
             if (pr->vis->cap > 0.0f) s = F(tanhv)(s * (1.0f / pr->vis->cap)) * pr->vis->cap;
@@ -127,6 +133,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             const VF e = F(exp2v)(s - m[r]);
             *(VF *)(lv + r * VW) += e;
             *(VF *)(p + r * VW) = e;
+            if (vsc) *(VF *)(p + r * VW) *= vs; /* int8: the weight times its value row's scale */
         }
         for (int64_t r = 0; r < rows; r += PV_ROWS) { /* acc += p v, PV_ROWS rows sharing each row of v */
             const int64_t nr = rows - r < PV_ROWS ? rows - r : PV_ROWS;
@@ -239,3 +246,4 @@ static TARGET int F(drun)(struct dproblem *pr) {
 #undef PV_ROWS
 #undef CVTPH
 #undef WIDEN16
+#undef WIDEN8

@@ -36,6 +36,16 @@ static inline TARGET VF F(f16_soft)(const uint16_t *p) {
 }
 
 /* n rows of len items stored as `type` (rows len apart) into dst[VW][ldd] floats, zero past them. */
+typedef int8_t F(vb) __attribute__((vector_size(VW), aligned(1), may_alias));
+
+static inline TARGET VF F(i8v)(const int8_t *p) { /* VW int8 codes as floats */
+#ifdef WIDEN8
+    return (VF)WIDEN8(p);
+#else
+    return __builtin_convertvector(*(const F(vb) *)p, VF);
+#endif
+}
+
 static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, float *restrict dst, int64_t ldd) {
     for (int64_t r = 0; r < VW; r++) {
         float *restrict row = dst + r * ldd;
@@ -43,6 +53,8 @@ static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, f
         if (r < n && type == DT_F32) {
             memcpy(row, (const float *)src + r * len, sizeof(float) * len);
             t = len;
+        } else if (r < n && type == DT_I8) {
+            for (; t < len; t++) row[t] = (float)((const int8_t *)src)[r * len + t];
         } else if (r < n) {
             const uint16_t *s = (const uint16_t *)src + r * len;
             for (; t + VW <= len; t += VW) *(VF *)(row + t) = type == DT_BF16 ? F(bf16v)(s + t) : CVTPH(s + t);
@@ -127,7 +139,9 @@ static inline TARGET void F(prefetch)(const struct F(ahead) *a, int64_t x) {
 #define LOAD_F32(x) (*(const VFU *)(x))
 #define LOAD_BF16(x) F(bf16v)(x)
 #define LOAD_F16(x) CVTPH(x)
+#define LOAD_I8(x) F(i8v)(x)
 DOTS2(dots2, float, LOAD_F32)
+DOTS2(dots2b, int8_t, LOAD_I8)
 DOTS2(dots2bf, uint16_t, LOAD_BF16)
 DOTS2(dots2h, uint16_t, LOAD_F16)
 #undef DOTS2
@@ -176,6 +190,7 @@ DOTS2(dots2h, uint16_t, LOAD_F16)
 PVGS(f32, float, LOAD_F32)
 PVGS(bf16, uint16_t, LOAD_BF16)
 PVGS(f16, uint16_t, LOAD_F16)
+PVGS(i8, int8_t, LOAD_I8)
 
 /* pv for nr (1, 2 or PV_ROWS) rows of v stored as `type` */
 static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64_t a, int64_t z, const void *v,
@@ -193,6 +208,8 @@ static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64
         PV_CASE(f32, float)
     } else if (type == DT_BF16) {
         PV_CASE(bf16, uint16_t)
+    } else if (type == DT_I8) {
+        PV_CASE(i8, int8_t)
     } else {
         PV_CASE(f16, uint16_t)
     }
@@ -205,4 +222,5 @@ static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64
 #undef LOAD_F32
 #undef LOAD_BF16
 #undef LOAD_F16
+#undef LOAD_I8
 

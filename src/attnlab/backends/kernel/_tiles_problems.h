@@ -60,13 +60,15 @@ struct sscratch {
 };
 
 /* The decode pass (_tiles_decode.h): few query rows against a long cache, split into chunks of keys. */
-enum { DT_F32, DT_F16, DT_BF16 }; /* how q, k and v are stored */
+enum { DT_F32, DT_F16, DT_BF16, DT_I8 }; /* how q, k and v are stored (int8: codes, a float32 scale per key) */
 enum { DECODE_MIN_CHUNK = 512, DECODE_MAX_ITEMS = 4096, DECODE_MAX_PART = 1 << 22 };
 struct dproblem {
     const void *q, *k, *v;        /* q (B, H, Tq, D) contiguous; k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) row-contiguous */
     float *out, *lse;             /* (B, H, Tq, Dv), (B, H, Tq) */
     const struct vis *vis;        /* which keys each row sees, ALiBi, sinks: (B, H) is the decode's own */
     int64_t kb, kh, vb, vh;       /* k's and v's batch and head strides, in items */
+    const float *ks, *vs;         /* int8 codes' scales (B, Hkv, Tk) contiguous, one per key (k) and per value row
+                                   * (v): x = code * scale; NULL for float caches */
     int64_t b, h, hkv, tq, tk, d, dv;
     int qtype, kvtype;            /* DT_*: q float32 or as k and v */
     float scale;
