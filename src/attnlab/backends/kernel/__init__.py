@@ -182,6 +182,7 @@ def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, b
 
 DECODE_MAX_TQ = 32  # the kernel backend serves calls of at most this many query rows by the decode pass
 STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v in, as stored
+CODED = ("int8", "float8_e4m3fn")  # ... and quantized codes with their scales (k_scale, v_scale)
 
 
 def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
@@ -200,9 +201,10 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     their LSE; the chunks follow the shapes and the visibility only, so any thread count gives the same
     bits. NumPy or CPU torch in, the same out (torch: views of NumPy buffers, float32).
 
-    ``k_scale``, ``v_scale``: an int8 cache (the quantized cache's "int8", symmetric): k and v int8 codes,
-    each key's and value row's float32 scale (B, H_kv, Tk), contiguous; key j is k[..., j, :] · k_scale[..., j]
-    (dequantized in registers, never into a float copy), q float32.
+    ``k_scale``, ``v_scale``: a quantized cache's codes, dequantized in registers (never into a float copy),
+    q float32. int8 (symmetric): k and v int8 codes, each key's and value row's float32 scale (B, H_kv, Tk),
+    contiguous; key j is k[..., j, :] · k_scale[..., j]. float8_e4m3fn (torch tensors): one float32 scale
+    per sequence and k/v head (B, H_kv); key j is float(k[..., j, :]) · k_scale.
 
     ``check``: k and v are checked as the pass reads them, not before: a score that is not finite (a NaN or
     Inf in a key read; q is finite), one beyond float32's safe range (base.OVERFLOW_LIMIT) or an output that
@@ -213,13 +215,13 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
     torch_in = is_torch(q)
     stored = dtype_name(k)
-    int8 = stored == "int8" and (k_scale is not None or v_scale is not None)
-    if dtype_name(v) != stored or (stored not in STORED and not int8):
-        raise TypeError(f"k and v must share one dtype of {', '.join(STORED)} (or int8 with k_scale and v_scale), "
-                        f"got k {stored} and v {dtype_name(v)}")
-    if dtype_name(q) not in ("float32", stored) or (int8 and dtype_name(q) != "float32"):
+    coded = stored in CODED and (k_scale is not None or v_scale is not None)
+    if dtype_name(v) != stored or (stored not in STORED and not coded):
+        raise TypeError(f"k and v must share one dtype of {', '.join(STORED)} (or {' or '.join(CODED)} with k_scale and "
+                        f"v_scale), got k {stored} and v {dtype_name(v)}")
+    if dtype_name(q) not in ("float32", stored) or (coded and dtype_name(q) != "float32"):
         raise TypeError(f"q must be float32 or k's dtype ({stored}), got {dtype_name(q)}")
-    scales = {"k_scale": _buffers(k_scale)[0], "v_scale": _buffers(v_scale)[0]} if int8 else {}
+    scales = {"k_scale": _buffers(k_scale)[0], "v_scale": _buffers(v_scale)[0]} if coded else {}
     for name, x in (("q", q), ("k", k), ("v", v)):
         if torch_in and x.device.type != "cpu":
             raise ValueError(f"{name} must be on the CPU, got a tensor on {x.device}")
@@ -250,7 +252,8 @@ def _stored(x: Any) -> Any:
         import torch
 
         x = x.detach()
-        return x.view(torch.int16).numpy() if dtype_name(x) == "bfloat16" else x.numpy()
+        bits = {"bfloat16": torch.int16, "float8_e4m3fn": torch.uint8}.get(dtype_name(x))
+        return x.view(bits).numpy() if bits is not None else x.numpy()
     return x.view(np.int16) if dtype_name(x) == "bfloat16" else x
 
 

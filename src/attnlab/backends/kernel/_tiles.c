@@ -44,6 +44,7 @@
 #define CVTPH(p) ((VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))) /* VW float16 values as floats */
 #define WIDEN16(p) _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))) /* VW uint16 as uint32 */
 #define WIDEN8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))) /* VW int8 as floats */
+#define WIDEN8U(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))) /* VW uint8 as uint32 */
 #include "_tiles_body.h"
 
 #define TARGET __attribute__((target(AVX2_TARGET)))
@@ -56,6 +57,7 @@
 #define CVTPH(p) ((VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
 #define WIDEN16(p) _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p)))
 #define WIDEN8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define WIDEN8U(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #include "_tiles_body.h"
 #endif
 

@@ -52,9 +52,10 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         for (int64_t t = 0; t < dp; t++) q[r * dp + t] = t < d ? src[r * d + t] * mul : 0.0f;
     memset(acc, 0, sizeof(float) * rows * dvp);
     memset(lv, 0, sizeof(float) * rows * VW);
-    const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_I8 ? 1 : 2;
-    const float *ksc = pr->ks ? pr->ks + (b * pr->hkv + hk) * pr->tk : NULL; /* int8: the keys' and values' scales */
-    const float *vsc = pr->vs ? pr->vs + (b * pr->hkv + hk) * pr->tk : NULL;
+    const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_I8 || pr->kvtype == DT_F8 ? 1 : 2;
+    const int64_t per = pr->kvtype == DT_I8; /* int8: a scale per key and value row; float8: one per head */
+    const float *ksc = pr->ks ? pr->ks + (b * pr->hkv + hk) * (per ? pr->tk : 1) : NULL; /* the codes' scales */
+    const float *vsc = pr->vs ? pr->vs + (b * pr->hkv + hk) * (per ? pr->tk : 1) : NULL;
     const char *kh = (const char *)pr->k + (b * pr->kb + hk * pr->kh) * item;
     const char *vh = (const char *)pr->v + (b * pr->vb + hk * pr->vh) * item;
     /* read in place: whole blocks of keys, values of any dtype, where their rows are whole vectors (else
@@ -99,10 +100,11 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             if (ktype == DT_F32) F(dots2)(q0, q1, (const float *)kb, ldk, dp, &pf, x0, x1, s0, s1);
             else if (ktype == DT_BF16) F(dots2bf)(q0, q1, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
             else if (ktype == DT_I8) F(dots2b)(q0, q1, (const int8_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
+            else if (ktype == DT_F8) F(dots2f8)(q0, q1, (const uint8_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
             else F(dots2h)(q0, q1, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
         }
         VF ks = {}, vs = {}; /* int8: the block's scales (0 past its nk keys) */
-        for (int u = 0; u < nk && (ksc || vsc); u++) ks[u] = ksc ? ksc[j + u] : 0.0f, vs[u] = vsc ? vsc[j + u] : 0.0f;
+        for (int u = 0; u < nk && (ksc || vsc); u++) ks[u] = ksc[(j + u) * per], vs[u] = vsc[(j + u) * per];
         for (int64_t r = 0; r < rows; r++) { /* each row's weights of the block: p[r] (0 where unseen) */
             int64_t c[4]; /* the row sees keys j + [c0, c1) and j + [c2, c3) */
             F(seen_in)(bound + 4 * r, j, nk, c);
@@ -247,3 +249,4 @@ static TARGET int F(drun)(struct dproblem *pr) {
 #undef CVTPH
 #undef WIDEN16
 #undef WIDEN8
+#undef WIDEN8U

@@ -46,6 +46,22 @@ static inline TARGET VF F(i8v)(const int8_t *p) { /* VW int8 codes as floats */
 #endif
 }
 
+typedef uint8_t F(vb8) __attribute__((vector_size(VW), aligned(1), may_alias));
+
+/* VW float8_e4m3fn codes as floats: sign, exponent and mantissa moved to float32's places (a subnormal code
+ * becomes a subnormal float32), times 2^(127 - 7); NaN codes are never written (the cache's format). */
+static inline TARGET VF F(f8v)(const uint8_t *p) {
+#ifdef WIDEN8U
+    const VU x = (VU)WIDEN8U(p);
+#else
+    const VU x = __builtin_convertvector(*(const F(vb8) *)p, VU);
+#endif
+    const VU bits = ((x & 0x7fu) << 20) | ((x & 0x80u) << 24);
+    VF f;
+    __builtin_memcpy(&f, &bits, sizeof f);
+    return f * 0x1p120f;
+}
+
 static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, float *restrict dst, int64_t ldd) {
     for (int64_t r = 0; r < VW; r++) {
         float *restrict row = dst + r * ldd;
@@ -55,6 +71,8 @@ static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, f
             t = len;
         } else if (r < n && type == DT_I8) {
             for (; t < len; t++) row[t] = (float)((const int8_t *)src)[r * len + t];
+        } else if (r < n && type == DT_F8) {
+            for (; t < len; t++) row[t] = f8_float(((const uint8_t *)src)[r * len + t]);
         } else if (r < n) {
             const uint16_t *s = (const uint16_t *)src + r * len;
             for (; t + VW <= len; t += VW) *(VF *)(row + t) = type == DT_BF16 ? F(bf16v)(s + t) : CVTPH(s + t);
@@ -140,8 +158,10 @@ static inline TARGET void F(prefetch)(const struct F(ahead) *a, int64_t x) {
 #define LOAD_BF16(x) F(bf16v)(x)
 #define LOAD_F16(x) CVTPH(x)
 #define LOAD_I8(x) F(i8v)(x)
+#define LOAD_F8(x) F(f8v)(x)
 DOTS2(dots2, float, LOAD_F32)
 DOTS2(dots2b, int8_t, LOAD_I8)
+DOTS2(dots2f8, uint8_t, LOAD_F8)
 DOTS2(dots2bf, uint16_t, LOAD_BF16)
 DOTS2(dots2h, uint16_t, LOAD_F16)
 #undef DOTS2
@@ -191,6 +211,7 @@ PVGS(f32, float, LOAD_F32)
 PVGS(bf16, uint16_t, LOAD_BF16)
 PVGS(f16, uint16_t, LOAD_F16)
 PVGS(i8, int8_t, LOAD_I8)
+PVGS(f8, uint8_t, LOAD_F8)
 
 /* pv for nr (1, 2 or PV_ROWS) rows of v stored as `type` */
 static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64_t a, int64_t z, const void *v,
@@ -210,6 +231,8 @@ static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64
         PV_CASE(bf16, uint16_t)
     } else if (type == DT_I8) {
         PV_CASE(i8, int8_t)
+    } else if (type == DT_F8) {
+        PV_CASE(f8, uint8_t)
     } else {
         PV_CASE(f16, uint16_t)
     }
@@ -223,4 +246,5 @@ static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64
 #undef LOAD_BF16
 #undef LOAD_F16
 #undef LOAD_I8
+#undef LOAD_F8
 

@@ -148,7 +148,7 @@ done:
 /* How k and v are stored, by name. */
 static int stored_type(const char *name) {
     return !strcmp(name, "float32") ? DT_F32 : !strcmp(name, "float16") ? DT_F16 : !strcmp(name, "bfloat16") ? DT_BF16
-         : !strcmp(name, "int8") ? DT_I8 : -1;
+         : !strcmp(name, "int8") ? DT_I8 : !strcmp(name, "float8_e4m3fn") ? DT_F8 : -1;
 }
 
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
@@ -171,15 +171,18 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
         return NULL;
     pr.kvtype = stored_type(dtype);
     if (pr.kvtype < 0) {
-        PyErr_Format(PyExc_ValueError, "dtype: expected 'float32', 'float16', 'bfloat16' or 'int8' (how k and v are stored), "
+        PyErr_Format(PyExc_ValueError, "dtype: expected 'float32', 'float16', 'bfloat16', 'int8' or 'float8_e4m3fn' (how k and v are stored), "
                      "got '%s'", dtype);
         return NULL;
     }
-    const char kind = pr.kvtype == DT_F32 ? 'f' : pr.kvtype == DT_F16 ? 'e' : pr.kvtype == DT_I8 ? 'b' : 'u';
+    const char kind = pr.kvtype == DT_F32 ? 'f' : pr.kvtype == DT_F16 ? 'e' : pr.kvtype == DT_I8 ? 'b'
+                    : pr.kvtype == DT_F8 ? 'B' : 'u';
+    const int coded = pr.kvtype == DT_I8 || pr.kvtype == DT_F8;
     for (int i = 0; i < 2; i++)
-        if ((sobj[i] == Py_None) == (pr.kvtype == DT_I8)) {
+        if ((sobj[i] == Py_None) == coded) {
             PyErr_Format(PyExc_ValueError, "%s: expected %s, got %s", i ? "v_scale" : "k_scale",
-                         pr.kvtype == DT_I8 ? "float32 scales (B, N, K) for int8 codes" : "None for a float cache",
+                         pr.kvtype == DT_I8 ? "float32 scales (B, N, K) for int8 codes"
+                         : pr.kvtype == DT_F8 ? "float32 scales (B, N) for float8 codes" : "None for a float cache",
                          sobj[i] == Py_None ? "None" : Py_TYPE(sobj[i])->tp_name);
             return NULL;
         }
@@ -198,8 +201,9 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
         goto done;
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
-    if (pr.kvtype == DT_I8) {
-        if (!take(sobj[0], &view[9], "k_scale", 0, 'f', "BNK", dim) || !take(sobj[1], &view[10], "v_scale", 0, 'f', "BNK", dim))
+    if (coded) {
+        const char *sdims = pr.kvtype == DT_I8 ? "BNK" : "BN";
+        if (!take(sobj[0], &view[9], "k_scale", 0, 'f', sdims, dim) || !take(sobj[1], &view[10], "v_scale", 0, 'f', sdims, dim))
             goto done;
         pr.ks = view[9].buf, pr.vs = view[10].buf;
     }

@@ -1,6 +1,7 @@
-"""The compiled decode pass over an int8 cache (``kernel.decode(..., k_scale=, v_scale=)``): codes read as stored
-and dequantized in registers (code · the key's or value row's scale), against the float64 reference on the
-dequantized keys and values. Every test runs once per instruction-set variant this CPU runs."""
+"""The compiled decode pass over int8 and float8_e4m3fn caches (``kernel.decode(..., k_scale=, v_scale=)``): codes
+read as stored and dequantized in registers (code · the key's or value row's scale; float8: the head's), against
+the float64 reference on the dequantized keys and values. Every test runs once per instruction-set variant this
+CPU runs."""
 
 from __future__ import annotations
 
@@ -74,3 +75,27 @@ def test_int8_codes_need_their_scales_and_float_caches_take_none():
         kernel._tiles.decode(**floats, k_scale=scale, v_scale=scale)
     kernel._tiles.decode(**args, k_scale=scale, v_scale=scale)
     assert np.allclose(args["out"], 1.0)
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.parametrize("b, h, hkv, tq, tk, d", [(2, 8, 2, 1, 1000, 64), (1, 4, 4, 3, 77, 16), (1, 6, 2, 2, 333, 20)])
+def test_a_float8_cache_gives_the_reference_on_its_dequantized_values(isa, b, h, hkv, tq, tk, d):
+    """One scale per sequence and k/v head (the quantized cache's "fp8"); every one of the 254 codes that are not
+    NaN is read (keys and values), subnormal codes included."""
+    import torch
+
+    rng = np.random.default_rng(tk + d)
+    q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    x = torch.from_numpy(rng.standard_normal((2, b, hkv, tk, d)).astype(np.float32))
+    bits = torch.arange(256, dtype=torch.int32)
+    every = bits[(bits & 0x7F) != 0x7F].to(torch.uint8).view(torch.float8_e4m3fn)  # 254 codes
+    scale = (x.abs().amax((-1, -2)) / 448).float()
+    codes = (x / scale[..., None, None]).to(torch.float8_e4m3fn)
+    flat = codes.view(2, -1)
+    flat[:, : every.numel()] = every  # the first keys of the first head hold every code
+    deq = codes.double() * scale[..., None, None].double()
+    lengths = np.array([tk, tk // 2 + 1][:b])
+    out, _ = kernel.decode(q, codes[0], codes[1], lengths, scale=0.125, causal=True, k_scale=scale[0], v_scale=scale[1])
+    np.testing.assert_allclose(out, _want(q, deq[0].numpy(), deq[1].numpy(), lengths), atol=2e-5)
+    float32, _ = kernel.decode(q, deq[0].float(), deq[1].float(), lengths, scale=0.125, causal=True)
+    np.testing.assert_allclose(out, float32, atol=1e-5)  # the float32 pass's rounding, no more
