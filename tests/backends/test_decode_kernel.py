@@ -200,7 +200,7 @@ def test_a_valid_direct_call_runs(isa):
     ({"q": np.zeros((1, 3, 1, 8), np.float32), "out": np.empty((1, 3, 1, 3), np.float32),
       "lse": np.empty((1, 3, 1), np.float32)}, "q: expected a multiple of k's 2 key/value heads (dim 1), got 3 heads"),
     ({"k": np.zeros((1, 2, 5, 8))}, "k: expected float32 items (buffer format 'f'), got format 'd'"),
-    ({"dtype": "float64"}, "dtype: expected 'float32', 'float16' or 'bfloat16'"),
+    ({"dtype": "float64"}, "dtype: expected 'float32', 'float16', 'bfloat16', 'int8' or 'float8_e4m3fn'"),
     ({"dtype": "bfloat16"}, "k: expected bfloat16 items (buffer format 'h' or 'H' holding its bits), got format 'f'"),
     ({"dtype": "float16", "k": np.zeros((1, 2, 5, 8), np.float16)}, "v: expected float16 items"),
     ({"k": np.zeros((1, 2, 8, 5), np.float32).swapaxes(-1, -2)}, "k: expected a row-contiguous"),
@@ -220,7 +220,7 @@ def test_bad_arguments_raise_naming_them_before_reading(change, text):
 
 def test_the_wrapper_refuses_what_it_does_not_read():
     q, k, v = _cache("bad", tq=1, tk=10, d=8)
-    with pytest.raises(TypeError, match="k and v must share one dtype of float32, float16, bfloat16, got k float64"):
+    with pytest.raises(TypeError, match=r"k and v must share one dtype of float32, float16, bfloat16 \(or int8 or float8_e4m3fn with k_scale and v_scale\), got k float64"):
         kernel.decode(q, k.astype(np.float64), v, scale=1.0)
     with pytest.raises(TypeError, match=r"q must be float32 or k's dtype \(float16\), got float64"):
         kernel.decode(q.astype(np.float64), k.astype(np.float16), v.astype(np.float16), scale=1.0)

@@ -7,7 +7,7 @@ from typing import Any
 
 from attnlab.backends.dispatch import choose
 from attnlab.backends.options import HELP, Options, defaults
-from attnlab.backends.request import prepare
+from attnlab.backends.request import Unchecked, checked, prepare
 
 
 def attention(q: Any, k: Any, v: Any, *, backend: str = "auto", **options: Any) -> Any:
@@ -34,7 +34,15 @@ def attention(q: Any, k: Any, v: Any, *, backend: str = "auto", **options: Any) 
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     opts = Options.of(options)
-    out, weights, lse = choose((call := prepare(q, k, v, opts)).request, backend).run(call)
+    call = prepare(q, k, v, opts, defer_kv=True)  # k and v: checked by the pass that reads them where it can
+    served = choose(call.request, backend)
+    try:
+        if call.kv_pending and not served.checks_kv(call):
+            raise Unchecked
+        out, weights, lse = served.run(call)
+    except Unchecked:  # checked first, as without deferring: the error naming k or v, or the choice again
+        call = checked(call)
+        out, weights, lse = choose(call.request, backend).run(call)
     extra = ([weights] if opts.wants_weights else []) + ([lse] if opts.return_lse else [])
     return (out, *extra) if extra else out
 

@@ -107,6 +107,11 @@ class Backend:
         """The precision the backend computes ``dtype`` inputs in (their own, unless it says otherwise)."""
         return dtype
 
+    def checks_kv(self, call: Call) -> bool:
+        """Whether run() checks k and v for NaN/Inf as it reads them (a pending call, Call.kv_pending: it raises
+        request.Unchecked where it met a value it cannot vouch for); else they are checked before run()."""
+        return False
+
     def estimate(self, r: Request) -> float:
         raise NotImplementedError
 

@@ -9,7 +9,7 @@ turn the call's masks into one dense boolean mask when they materialise the scor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -68,6 +68,9 @@ class Call:
     visible: vis.Visible  # which keys each query sees and how scores change: the one description
     rows: np.ndarray | None  # query rows whose weights are wanted
     request: Request
+    # k and v not yet read for NaN/Inf (prepare(defer_kv=True)): the backend that serves the call checks them
+    # while it reads them (Backend.checks_kv), or checked() reads them first; request.score_bound is then q's alone
+    kv_pending: bool = False
 
     @property
     def problem(self) -> validate.Problem:
@@ -153,9 +156,21 @@ def _needs_grad(*xs: Any) -> bool:
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
 
 
-def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
+class Unchecked(Exception):
+    """Raised by a backend serving a call whose k and v are pending (Call.kv_pending) where its pass met what it
+    cannot vouch for (a score or an output not finite, a score beyond its range): the caller checks k and v
+    (:func:`checked`: the error that names k or v) and chooses again, as for a call checked first."""
+
+
+# The most query rows of a call whose k and v check waits for the backend (prepare(defer_kv=True)): the
+# compiled kernel's decode pass (backends.kernel.DECODE_MAX_TQ) checks them while reading them
+DEFER_MAX_TQ = 32
+
+
+def prepare(q: Any, k: Any, v: Any, options: Options | None = None, *, defer_kv: bool = False) -> Call:
     """Check q, k, v against ``options`` (default: none given); errors name the argument, what it got and
-    what was expected. k and v are read for NaN/Inf (and their magnitude) unless ``options.kv_checked``."""
+    what was expected. k and v are read for NaN/Inf (and their magnitude) unless ``options.kv_checked``,
+    or, with ``defer_kv`` and at most DEFER_MAX_TQ query rows, later (Call.kv_pending, :func:`checked`)."""
     o = Options() if options is None else options
     if not isinstance(o, Options):
         raise TypeError(f"options must be an attnlab.backends.options.Options, got {type(o).__name__}")
@@ -167,6 +182,7 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
     seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits, o.softcap)
     torch_in = validate.is_torch(q)
     alibi = isinstance(seen.score_mod, vis.masks.scores.Alibi)
+    pending = defer_kv and not o.kv_checked and p.tq <= DEFER_MAX_TQ
     request = Request(
         library="torch" if torch_in else "numpy",
         device=str(q.device) if torch_in else "cpu",
@@ -191,16 +207,31 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
         softcap=o.softcap is not None,
         kv_dtype=p.kv_dtype != p.dtype,
         visible=_fraction(seen),
-        score_bound=_bound(q, k, v, o, p),
+        score_bound=_bound(q, k, v, o, p, pending),
     )
-    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), request)
+    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), request, pending)
 
 
-def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem) -> float:
-    """The call's score bound, after the finite checks: of q, k and v, or of q alone where k and v were checked."""
+def checked(call: Call) -> Call:
+    """A pending call (Call.kv_pending) with k and v checked now: the same errors and score bound as prepare's."""
+    if not call.kv_pending:
+        return call
+    q, k, o = call.q, call.k, call.options
+    k_max, _ = (validate.check_finite(name, x) for name, x in (("k", k), ("v", call.v)))
+    q_max = 0.0 if not q.shape or not math.prod(q.shape) else float(  # q: checked by prepare
+        q.detach().abs().max() if validate.is_torch(q) else np.abs(q).max())
+    bound = score_bound(q, k, o.bias, call.problem.scale, q_max, k_max)
+    return replace(call, request=replace(call.request, score_bound=bound), kv_pending=False)
+
+
+def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, pending: bool) -> float:
+    """The call's score bound, after the finite checks: of q, k and v, or of q alone where k and v were checked
+    (or are pending: the backend that reads them checks them)."""
     q_max = validate.check_finite("q", q)
     if o.kv_checked:
         return checked_bound(q, o.bias, p.scale, o.k_norm)
+    if pending:
+        return _bias_max(o.bias)
     k_max, _ = (validate.check_finite(name, x) for name, x in (("k", k), ("v", v)))
     return score_bound(q, k, o.bias, p.scale, q_max, k_max)
 

@@ -7,7 +7,7 @@ B·H_kv·Tk·(D + Dv)·bytes per item) and that as a share of this machine's rea
 in the same run (:func:`read_bandwidth`). The methods:
 
 - ``attention``: ``attnlab.attention(q, k, v, causal=True, backend="kernel")``, a plain call (it
-  checks q, k and v for NaN/Inf first);
+  checks q for NaN/Inf first, and k and v in the decode pass that reads them);
 - ``generate``: the call attnlab's ``generate`` makes at each step (:data:`GENERATE_KWARGS`: causal,
   the entries checked when written and the largest key length, no lengths as every sequence holds
   all n keys; k, v the

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from attnlab import masks
-from attnlab.backends.base import Backend, Supports
+from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
-from attnlab.backends.request import Call, Request
+from attnlab.backends.request import Call, Request, Unchecked
 from attnlab.backends.tiling import LOG2E, Tiling, block_sizes
 from attnlab.backends.visible import Visible, describe
 from attnlab.masks import Mask
@@ -210,11 +210,12 @@ def pool(q: Any, k: Any, lse: Any, *, scale: float, block: int, mask: Mask | Non
 
 DECODE_MAX_TQ = 32  # the kernel backend serves calls of at most this many query rows by the decode pass
 STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v in, as stored
+CODED = ("int8", "float8_e4m3fn")  # ... and quantized codes with their scales (k_scale, v_scale)
 
 
 def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
            threads: int | None = None, mask: Mask | None = None, visible: Visible | None = None,
-           sinks: Any = None) -> tuple[Any, Any]:
+           sinks: Any = None, check: bool = False, k_scale: Any = None, v_scale: Any = None) -> tuple[Any, Any]:
     """Attention of a few query rows against a cache, compiled: out (B, H, Tq, Dv) and LSE (B, H, Tq), float32.
 
     q (B, H, Tq, D) float32 (or k's dtype); k (B, H_kv, Tk, D) and v (B, H_kv, Tk, Dv) float32, float16 or
@@ -227,15 +228,28 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     cache is split into chunks of keys spread over the threads (None: OpenMP's default) and merged by
     their LSE; the chunks follow the shapes and the visibility only, so any thread count gives the same
     bits. NumPy or CPU torch in, the same out (torch: views of NumPy buffers, float32).
+
+    ``k_scale``, ``v_scale``: a quantized cache's codes, dequantized in registers (never into a float copy),
+    q float32. int8 (symmetric): k and v int8 codes, each key's and value row's float32 scale (B, H_kv, Tk),
+    contiguous; key j is k[..., j, :] · k_scale[..., j]. float8_e4m3fn (torch tensors): one float32 scale
+    per sequence and k/v head (B, H_kv); key j is float(k[..., j, :]) · k_scale.
+
+    ``check``: k and v are checked as the pass reads them, not before: a score that is not finite (a NaN or
+    Inf in a key read; q is finite), one beyond float32's safe range (base.OVERFLOW_LIMIT) or an output that
+    is not finite (a NaN or Inf in a value read) raises request.Unchecked, for the caller to check k and v
+    itself (attention() does: the error names k or v). Keys no row sees are not read, so not checked.
     """
     if _tiles is None:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
     torch_in = is_torch(q)
     stored = dtype_name(k)
-    if dtype_name(v) != stored or stored not in STORED:
-        raise TypeError(f"k and v must share one dtype of {', '.join(STORED)}, got k {stored} and v {dtype_name(v)}")
-    if dtype_name(q) not in ("float32", stored):
+    coded = stored in CODED and (k_scale is not None or v_scale is not None)
+    if dtype_name(v) != stored or (stored not in STORED and not coded):
+        raise TypeError(f"k and v must share one dtype of {', '.join(STORED)} (or {' or '.join(CODED)} with k_scale and "
+                        f"v_scale), got k {stored} and v {dtype_name(v)}")
+    if dtype_name(q) not in ("float32", stored) or (coded and dtype_name(q) != "float32"):
         raise TypeError(f"q must be float32 or k's dtype ({stored}), got {dtype_name(q)}")
+    scales = {"k_scale": _buffers(k_scale)[0], "v_scale": _buffers(v_scale)[0]} if coded else {}
     for name, x in (("q", q), ("k", k), ("v", v)):
         if torch_in and x.device.type != "cpu":
             raise ValueError(f"{name} must be on the CPU, got a tensor on {x.device}")
@@ -250,7 +264,9 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
     kw = vis_args(visible, sinks)
     kw.pop("heads", None)
-    _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw)
+    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw, **scales)
+    if check and not (largest <= OVERFLOW_LIMIT["float32"] and np.isfinite(out).all()):
+        raise Unchecked
     if torch_in:
         import torch
 
@@ -264,7 +280,8 @@ def _stored(x: Any) -> Any:
         import torch
 
         x = x.detach()
-        return x.view(torch.int16).numpy() if dtype_name(x) == "bfloat16" else x.numpy()
+        bits = {"bfloat16": torch.int16, "float8_e4m3fn": torch.uint8}.get(dtype_name(x))
+        return x.view(bits).numpy() if bits is not None else x.numpy()
     return x.view(np.int16) if dtype_name(x) == "bfloat16" else x
 
 
@@ -292,7 +309,8 @@ def _decodes(call: Call) -> bool:
 
 def _run_decode(call: Call) -> tuple[Any, Any, Any]:
     p = call.problem
-    out, lse = decode(call.q, call.k, call.v, scale=p.scale, visible=call.visible, sinks=call.visible.sinks)
+    out, lse = decode(call.q, call.k, call.v, scale=p.scale, visible=call.visible, sinks=call.visible.sinks,
+                      check=call.kv_pending)
     torch_in = call.request.library == "torch"
     return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
 
@@ -323,6 +341,9 @@ class KernelBackend(Backend):
 
     def compute_dtype(self, dtype: str) -> str:
         return work_dtype(dtype)
+
+    def checks_kv(self, call: Call) -> bool:
+        return _decodes(call)  # the decode pass notes what it reads; the tiles path's reads are O(T²) anyway
 
     def estimate(self, r: Request) -> float:
         p = r.problem

@@ -42,6 +42,9 @@
 #define ROWS 24
 #define SFX avx512
 #define CVTPH(p) ((VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))) /* VW float16 values as floats */
+#define WIDEN16(p) _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))) /* VW uint16 as uint32 */
+#define WIDEN8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))) /* VW int8 as floats */
+#define WIDEN8U(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))) /* VW uint8 as uint32 */
 #include "_tiles_body.h"
 
 #define TARGET __attribute__((target(AVX2_TARGET)))
@@ -52,6 +55,9 @@
 #define ROWS 12
 #define SFX avx2
 #define CVTPH(p) ((VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
+#define WIDEN16(p) _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define WIDEN8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define WIDEN8U(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #include "_tiles_body.h"
 #endif
 
@@ -168,7 +174,8 @@ static PyMethodDef methods[] = {
      "(query head h reads k/v head h // (H / Hkv)); spans (B|1, H|1, Tq, 4) int64: each row's keys [lo1, hi1) and\n"
      "[lo2, hi2), sorted (None: every key); qpos (B|1, H|1, Tq) and slopes (H|1,) float32 base 2: ALiBi;\n"
      "sinks (B|1, H|1) float32: learned sink logits.\n"
-     "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads."},
+     "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads. Returns the largest\n"
+     "|scale q.k| it computed (0.0 where none), NaN where one of them was not finite (a NaN or Inf in a key read)."},
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
     {"backward", (PyCFunction)(void (*)(void))backward, METH_VARARGS | METH_KEYWORDS,
      "backward(q, k, v, out, lse, dout, dlse, dq, dk, dv, scale, block_q, block_k, threads, *, spans=None, qpos=None,\n"

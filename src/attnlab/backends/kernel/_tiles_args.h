@@ -19,16 +19,20 @@ static char kind_of(const Py_buffer *view) {
         if ((f[0] == 'q' || f[0] == 'l') && view->itemsize == 8) return 'i';
         if (f[0] == 'e' && view->itemsize == 2) return 'e';
         if ((f[0] == 'h' || f[0] == 'H') && view->itemsize == 2) return 'u';
+        if (f[0] == 'b' && view->itemsize == 1) return 'b';
+        if (f[0] == 'B' && view->itemsize == 1) return 'B';
     }
     return 0;
 }
 
 static const char *kind_name(char kind) {
-    return kind == 'f' ? "float32" : kind == 'd' ? "float64" : kind == 'e' ? "float16" : kind == 'u' ? "bfloat16" : "int64";
+    return kind == 'f' ? "float32" : kind == 'd' ? "float64" : kind == 'e' ? "float16" : kind == 'u' ? "bfloat16"
+         : kind == 'b' ? "int8" : kind == 'B' ? "float8_e4m3fn" : "int64";
 }
 static const char *kind_format(char kind) {
     return kind == 'f' ? "'f'" : kind == 'd' ? "'d'" : kind == 'e' ? "'e', or 'h'/'H' holding its bits"
-         : kind == 'u' ? "'h' or 'H' holding its bits" : "'q' or 'l'";
+         : kind == 'u' ? "'h' or 'H' holding its bits" : kind == 'b' ? "'b'" : kind == 'B' ? "'B' holding its bits"
+         : "'q' or 'l'";
 }
 
 static void format_shape(char *buf, size_t size, int ndim, const Py_ssize_t *shape) {

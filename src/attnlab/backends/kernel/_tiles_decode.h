@@ -4,181 +4,20 @@
  * cache: the work is reading the keys and values, so each is read once. A work item is one chunk of
  * one (sequence, k/v head)'s keys: every row of the group meets each key block (VW keys) while it is
  * in L1, so grouped-query attention reads each k/v head once, not G times. Keys and values are used
- * as stored: float32 keys straight from the cache, bfloat16 and float16 keys converted a block at a
- * time into L1 (a shift; F16C's or AVX-512's vcvtph2ps; bit arithmetic on the baseline), values
- * converted as each row is loaded for up to PV_ROWS rows at once. Scores: for each row,
- * VW dot products over D folded into one vector of VW scores by a tree of shuffles. Each item keeps
+ * as stored, converted as loaded (bfloat16: a widening load and a shift; float16: F16C's or AVX-512's
+ * vcvtph2ps, bit arithmetic on the baseline): each vector of keys once for two rows, each vector of
+ * values once for PV_ROWS rows (a block is staged in L1 only where its rows are not whole vectors).
+ * Scores: for each row, VW dot products over D folded into one vector of VW scores by a tree of
+ * shuffles. The block DECODE_AHEAD blocks on is prefetched a few lines per step of the score loops: a
+ * core's one stream of keys and values was latency-bound without it. While reading, the pass notes
+ * its scores' largest |value| and whether one was not finite (a NaN or Inf in a key read): the check
+ * of a plain call's k (its output, of v), with no read of its own. Each item keeps
  * its rows' running maxima, sums and unnormalised outputs (FlashDecoding's partial results); after
  * every item is done each row merges its chunks by their log-sum-exp, in chunk order. Chunks come
  * from the shapes and the visibility (decode_chunk), never from the thread count: the same bits for
  * any number of threads. */
 
-typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
-#define VH F(vh)
-
-static inline TARGET VF F(bf16v)(const uint16_t *p) { /* VW bfloat16 values as floats: the top 16 bits */
-    const VU bits = __builtin_convertvector(*(const VH *)p, VU) << 16;
-    VF f;
-    __builtin_memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* VW float16 values as floats without F16C (the baseline): as f16_float, lane by lane. */
-static inline TARGET VF F(f16_soft)(const uint16_t *p) {
-    const VU x = __builtin_convertvector(*(const VH *)p, VU);
-    const VU em = x & 0x7fffu, sign = (x & 0x8000u) << 16, special = (VU)(em >= 0x7c00u);
-    VU bits = em << 13;
-    VF f;
-    __builtin_memcpy(&f, &bits, sizeof f);
-    f *= 0x1p112f;
-    __builtin_memcpy(&bits, &f, sizeof bits);
-    bits = (bits & ~special) | (((em << 13) | 0x7f800000u) & special);
-    bits |= sign;
-    __builtin_memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* n rows of len items stored as `type` (rows len apart) into dst[VW][ldd] floats, zero past them. */
-static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, float *restrict dst, int64_t ldd) {
-    for (int64_t r = 0; r < VW; r++) {
-        float *restrict row = dst + r * ldd;
-        int64_t t = 0;
-        if (r < n && type == DT_F32) {
-            memcpy(row, (const float *)src + r * len, sizeof(float) * len);
-            t = len;
-        } else if (r < n) {
-            const uint16_t *s = (const uint16_t *)src + r * len;
-            for (; t + VW <= len; t += VW) *(VF *)(row + t) = type == DT_BF16 ? F(bf16v)(s + t) : CVTPH(s + t);
-            for (; t < len; t++) row[t] = type == DT_BF16 ? bf16_float(s[t]) : f16_float(s[t]);
-        }
-        for (; t < ldd; t++) row[t] = 0.0f;
-    }
-}
-
-/* The fold of VW vectors c[u] (lane sums of key u's products) into one vector of the VW sums: at each
- * level a pair (a, b) becomes lo + hi, lo the first w lanes of every 2w of a then of b, hi the second
- * w; the keys stay in order. */
-#define COMB(a, b, LO, HI) (__builtin_shufflevector(a, b, LO) + __builtin_shufflevector(a, b, HI))
-#if VW == 16
-#define LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
-#define HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define LO4 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
-#define HI4 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
-#define LO2 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29
-#define HI2 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31
-#define LO1 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
-#define HI1 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
-#elif VW == 8
-#define LO4 0, 1, 2, 3, 8, 9, 10, 11
-#define HI4 4, 5, 6, 7, 12, 13, 14, 15
-#define LO2 0, 1, 4, 5, 8, 9, 12, 13
-#define HI2 2, 3, 6, 7, 10, 11, 14, 15
-#define LO1 0, 2, 4, 6, 8, 10, 12, 14
-#define HI1 1, 3, 5, 7, 9, 11, 13, 15
-#else
-#define LO2 0, 1, 4, 5
-#define HI2 2, 3, 6, 7
-#define LO1 0, 2, 4, 6
-#define HI1 1, 3, 5, 7
-#endif
-
-static inline TARGET VF F(fold)(VF *c) {
-#if VW == 16
-    for (int m = 0; m < 8; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO8, HI8);
-#endif
-#if VW >= 8
-    for (int m = 0; m < 4; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO4, HI4);
-#endif
-    for (int m = 0; m < 2; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO2, HI2);
-    return COMB(c[0], c[1], LO1, HI1);
-}
-
-/* The scores of one query row (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp floats read). */
-static inline TARGET VF F(dots)(const float *restrict q, const float *restrict k, int64_t ldk, int64_t dp) {
-    VF c[VW];
-    for (int u = 0; u < VW; u++) c[u] = (VF){};
-    for (int64_t t = 0; t < dp; t += VW) {
-        const VF a = *(const VF *)(q + t);
-        for (int u = 0; u < VW; u++) c[u] += a * *(const VFU *)(k + u * ldk + t);
-    }
-    return F(fold)(c);
-}
-
-/* acc[r][dvp] += sum over keys u in [a, z) of p[r][u] v[u] for NR rows (p's rows VW apart, acc's dvp,
- * v's ldv items of type ELEM, LOAD(x) the VW values at x as floats): each row of v loaded (and converted)
- * once for the NR rows, 4 vectors of columns at a time. */
-#define PVG(NAME, NR, ELEM, LOAD)                                                                              \
-    static inline TARGET void F(NAME)(const float *restrict p, int64_t a, int64_t z, const ELEM *restrict v,   \
-                                      int64_t ldv, int64_t dvp, float *restrict acc) {                         \
-        int64_t t = 0;                                                                                         \
-        for (; t + 4 * VW <= dvp; t += 4 * VW) {                                                               \
-            VF c[NR][4];                                                                                       \
-            for (int r = 0; r < NR; r++)                                                                       \
-                for (int i = 0; i < 4; i++) c[r][i] = *(const VF *)(acc + r * dvp + t + i * VW);               \
-            for (int64_t u = a; u < z; u++) {                                                                  \
-                const ELEM *row = v + u * ldv + t;                                                             \
-                const VF b0 = LOAD(row), b1 = LOAD(row + VW), b2 = LOAD(row + 2 * VW), b3 = LOAD(row + 3 * VW);  \
-                for (int r = 0; r < NR; r++) {                                                                 \
-                    const float w = p[r * VW + u];                                                             \
-                    c[r][0] += w * b0, c[r][1] += w * b1, c[r][2] += w * b2, c[r][3] += w * b3;                \
-                }                                                                                              \
-            }                                                                                                  \
-            for (int r = 0; r < NR; r++)                                                                       \
-                for (int i = 0; i < 4; i++) *(VF *)(acc + r * dvp + t + i * VW) = c[r][i];                     \
-        }                                                                                                      \
-        for (; t < dvp; t += VW) {                                                                             \
-            VF c[NR];                                                                                          \
-            for (int r = 0; r < NR; r++) c[r] = *(const VF *)(acc + r * dvp + t);                              \
-            for (int64_t u = a; u < z; u++) {                                                                  \
-                const VF b0 = LOAD(v + u * ldv + t);                                                           \
-                for (int r = 0; r < NR; r++) c[r] += p[r * VW + u] * b0;                                       \
-            }                                                                                                  \
-            for (int r = 0; r < NR; r++) *(VF *)(acc + r * dvp + t) = c[r];                                    \
-        }                                                                                                      \
-    }
-#define LOAD_F32(x) (*(const VFU *)(x))
-#define LOAD_BF16(x) F(bf16v)(x)
-#define LOAD_F16(x) CVTPH(x)
-#define PVGS(T, ELEM, LOAD) PVG(CAT(pv1, T), 1, ELEM, LOAD) PVG(CAT(pv2, T), 2, ELEM, LOAD) PVG4(CAT(pv4, T), ELEM, LOAD)
-#if VW == 16 /* 16 accumulators: AVX-512 has the registers, AVX2 and the baseline pair their rows */
-#define PVG4(NAME, ELEM, LOAD) PVG(NAME, 4, ELEM, LOAD)
-#define PV_ROWS 4
-#else
-#define PVG4(NAME, ELEM, LOAD)
-#define PV_ROWS 2
-#endif
-PVGS(f32, float, LOAD_F32)
-PVGS(bf16, uint16_t, LOAD_BF16)
-PVGS(f16, uint16_t, LOAD_F16)
-
-/* pv for nr (1, 2 or PV_ROWS) rows of v stored as `type` */
-static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64_t a, int64_t z, const void *v,
-                                     int64_t ldv, int64_t dvp, float *acc) {
-#define PV_CASE(T, ELEM)                                                                                       \
-    if (nr == 1) F(CAT(pv1, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);                                      \
-    else if (nr == 2) F(CAT(pv2, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);                                 \
-    else PV4_CALL(T, ELEM)
-#if VW == 16
-#define PV4_CALL(T, ELEM) F(CAT(pv4, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);
-#else
-#define PV4_CALL(T, ELEM) {}
-#endif
-    if (type == DT_F32) {
-        PV_CASE(f32, float)
-    } else if (type == DT_BF16) {
-        PV_CASE(bf16, uint16_t)
-    } else {
-        PV_CASE(f16, uint16_t)
-    }
-#undef PV_CASE
-#undef PV4_CALL
-}
-#undef PVGS
-#undef PVG4
-#undef PVG
-#undef LOAD_F32
-#undef LOAD_BF16
-#undef LOAD_F16
+#include "_tiles_decode_ops.h"
 
 /* Keys j + [c[0], c[1]) and j + [c[2], c[3]) of a block of nk are those a query with keys iv sees. */
 static inline TARGET void F(seen_in)(const int64_t *iv, int64_t j, int64_t nk, int64_t c[4]) {
@@ -194,6 +33,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     const int64_t bh = it / pr->chunks, b = bh / pr->hkv, hk = bh % pr->hkv;
     float *restrict acc = pr->parts + it * pr->part, *restrict m = acc + rows * dvp, *restrict l = m + rows;
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    pr->checks[2 * it] = pr->checks[2 * it + 1] = 0.0f;
     int64_t j0, j1;
     decode_chunk(pr, b, hk, it % pr->chunks, &j0, &j1);
     if (j1 <= j0) return;
@@ -212,14 +52,18 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         for (int64_t t = 0; t < dp; t++) q[r * dp + t] = t < d ? src[r * d + t] * mul : 0.0f;
     memset(acc, 0, sizeof(float) * rows * dvp);
     memset(lv, 0, sizeof(float) * rows * VW);
-    const size_t item = pr->kvtype == DT_F32 ? 4 : 2;
+    const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_I8 || pr->kvtype == DT_F8 ? 1 : 2;
+    const int64_t per = pr->kvtype == DT_I8; /* int8: a scale per key and value row; float8: one per head */
+    const float *ksc = pr->ks ? pr->ks + (b * pr->hkv + hk) * (per ? pr->tk : 1) : NULL; /* the codes' scales */
+    const float *vsc = pr->vs ? pr->vs + (b * pr->hkv + hk) * (per ? pr->tk : 1) : NULL;
     const char *kh = (const char *)pr->k + (b * pr->kb + hk * pr->kh) * item;
     const char *vh = (const char *)pr->v + (b * pr->vb + hk * pr->vh) * item;
-    /* read in place: whole blocks of float32 keys; values of any dtype, converted as loaded, where their
-     * rows are whole vectors (else staged in L1, padded) */
-    const int k_direct = pr->kvtype == DT_F32 && dp == d, v_direct = dvp == dv;
+    /* read in place: whole blocks of keys, values of any dtype, where their rows are whole vectors (else
+     * staged in L1 as float32, padded) */
+    const int k_direct = dp == d, v_direct = dvp == dv;
     VI lane;
     for (int u = 0; u < VW; u++) lane[u] = u;
+    VF bad = {}, big = {}; /* the check of what is read: the scores' NaN/Inf, their largest |value| */
     for (int64_t j = j0; j < j1; j += VW) {
         const int64_t nk = j1 - j < VW ? j1 - j : VW;
         int any = !gaps; /* some row sees a key of the block: else it is not read (the chunk is inside one run) */
@@ -229,10 +73,11 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             any = c[1] > c[0];
         }
         if (!any) continue;
-        const float *kb = kf;
+        const void *kb = kf; /* the block's keys: rows u in [0, nk), stored as ktype */
         int64_t ldk = dp;
+        int ktype = DT_F32;
         if (k_direct && nk == VW)
-            kb = (const float *)kh + j * d, ldk = d;
+            kb = kh + j * d * item, ldk = d, ktype = pr->kvtype;
         else
             F(stage)(kh + j * d * item, pr->kvtype, nk, d, kf, dp);
         const void *vb = vf; /* the block's values: rows u in [0, nk) */
@@ -242,6 +87,24 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             vb = vh + j * dv * item, ldv = dv, vtype = pr->kvtype;
         else
             F(stage)(vh + j * dv * item, pr->kvtype, nk, dv, vf, dvp);
+        /* the block DECODE_AHEAD ahead, prefetched a few lines at a time as the rows' scores are computed (one
+         * stream per core is latency-bound without it; all at once, the prefetches queue behind each other) */
+        const int ahead = j + (DECODE_AHEAD + 1) * VW <= j1;
+        const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * d * item, vh + (j + DECODE_AHEAD * VW) * dv * item,
+                                    ahead ? VW * d * (int64_t)item / 64 : 0};
+        const int64_t lines = ahead ? pf.k_lines + VW * dv * (int64_t)item / 64 : 0, pairs = (rows + 1) / 2;
+        for (int64_t r = 0; r < rows; r += 2) { /* every row's scores into p[r], two rows at a time */
+            const int64_t x0 = lines * (r / 2) / pairs, x1 = lines * (r / 2 + 1) / pairs, r1 = r + 1 < rows ? r + 1 : r;
+            const float *q0 = q + r * dp, *q1 = q + r1 * dp;
+            VF *s0 = (VF *)(p + r * VW), *s1 = (VF *)(p + r1 * VW);
+            if (ktype == DT_F32) F(dots2)(q0, q1, (const float *)kb, ldk, dp, &pf, x0, x1, s0, s1);
+            else if (ktype == DT_BF16) F(dots2bf)(q0, q1, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
+            else if (ktype == DT_I8) F(dots2b)(q0, q1, (const int8_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
+            else if (ktype == DT_F8) F(dots2f8)(q0, q1, (const uint8_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
+            else F(dots2h)(q0, q1, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
+        }
+        VF ks = {}, vs = {}; /* int8: the block's scales (0 past its nk keys) */
+        for (int u = 0; u < nk && (ksc || vsc); u++) ks[u] = ksc[(j + u) * per], vs[u] = vsc[(j + u) * per];
         for (int64_t r = 0; r < rows; r++) { /* each row's weights of the block: p[r] (0 where unseen) */
             int64_t c[4]; /* the row sees keys j + [c0, c1) and j + [c2, c3) */
             F(seen_in)(bound + 4 * r, j, nk, c);
@@ -250,7 +113,10 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                 continue;
             }
             const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
-            VF s = F(dots)(q + r * dp, kb, ldk, dp);
+            VF s = *(const VF *)(p + r * VW);
+            if (ksc) s *= ks; /* int8: code dot products times each key's scale */
+            bad += s * 0.0f; /* NaN from here on where a score is not finite: a key that is not (q is) */
+            big = F(select)(s > big, s, F(select)(-s > big, -s, big));
             if (pr->vis->cap > 0.0f) s = F(tanhv)(s * (1.0f / pr->vis->cap)) * pr->vis->cap;
             s = F(select)(seen, s, (VF){} - INFINITY);
             const float slope = vis_slope(pr->vis, flat0 + r / tq);
@@ -269,6 +135,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             const VF e = F(exp2v)(s - m[r]);
             *(VF *)(lv + r * VW) += e;
             *(VF *)(p + r * VW) = e;
+            if (vsc) *(VF *)(p + r * VW) *= vs; /* int8: the weight times its value row's scale */
         }
         for (int64_t r = 0; r < rows; r += PV_ROWS) { /* acc += p v, PV_ROWS rows sharing each row of v */
             const int64_t nr = rows - r < PV_ROWS ? rows - r : PV_ROWS;
@@ -289,6 +156,9 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     }
     for (int64_t r = 0; r < rows; r++)
         for (int u = 0; u < VW; u++) l[r] += lv[r * VW + u];
+    float top = 0.0f, nan = 0.0f;
+    for (int u = 0; u < VW; u++) top = big[u] > top ? big[u] : top, nan += bad[u];
+    pr->checks[2 * it] = top, pr->checks[2 * it + 1] = nan;
 }
 
 /* Output row `row` of the B Hkv groups' rows: its chunks merged by their log-sum-exp, in chunk order. */
@@ -333,9 +203,9 @@ static TARGET int F(drun)(struct dproblem *pr) {
     if (chunks > DECODE_MAX_PART / (heads * pr->part)) chunks = DECODE_MAX_PART / (heads * pr->part);
     pr->chunks = chunks < 1 ? 1 : chunks;
     const int64_t items = heads * pr->chunks;
-    float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * pr->part)));
+    float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * (pr->part + 2))));
     if (!parts) return -1;
-    pr->parts = parts;
+    pr->parts = parts, pr->checks = parts + items * pr->part;
     const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 8 * pr->rows);
     int64_t next = 0;
     int failed = 0;
@@ -358,6 +228,9 @@ static TARGET int F(drun)(struct dproblem *pr) {
             for (int64_t row = 0; row < heads * pr->rows; row++) F(dmerge)(pr, row);
         }
     }
+    float top = 0.0f, nan = 0.0f; /* in item order: the same for any thread count */
+    for (int64_t it = 0; it < items; it++) top = pr->checks[2 * it] > top ? pr->checks[2 * it] : top, nan += pr->checks[2 * it + 1];
+    pr->largest = nan == 0.0f ? top / 1.4426950408889634f : NAN; /* back from base 2 */
     free(parts);
     return failed ? -1 : 0;
 }
@@ -374,3 +247,6 @@ static TARGET int F(drun)(struct dproblem *pr) {
 #undef VH
 #undef PV_ROWS
 #undef CVTPH
+#undef WIDEN16
+#undef WIDEN8
+#undef WIDEN8U

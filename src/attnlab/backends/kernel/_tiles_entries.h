@@ -197,14 +197,15 @@ done:
 
 /* How k and v are stored, by name. */
 static int stored_type(const char *name) {
-    return !strcmp(name, "float32") ? DT_F32 : !strcmp(name, "float16") ? DT_F16 : !strcmp(name, "bfloat16") ? DT_BF16 : -1;
+    return !strcmp(name, "float32") ? DT_F32 : !strcmp(name, "float16") ? DT_F16 : !strcmp(name, "bfloat16") ? DT_BF16
+         : !strcmp(name, "int8") ? DT_I8 : !strcmp(name, "float8_e4m3fn") ? DT_F8 : -1;
 }
 
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "dtype", "scale", "threads", "spans", "qpos", "slopes", "sinks",
-                             "softcap", NULL};
-    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
-    Py_buffer view[9] = {{0}};
+                             "softcap", "k_scale", "v_scale", NULL};
+    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None}, *sobj[2] = {Py_None, Py_None};
+    Py_buffer view[11] = {{0}};
     struct dproblem pr = {0};
     struct vis vis = {0};
     const char *dtype;
@@ -214,17 +215,27 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOOd:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOOdOO:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
                                      &obj[4], &dtype, &pr.scale, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3],
-                                     &softcap))
+                                     &softcap, &sobj[0], &sobj[1]))
         return NULL;
     pr.kvtype = stored_type(dtype);
     if (pr.kvtype < 0) {
-        PyErr_Format(PyExc_ValueError, "dtype: expected 'float32', 'float16' or 'bfloat16' (how k and v are stored), got '%s'",
-                     dtype);
+        PyErr_Format(PyExc_ValueError, "dtype: expected 'float32', 'float16', 'bfloat16', 'int8' or 'float8_e4m3fn' (how k and v are stored), "
+                     "got '%s'", dtype);
         return NULL;
     }
-    const char kind = pr.kvtype == DT_F32 ? 'f' : pr.kvtype == DT_F16 ? 'e' : 'u';
+    const char kind = pr.kvtype == DT_F32 ? 'f' : pr.kvtype == DT_F16 ? 'e' : pr.kvtype == DT_I8 ? 'b'
+                    : pr.kvtype == DT_F8 ? 'B' : 'u';
+    const int coded = pr.kvtype == DT_I8 || pr.kvtype == DT_F8;
+    for (int i = 0; i < 2; i++)
+        if ((sobj[i] == Py_None) == coded) {
+            PyErr_Format(PyExc_ValueError, "%s: expected %s, got %s", i ? "v_scale" : "k_scale",
+                         pr.kvtype == DT_I8 ? "float32 scales (B, N, K) for int8 codes"
+                         : pr.kvtype == DT_F8 ? "float32 scales (B, N) for float8 codes" : "None for a float cache",
+                         sobj[i] == Py_None ? "None" : Py_TYPE(sobj[i])->tp_name);
+            return NULL;
+        }
     if (!take(obj[0], &view[0], "q", 0, 'f', "BHTD", dim) || !take_rows(obj[1], &view[1], "k", 0, kind, "BNKD", dim, 1) ||
         !take_rows(obj[2], &view[2], "v", 0, kind, "BNKV", dim, 1) || !take(obj[3], &view[3], "out", 1, 'f', "BHTV", dim) ||
         !take(obj[4], &view[4], "lse", 1, 'f', "BHT", dim))
@@ -240,6 +251,12 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
         goto done;
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
+    if (coded) {
+        const char *sdims = pr.kvtype == DT_I8 ? "BNK" : "BN";
+        if (!take(sobj[0], &view[9], "k_scale", 0, 'f', sdims, dim) || !take(sobj[1], &view[10], "v_scale", 0, 'f', sdims, dim))
+            goto done;
+        pr.ks = view[9].buf, pr.vs = view[10].buf;
+    }
     if (!check_scalars(pr.tq, pr.tk, -1, -1, 1, 1, threads, &l, &r, &bq, &bk, &pr.threads) ||
         !take_vis(vobj, view + 5, &vis, pr.b * pr.h, pr.h, pr.tq, pr.tk, softcap))
         goto done;
@@ -251,8 +268,8 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.h * pr.tq == 0 ? 0 : isas[chosen].drun(&pr);
     Py_END_ALLOW_THREADS
-    result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
+    result = status != 0 ? PyErr_NoMemory() : PyFloat_FromDouble(pr.largest); /* what the pass saw of k */
 done:
-    release(view, 9);
+    release(view, 11);
     return result;
 }

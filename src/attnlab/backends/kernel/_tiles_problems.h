@@ -78,13 +78,16 @@ struct pscratch {
 };
 
 /* The decode pass (_tiles_decode.h): few query rows against a long cache, split into chunks of keys. */
-enum { DT_F32, DT_F16, DT_BF16 }; /* how q, k and v are stored */
+enum { DT_F32, DT_F16, DT_BF16, DT_I8, DT_F8 }; /* how q, k and v are stored (int8: codes, a float32 scale per key;
+                                                * float8_e4m3fn: codes, one scale per sequence and k/v head) */
 enum { DECODE_MIN_CHUNK = 512, DECODE_MAX_ITEMS = 4096, DECODE_MAX_PART = 1 << 22 };
 struct dproblem {
     const void *q, *k, *v;        /* q (B, H, Tq, D) contiguous; k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) row-contiguous */
     float *out, *lse;             /* (B, H, Tq, Dv), (B, H, Tq) */
     const struct vis *vis;        /* which keys each row sees, ALiBi, sinks: (B, H) is the decode's own */
     int64_t kb, kh, vb, vh;       /* k's and v's batch and head strides, in items */
+    const float *ks, *vs;         /* int8 codes' scales (B, Hkv, Tk) contiguous, one per key (k) and per value row
+                                   * (v), float8's (B, Hkv), one per head: x = code * scale; NULL for float caches */
     int64_t b, h, hkv, tq, tk, d, dv;
     int qtype, kvtype;            /* DT_*: q float32 or as k and v */
     float scale;
@@ -92,7 +95,16 @@ struct dproblem {
     int64_t g, rows, dp, dvp;     /* set by drun: G = H / Hkv, rows per group G Tq, D and Dv padded to vectors */
     int64_t chunks, part;         /* chunks per (b, k/v head), floats of one chunk's partial result */
     float *parts;                 /* per work item: acc (rows, dvp), then the rows' maxima and sums (base 2) */
+    float *checks;                /* per work item: its scores' largest |value| (base 2) and a sum that is NaN
+                                   * where one of them was not finite */
+    float largest;                /* set by drun: the largest |scale q.k| computed; NaN where one was not finite */
 };
+
+static float f8_float(uint8_t x) { /* a float8_e4m3fn code's value (never NaN: the cache writes none) */
+    const int e = (x >> 3) & 15, m = x & 7;
+    const float v = e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9);
+    return x & 0x80 ? -v : v;
+}
 
 static float bf16_float(uint16_t x) {
     const uint32_t bits = (uint32_t)x << 16;
