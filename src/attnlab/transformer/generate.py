@@ -24,6 +24,7 @@ import torch
 from attnlab.transformer.cache import KVCache, layer_kinds
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
 from attnlab.transformer.sampling import Sampling
+from attnlab.transformer.threads import step_threads
 from attnlab.transformer.weights import torch_dtype
 
 
@@ -200,7 +201,8 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     B, longest = len(prompts), max(len(p) for p in prompts)
     kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
                                        dtype=kv_dtype, device=device)
-    return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
+    with step_threads(model, kv):
+        return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
 
 
 def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: torch.Tensor, pad: int, kv: KVCache,
