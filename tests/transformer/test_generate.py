@@ -307,7 +307,7 @@ def test_prefill_and_decode_through_one_forward(decoder_folder):
 
 @pytest.mark.parametrize("call, match", [
     (lambda m: m.generate([PROMPT], 400), "passes the model's 320 learned positions; no cache goes past them"),
-    (lambda m: m.generate([PROMPT], 2, sample=True, temperature=0), "temperature must be > 0"),
+    (lambda m: m.generate([PROMPT], 2, sample=True, temperature=0), r"temperature must be a finite number in \(0, 100\], got 0"),
     (lambda m: m.generate([PROMPT], 2, sample=True, top_p=1.2), "top_p must lie in"),
     (lambda m: m.generate([PROMPT], 2, sample=True, top_k=0), "top_k must be an int >= 1"),
     (lambda m: m.generate([[]], 2), "input_ids: prompt 0 is empty"),
@@ -401,7 +401,8 @@ def test_generate_leaves_each_steps_backend_to_auto(decoder_folder, monkeypatch)
     from attnlab.transformer import Transformer, attend
 
     asked = []
-    real = attend.attention
+    real, read = attend.attention, attend.attention_read
     monkeypatch.setattr(attend, "attention", lambda *a, **kw: asked.append(kw["backend"]) or real(*a, **kw))
+    monkeypatch.setattr(attend, "attention_read", lambda q, k, v, o, backend: asked.append(backend) or read(q, k, v, o, backend))
     Transformer.from_pretrained(decoder_folder("llama")).generate([PROMPT], 5)
     assert asked and set(asked) == {"auto"}

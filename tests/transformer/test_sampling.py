@@ -86,3 +86,13 @@ def test_the_largest_temperature_samples():
     torch.manual_seed(0)
     rule = Sampling(sample=True, temperature=100, seed=3)
     assert rule.choose(torch.randn(2, 7), rule.generator("cpu")).shape == (2,)
+
+
+def test_a_tiny_temperature_samples_the_largest_logit_not_nan():
+    """5e-324 is in (0, 100]: the logits over it would overflow; shifted by their largest first, they give −inf
+    (and 0 for the largest), so the draw is the argmax, never a NaN probability."""
+    import torch
+
+    rule = Sampling(sample=True, temperature=5e-324, seed=0)
+    logits = torch.tensor([[0.5, 3.0, -1.0], [2.0, 1.0, 0.0]])
+    assert rule.choose(logits, rule.generator("cpu")).tolist() == [1, 0]

@@ -75,7 +75,10 @@ class Sampling:
         import torch
 
         x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits.clone()
-        x = x / self.temperature
+        # shifted by the largest first (≤ 0): a tiny T (5e-324, zero in float32) sends the others to −inf and
+        # leaves the largest at 0, never inf − inf or 0 / 0 (NaN probabilities)
+        shifted = x - x.max(-1, keepdim=True).values
+        x = torch.where(shifted == 0, shifted, shifted / self.temperature)
         if self.top_k is not None and self.top_k < x.shape[-1]:
             keep = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.topk(self.top_k, dim=-1).indices, True)
             x = x.masked_fill(~keep, float("-inf"))
