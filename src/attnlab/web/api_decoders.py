@@ -8,6 +8,7 @@ from attnlab.transformer.sampling import MAX_TEMPERATURE
 
 MAX_WORD_CHARS = 100
 CACHES = Literal["dense", "window", "sink"]  # attnlab.transformer.cache.KINDS
+MAX_CACHE_SLOTS = 65_536  # window= and sink= of /api/generate, at most
 
 
 def pydantic_models(names: dict[str, Any]) -> dict[str, type]:
@@ -32,8 +33,9 @@ def generation_models(max_chars: int, max_new: int) -> dict[str, type]:
         seed: int | None = Field(None, ge=0, le=2**63 - 1, description="with sampling only")
         cache: CACHES = Field("dense", description="the KV cache, as the library's generate(cache=): dense (every "
                               "position), window (the last W), sink (the first S and the last W)")
-        window: int | None = Field(None, ge=1, le=1_000_000, description="W of a window or sink cache")
-        sink: int | None = Field(None, ge=1, le=1_000_000, description="S of a sink cache (default 4)")
+        # a ring holds its W slots from the start: bounded, so that a request cannot ask for gigabytes
+        window: int | None = Field(None, ge=1, le=MAX_CACHE_SLOTS, description="W of a window or sink cache")
+        sink: int | None = Field(None, ge=1, le=MAX_CACHE_SLOTS, description="S of a sink cache (default 4)")
 
     class GenModelOut(BaseModel):
         id: str
