@@ -133,7 +133,7 @@ def default_decoder(new: int, rounds: int) -> dict:
     rates = []
     for _ in range(rounds):
         times: list[float] = []
-        net.generate("Return the number of", new, on_token=lambda s, t: times.append(time.perf_counter()))
+        net.generate("Return the number of", new, stop_at_eos=False, on_token=lambda s, t: times.append(time.perf_counter()))
         rates.append((len(times) - 1) / (times[-1] - times[0]))
     return {"model": DEFAULT_DECODER, "new_tokens": new, "tokens_per_second": spread(rates)}
 

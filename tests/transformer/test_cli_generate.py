@@ -19,8 +19,11 @@ def one_error(capsys, text: str) -> str:
 
 @pytest.mark.parametrize("args, text", [
     (["  "], "PROMPT is empty"),
-    (["x", "--temperature", "0"], "--temperature must be > 0, got 0.0"),
-    (["x", "--temperature", "-1"], "--temperature must be > 0"),
+    (["x", "--temperature", "0"], "--temperature must be a finite number in (0, 100], got 0.0"),
+    (["x", "--temperature", "-1"], "--temperature must be a finite number in (0, 100], got -1.0"),
+    (["x", "--temperature", "inf"], "--temperature must be a finite number in (0, 100], got inf"),
+    (["x", "--temperature", "nan"], "--temperature must be a finite number in (0, 100], got nan"),
+    (["x", "--temperature", "101"], "--temperature must be a finite number in (0, 100], got 101.0"),
     (["x", "--top-p", "0"], "--top-p must lie in (0, 1], got 0.0"),
     (["x", "--top-p", "1.5"], "--top-p must lie in (0, 1]"),
     (["x", "--top-k", "0"], "--top-k must be >= 1, got 0"),
@@ -119,7 +122,40 @@ def test_sampling_with_a_seed_repeats(decoder, capsys):
 def test_past_the_models_positions_is_one_line_naming_the_cache(capsys):
     assert main(["generate", "Return the number of", "--max-new-tokens", "500"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --max-new-tokens=500") and "cache='sink'" in err and err.count("\n") == 1
+    assert err.startswith("error: --max-new-tokens 500:") and "--cache sink or --cache window" in err, err
+    assert err.count("\n") == 1 and "cache=" not in err and "max_new_tokens" not in err
+
+
+def test_errors_suggest_flags_not_python(capsys):
+    """The library's errors speak Python (cache='sink', window=); on the command line they come as flags."""
+    assert main(["generate", "Return the number of", "--max-new-tokens", "500", "--cache", "window", "--window", "8"]) == 0
+    capsys.readouterr()
+    from attnlab.cli.errors import in_flags
+
+    flags = {"cache": "--cache", "window": "--window", "sink": "--sink", "max_new_tokens": "--max-new-tokens"}
+    assert in_flags("sink= sizes a 'sink' cache; pass cache='sink'", flags) == "--sink sizes a 'sink' cache; pass --cache sink"
+    assert in_flags("a 'sink' cache needs window= (the last W)", flags) == "a 'sink' cache needs --window (the last W)"
+    assert in_flags("k_norm= is not a flag; cache=\"dense\"", flags) == "k_norm= is not a flag; --cache dense"
+
+
+def test_it_stops_at_end_of_text_and_says_so(decoder, capsys):
+    """The bundled decoder ends "Return the number of" with its end-of-text after 9 tokens: the CLI stops
+    there and says why, as the library's generate does by default; --no-stop-at-eos goes on to 24."""
+    prompt = "Return the number of"
+    lib = decoder.generate(prompt, 24)
+    n = int(lib.lengths[0])
+    assert n < 24 and int(lib.ids[0, n - 1]) == decoder.tokenizer.eos_token_id
+    assert main(["generate", prompt, "--max-new-tokens", "24"]) == 0
+    out, err = capsys.readouterr()
+    assert out == prompt + lib.text[0] + "\n"
+    assert f"stopped at end-of-text after {n} of 24 new tokens (--no-stop-at-eos goes on)" in err
+    assert main(["generate", prompt, "--max-new-tokens", "24", "--no-stop-at-eos"]) == 0
+    out, err = capsys.readouterr()
+    on = decoder.generate(prompt, 24, stop_at_eos=False)
+    assert int(on.lengths[0]) == 24 and out == prompt + on.text[0] + "\n" and "stopped at" not in err
+    assert "24 new tokens" in err
+
+
 
 
 def test_the_cli_offers_every_cache_kind():
@@ -139,4 +175,4 @@ def test_an_evicting_cache_runs_from_the_cli_and_says_its_budget(capsys):
     assert out["kv_cache"]["kinds"] == ["h2o"] * 4 and out["options"]["cache_budget"] == 8
     assert {layer["budget"] for layer in out["kv_cache"]["layers"]} == {8}
     assert main(["generate", "x", "--cache", "knorm", "--cache-budget", "2"]) == 2
-    one_error(capsys, "--cache-budget=2 is below the 4 sink tokens")
+    one_error(capsys, "--cache-budget 2 is below the 4 sink tokens")

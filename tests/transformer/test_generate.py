@@ -307,7 +307,7 @@ def test_prefill_and_decode_through_one_forward(decoder_folder):
 
 @pytest.mark.parametrize("call, match", [
     (lambda m: m.generate([PROMPT], 400), "passes the model's 320 learned positions; no cache goes past them"),
-    (lambda m: m.generate([PROMPT], 2, sample=True, temperature=0), "temperature must be > 0"),
+    (lambda m: m.generate([PROMPT], 2, sample=True, temperature=0), r"temperature must be a finite number in \(0, 100\], got 0"),
     (lambda m: m.generate([PROMPT], 2, sample=True, top_p=1.2), "top_p must lie in"),
     (lambda m: m.generate([PROMPT], 2, sample=True, top_k=0), "top_k must be an int >= 1"),
     (lambda m: m.generate([[]], 2), "input_ids: prompt 0 is empty"),
@@ -346,8 +346,9 @@ def test_a_dense_cache_past_the_positions_says_which_cache_allows_it(decoder_fol
 
 
 def test_decoding_checks_the_cache_once_when_appended_and_a_plain_call_checks_everything(decoder_folder, monkeypatch):
-    """Entries are checked when the cache appends them; each step's attention call then scans q alone
-    (kv_checked, k_norm), never the whole cache again, while a plain attnlab.attention call checks q, k and v."""
+    """Entries are checked when the cache appends them; each step's attention call then checks q alone (by
+    the norm its score bound needs: a NaN in q is still refused, naming q), never the whole cache again, while
+    a plain attnlab.attention call checks q, k and v."""
     import torch
 
     import attnlab
@@ -365,7 +366,13 @@ def test_decoding_checks_the_cache_once_when_appended_and_a_plain_call_checks_ev
     monkeypatch.setattr(validate, "check_finite", spy)
     g = m.generate([PROMPT, PROMPT[:5]], 6)
     assert torch.equal(g.ids, free.ids)
-    assert scanned and {name for name, _ in scanned} == {"q"}
+    assert {name for name, _ in scanned} <= {"q"}
+
+    def nan_q(q, name):
+        return torch.where(torch.arange(q.shape[-1]) == 3, float("nan"), q)
+
+    with pytest.raises(ValueError, match="q contains NaN or Inf"):
+        m.generate([PROMPT], 3, fwd_hooks=[("blocks.1.attn.hook_rot_q", nan_q)])
     scanned.clear()
     x = torch.ones(1, 2, 3, 4)
     attnlab.attention(x, x, x, causal=True, backend="torch")
@@ -394,7 +401,8 @@ def test_generate_leaves_each_steps_backend_to_auto(decoder_folder, monkeypatch)
     from attnlab.transformer import Transformer, attend
 
     asked = []
-    real = attend.attention
+    real, read = attend.attention, attend.attention_read
     monkeypatch.setattr(attend, "attention", lambda *a, **kw: asked.append(kw["backend"]) or real(*a, **kw))
+    monkeypatch.setattr(attend, "attention_read", lambda q, k, v, o, backend: asked.append(backend) or read(q, k, v, o, backend))
     Transformer.from_pretrained(decoder_folder("llama")).generate([PROMPT], 5)
     assert asked and set(asked) == {"auto"}

@@ -63,8 +63,12 @@ def test_temperature_sharpens_and_flattens():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"sample": True, "temperature": 0.0}, "temperature must be > 0 when sampling"),
-    ({"sample": True, "temperature": -1.0}, "temperature must be > 0"),
+    ({"sample": True, "temperature": 0.0}, r"temperature must be a finite number in \(0, 100\], got 0.0"),
+    ({"sample": True, "temperature": -1.0}, r"temperature must be a finite number in \(0, 100\]"),
+    ({"sample": True, "temperature": float("inf")}, r"temperature must be a finite number in \(0, 100\], got inf"),
+    ({"sample": True, "temperature": float("nan")}, r"temperature must be a finite number in \(0, 100\], got nan"),
+    ({"sample": True, "temperature": 100.5}, r"temperature must be a finite number in \(0, 100\], got 100.5"),
+    ({"temperature": float("inf")}, r"temperature must be a finite number in \(0, 100\]"),
     ({"sample": True, "top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
     ({"sample": True, "top_p": 1.5}, r"top_p must lie in \(0, 1\]"),
     ({"sample": True, "top_k": 0}, "top_k must be an int >= 1"),
@@ -74,3 +78,21 @@ def test_temperature_sharpens_and_flattens():
 def test_bad_values_name_the_argument(kw, match):
     with pytest.raises(ValueError, match=match):
         Sampling(**kw)
+
+
+def test_the_largest_temperature_samples():
+    import torch
+
+    torch.manual_seed(0)
+    rule = Sampling(sample=True, temperature=100, seed=3)
+    assert rule.choose(torch.randn(2, 7), rule.generator("cpu")).shape == (2,)
+
+
+def test_a_tiny_temperature_samples_the_largest_logit_not_nan():
+    """5e-324 is in (0, 100]: the logits over it would overflow; shifted by their largest first, they give −inf
+    (and 0 for the largest), so the draw is the argmax, never a NaN probability."""
+    import torch
+
+    rule = Sampling(sample=True, temperature=5e-324, seed=0)
+    logits = torch.tensor([[0.5, 3.0, -1.0], [2.0, 1.0, 0.0]])
+    assert rule.choose(logits, rule.generator("cpu")).tolist() == [1, 0]

@@ -7,7 +7,7 @@ from typing import Any
 
 from attnlab.backends.dispatch import choose
 from attnlab.backends.options import HELP, Options, defaults
-from attnlab.backends.request import Unchecked, checked, prepare
+from attnlab.backends.request import Unchecked, checked, prepare, prepare_read
 
 
 def attention(q: Any, k: Any, v: Any, *, backend: str = "auto", **options: Any) -> Any:
@@ -45,6 +45,14 @@ def attention(q: Any, k: Any, v: Any, *, backend: str = "auto", **options: Any) 
         out, weights, lse = choose(call.request, backend).run(call)
     extra = ([weights] if opts.wants_weights else []) + ([lse] if opts.return_lse else [])
     return (out, *extra) if extra else out
+
+
+def attention_read(q: Any, k: Any, v: Any, options: Options, backend: str = "auto") -> tuple:
+    """attention() on a KV cache's read, as a decoding step makes it: ``options`` built once by the caller,
+    the checks that the cache already made skipped (:func:`attnlab.backends.request.prepare_read`), the
+    backend auto's choice for the call's length bucket or the one named (which refuses as in attention()).
+    Internal to the transformer: returns (out, weights, lse), None where not asked."""
+    return choose((call := prepare_read(q, k, v, options)).request, backend).run(call)
 
 
 if attention.__doc__:  # None under python -OO

@@ -21,7 +21,7 @@ kernel      the same online softmax compiled (C, OpenMP, SIMD): float32 on the C
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnlab.backends.base import Backend
@@ -103,26 +103,58 @@ def explain(request: Request) -> Choice:
     return Choice(best, precision, seconds, measured, excluded)
 
 
-# auto's choices by the facts of a call (its score bound aside, which only an overflow check reads)
-# and the state of the measurements: explain() costs a fraction of a millisecond, as much as a whole
-# attention call of a few hundred tokens, so each kind of call is explained once. Bounded.
+# auto's choices by the facts of a call in its length bucket (its score bound aside, which only an
+# overflow check reads) and the state of the measurements: explain() costs a fraction of a millisecond,
+# as much as a whole attention call of a few hundred tokens, so each kind of call is explained once per
+# bucket, not once per length (a decoding step's Tk grows by one each step). Bounded.
 _CHOICES: dict[tuple, str] = {}
 _CHOICES_MAX = 512
 
 
+def bucket(n: int) -> int:
+    """The length bucket of ``n`` (Tq or Tk): the next power of two, n itself when it is one."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def bucketed(request: Request) -> Request:
+    """``request`` at the top of its length bucket (Tq, Tk rounded up by :func:`bucket`; the fraction of
+    pairs its band leaves rounded to 1/16): the call auto explains for every call of the bucket."""
+    p = request.problem
+    if p.tq == bucket(p.tq) and p.tk == bucket(p.tk) and request.visible in (0.0, 1.0):
+        return request
+    return replace(request, problem=replace(p, tq=bucket(p.tq), tk=bucket(p.tk)),
+                   visible=round(request.visible * 16) / 16)
+
+
+def _bucket_key(request: Request) -> tuple:
+    """What :func:`bucketed` keeps of ``request``, as a tuple built without a new Request (a decoding step
+    asks once per layer)."""
+    p = request.problem
+    facts = tuple(v for name, v in vars(request).items() if name not in ("problem", "visible", "score_bound"))
+    return facts + (p.batch, bucket(p.tq), bucket(p.tk), p.d, p.dv, p.dtype, p.scale, p.groups, p.kv_dtype,
+                    round(request.visible * 16) / 16)
+
+
 def _auto(request: Request) -> Backend:
+    """auto's choice, made once per bucket (:func:`bucketed`); a backend that refuses this very call (its
+    scores overflow, say) is passed over by explaining the call itself."""
     import os
 
     from attnlab.backends import calibrate
 
-    key = (request, calibrate.enabled(), calibrate.generation(),
+    key = (_bucket_key(request), calibrate.enabled(), calibrate.generation(),
            os.environ.get(calibrate.ENV_CACHE), os.environ.get("XDG_CACHE_HOME"))
     name = _CHOICES.get(key)
-    if name is None or BACKENDS[name].refusals(request):  # a refusal here: this call's scores overflow
-        name = explain(request).backend
+    if name is None:
+        try:
+            name = explain(bucketed(request)).backend
+        except NoBackendError:  # nothing serves the bucket's top (a backend's length limit): the call itself decides
+            name = explain(request).backend
         if len(_CHOICES) >= _CHOICES_MAX:
             _CHOICES.clear()
         _CHOICES[key] = name
+    if BACKENDS[name].refusals(request):  # this call's own reason (its scores overflow): explained by itself, not kept
+        return BACKENDS[explain(request).backend]
     return BACKENDS[name]
 
 

@@ -180,10 +180,38 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None, *, defer_kv:
         if hasattr(x, "shape") and validate.is_torch(x) != validate.is_torch(q):
             raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
     seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits, o.softcap)
+    pending = defer_kv and not o.kv_checked and p.tq <= DEFER_MAX_TQ
+    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), _request(q, k, v, o, p, seen, _bound(q, k, v, o, p, pending)),
+                pending)
+
+
+def prepare_read(q: Any, k: Any, v: Any, options: Options) -> Call:
+    """:func:`prepare` for a decoding step's read of a KV cache (torch tensors), which the cache and the model
+    vouch for: k and v [B, H_kv, Tk, D] were checked when written (``options.kv_checked``, with their largest
+    key length ``k_norm``) and q [B, H, Tq, D] is the model's own projection with the cache's head counts and
+    dtype. So no shape check and no pass over k and v; q is checked (its norm, which the score bound needs, is
+    finite only when q is) and every option as :func:`prepare` checks it. Internal: ``attention()`` is the
+    public entry, and this one serves only calls whose options say the keys were checked."""
+    o = options
+    if not o.kv_checked:
+        return prepare(q, k, v, o)
+    d = int(q.shape[-1])
+    p = validate.Problem(tuple(q.shape[:-2]), int(q.shape[-2]), int(k.shape[-2]), d, int(v.shape[-1]),
+                         validate.dtype_name(q), validate.check_scale(o.scale, d), int(q.shape[-3] // k.shape[-3]),
+                         validate.dtype_name(k))
+    validate.check_bias(o.bias, p)
+    seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits, o.softcap)
+    bound = checked_bound(q, o.bias, p.scale, o.k_norm)
+    if not math.isfinite(bound):
+        validate.check_finite("q", q)  # names q when it holds NaN or Inf; else the bound is only large
+    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), _request(q, k, v, o, p, seen, bound))
+
+
+def _request(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, seen: vis.Visible, bound: float) -> Request:
+    """The facts of a checked call by which backends accept or refuse it."""
     torch_in = validate.is_torch(q)
     alibi = isinstance(seen.score_mod, vis.masks.scores.Alibi)
-    pending = defer_kv and not o.kv_checked and p.tq <= DEFER_MAX_TQ
-    request = Request(
+    return Request(
         library="torch" if torch_in else "numpy",
         device=str(q.device) if torch_in else "cpu",
         dtype=p.dtype,
@@ -207,9 +235,8 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None, *, defer_kv:
         softcap=o.softcap is not None,
         kv_dtype=p.kv_dtype != p.dtype,
         visible=_fraction(seen),
-        score_bound=_bound(q, k, v, o, p, pending),
+        score_bound=bound,
     )
-    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), request, pending)
 
 
 def checked(call: Call) -> Call:

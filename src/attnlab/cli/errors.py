@@ -63,10 +63,14 @@ def click_error(exc: BaseException, name: str) -> bool:
 
 
 def in_flags(message: str, flags: dict[str, str]) -> str:
-    """``message`` with the command's Python argument names written as the flags they come from:
-    every ``snake_case`` name (``deadline_ms`` → ``--deadline-ms``), and a one-word name where it is
+    """``message`` with the command's Python argument names written as the flags they come from: a keyword
+    as Python spells it (``cache='sink'`` → ``--cache sink``, ``window=`` → ``--window``), every
+    ``snake_case`` name (``deadline_ms`` → ``--deadline-ms``), and a one-word name where it is
     the subject that opens the message ("sizes must be …" → "--sizes must be …"), since a one-word
     name elsewhere is usually an English word ("this model has heads 1 to 12", "model folder …")."""
+    for name, flag in flags.items():  # Python's keywords first: cache='sink' → --cache sink, window= → --window
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}=(?:'([^']*)'|\"([^\"]*)\"|([^\s,;:)'\"]+))?",
+                         lambda m, flag=flag: " ".join([flag, *(g for g in m.groups() if g)]), message)
     for name, flag in flags.items():
         if "_" in name:
             message = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", flag, message)

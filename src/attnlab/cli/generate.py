@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from attnlab.cli.common import decoder_option, err, json_option, load_decoder, out_file, write_json
+from attnlab.transformer.sampling import check_temperature
 
 CACHES = ("dense", "window", "sink", "h2o", "snapkv", "knorm", "random")  # attnlab.transformer.cache.KINDS
 EVICTING = CACHES[3:]
@@ -26,8 +27,8 @@ def check_flags(prompt: str, temperature: float | None, top_k: int | None, top_p
     """The flags' own rules, before any work; returns whether to sample."""
     if not prompt.strip():
         raise ValueError("PROMPT is empty; give the text to continue, e.g. attnlab generate 'Return the'")
-    if temperature is not None and not temperature > 0:
-        raise ValueError(f"--temperature must be > 0, got {temperature} (for greedy decoding leave out the sampling flags)")
+    if temperature is not None:
+        check_temperature(temperature, "--temperature")
     if top_k is not None and top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
@@ -107,21 +108,24 @@ def generate(
     html_path: str = typer.Option(None, "--html", metavar="PATH", callback=out_file("--html"),
                                   help="Write a self-contained page with the Generation view of every step."),
     json_path: str = json_option(),
+    stop_at_eos: bool = typer.Option(True, "--stop-at-eos/--no-stop-at-eos",
+                                     help="Stop at the model's end-of-text token (the default), or go on past it."),
 ) -> None:
     """Generate text with attnlab's transformer and its KV cache, printing it as it comes, then tokens per second.
 
-    Sampling is on when --temperature, --top-k or --top-p is given; otherwise greedy.
+    Sampling is on when --temperature, --top-k or --top-p is given; otherwise greedy. It stops at the model's
+    end-of-text token unless --no-stop-at-eos, and says so.
     """
     sample = check_flags(prompt, temperature, top_k, top_p, seed, cache, window, sink, cache_budget)
     net, model_id = load_decoder(model, "generate", "Transformer.generate")
     out = sys.stderr if json_path == "-" else sys.stdout
     printer = Printer(net.tokenizer, out, prompt)
     kw = dict(sample=sample, temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
-              seed=seed, cache=cache, window=window, sink=sink, cache_budget=cache_budget, maps=bool(maps_path or html_path), on_token=printer)
-    eos = net.tokenizer.eos_token_id
+              seed=seed, cache=cache, window=window, sink=sink, cache_budget=cache_budget, maps=bool(maps_path or html_path),
+              on_token=printer, stop_at_eos=stop_at_eos)
     start = time.perf_counter()
     try:
-        gen = net.generate(prompt, max_new_tokens, stop_ids=() if eos is None else (eos,), **kw)
+        gen = net.generate(prompt, max_new_tokens, **kw)
     except KeyboardInterrupt:
         out.write("\n" if printer.ids else "")
         err.print(f"interrupted after {len(printer.ids)} new tokens", highlight=False)
@@ -129,10 +133,22 @@ def generate(
     out.write("\n")
     out.flush()
     figures = speed(start, printer, int(gen.prompt_lengths[0]))
+    from attnlab.transformer.generate import end_of_text
+
+    figures["stopped"] = stopped(gen, max_new_tokens, end_of_text(net) if stop_at_eos else None)
+    if figures["stopped"] == "end-of-text":
+        err.print(f"stopped at end-of-text after {figures['new_tokens']} of {max_new_tokens} new tokens "
+                  "(--no-stop-at-eos goes on)", highlight=False, soft_wrap=True)
     err.print(_speed_line(figures), highlight=False, soft_wrap=True)
     _write_outputs(net, gen, model_id, maps_path, html_path)
     write_json(json_path, {**gen.to_dict(), "model": model_id, "prompt": prompt, "text": gen.text[0], "speed": figures,
                            "options": {k: v for k, v in kw.items() if k != "on_token"}})
+
+
+def stopped(gen: Any, max_new_tokens: int, eos: int | None) -> str:
+    """Why the first sequence stopped: "end-of-text" (its last new token), or "max-new-tokens"."""
+    n = int(gen.lengths[0])
+    return "end-of-text" if eos is not None and n and int(gen.ids[0, n - 1]) == eos else "max-new-tokens"
 
 
 def _speed_line(f: dict) -> str:

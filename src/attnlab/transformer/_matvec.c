@@ -15,6 +15,10 @@
 #endif
 
 #define MAX_ROWS 8 /* input rows per call: beyond it torch's matrix product is the better read */
+/* Weights smaller than this (floats, 512 KiB) are read by the calling thread alone: waking the other threads
+ * costs more than the read, and on a busy machine a parallel region waits for its slowest (descheduled)
+ * thread, so a small model's step would take as long as the other programs let the slowest thread run. */
+#define PARALLEL_MIN (1 << 17)
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -57,9 +61,10 @@ CLONES static void rows(const float *restrict w, const float *restrict x, const 
     }
 }
 
-/* The threads split the output rows in equal runs (OpenMP's outlined body would not be cloned). */
+/* The threads split the output rows in equal runs (OpenMP's outlined body would not be cloned); a small
+ * weight (under PARALLEL_MIN floats) is one thread's. */
 static void matvec(const float *w, const float *x, const float *b, float *y, Py_ssize_t m, Py_ssize_t r, Py_ssize_t c) {
-    #pragma omp parallel
+    #pragma omp parallel if (r * c >= PARALLEL_MIN)
     {
         Py_ssize_t n = 1, t = 0;
 #ifdef _OPENMP

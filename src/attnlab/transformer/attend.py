@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from attnlab import masks
-from attnlab.backends.api import attention
+from attnlab.backends.api import attention, attention_read
 from attnlab.backends.eager import eager_scores, eager_weights
 from attnlab.backends.options import Options
 from attnlab.backends.request import prepare, repeat_groups
@@ -69,6 +69,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict,
         kw = {n: (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
         out = attention(*arrays, backend="numpy", **kw)
         out = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in (out if isinstance(out, tuple) else (out,))]
+    elif p.kv is not None and kw.get("kv_checked"):  # a read of the cache, which checked its keys: no second check
+        out = list(attention_read(q, k, v, Options.of(kw), p.backend))
     else:
         out = attention(q, k, v, backend=p.backend, **kw)
         out = list(out) if isinstance(out, tuple) else [out]

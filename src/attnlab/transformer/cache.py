@@ -18,6 +18,7 @@ is read back in the query's dtype.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -35,17 +36,27 @@ KINDS = ("dense", "window", "sink", *POLICIES)
 
 
 def _check_entries(name: str, x: Any, shape: tuple, dtype: torch.dtype, layer: int) -> torch.Tensor:
-    """New keys or values, checked once: a tensor of the layer's shape, floating, finite in the cache's dtype."""
+    """New keys or values, checked once: a tensor of the layer's shape, floating; in the cache's dtype (their
+    finiteness is :func:`_finite_norm`'s)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} for layer {layer} must be a torch tensor, got {type(x).__name__}")
     if tuple(x.shape) != shape:
         raise ValueError(f"{name} for layer {layer} must be [B, H_kv, Tq, D] = {list(shape)}, got {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"{name} for layer {layer} must be floating, got {x.dtype}")
-    x = x.detach().to(dtype)
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} for layer {layer} must be finite in the cache's {dtype} (NaN or Inf found)")
-    return x
+    return x.detach().to(dtype)
+
+
+def _finite_norm(k: torch.Tensor, v: torch.Tensor, layer: int) -> float:
+    """The largest key length ‖k_j‖, with the finite check of k and v folded in (one reduction each): NaN or
+    Inf in k makes that length non-finite (max_norm recomputes an overflow in float64), and in v its largest
+    |entry|."""
+    norm = max_norm(k)
+    for name, bad in (("k", not math.isfinite(norm)),
+                      ("v", v.numel() and not math.isfinite(float(torch.linalg.vector_norm(v, ord=math.inf))))):
+        if bad:
+            raise ValueError(f"{name} for layer {layer} must be finite in the cache's {v.dtype} (NaN or Inf found)")
+    return norm
 
 
 class KVCache:
@@ -119,7 +130,7 @@ class KVCache:
         shape = (self.batch, lc.k.shape[1], step.tq, lc.k.shape[3])
         k = _check_entries("k", k, shape, self.dtype, layer)
         v = _check_entries("v", v, shape, self.dtype, layer)
-        lc.k_norm = max(lc.k_norm, max_norm(k))
+        lc.k_norm = max(lc.k_norm, _finite_norm(k, v, layer))
         return lc.update(step, k, v, dtype or self.dtype)
 
     def commit(self, step: Step) -> None:

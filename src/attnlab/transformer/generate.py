@@ -25,6 +25,7 @@ from attnlab.transformer.cache import KINDS, KVCache, layer_kinds
 from attnlab.transformer.evict_cache import check_budget
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
 from attnlab.transformer.sampling import Sampling
+from attnlab.transformer.threads import step_threads
 from attnlab.transformer.weights import torch_dtype
 
 
@@ -138,18 +139,31 @@ def _check_limits(model: Any, prompts: list[list[int]], max_new_tokens: Any, kin
         raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {longest} tokens + {max_new_tokens} new = {total} "
                          f"passes the model's {c.max_positions} positions; latent attention's cache keeps every one")
     if any(kind == "dense" for kind, _, _ in kinds):
-        allow = "cache='sink' (or 'window')" if cache == "dense" else "cache='sink', or cache='window' with window="
+        allow = "cache='sink' or cache='window'" if cache == "dense" else "cache='sink', or cache='window' with window="
         raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {longest} tokens + {max_new_tokens} new = {total} "
                          f"passes the model's {c.max_positions} positions with a dense cache; {allow} keeps memory "
                          "constant there (rotary positions beyond the trained length)")
     return max_new_tokens
 
 
-def _stops(stop_ids: Any, vocab: int) -> torch.Tensor:
+def end_of_text(model: Any) -> int | None:
+    """The model's end-of-text token: its tokenizer's ``eos_token_id``, or None (no tokenizer, or none said)."""
+    eos = getattr(model.tokenizer, "eos_token_id", None)
+    return eos if isinstance(eos, int) and 0 <= eos < model.config.vocab_size else None
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _stops(stop_ids: Any, vocab: int, eos: int | None = None) -> torch.Tensor:
+    """The stop ids (S,): ``stop_ids`` checked, then ``eos`` where given and not among them."""
     ids = [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
     if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab for i in ids):
         raise ValueError(f"stop_ids must be token ids in 0..{vocab - 1}, got {stop_ids!r}")
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids + ([eos] if eos is not None and eos not in ids else []), dtype=torch.long)
 
 
 def _left_padded(prompts: list[list[int]], pad: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,9 +189,13 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
              stop_ids: Sequence[int] | int = (), cache: str = "dense", window: int | None = None,
              sink: int | None = None, cache_dtype: Any = None, maps: bool = False,
              on_token: Callable[[int, torch.Tensor], Any] | None = None, backend: str | None = None,
-             fwd_hooks: Any = None, kv_cache: KVCache | None = None, cache_budget: int | None = None) -> Generation:
+             fwd_hooks: Any = None, kv_cache: KVCache | None = None, cache_budget: int | None = None,
+             stop_at_eos: bool = True) -> Generation:
     """Generate up to ``max_new_tokens`` per prompt (see :class:`Generation`); every check before any work.
 
+    A sequence stops at any of ``stop_ids`` and, with ``stop_at_eos`` (the default), at the model's
+    end-of-text token (its tokenizer's ``eos_token_id``; a model without one has none): the stop id is its
+    last new token, and its text ends before it. ``stop_at_eos=False`` goes on past it.
     ``kv_cache``: continue from a cache an earlier call returned (``Generation.kv_cache``); it holds
     every position fed so far, so ``input_ids`` start with the last token that call chose.
     ``cache`` "h2o", "snapkv", "knorm" or "random" evicts down to ``cache_budget`` tokens per layer and k/v
@@ -198,7 +216,7 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
         _check_continued(model, kv_cache, kinds, len(prompts), cache)
     offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
     n = _check_limits(model, prompts, max_new_tokens, kinds, cache, offset)
-    stops = _stops(stop_ids, c.vocab_size)
+    stops = _stops(stop_ids, c.vocab_size, end_of_text(model) if _flag("stop_at_eos", stop_at_eos) else None)
     # maps: every layer's newest-query row, kept by the hooks (recomputed from the LSE: no scores held)
     hooks = build(c, fwd_hooks or (), [f"blocks.{layer}.{LAST_PATTERN}" for layer in range(c.num_layers)] if maps else ())
     weights_dtype, device = model.dtype, model.device
@@ -207,7 +225,8 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     B, longest = len(prompts), max(len(p) for p in prompts)
     kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
                                        dtype=kv_dtype, device=device, budget=cache_budget, seed=seed or 0)
-    return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
+    with step_threads(model, kv):
+        return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
 
 
 def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: torch.Tensor, pad: int, kv: KVCache,

@@ -9,15 +9,30 @@ as transformers' greedy search).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+# One temperature range for the library, the CLI and the server (which say it in these words): a finite
+# T in (0, MAX_TEMPERATURE]; beyond it the softmax is uniform to float32's precision (random bytes).
+MAX_TEMPERATURE = 100.0
+TEMPERATURE_RULE = f"temperature must be a finite number in (0, {MAX_TEMPERATURE:g}]"
+
+
+def check_temperature(t: Any, name: str = "temperature") -> float:
+    """``t`` as a float when it lies in (0, MAX_TEMPERATURE] (a finite number); else the one error, naming ``name``."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise TypeError(f"{name} must be a number, got {t!r}")
+    if not (math.isfinite(t) and 0 < t <= MAX_TEMPERATURE):
+        raise ValueError(f"{name}{TEMPERATURE_RULE.removeprefix('temperature')}, got {t!r} (greedy decoding: "
+                         "leave out the sampling options)")
+    return float(t)
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """The choice rule. Sampling options are refused with ``sample=False`` (they would be ignored)."""
+    """The choice rule. Sampling options are refused with ``sample=False`` (they would be ignored). torch is
+    imported where it computes: the CLI checks a temperature with :func:`check_temperature` before torch loads."""
 
     sample: bool = False
     temperature: float = 1.0
@@ -29,10 +44,7 @@ class Sampling:
         if not isinstance(self.sample, bool):
             raise TypeError(f"sample must be True or False, got {self.sample!r}")
         t, k, p = self.temperature, self.top_k, self.top_p
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t == t:
-            raise TypeError(f"temperature must be a number, got {t!r}")
-        if self.sample and t <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {t!r} (greedy decoding: sample=False)")
+        check_temperature(t)  # sampling or not: one range (greedy refuses any T but the default below)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"top_k must be an int >= 1 or None, got {k!r}")
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1):
@@ -47,6 +59,8 @@ class Sampling:
 
     def generator(self, device: Any) -> torch.Generator | None:
         """The random stream of one generation (None for greedy decoding)."""
+        import torch
+
         if not self.sample:
             return None
         g = torch.Generator(device=device)
@@ -58,8 +72,13 @@ class Sampling:
 
     def filtered(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits (B, V) after temperature, top-k and top-p, as float32 or wider; removed tokens −inf."""
+        import torch
+
         x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits.clone()
-        x = x / self.temperature
+        # shifted by the largest first (≤ 0): a tiny T (5e-324, zero in float32) sends the others to −inf and
+        # leaves the largest at 0, never inf − inf or 0 / 0 (NaN probabilities)
+        shifted = x - x.max(-1, keepdim=True).values
+        x = torch.where(shifted == 0, shifted, shifted / self.temperature)
         if self.top_k is not None and self.top_k < x.shape[-1]:
             keep = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.topk(self.top_k, dim=-1).indices, True)
             x = x.masked_fill(~keep, float("-inf"))
@@ -73,6 +92,8 @@ class Sampling:
 
     def choose(self, logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """The next token of each sequence (B,) from its logits (B, V)."""
+        import torch
+
         if not self.sample:
             return logits.argmax(dim=-1)
         probs = self.filtered(logits).softmax(-1)  # (B, V)

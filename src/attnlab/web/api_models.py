@@ -10,7 +10,8 @@ pydantic (the web server's extra); the server calls it once per app.
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
-MAX_WORD_CHARS = 100
+from attnlab.web.api_decoders import MAX_WORD_CHARS, circuit_models, generation_models, pydantic_models
+
 Level = Literal["word", "token"]
 Attention = Literal["encoder", "decoder", "cross"]  # attnlab.viz.payload.ATTENTIONS
 ATTENTION_HELP = ("encoder: the model's own self-attention (an encoder–decoder's encoder); decoder: an encoder–decoder's "
@@ -23,8 +24,8 @@ def api_models(max_sentences: int, max_chars: int, default_overview: int, max_ne
     characters, at most ``max_sentences`` at a time, generations of at most ``max_new`` tokens, and
     the long view's texts of at most ``long_chars`` characters, tiles of ``max_tile`` and ``max_top`` top keys."""
     return SimpleNamespace(**_requests(max_sentences, max_chars, default_overview), **_map_answers(),
-                           **_head_answers(), **_scene_answers(), **_generation(max_chars, max_new),
-                           **_circuits(max_chars), **_long_requests(long_chars, max_tile, max_top),
+                           **_head_answers(), **_scene_answers(), **generation_models(max_chars, max_new),
+                           **circuit_models(max_chars), **_long_requests(long_chars, max_tile, max_top),
                            **_long_answers())
 
 
@@ -58,7 +59,7 @@ def _long_requests(long_chars: int, max_tile: int, max_top: int) -> dict[str, ty
     class LongColumnIn(LongHeadIn):
         key: Pos
 
-    return _models(locals())
+    return pydantic_models(locals())
 
 
 def _long_answers() -> dict[str, type]:
@@ -123,14 +124,7 @@ def _long_answers() -> dict[str, type]:
         key: int
         weights: str = Field(description=f"every query's weight on the key, {F32}")
 
-    return _models(locals())
-
-
-def _models(names: dict[str, Any]) -> dict[str, type]:
-    """The pydantic models among a function's local ``names``."""
-    from pydantic import BaseModel
-
-    return {k: v for k, v in names.items() if isinstance(v, type) and issubclass(v, BaseModel) and v is not BaseModel}
+    return pydantic_models(locals())
 
 
 def _requests(max_sentences: int, max_chars: int, default_overview: int) -> dict[str, type]:
@@ -185,7 +179,7 @@ def _requests(max_sentences: int, max_chars: int, default_overview: int) -> dict
             None, description="where the target occurs more than once: which occurrence to search, 1-based; one "
             "number for every sentence, or one per sentence (null: the first); default the first")
 
-    return _models(locals())
+    return pydantic_models(locals())
 
 
 def _map_answers() -> dict[str, type]:
@@ -265,7 +259,7 @@ def _map_answers() -> dict[str, type]:
         roles: RolesOut
         seq2seq: Seq2SeqOut | None = Field(None, description="an encoder–decoder's decoder and cross-attention labels")
 
-    return _models(locals())
+    return pydantic_models(locals())
 
 
 def _head_answers() -> dict[str, type]:
@@ -333,7 +327,7 @@ def _head_answers() -> dict[str, type]:
         note: str | None = Field(None, description="which occurrence was searched, where the target occurs more "
                                  "than once and none was asked for")
 
-    return _models(locals())
+    return pydantic_models(locals())
 
 
 def _scene_answers() -> dict[str, type]:
@@ -357,104 +351,4 @@ def _scene_answers() -> dict[str, type]:
         unscaled: SceneRun
         scaled: SceneRun
 
-    return _models(locals())
-
-
-def _generation(max_chars: int, max_new: int) -> dict[str, type]:
-    """What /api/generate takes (a prompt, at most ``max_new`` new tokens) and answers (every step's rows)."""
-    from pydantic import BaseModel, ConfigDict, Field
-
-    class GenerateIn(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=True)
-        prompt: Annotated[str, Field(min_length=1, max_length=max_chars, pattern=r"\S")]
-        max_new_tokens: int = Field(16, ge=1, le=max_new)
-        temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
-                                          description="sampling is on when temperature, top_k or top_p is given")
-        top_k: int | None = Field(None, ge=1, le=1_000_000)
-        top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
-        seed: int | None = Field(None, ge=0, le=2**63 - 1, description="with sampling only")
-
-    class GenModelOut(BaseModel):
-        id: str
-        num_layers: int
-        num_heads: int
-
-    class StepOut(BaseModel):
-        step: int = Field(description="0-based")
-        position: int = Field(description="0-based position of the query: the token fed at this step")
-        token: int = Field(description="the id this step chose (at position + 1)")
-        rows: list[list[list[float]]] = Field(description="[layer][head][position + 1]: its attention over positions "
-                                                          "0..position, post-softmax (0-based layers and heads)")
-
-    class GenerateOut(BaseModel):
-        model: GenModelOut
-        labels: list[str] = Field(description="every token's text: the prompt's, then the new ones")
-        prompt_length: int
-        prompt: str | None
-        text: str | None = Field(description="the new tokens decoded")
-        steps: list[StepOut]
-
-    return _models(locals())
-
-
-def _circuits(max_chars: int) -> dict[str, type]:
-    """What /api/patch and /api/attribute take (texts of at most ``max_chars``, tokens as their text) and
-    answer: ``heads`` [layer][head], 0-based, for the model view's colours."""
-    from pydantic import BaseModel, ConfigDict, Field
-
-    Text = Annotated[str, Field(min_length=1, max_length=max_chars, pattern=r"\S")]
-    Token = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS, description="one token of the model, as "
-                                 "its text reads in running text (a leading space included: ' Paris')")]
-    HEADS = "[layer][head], 0-based"
-
-    class PatchIn(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=True)
-        clean: Text = Field(description="the text where the model predicts target")
-        corrupted: Text = Field(description="the same number of tokens, what matters changed")
-        target: Token
-        baseline: Token | None = Field(None, description="the metric becomes target's logit minus this one's")
-
-    class AttributeIn(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=True)
-        text: Text
-        target: Token
-        baseline: Token | None = None
-
-    class CircuitModelOut(BaseModel):
-        id: str
-        num_layers: int
-        num_heads: int
-
-    class PatchOut(BaseModel):
-        model: CircuitModelOut
-        metric: str = Field(description="in words: the logit (difference) measured at the last position")
-        target: int = Field(description="the target's token id")
-        baseline: int | None
-        clean_labels: list[str]
-        corrupted_labels: list[str]
-        heads: list[list[float]] = Field(description=f"{HEADS}: (patched − corrupted) / (clean − corrupted) of the "
-                                         "metric, each head's output put back from the clean run")
-        clean: float = Field(description="the metric on the clean text")
-        corrupted: float = Field(description="the metric on the corrupted text")
-
-    class ComponentOut(BaseModel):
-        kind: str = Field(description="embed, pos_embed, head, mlp or bias")
-        label: str = Field(description="for people: L1H3 (1-based), mlp 2, embed, bias")
-        layer: int | None = Field(None, description="0-based, for a head or an MLP")
-        head: int | None = Field(None, description="0-based, for a head")
-        value: float
-
-    class AttributeOut(BaseModel):
-        model: CircuitModelOut
-        metric: str
-        labels: list[str] = Field(description="the text's tokens")
-        target: int
-        baseline: int | None
-        heads: list[list[float]] = Field(description=f"{HEADS}: each head's direct contribution to the metric")
-        components: list[ComponentOut] = Field(description="every component's direct contribution, in the "
-                                               "model's order")
-        total: float = Field(description="the sum of the components")
-        logit: float = Field(description="the model's own logit (difference) at the last position, before any softcap")
-        error: float = Field(description="total − logit")
-
-    return _models(locals())
+    return pydantic_models(locals())

@@ -55,8 +55,10 @@ class Generator:
         return self._net
 
     def run(self, prompt: str, max_new_tokens: int, temperature: float | None = None, top_k: int | None = None,
-            top_p: float | None = None, seed: int | None = None) -> dict:
-        """The steps payload of one generation (greedy unless a sampling option is given); ValueError: the client's to fix."""
+            top_p: float | None = None, seed: int | None = None, cache: str = "dense", window: int | None = None,
+            sink: int | None = None) -> dict:
+        """The steps payload of one generation (greedy unless a sampling option is given; stopping at the model's
+        end-of-text; with the KV cache ``cache`` of the library's ``generate``); ValueError: the client's to fix."""
         from attnlab.viz.generation import steps_payload
 
         why = self.refusal()
@@ -66,8 +68,7 @@ class Generator:
         sample = any(x is not None for x in (temperature, top_k, top_p))
         if seed is not None and not sample:
             raise ValueError("seed takes effect only when sampling: give temperature, top_k or top_p")
-        eos = net.tokenizer.eos_token_id
         with self.cache.lock:  # one model call at a time, as the captures
             gen = net.generate(prompt, max_new_tokens, sample=sample, temperature=1.0 if temperature is None else temperature,
-                               top_k=top_k, top_p=top_p, seed=seed, stop_ids=() if eos is None else (eos,), maps=True)
+                               top_k=top_k, top_p=top_p, seed=seed, cache=cache, window=window, sink=sink, maps=True)
         return steps_payload(net, gen, lm.model_id)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from attnlab.transformer.sampling import TEMPERATURE_RULE
+
 # A field that takes one of several forms (pydantic's union) fails once per form, each error's loc
 # naming the form by a tag of pydantic's ("constrained-int", "list[nullable[constrained-int]]"): such
 # a field gets one sentence saying every form it takes, and the tags never reach the reader.
@@ -48,6 +50,10 @@ def friendly(error: dict, max_sentences: int, max_chars: int) -> str:
                     f"the long view (POST /api/long/info, /api/long/overview), which computes its map a tile at a time.")
     if top in ("target", "deciders") and kind in ("string_pattern_mismatch", "string_too_short", "too_short"):
         return f"{field}: type a word (it is empty)."
+    if kind == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == r"\S":
+        return f"{field}: is only spaces; type some text."
+    if top == "temperature" and kind in ("greater_than", "less_than_equal", "finite_number"):
+        return f"{TEMPERATURE_RULE} (greedy decoding: leave it out)."
     if kind == "string_unicode":  # pydantic's check: a lone surrogate, half of a UTF-16 pair
         return (f"{field}: holds a character that is not valid text (half of a character pair, such as \\ud800); "
                 "type or paste the text again.")

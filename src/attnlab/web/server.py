@@ -158,7 +158,8 @@ def generate_answer(v: Viewer, req: Any) -> dict:
     """Up to ``max_new_tokens`` after ``prompt`` with attnlab's transformer and its KV cache (greedy, or
     sampled when temperature, top_k or top_p is given) and every step's attention row: the Generation
     view. A model that cannot generate (an encoder) is a 400 saying so."""
-    return v.generator.run(req.prompt, req.max_new_tokens, req.temperature, req.top_k, req.top_p, req.seed)
+    return v.generator.run(req.prompt, req.max_new_tokens, req.temperature, req.top_k, req.top_p, req.seed, req.cache,
+                           req.window, req.sink)
 
 
 def patch_answer(v: Viewer, req: Any) -> dict:
