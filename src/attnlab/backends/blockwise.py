@@ -21,6 +21,7 @@ import numpy as np
 
 from attnlab.backends import online
 from attnlab.backends.base import Backend, Supports, torch_overhead
+from attnlab.backends.quantized import Tiles, rotated_q
 from attnlab.backends.request import Call, Request
 from attnlab.backends.tiling import Tiling
 from attnlab.reference.validate import FLOAT_DTYPES
@@ -61,9 +62,12 @@ def canonical(call: Call) -> Canonical:
         x = x.to(dtype) if torch_in else x.astype(dtype, copy=False)
         return xp.broadcast_to(x, full).reshape(shape)
 
-    q = canon(call.q, (*p.batch, p.tq, p.d), (b, groups, p.tq, p.d))  # (B, G, Tq, D): G query heads per k/v head
-    k = canon(call.k, (*lead, p.tk, p.d), (b, p.tk, p.d))  # (B, Tk, D)
-    v = canon(call.v, (*lead, p.tk, p.dv), (b, p.tk, p.dv))  # (B, Tk, Dv)
+    q = canon(rotated_q(call.q, call.k), (*p.batch, p.tq, p.d), (b, groups, p.tq, p.d))  # (B, G, Tq, D): G query heads per k/v head
+    if call.request.quantized:  # dequantized one key block at a time, as the loop slices them
+        k, v = Tiles(call.k, dtype, not torch_in), Tiles(call.v, dtype, not torch_in)  # (B, Tk, D), (B, Tk, Dv)
+    else:
+        k = canon(call.k, (*lead, p.tk, p.d), (b, p.tk, p.d))  # (B, Tk, D)
+        v = canon(call.v, (*lead, p.tk, p.dv), (b, p.tk, p.dv))  # (B, Tk, Dv)
 
     def view(x: Any) -> Any:  # mask or bias as a (..., G, Tq, Tk) view, copied a tile at a time
         if x is None:
@@ -151,14 +155,17 @@ class BlockwiseBackend(Backend):
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
-                            "weights_rows", "lse", "grad", "block_size", "kv_dtype", "softcap"}),
+                            "weights_rows", "lse", "grad", "block_size", "kv_dtype", "softcap", "quantized"}),
         instead={"weights": "it never materialises (Tq, Tk); ask weights_rows= for the rows you need"},
     )
 
     def more_refusals(self, r: Request) -> list[str]:
+        why = []
         if r.grad and r.score_mod:
-            return ["does not differentiate through a score_mod callable (torch does; masks.alibi is served with gradients)"]
-        return []
+            why.append("does not differentiate through a score_mod callable (torch does; masks.alibi is served with gradients)")
+        if r.grad and r.quantized:
+            why.append("does not differentiate through a quantized cache (codes have no gradient)")
+        return why
 
     def compute_dtype(self, dtype: str) -> str:
         return work_dtype(dtype)

@@ -29,6 +29,7 @@ class TorchBackend(Backend):
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
                             "weights", "weights_rows", "lse", "grad", "bias_grad", "softcap", "kv_dtype"}),
+        instead={"quantized": "it would hold every key dequantized; blockwise dequantizes a key block at a time"},
     )
 
     def more_refusals(self, r: Request) -> list[str]:

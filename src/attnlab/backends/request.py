@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.backends import visible as vis
+from attnlab.backends.quantized import stand_ins
 from attnlab.backends.options import Options
 from attnlab.reference import validate
 from attnlab.reference.masks import combine
@@ -46,6 +47,7 @@ class Request:
     block_size: bool  # a block size was given (a blockwise parameter)
     softcap: bool  # logit softcapping (Gemma-2)
     kv_dtype: bool  # k and v stored in another dtype than q (a 16-bit cache under a float32 query)
+    quantized: bool  # k and v are a quantized cache's codes and scales (QuantizedKV)
     visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
     # no score |scale·q·k + bias| exceeds this (Cauchy–Schwarz): what overflow checks use; not part of the
     # call's kind (equality, hash), by which auto remembers its choices
@@ -159,6 +161,8 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
     o = Options() if options is None else options
     if not isinstance(o, Options):
         raise TypeError(f"options must be an attnlab.backends.options.Options, got {type(o).__name__}")
+    stored = k, v  # a quantized cache's k and v are checked by their shape (stand-ins), read by the backend
+    k, v = stand_ins(q, k, v) or stored
     p = validate.check_qkv(q, k, v, o.scale, gqa=True, finite=False)
     validate.check_bias(o.bias, p)
     for name, x in (("mask", o.mask), ("bias", o.bias), ("sink_logits", o.sink_logits)):
@@ -190,17 +194,18 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
         block_size=o.block_size is not None,
         softcap=o.softcap is not None,
         kv_dtype=p.kv_dtype != p.dtype,
+        quantized=k is not stored[0],
         visible=_fraction(seen),
-        score_bound=_bound(q, k, v, o, p),
+        score_bound=_bound(q, *stored, o, p),
     )
-    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), request)
+    return Call(q, *stored, o, seen, _rows(o.weights_rows, p), request)
 
 
 def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem) -> float:
     """The call's score bound, after the finite checks: of q, k and v, or of q alone where k and v were checked."""
     q_max = validate.check_finite("q", q)
-    if o.kv_checked:
-        return checked_bound(q, o.bias, p.scale, o.k_norm)
+    if o.kv_checked or hasattr(k, "norm"):  # checked when written (a quantized cache's: its stored bound)
+        return checked_bound(q, o.bias, p.scale, getattr(k, "norm", o.k_norm))
     k_max, _ = (validate.check_finite(name, x) for name, x in (("k", k), ("v", v)))
     return score_bound(q, k, o.bias, p.scale, q_max, k_max)
 

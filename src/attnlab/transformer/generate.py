@@ -23,8 +23,8 @@ import torch
 
 from attnlab.transformer.cache import KVCache, layer_kinds
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
+from attnlab.transformer.quant_cache import cache_dtype_of
 from attnlab.transformer.sampling import Sampling
-from attnlab.transformer.weights import torch_dtype
 
 
 @dataclass(frozen=True)
@@ -171,11 +171,13 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
              stop_ids: Sequence[int] | int = (), cache: str = "dense", window: int | None = None,
              sink: int | None = None, cache_dtype: Any = None, maps: bool = False,
              on_token: Callable[[int, torch.Tensor], Any] | None = None, backend: str | None = None,
-             fwd_hooks: Any = None, kv_cache: KVCache | None = None) -> Generation:
+             fwd_hooks: Any = None, kv_cache: KVCache | None = None, rotate: bool = False) -> Generation:
     """Generate up to ``max_new_tokens`` per prompt (see :class:`Generation`); every check before any work.
 
     ``kv_cache``: continue from a cache an earlier call returned (``Generation.kv_cache``); it holds
     every position fed so far, so ``input_ids`` start with the last token that call chose.
+    ``cache_dtype``: a float dtype, or "int8", "int4", "fp8" (a quantized dense cache, read as stored;
+    ``rotate=True``: keys Hadamard-rotated after rotary, before quantizing): docs/generation.md.
     """
     c = model.config
     if not c.causal:
@@ -187,6 +189,7 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
         raise TypeError(f"cache must be 'dense', 'window' or 'sink', got {type(cache).__name__}")
     prompts = _prompts(model, input_ids, attention_mask)
     kinds = layer_kinds(c, cache, window, sink)
+    stored = cache_dtype_of(cache_dtype, rotate, c, cache)
     if kv_cache is not None:
         _check_continued(model, kv_cache, kinds, len(prompts), cache)
     offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
@@ -195,11 +198,11 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     # maps: every layer's newest-query row, kept by the hooks (recomputed from the LSE: no scores held)
     hooks = build(c, fwd_hooks or (), [f"blocks.{layer}.{LAST_PATTERN}" for layer in range(c.num_layers)] if maps else ())
     weights_dtype, device = model.dtype, model.device
-    kv_dtype = weights_dtype if cache_dtype is None else torch_dtype(cache_dtype, "cache_dtype")
+    kv_dtype = weights_dtype if stored is None else stored
     pad = c.pad_token_id if c.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
     B, longest = len(prompts), max(len(p) for p in prompts)
     kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
-                                       dtype=kv_dtype, device=device)
+                                       dtype=kv_dtype, device=device, rotate=rotate, model_dtype=weights_dtype)
     return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
 
 
