@@ -19,6 +19,7 @@ from attnlab.backends.quantized import stand_ins
 from attnlab.backends.options import Options
 from attnlab.reference import validate
 from attnlab.reference.masks import combine
+from attnlab.reference.quantized import QuantizedKV
 
 
 @dataclass(frozen=True)
@@ -204,8 +205,10 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None) -> Call:
 def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem) -> float:
     """The call's score bound, after the finite checks: of q, k and v, or of q alone where k and v were checked."""
     q_max = validate.check_finite("q", q)
-    if o.kv_checked or hasattr(k, "norm"):  # checked when written (a quantized cache's: its stored bound)
-        return checked_bound(q, o.bias, p.scale, getattr(k, "norm", o.k_norm))
+    if isinstance(k, QuantizedKV):  # finite by construction; its rows' bound is stored
+        return checked_bound(q, o.bias, p.scale, k.norm)
+    if o.kv_checked:
+        return checked_bound(q, o.bias, p.scale, o.k_norm)
     k_max, _ = (validate.check_finite(name, x) for name, x in (("k", k), ("v", v)))
     return score_bound(q, k, o.bias, p.scale, q_max, k_max)
 
