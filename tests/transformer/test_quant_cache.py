@@ -81,6 +81,7 @@ def test_maps_and_a_cache_passed_back_work_quantized():
      "head width that is a power of two; this model's is 48"),
     ({"cache_dtype": "int4"}, {"d_model": 64}, ValueError, "head width 16 is not divisible by 32"),
     ({"cache_dtype": "fp8", "cache": "sink", "window": 8}, {}, ValueError, "cache='sink' is not served quantized"),
+    ({"cache_dtype": "int8", "backend": "sdpa"}, {}, ValueError, "backend 'sdpa' does not read a quantized cache"),
 ])
 def test_bad_input_is_refused_before_any_work(kw, model, error, text, monkeypatch):
     from attnlab.transformer import cache

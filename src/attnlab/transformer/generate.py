@@ -23,7 +23,7 @@ import torch
 
 from attnlab.transformer.cache import KVCache, layer_kinds
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
-from attnlab.transformer.quant_cache import cache_dtype_of
+from attnlab.transformer.quant_cache import cache_dtype_of, check_backend
 from attnlab.transformer.sampling import Sampling
 
 
@@ -190,6 +190,7 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     prompts = _prompts(model, input_ids, attention_mask)
     kinds = layer_kinds(c, cache, window, sink)
     stored = cache_dtype_of(cache_dtype, rotate, c, cache)
+    check_backend(backend or model.backend, stored)
     if kv_cache is not None:
         _check_continued(model, kv_cache, kinds, len(prompts), cache)
     offset = 0 if kv_cache is None else int(kv_cache.lengths.max())

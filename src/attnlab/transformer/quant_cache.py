@@ -49,6 +49,18 @@ def cache_dtype_of(cache_dtype: Any, rotate: Any, config: TransformerConfig, cac
     return cache_dtype
 
 
+def check_backend(backend: str, cache_dtype: Any) -> None:
+    """A quantized cache is read by the backends that declare the feature (auto finds one): a named backend
+    that does not is refused before any work."""
+    from attnlab.backends.dispatch import BACKENDS
+
+    if cache_dtype in QUANTIZED and backend != "auto" and backend in BACKENDS \
+            and "quantized" not in BACKENDS[backend].supports.features:
+        readers = [n for n, b in BACKENDS.items() if "quantized" in b.supports.features]
+        raise ValueError(f"backend {backend!r} does not read a quantized cache (cache_dtype={cache_dtype!r}); "
+                         f"use auto or {' or '.join(readers)}")
+
+
 class QuantDenseCache(DenseCache):
     """A dense layer whose keys and values are stored quantized (``self.k``, ``self.v``: :class:`Store`)."""
 
