@@ -150,3 +150,12 @@ def test_k_and_v_must_both_be_quantized_and_match_q():
         attnlab.attention(q, ks.read(40), k[:, :, :40])
     with pytest.raises(ValueError, match="q must be \\(B, H, Tq, D\\) with the B=2 sequences"):
         attnlab.attention(q[:1], ks.read(40), vs.read(40))
+
+
+def test_fp8_codes_read_as_torch_casts_them_every_one():
+    from attnlab.reference.quantized import QuantizedKV
+
+    every = torch.arange(256, dtype=torch.uint8)
+    codes = every[(every & 0x7F) != 0x7F].view(torch.float8_e4m3fn).reshape(1, 1, -1, 1)  # all but the NaNs
+    x = QuantizedKV("fp8", codes, torch.tensor([[0.75]]), codes.shape[2], 1, 400.0).dequantize(0, codes.shape[2])
+    assert torch.equal(x.flatten(), codes.to(torch.float32).flatten() * 0.75)

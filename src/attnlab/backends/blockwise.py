@@ -29,6 +29,7 @@ from attnlab.reference.validate import FLOAT_DTYPES
 # A rough prior for auto where nothing was measured, per visited score: only the tiles a band leaves are visited.
 PRIOR_NS_PER_SCORE = 2.8
 PRIOR_OVERHEAD_S = 2e-4  # the Python loop over tiles
+QUANTIZED_DECODE_KEYS = 2048  # keys per block for a few query rows over a quantized cache: fewer dequantizing calls
 
 
 def work_dtype(dtype: str) -> str:
@@ -122,7 +123,7 @@ def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
         out, lse = autograd_function().apply(c.q, c.k, c.v, c.sinks, c.tiling, p.scale, call.options.block_size, forward,
                                              backward)
     else:
-        out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=call.options.block_size, sinks=c.sinks)
+        out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=_block_size(call), sinks=c.sinks)
     weights = None
     if call.rows is not None:
         if c.torch:  # a diagnostic: computed outside the graph
@@ -136,6 +137,14 @@ def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
     out = as_result(out.reshape(*p.batch, p.tq, p.dv), p.dtype, c.torch)  # (..., Tq, Dv)
     lse = as_result(lse.reshape(*p.batch, p.tq), p.dtype, c.torch) if call.request.lse else None
     return out, weights, lse
+
+
+def _block_size(call: Call) -> Any:
+    """The call's block size; for a decode step over a quantized cache, long key blocks (each is one dequantization)."""
+    p = call.problem
+    if call.options.block_size is None and call.request.quantized and p.tq * p.groups <= 64:
+        return (p.tq, QUANTIZED_DECODE_KEYS)
+    return call.options.block_size
 
 
 def as_result(x: Any, dtype: str, torch_in: bool) -> Any:

@@ -104,10 +104,16 @@ class QuantizedKV:
         c = self.codes[:, :, start:stop]
         if self.kind == "int8":
             return c.to(torch.float32) * self.scale[:, :, start:stop, None]
-        if self.kind == "fp8":
-            return c.to(torch.float32) * self.scale[:, :, None, None]
+        if self.kind == "fp8":  # e4m3's bits moved into a float16's are the code · 2^−8 (normal or not): exact, fast
+            b = c.view(torch.uint8).to(torch.int16)
+            half = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).view(torch.float16)
+            return half.to(torch.float32) * (self.scale * 256.0)[:, :, None, None]
         q = torch.stack((c & 15, c >> 4), dim=-1).reshape(B, H, n, self.dim).to(torch.float32)  # (B, H, n, D)
-        if self.grouping == "channel":  # position p uses group p // 32 of its channel
+        if self.grouping == "channel" and start % GROUP == 0 and n % GROUP == 0:  # whole groups: broadcast
+            g = slice(start // GROUP, stop // GROUP)
+            x = (q.view(B, H, n // GROUP, GROUP, self.dim) * self.scale[:, :, g, None]
+                 + self.zero[:, :, g, None]).view(B, H, n, self.dim)
+        elif self.grouping == "channel":  # position p uses group p // 32 of its channel
             g = torch.arange(start, stop, device=c.device) // GROUP
             x = q * self.scale[:, :, g] + self.zero[:, :, g]  # (B, H, n, D)
         else:  # token p, channels 32c..32c+31 use group c
