@@ -105,8 +105,8 @@ class QuantizedKV:
         if self.kind == "int8":
             return c.to(torch.float32) * self.scale[:, :, start:stop, None]
         if self.kind == "fp8":  # e4m3's bits moved into a float16's are the code · 2^−8 (normal or not): exact, fast
-            b = c.view(torch.uint8).to(torch.int16)
-            half = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).view(torch.float16)
+            b = c.view(torch.uint8).to(torch.int16)  # sign s, then 7 bits r: float16 bits s << 15 | r << 7
+            half = ((b + (b & 0x80)) << 7).view(torch.float16)  # (b + s·128) << 7 carries the sign into bit 15
             return half.to(torch.float32) * (self.scale * 256.0)[:, :, None, None]
         q = torch.stack((c & 15, c >> 4), dim=-1).reshape(B, H, n, self.dim).to(torch.float32)  # (B, H, n, D)
         if self.grouping == "channel" and start % GROUP == 0 and n % GROUP == 0:  # whole groups: broadcast

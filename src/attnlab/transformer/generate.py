@@ -190,9 +190,9 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     prompts = _prompts(model, input_ids, attention_mask)
     kinds = layer_kinds(c, cache, window, sink)
     stored = cache_dtype_of(cache_dtype, rotate, c, cache)
-    check_backend(backend or model.backend, stored)
     if kv_cache is not None:
         _check_continued(model, kv_cache, kinds, len(prompts), cache)
+    check_backend(backend or model.backend, stored if kv_cache is None else kv_cache.cache_dtype)
     offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
     n = _check_limits(model, prompts, max_new_tokens, kinds, cache, offset)
     stops = _stops(stop_ids, c.vocab_size)
