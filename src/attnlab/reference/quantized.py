@@ -9,7 +9,7 @@ The stored format (docs/generation.md, "Quantized caches", says it for users):
   token over 32 channels (scale and zero [B, H, C, D/32]); x̂ = code·scale + zero (the zero point is the group's
   minimum). The newest tokens of each sequence (positions ``quantized[b]``.. ``lengths[b]``, at least
   :data:`RESIDUAL` once there are that many) are held in the model's float dtype in ``residual``
-  [B, H, RESIDUAL + GROUP, D], slot = position mod (RESIDUAL + GROUP).
+  [B, H, S, D], S = min(RESIDUAL + GROUP, C), slot = position mod S.
 - ``fp8``: codes float8_e4m3fn [B, H, C, D], one float32 scale per sequence and head [B, H]; x̂ = code·scale.
 
 Dequantized numbers are float32 (code·scale computed in float32), so the float64 reference on

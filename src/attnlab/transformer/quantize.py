@@ -70,7 +70,8 @@ class Store:
             groups = (B, H, cap // GROUP, dim) if grouping == "channel" else (B, H, cap, dim // GROUP)
             self.scale = torch.zeros(groups, device=device)
             self.zero = torch.zeros(groups, device=device)
-            self.residual = torch.zeros(B, H, RESIDUAL + GROUP, dim, dtype=dtype, device=device)  # ring by position
+            # a ring by position: R + 32 slots, or the capacity when smaller (then slot = position, nothing leaves it)
+            self.residual = torch.zeros(B, H, min(RESIDUAL + GROUP, cap), dim, dtype=dtype, device=device)
             self.quantized = torch.zeros(B, dtype=torch.long, device=device)  # positions held as codes
 
     @property
@@ -100,6 +101,10 @@ class Store:
             new = old.new_zeros((*old.shape[:2], size // per, *old.shape[3:]))  # (B, H, size[/32], ...)
             new[:, :, : old.shape[2]] = old
             setattr(self, name, new)
+        if self.residual is not None and self.residual.shape[2] < min(RESIDUAL + GROUP, size):
+            ring = self.residual.new_zeros((*self.residual.shape[:2], min(RESIDUAL + GROUP, size), self.dim))
+            ring[:, :, : self.residual.shape[2]] = self.residual  # every position held was its own slot
+            self.residual = ring
 
     def write(self, step: Step, x: torch.Tensor) -> None:
         """Encode the step's new entries x (B, H, Tq, D), checked finite in the model's dtype, into their slots."""
