@@ -5,8 +5,8 @@
 
 The decode benchmark's shape (benchmarks/bench_decode.py): B = 1, 32 query heads over 8 k/v heads, D = 128, one
 query row at the end of a cache of ``--length`` positions, ``attnlab.attention(q, k, v, causal=True)`` as a step
-of ``Transformer.generate`` calls it. Caches: float32 and bfloat16 tensors (auto's backend, and blockwise for a
-like-for-like row), and int8, fp8, int4 (:class:`attnlab.reference.quantized.QuantizedKV`, auto's backend:
+of ``Transformer.generate`` calls it. Caches: float32 and bfloat16 tensors (auto's backend, and blockwise with the
+quantized reads' key blocks for a like-for-like row: what the dequantization itself costs), and int8, fp8, int4 (:class:`attnlab.reference.quantized.QuantizedKV`, auto's backend:
 blockwise, dequantizing a key block at a time; the compiled kernel does not read codes yet). The rounds are
 interleaved (every cache once per round), the median is reported. Per cache: the bytes it stores (codes, scales,
 zero points, residual), GB/s of them, GFLOP/s (4·H·Tk·D per step: q·k and p·v), and the time as a multiple of the
@@ -54,13 +54,16 @@ def measure(length: int, repeats: int) -> list[dict]:
     from attnlab.backends.dispatch import choose
     from attnlab.backends.request import prepare
 
+    from attnlab.backends.blockwise import QUANTIZED_DECODE_KEYS
+
     q = torch.randn(1, H, 1, D, generator=torch.Generator().manual_seed(1))
     cs = caches(length)
+    blocks = {"float32 blockwise": (1, QUANTIZED_DECODE_KEYS)}  # like for like: the key blocks of the quantized reads
     times: dict[str, list[float]] = {n: [] for n in cs}
     for _ in range(repeats + 1):  # the first round warms up (imports, auto's choice), not counted
         for name, (k, v, backend, _) in cs.items():
             t0 = time.perf_counter()
-            attnlab.attention(q, k, v, causal=True, backend=backend)
+            attnlab.attention(q, k, v, causal=True, backend=backend, block_size=blocks.get(name))
             times[name].append(time.perf_counter() - t0)
     base = statistics.median(times["float32"][1:])
     flops = 4.0 * H * length * D
