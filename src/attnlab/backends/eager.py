@@ -1,7 +1,8 @@
 """The ``torch`` backend: the reference's math in PyTorch eager, differentiable, on any device.
 
 It materialises the (..., Tq, Tk) scores, so it can hand back every weight and the LSE; it
-computes in the inputs' dtype (it is "plain torch", the yardstick for float16/bfloat16 errors).
+computes in the inputs' dtype (it is "plain torch", the yardstick for float16/bfloat16 errors). A quantized
+cache's keys and values are dequantized a tile of keys at a time (never a full float copy of them).
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import math
 from typing import Any
 
 from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
+from attnlab.backends.quantized import key_products, weighted_values
 from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
 from attnlab.masks.frame import split_batch
+from attnlab.reference.quantized import QuantizedKV
 from attnlab.reference.validate import FLOAT_DTYPES
 
 # A rough prior for auto where nothing was measured: matmul + softmax + matmul per score.
@@ -28,20 +31,24 @@ class TorchBackend(Backend):
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
-                            "weights", "weights_rows", "lse", "grad", "bias_grad", "softcap", "kv_dtype"}),
-        instead={"quantized": "it would hold every key dequantized; blockwise dequantizes a key block at a time"},
+                            "weights", "weights_rows", "lse", "grad", "bias_grad", "softcap", "kv_dtype", "quantized"}),
     )
 
     def more_refusals(self, r: Request) -> list[str]:
+        if r.grad and r.quantized:
+            return [*torch_refusals(r), "does not differentiate through a quantized cache (codes have no gradient)"]
         return torch_refusals(r)
 
     def estimate(self, r: Request) -> float:
         return torch_overhead(r) + PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
-        q, k, v = (as_torch(x) for x in (call.q, call.k, call.v))
+        q, k, v = (x if isinstance(x, QuantizedKV) else as_torch(x) for x in (call.q, call.k, call.v))
         w, s = eager_weights(q, k, v, call)
-        out = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (..., Tq, Dv)
+        if isinstance(v, QuantizedKV):  # a quantized cache: its values dequantized a tile at a time
+            out = weighted_values(w, v, call.problem.groups)
+        else:
+            out = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (..., Tq, Dv)
         weights = None
         if call.request.weights:
             weights = w
@@ -58,8 +65,11 @@ def eager_scores(q: Any, k: Any, call: Call) -> Any:
     where the call's visibility hides a pair (torch tensors; k in q's dtype)."""
     import torch
 
-    k = repeat_groups(k.to(q.dtype), call.problem.groups)  # a 16-bit cache: q's dtype
-    s = torch.matmul(q, k.transpose(-1, -2)) * call.problem.scale  # (..., Tq, Tk)
+    if isinstance(k, QuantizedKV):  # a quantized cache: its keys dequantized a tile at a time
+        s = key_products(q, k, call.problem.groups) * call.problem.scale  # (B, H, Tq, Tk)
+    else:
+        k = repeat_groups(k.to(q.dtype), call.problem.groups)  # a 16-bit cache: q's dtype
+        s = torch.matmul(q, k.transpose(-1, -2)) * call.problem.scale  # (..., Tq, Tk)
     o, seen = call.options, call.visible
     if o.softcap is not None:
         s = torch.tanh(s / o.softcap) * o.softcap

@@ -15,6 +15,7 @@ from attnlab import masks
 from attnlab.backends.api import attention
 from attnlab.backends.eager import eager_scores, eager_weights
 from attnlab.backends.options import Options
+from attnlab.backends.quantized import weighted_values
 from attnlab.backends.request import prepare, repeat_groups
 from attnlab.reference.quantized import QuantizedKV
 from attnlab.transformer.cache import KVCache
@@ -82,14 +83,15 @@ def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at:
     """The torch backend's math with ``hook_attn_scores`` (after scale, softcap, score changes and masks,
     before the softmax) and ``hook_pattern`` between its steps, the scores and weights (B, H, Tq, Tk); z = pattern · v.
     Without replacing hooks this is bit for bit ``attend`` with backend "torch". Decoding: the cache's keys (a
-    quantized cache's dequantized whole for the watched scores: a temporary, as the scores are)."""
-    if isinstance(k, QuantizedKV):
-        k, v = (torch.from_numpy(x.reference()).to(q.dtype) for x in (k, v))  # (B, H_kv, Tk, Dh), original basis
+    quantized cache's read a tile at a time, as the torch backend reads them)."""
     call = prepare(q, k, v, Options.of(_call_kwargs(p, kw)))
     s = p.hooks(at + "hook_attn_scores", eager_scores(q, k, call))
     w, _ = eager_weights(q, k, v, call, scores=s)
     w = p.hooks(at + "hook_pattern", w)
-    z = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (B, H, Tq, Dh)
+    if isinstance(v, QuantizedKV):
+        z = weighted_values(w, v, call.problem.groups)  # (B, H, Tq, Dh)
+    else:
+        z = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (B, H, Tq, Dh)
     return z, (w[:, :, -1] if last else None)
 
 

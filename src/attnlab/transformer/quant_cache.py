@@ -3,7 +3,7 @@
 A :class:`QuantDenseCache` layer is a dense cache (slot = position) that stores codes and scales only
 (:class:`~attnlab.transformer.quantize.Store`, in the format of :mod:`attnlab.reference.quantized`); a step reads
 them as they are stored, as :class:`~attnlab.reference.quantized.QuantizedKV` values that
-:func:`attnlab.attention` takes in place of k and v (the blockwise backend dequantizes a key block at a time).
+:func:`attnlab.attention` takes in place of k and v (blockwise and torch dequantize a block of keys at a time).
 Every read is of what is stored, the step's own new entries included (int4 keeps the newest in float).
 """
 
