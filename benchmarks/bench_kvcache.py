@@ -6,8 +6,8 @@
 The decode benchmark's shape (benchmarks/bench_decode.py): B = 1, 32 query heads over 8 k/v heads, D = 128, one
 query row at the end of a cache of ``--length`` positions, ``attnlab.attention(q, k, v, causal=True)`` as a step
 of ``Transformer.generate`` calls it. Caches: float32 and bfloat16 tensors (auto's backend, and blockwise with the
-quantized reads' key blocks for a like-for-like row: what the dequantization itself costs), and int8, fp8, int4 (:class:`attnlab.reference.quantized.QuantizedKV`, auto's backend:
-blockwise or torch, a block of keys at a time; the compiled kernel does not read codes yet). The rounds are
+quantized reads' key blocks for a like-for-like row: what the dequantization itself costs), and int8, fp8, int4
+(:class:`attnlab.reference.quantized.QuantizedKV`, auto's backend: blockwise or torch, a block of keys at a time; the compiled kernel does not read codes yet). The rounds are
 interleaved (every cache once per round), the median is reported. Per cache: the bytes it stores (codes, scales,
 zero points, residual), GB/s of them, GFLOP/s (4·H·Tk·D per step: q·k and p·v), and the time as a multiple of the
 float32 step's (auto). ``--quick``: 2,048 positions, 2 rounds (a smoke run; its figures mean nothing).

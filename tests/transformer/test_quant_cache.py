@@ -74,6 +74,16 @@ def test_maps_and_a_cache_passed_back_work_quantized():
     assert more.ids.shape == (2, 3)
 
 
+def test_hooked_scores_read_a_quantized_cache_as_the_torch_backend_does():
+    m = _model()
+    plain = m.generate(PROMPTS, 4, cache_dtype="int8", backend="torch")
+    seen = []
+    hooks = [("blocks.1.attn.hook_attn_scores", lambda s, name: seen.append(s.shape) or s)]
+    hooked = m.generate(PROMPTS, 4, cache_dtype="int8", backend="torch", fwd_hooks=hooks)
+    assert torch.equal(plain.ids, hooked.ids) and torch.equal(plain.logits, hooked.logits)
+    assert seen[-1][-1] == 38 + 3  # the last step's scores span the longest prompt and the tokens fed since
+
+
 @pytest.mark.parametrize("kw, model, error, text", [
     ({"cache_dtype": "int3"}, {}, ValueError, "cache_dtype must be one of float32, float64, float16, bfloat16, int8, int4, fp8"),
     ({"cache_dtype": "float16", "rotate": True}, {}, ValueError, "rotate=True rotates keys before they are quantized"),
