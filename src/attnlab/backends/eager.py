@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
-from attnlab.backends.quantized import key_products, weighted_values
+from attnlab.backends.quantized import rotated_q
 from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
 from attnlab.masks.frame import split_batch
 from attnlab.reference.quantized import QuantizedKV
@@ -109,3 +109,27 @@ def logsumexp(s: Any, call: Call) -> Any:
         return torch.logsumexp(s, dim=-1)
     sink = as_torch(sinks).to(s.dtype)
     return torch.logaddexp(torch.logsumexp(s, dim=-1), sink.reshape(*sink.shape, 1).expand(s.shape[:-1]))
+
+
+TORCH_TILE = 4096  # keys per tile when the torch backend reads a quantized cache
+
+
+def key_products(q: Any, k: QuantizedKV, groups: int) -> Any:
+    """q·kᵀ (B, H, Tq, Tk) over a quantized cache's keys, dequantized a tile of keys at a time (q turned by the
+    keys' rotation; each tile in q's dtype, repeated to the query heads that share it)."""
+    import torch
+
+    q = rotated_q(q, k)
+    tiles = [q @ repeat_groups(k.dequantize(a, min(a + TORCH_TILE, k.length)).to(q.dtype), groups).transpose(-1, -2)
+             for a in range(0, k.length, TORCH_TILE)]  # (B, H, Tq, tile) each
+    return torch.cat(tiles, dim=-1)
+
+
+def weighted_values(w: Any, v: QuantizedKV, groups: int) -> Any:
+    """w·v (B, H, Tq, Dv) for weights w (B, H, Tq, Tk) over a quantized cache's values, a tile at a time."""
+    out = None
+    for a in range(0, v.length, TORCH_TILE):
+        b = min(a + TORCH_TILE, v.length)
+        part = w[..., a:b] @ repeat_groups(v.dequantize(a, b).to(w.dtype), groups)  # (B, H, Tq, Dv)
+        out = part if out is None else out + part
+    return out

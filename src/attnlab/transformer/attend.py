@@ -13,9 +13,8 @@ import torch
 
 from attnlab import masks
 from attnlab.backends.api import attention
-from attnlab.backends.eager import eager_scores, eager_weights
+from attnlab.backends.eager import eager_scores, eager_weights, weighted_values
 from attnlab.backends.options import Options
-from attnlab.backends.quantized import weighted_values
 from attnlab.backends.request import prepare, repeat_groups
 from attnlab.reference.quantized import QuantizedKV
 from attnlab.transformer.cache import KVCache
