@@ -53,10 +53,9 @@ def measure(length: int, repeats: int) -> list[dict]:
     import torch
 
     import attnlab
+    from attnlab.backends.blockwise import QUANTIZED_DECODE_KEYS
     from attnlab.backends.dispatch import choose
     from attnlab.backends.request import prepare
-
-    from attnlab.backends.blockwise import QUANTIZED_DECODE_KEYS
 
     q = torch.randn(1, H, 1, D, generator=torch.Generator().manual_seed(1))
     cs = caches(length)

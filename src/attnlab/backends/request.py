@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from attnlab.backends import visible as vis
-from attnlab.backends.quantized import stand_ins
 from attnlab.backends.options import Options
+from attnlab.backends.quantized import stand_ins
 from attnlab.reference import validate
 from attnlab.reference.masks import combine
 from attnlab.reference.quantized import QuantizedKV
