@@ -59,6 +59,7 @@ _LAZY = {
     "logit_lens": "attnlab.interventions.attribution",
     "Attribution": "attnlab.interventions.attribution",
     "plan": "attnlab.planner.api",
+    "QuantizedKV": "attnlab.reference.quantized",
 }
 
 
@@ -99,6 +100,7 @@ __all__ = [
     "MultiHeadResult",
     "PathPatching",
     "Patching",
+    "QuantizedKV",
     "ScoredHead",
     "attention",
     "attribution_patch",
