@@ -61,6 +61,7 @@ _LAZY = {
     "plan": "attnlab.planner.api",
     "kv_report": "attnlab.interventions.kv_report",
     "KVReport": "attnlab.interventions.kv_report",
+    "QuantizedKV": "attnlab.reference.quantized",
 }
 
 
@@ -103,6 +104,7 @@ __all__ = [
     "MultiHeadResult",
     "PathPatching",
     "Patching",
+    "QuantizedKV",
     "ScoredHead",
     "attention",
     "attribution_patch",

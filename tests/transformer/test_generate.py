@@ -317,7 +317,7 @@ def test_prefill_and_decode_through_one_forward(decoder_folder):
     (lambda m: m.generate([PROMPT], 2, cache="window"), "no sliding-window layers"),
     (lambda m: m.generate([[999]], 2), "outside 0..299"),
     (lambda m: m.generate([PROMPT], 2, stop_ids=[-1]), "stop_ids must be token ids"),
-    (lambda m: m.generate([PROMPT], 2, cache_dtype="int8"), "cache_dtype must be one of"),
+    (lambda m: m.generate([PROMPT], 2, cache_dtype="int3"), "cache_dtype must be one of"),
     (lambda m: m.generate([PROMPT], 2, fwd_hooks=[("blocks.9.hook_z", lambda x, n: x)]), "not a hook point"),
 ])
 def test_bad_input_is_named_before_any_work(decoder_folder, call, match):

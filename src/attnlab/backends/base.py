@@ -38,6 +38,7 @@ FEATURES = {
     "block_size": "a block size (block_size=)",
     "softcap": "logit softcapping (softcap=)",
     "kv_dtype": "keys and values in another dtype than the query (a 16-bit cache under a float32 query)",
+    "quantized": "a quantized cache's keys and values (QuantizedKV: codes and scales)",
 }
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from attnlab.backends import online
 from attnlab.backends.base import Backend, Supports, torch_overhead
+from attnlab.backends.quantized import Tiles, rotated_q
 from attnlab.backends.request import Call, Request
 from attnlab.backends.tiling import Tiling
 from attnlab.reference.validate import FLOAT_DTYPES
@@ -28,6 +29,7 @@ from attnlab.reference.validate import FLOAT_DTYPES
 # A rough prior for auto where nothing was measured, per visited score: only the tiles a band leaves are visited.
 PRIOR_NS_PER_SCORE = 2.8
 PRIOR_OVERHEAD_S = 2e-4  # the Python loop over tiles
+QUANTIZED_DECODE_KEYS = 2048  # keys per block for a few query rows over a quantized cache: fewer dequantizing calls
 
 
 def work_dtype(dtype: str) -> str:
@@ -61,9 +63,12 @@ def canonical(call: Call) -> Canonical:
         x = x.to(dtype) if torch_in else x.astype(dtype, copy=False)
         return xp.broadcast_to(x, full).reshape(shape)
 
-    q = canon(call.q, (*p.batch, p.tq, p.d), (b, groups, p.tq, p.d))  # (B, G, Tq, D): G query heads per k/v head
-    k = canon(call.k, (*lead, p.tk, p.d), (b, p.tk, p.d))  # (B, Tk, D)
-    v = canon(call.v, (*lead, p.tk, p.dv), (b, p.tk, p.dv))  # (B, Tk, Dv)
+    q = canon(rotated_q(call.q, call.k), (*p.batch, p.tq, p.d), (b, groups, p.tq, p.d))  # (B, G, Tq, D): G query heads per k/v head
+    if call.request.quantized:  # dequantized one key block at a time, as the loop slices them
+        k, v = Tiles(call.k, dtype, not torch_in), Tiles(call.v, dtype, not torch_in)  # (B, Tk, D), (B, Tk, Dv)
+    else:
+        k = canon(call.k, (*lead, p.tk, p.d), (b, p.tk, p.d))  # (B, Tk, D)
+        v = canon(call.v, (*lead, p.tk, p.dv), (b, p.tk, p.dv))  # (B, Tk, Dv)
 
     def view(x: Any) -> Any:  # mask or bias as a (..., G, Tq, Tk) view, copied a tile at a time
         if x is None:
@@ -118,7 +123,7 @@ def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
         out, lse = autograd_function().apply(c.q, c.k, c.v, c.sinks, c.tiling, p.scale, call.options.block_size, forward,
                                              backward)
     else:
-        out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=call.options.block_size, sinks=c.sinks)
+        out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=_block_size(call), sinks=c.sinks)
     weights = None
     if call.rows is not None:
         if c.torch:  # a diagnostic: computed outside the graph
@@ -132,6 +137,14 @@ def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
     out = as_result(out.reshape(*p.batch, p.tq, p.dv), p.dtype, c.torch)  # (..., Tq, Dv)
     lse = as_result(lse.reshape(*p.batch, p.tq), p.dtype, c.torch) if call.request.lse else None
     return out, weights, lse
+
+
+def _block_size(call: Call) -> Any:
+    """The call's block size; for a decode step over a quantized cache, long key blocks (each is one dequantization)."""
+    p = call.problem
+    if call.options.block_size is None and call.request.quantized and p.tq * p.groups <= 64:
+        return (p.tq, QUANTIZED_DECODE_KEYS)
+    return call.options.block_size
 
 
 def as_result(x: Any, dtype: str, torch_in: bool) -> Any:
@@ -151,14 +164,17 @@ class BlockwiseBackend(Backend):
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
-                            "weights_rows", "lse", "grad", "block_size", "kv_dtype", "softcap"}),
+                            "weights_rows", "lse", "grad", "block_size", "kv_dtype", "softcap", "quantized"}),
         instead={"weights": "it never materialises (Tq, Tk); ask weights_rows= for the rows you need"},
     )
 
     def more_refusals(self, r: Request) -> list[str]:
+        why = []
         if r.grad and r.score_mod:
-            return ["does not differentiate through a score_mod callable (torch does; masks.alibi is served with gradients)"]
-        return []
+            why.append("does not differentiate through a score_mod callable (torch does; masks.alibi is served with gradients)")
+        if r.grad and r.quantized:
+            why.append("does not differentiate through a quantized cache (codes have no gradient)")
+        return why
 
     def compute_dtype(self, dtype: str) -> str:
         return work_dtype(dtype)

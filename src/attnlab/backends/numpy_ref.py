@@ -21,7 +21,7 @@ class NumpyBackend(Backend):
         devices="cpu",
         dtypes=frozenset({"float16", "float32", "float64"}),
         features=frozenset({"mask", "bias", "band", "structure", "lengths", "mask_mod", "score_mod", "alibi", "sinks", "gqa",
-                            "weights", "weights_rows", "softcap"}),
+                            "weights", "weights_rows", "softcap", "quantized"}),
     )
 
     def compute_dtype(self, dtype: str) -> str:
@@ -31,14 +31,17 @@ class NumpyBackend(Backend):
         return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
-        g = call.problem.groups
-        k, v = repeat_groups(call.k, g), repeat_groups(call.v, g)
+        g, k, v = call.problem.groups, call.k, call.v
+        if call.request.quantized:  # the float64 reference on the dequantized keys and values (original basis)
+            k, v = k.reference(), v.reference()
+        k, v = repeat_groups(k, g), repeat_groups(v, g)
         want = call.request.weights or call.request.weights_rows
         o = call.options
         res = reference.attention(call.q, k, v, mask=o.mask, causal=o.causal, window=o.window, lengths=o.lengths,
                                   bias=o.bias, score_mod=o.score_mod, sink_logits=o.sink_logits, scale=call.problem.scale,
                                   return_weights=want, softcap=o.softcap)
+        res = (res,) if not want else res
+        out, *w = (x.astype(call.problem.dtype, copy=False) for x in res)  # q's dtype (quantized: k, v were float64)
         if not want:
-            return res, None, None
-        out, w = res
-        return out, (w if call.rows is None else w[..., call.rows, :]), None
+            return out, None, None
+        return out, (w[0] if call.rows is None else w[0][..., call.rows, :]), None

@@ -38,6 +38,7 @@ from attnlab.backends.tiling import LOG2E, Lib, Tiling, block_sizes, spans
 
 HEADROOM = 64.0  # largest s − m (base 2) let into exp2: 2^64·Tk·|v| stays far inside float32's 2^128
 LAZY = 32.0  # a row's reference is raised only when a tile beats it by more than this (base 2)
+ROWS_BLOCK = 4096  # keys per block when the weights of chosen rows are recomputed
 
 
 def _with_column(lib: Lib, x: Any, column: Any) -> Any:
@@ -75,9 +76,10 @@ def forward(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, block_size:
     # One key block of k and of v, each with an extra column of ones, refilled per tile (whole
     # copies would add (Tk, D + 1) and (Tk, Dv + 1) to the memory; a block copy is ~1 % of a tile's GEMMs).
     span = min(block_k + block_q, k.shape[1])  # the widest span of keys (a band's edge: a query block and a key block)
-    kb = lib.ones((b, span, d + 1), k)  # (B, span, D + 1): the ones subtract m inside the GEMM
-    vb = lib.ones((b, span, dv + 1), v)  # (B, span, Dv + 1): the ones sum the weights
-    k_norm = xp.amax(lib.row_norms(k), axis=-1)[:, None]  # (B, 1): the largest |k| of each batch
+    kb = lib.ones((b, span, d + 1), q)  # (B, span, D + 1): the ones subtract m inside the GEMM
+    vb = lib.ones((b, span, dv + 1), q)  # (B, span, Dv + 1): the ones sum the weights
+    # (B, 1): the largest |k| of each batch (a quantized cache's Tiles: its stored bound)
+    k_norm = k.norm_bound(q) if hasattr(k, "norm_bound") else xp.amax(lib.row_norms(k), axis=-1)[:, None]
     out, lse = lib.zeros((b, g, tq, dv), q), lib.zeros((b, g, tq), q)
     scratch = lib.zeros((0,), q)  # one flat score buffer, grown to the largest tile, reused for every shape
     for i0 in range(0, tq, block_q):
@@ -134,7 +136,10 @@ def weights_rows(q: Any, k: Any, lse: Any, tiling: Tiling, rows: Any, *, scale: 
     b, g, _, d = q.shape
     idx = lib.asarray(np.asarray(rows)) if lib.torch else np.asarray(rows)
     r = len(rows)
-    s = xp.matmul((q[:, :, idx] * (scale * LOG2E)).reshape(b, g * r, d), k.swapaxes(-1, -2))  # (B, G·R, Tk)
+    qr = (q[:, :, idx] * (scale * LOG2E)).reshape(b, g * r, d)  # (B, G·R, D)
+    # (B, G·R, Tk), by key blocks: a quantized cache's keys are dequantized a block at a time
+    s = xp.concatenate([xp.matmul(qr, k[:, k0:k0 + ROWS_BLOCK].swapaxes(-1, -2)) for k0 in range(0, tiling.tk, ROWS_BLOCK)],
+                       axis=-1)
     s4 = s.reshape(b, g, r, tiling.tk)
     tiling.mask_tile(lib, s4, np.asarray(rows), 0, tiling.tk, True)
     lr = lse[:, :, idx]  # (B, G, R)

@@ -16,8 +16,10 @@ import numpy as np
 
 from attnlab.backends import visible as vis
 from attnlab.backends.options import Options
+from attnlab.backends.quantized import stand_ins
 from attnlab.reference import validate
 from attnlab.reference.masks import combine
+from attnlab.reference.quantized import QuantizedKV
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Request:
     block_size: bool  # a block size was given (a blockwise parameter)
     softcap: bool  # logit softcapping (Gemma-2)
     kv_dtype: bool  # k and v stored in another dtype than q (a 16-bit cache under a float32 query)
+    quantized: bool  # k and v are a quantized cache's codes and scales (QuantizedKV)
     visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
     # no score |scale·q·k + bias| exceeds this (Cauchy–Schwarz): what overflow checks use; not part of the
     # call's kind (equality, hash), by which auto remembers its choices
@@ -174,15 +177,18 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None, *, defer_kv:
     o = Options() if options is None else options
     if not isinstance(o, Options):
         raise TypeError(f"options must be an attnlab.backends.options.Options, got {type(o).__name__}")
+    stored = k, v  # a quantized cache's k and v are checked by their shape (stand-ins), read by the backend
+    k, v = stand_ins(q, k, v) or stored
     p = validate.check_qkv(q, k, v, o.scale, gqa=True, finite=False)
     validate.check_bias(o.bias, p)
     for name, x in (("mask", o.mask), ("bias", o.bias), ("sink_logits", o.sink_logits)):
         if hasattr(x, "shape") and validate.is_torch(x) != validate.is_torch(q):
             raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
     seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits, o.softcap)
-    pending = defer_kv and not o.kv_checked and p.tq <= DEFER_MAX_TQ
-    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), _request(q, k, v, o, p, seen, _bound(q, k, v, o, p, pending)),
-                pending)
+    quantized = k is not stored[0]
+    pending = defer_kv and not o.kv_checked and not quantized and p.tq <= DEFER_MAX_TQ
+    request = _request(q, k, v, o, p, seen, _bound(q, *stored, o, p, pending), quantized)
+    return Call(q, *stored, o, seen, _rows(o.weights_rows, p), request, pending)
 
 
 def prepare_read(q: Any, k: Any, v: Any, options: Options) -> Call:
@@ -193,7 +199,7 @@ def prepare_read(q: Any, k: Any, v: Any, options: Options) -> Call:
     finite only when q is) and every option as :func:`prepare` checks it. Internal: ``attention()`` is the
     public entry, and this one serves only calls whose options say the keys were checked."""
     o = options
-    if not o.kv_checked:
+    if not o.kv_checked or isinstance(k, QuantizedKV):  # a quantized cache's codes: prepare's stand-ins
         return prepare(q, k, v, o)
     d = int(q.shape[-1])
     p = validate.Problem(tuple(q.shape[:-2]), int(q.shape[-2]), int(k.shape[-2]), d, int(v.shape[-1]),
@@ -207,8 +213,10 @@ def prepare_read(q: Any, k: Any, v: Any, options: Options) -> Call:
     return Call(q, k, v, o, seen, _rows(o.weights_rows, p), _request(q, k, v, o, p, seen, bound))
 
 
-def _request(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, seen: vis.Visible, bound: float) -> Request:
-    """The facts of a checked call by which backends accept or refuse it."""
+def _request(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, seen: vis.Visible, bound: float,
+             quantized: bool = False) -> Request:
+    """The facts of a checked call by which backends accept or refuse it (k, v: arrays, or a quantized
+    cache's stand-ins)."""
     torch_in = validate.is_torch(q)
     alibi = isinstance(seen.score_mod, vis.masks.scores.Alibi)
     return Request(
@@ -234,6 +242,7 @@ def _request(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, seen: vis.
         block_size=o.block_size is not None,
         softcap=o.softcap is not None,
         kv_dtype=p.kv_dtype != p.dtype,
+        quantized=quantized,
         visible=_fraction(seen),
         score_bound=bound,
     )
@@ -255,6 +264,8 @@ def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, pending: boo
     """The call's score bound, after the finite checks: of q, k and v, or of q alone where k and v were checked
     (or are pending: the backend that reads them checks them)."""
     q_max = validate.check_finite("q", q)
+    if isinstance(k, QuantizedKV):  # finite by construction; its rows' bound is stored
+        return checked_bound(q, o.bias, p.scale, k.norm)
     if o.kv_checked:
         return checked_bound(q, o.bias, p.scale, o.k_norm)
     if pending:

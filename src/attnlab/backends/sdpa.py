@@ -43,7 +43,8 @@ class SdpaBackend(Backend):
         devices="any",
         dtypes=frozenset(FLOAT_DTYPES),
         features=frozenset({"mask", "bias", "band", "structure", "lengths", "gqa", "grad", "bias_grad"}),
-        instead={f: "blockwise serves it in O(T) memory, torch materialises it" for f in ("mask_mod", "score_mod", "alibi", "sinks")},
+        instead={f: "blockwise serves it in O(T) memory, torch materialises it" for f in ("mask_mod", "score_mod", "alibi", "sinks")}
+        | {"quantized": "it reads float tensors; blockwise dequantizes a key block at a time"},
     )
 
     def more_refusals(self, r: Request) -> list[str]:

@@ -52,6 +52,18 @@ def check_flags(prompt: str, temperature: float | None, top_k: int | None, top_p
     return sample
 
 
+def check_cache_dtype(cache_dtype: str | None, rotate: bool) -> None:
+    """--cache-dtype and --rotate by themselves (the model's head width is checked by generate, before any work)."""
+    from attnlab.transformer.quant_cache import QUANTIZED
+    from attnlab.transformer.weights import DTYPES
+
+    if cache_dtype is not None and cache_dtype not in DTYPES + QUANTIZED:
+        raise ValueError(f"--cache-dtype must be one of {', '.join(DTYPES + QUANTIZED)}, got {cache_dtype!r}")
+    if rotate and cache_dtype not in QUANTIZED:
+        raise ValueError(f"--rotate goes with a quantized --cache-dtype ({', '.join(QUANTIZED)}), got "
+                         f"{'no --cache-dtype' if cache_dtype is None else '--cache-dtype ' + cache_dtype}")
+
+
 class Printer:
     """The on_token callback: prints the prompt with the first token (so that nothing is printed when
     generate refuses its input), then the text as it grows (decoding all ids so far, so that a
@@ -103,6 +115,10 @@ def generate(
                                                                   "head, sinks included (--window: its recent ones)."),
     window: int = typer.Option(None, "--window", help="W of --cache window or sink (default: the model's own window)."),
     sink: int = typer.Option(None, "--sink", help="S of --cache sink: the first tokens always kept."),
+    cache_dtype: str = typer.Option(None, "--cache-dtype", help="What the cache stores: float32, float64, float16, "
+                                    "bfloat16 (default: the model's), or quantized int8, int4, fp8 (docs/generation.md)."),
+    rotate: bool = typer.Option(False, "--rotate", help="With a quantized --cache-dtype: Hadamard-rotate keys (and "
+                                "queries) after rotary, before quantizing."),
     maps_path: str = typer.Option(None, "--maps", metavar="PATH", callback=out_file("--maps"),
                                   help="Write the attention of the generated sequence as a maps file (.npz; attnlab.load_maps)."),
     html_path: str = typer.Option(None, "--html", metavar="PATH", callback=out_file("--html"),
@@ -117,12 +133,13 @@ def generate(
     end-of-text token unless --no-stop-at-eos, and says so.
     """
     sample = check_flags(prompt, temperature, top_k, top_p, seed, cache, window, sink, cache_budget)
+    check_cache_dtype(cache_dtype, rotate)
     net, model_id = load_decoder(model, "generate", "Transformer.generate")
     out = sys.stderr if json_path == "-" else sys.stdout
     printer = Printer(net.tokenizer, out, prompt)
     kw = dict(sample=sample, temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
               seed=seed, cache=cache, window=window, sink=sink, cache_budget=cache_budget, maps=bool(maps_path or html_path),
-              on_token=printer, stop_at_eos=stop_at_eos)
+              on_token=printer, stop_at_eos=stop_at_eos, cache_dtype=cache_dtype, rotate=rotate)
     start = time.perf_counter()
     try:
         gen = net.generate(prompt, max_new_tokens, **kw)

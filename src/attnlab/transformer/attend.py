@@ -13,9 +13,10 @@ import torch
 
 from attnlab import masks
 from attnlab.backends.api import attention, attention_read
-from attnlab.backends.eager import eager_scores, eager_weights
+from attnlab.backends.eager import eager_scores, eager_weights, weighted_values
 from attnlab.backends.options import Options
 from attnlab.backends.request import prepare, repeat_groups
+from attnlab.reference.quantized import QuantizedKV
 from attnlab.transformer.cache import KVCache
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.hooks import Hooks
@@ -65,7 +66,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict,
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise ValueError("backend 'numpy' computes on float64 NumPy copies, without gradients; run under "
                              "torch.no_grad() or choose a backend with gradients (torch, blockwise, kernel)")
-        arrays = [t.detach().cpu().double().numpy() for t in (q, k, v)]
+        # a quantized cache's k and v go as they are: the reference dequantizes them in float64
+        arrays = [t if isinstance(t, QuantizedKV) else t.detach().cpu().double().numpy() for t in (q, k, v)]
         kw = {n: (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
         out = attention(*arrays, backend="numpy", **kw)
         out = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in (out if isinstance(out, tuple) else (out,))]
@@ -97,12 +99,16 @@ def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at:
                  last: bool = False) -> tuple:
     """The torch backend's math with ``hook_attn_scores`` (after scale, softcap, score changes and masks,
     before the softmax) and ``hook_pattern`` between its steps, the scores and weights (B, H, Tq, Tk); z = pattern · v.
-    Without replacing hooks this is bit for bit ``attend`` with backend "torch". Decoding: the cache's keys."""
+    Without replacing hooks this is bit for bit ``attend`` with backend "torch". Decoding: the cache's keys (a
+    quantized cache's read a tile at a time, as the torch backend reads them)."""
     call = prepare(q, k, v, Options.of(_call_kwargs(p, kw)))
     s = p.hooks(at + "hook_attn_scores", eager_scores(q, k, call))
     w, _ = eager_weights(q, k, v, call, scores=s)
     w = p.hooks(at + "hook_pattern", w)
-    z = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (B, H, Tq, Dh)
+    if isinstance(v, QuantizedKV):
+        z = weighted_values(w, v, call.problem.groups)  # (B, H, Tq, Dh)
+    else:
+        z = w.matmul(repeat_groups(v.to(q.dtype), call.problem.groups))  # (B, H, Tq, Dh)
     return z, (w[:, :, -1] if last else None)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from attnlab.backends.request import max_norm
+from attnlab.transformer import quant_cache
 from attnlab.transformer.config import TransformerConfig
 from attnlab.transformer.evict_cache import POLICIES, EvictingCache, evict_kinds
 from attnlab.transformer.layer_cache import (
@@ -76,13 +77,19 @@ class KVCache:
     @classmethod
     def for_model(cls, config: TransformerConfig, batch: int, *, kind: str = "dense", window: int | None = None,
                   sink: int | None = None, capacity: int | None = None, dtype: Any = torch.float32,
-                  device: Any = "cpu", budget: int | None = None, seed: int = 0) -> KVCache:
+                  device: Any = "cpu", budget: int | None = None, seed: int = 0, rotate: bool = False,
+                  model_dtype: Any = torch.float32) -> KVCache:
         """A cache for ``config``'s layers: each layer's kind from :func:`layer_kinds`; dense layers
         start at ``capacity`` slots (default 256; they double when a write needs more); an evicting
-        kind keeps ``budget`` per layer and k/v head (``seed``: the random policy's generator)."""
+        kind keeps ``budget`` per layer and k/v head (``seed``: the random policy's generator). ``dtype``
+        "int8", "int4" or "fp8": quantized dense layers (:mod:`attnlab.transformer.quant_cache`; entries in
+        ``model_dtype``, keys Hadamard-rotated with ``rotate``)."""
         kinds = layer_kinds(config, kind, window, sink, budget)
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"capacity must be an int >= 1 (slots per dense layer) or None, got {capacity!r}")
+        if quant_cache.cache_dtype_of(dtype, rotate, config, kind) in quant_cache.QUANTIZED:
+            return cls(quant_cache.layers(config, batch, kinds, dtype, capacity or DENSE_START,
+                                          torch_dtype(model_dtype, "model_dtype"), device, rotate))
         dtype = torch_dtype(dtype)
         h, d = _kv_shape(config)
         start = capacity or DENSE_START
@@ -107,6 +114,11 @@ class KVCache:
     @property
     def dtype(self) -> torch.dtype:
         return self.layers[0].k.dtype
+
+    @property
+    def cache_dtype(self) -> str:
+        """What the cache stores: a float dtype's name, or the quantized kind ("int8", "int4", "fp8")."""
+        return getattr(self.layers[0], "cache_dtype", None) or str(self.dtype).removeprefix("torch.")
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -149,7 +161,7 @@ class KVCache:
             raise ValueError(f"{name} is on {self.lengths.device}; this model runs on {device}")
 
     def to_dict(self) -> dict:
-        return {"kinds": list(self.kinds), "lengths": self.lengths.tolist(), "dtype": str(self.dtype).removeprefix("torch."),
+        return {"kinds": list(self.kinds), "lengths": self.lengths.tolist(), "dtype": self.cache_dtype,
                 "nbytes": self.nbytes, "layers": [layer.describe() for layer in self.layers]}
 
 

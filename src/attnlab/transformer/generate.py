@@ -24,9 +24,9 @@ import torch
 from attnlab.transformer.cache import KINDS, KVCache, layer_kinds
 from attnlab.transformer.evict_cache import check_budget
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
+from attnlab.transformer.quant_cache import cache_dtype_of, check_backend
 from attnlab.transformer.sampling import Sampling
 from attnlab.transformer.threads import step_threads
-from attnlab.transformer.weights import torch_dtype
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
              sink: int | None = None, cache_dtype: Any = None, maps: bool = False,
              on_token: Callable[[int, torch.Tensor], Any] | None = None, backend: str | None = None,
              fwd_hooks: Any = None, kv_cache: KVCache | None = None, cache_budget: int | None = None,
-             stop_at_eos: bool = True) -> Generation:
+             stop_at_eos: bool = True, rotate: bool = False) -> Generation:
     """Generate up to ``max_new_tokens`` per prompt (see :class:`Generation`); every check before any work.
 
     A sequence stops at any of ``stop_ids`` and, with ``stop_at_eos`` (the default), at the model's
@@ -200,6 +200,8 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     every position fed so far, so ``input_ids`` start with the last token that call chose.
     ``cache`` "h2o", "snapkv", "knorm" or "random" evicts down to ``cache_budget`` tokens per layer and k/v
     head (:mod:`attnlab.transformer.evict_cache`; ``window``: its recent positions, ``sink``: its sinks).
+    ``cache_dtype``: a float dtype, or "int8", "int4", "fp8" (a quantized dense cache, read as stored;
+    ``rotate=True``: keys Hadamard-rotated after rotary, before quantizing): docs/generation.md.
     """
     c = model.config
     if not c.causal:
@@ -211,20 +213,23 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
         raise TypeError(f"cache must be a cache kind ({', '.join(KINDS)}), got {type(cache).__name__}")
     prompts = _prompts(model, input_ids, attention_mask)
     kinds = layer_kinds(c, cache, window, sink, cache_budget)
+    stored = cache_dtype_of(cache_dtype, rotate, c, cache)
     if kv_cache is not None:
         check_budget(getattr(kv_cache, "layers", ()), cache_budget)
         _check_continued(model, kv_cache, kinds, len(prompts), cache)
+    check_backend(backend or model.backend, stored if kv_cache is None else kv_cache.cache_dtype)
     offset = 0 if kv_cache is None else int(kv_cache.lengths.max())
     n = _check_limits(model, prompts, max_new_tokens, kinds, cache, offset)
     stops = _stops(stop_ids, c.vocab_size, end_of_text(model) if _flag("stop_at_eos", stop_at_eos) else None)
     # maps: every layer's newest-query row, kept by the hooks (recomputed from the LSE: no scores held)
     hooks = build(c, fwd_hooks or (), [f"blocks.{layer}.{LAST_PATTERN}" for layer in range(c.num_layers)] if maps else ())
     weights_dtype, device = model.dtype, model.device
-    kv_dtype = weights_dtype if cache_dtype is None else torch_dtype(cache_dtype, "cache_dtype")
+    kv_dtype = weights_dtype if stored is None else stored
     pad = c.pad_token_id if c.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
     B, longest = len(prompts), max(len(p) for p in prompts)
     kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
-                                       dtype=kv_dtype, device=device, budget=cache_budget, seed=seed or 0)
+                                       dtype=kv_dtype, device=device, budget=cache_budget, seed=seed or 0,
+                                       rotate=rotate, model_dtype=weights_dtype)
     with step_threads(model, kv):
         return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
 

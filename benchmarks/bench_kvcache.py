@@ -1,0 +1,109 @@
+"""One decode step over a quantized KV cache against float32 and bfloat16: time, stored GB/s, GFLOP/s.
+
+    .venv/bin/python benchmarks/bench_kvcache.py [--length 32768] [--repeats 7] [--threads 2]
+        [--json benchmarks/results/kvcache.json]
+
+The decode benchmark's shape (benchmarks/bench_decode.py): B = 1, 32 query heads over 8 k/v heads, D = 128, one
+query row at the end of a cache of ``--length`` positions, ``attnlab.attention(q, k, v, causal=True)`` as a step
+of ``Transformer.generate`` calls it. Caches: float32 and bfloat16 tensors (auto's backend, and blockwise with the
+quantized reads' key blocks for a like-for-like row: what the dequantization itself costs), and int8, fp8, int4
+(:class:`attnlab.reference.quantized.QuantizedKV`, auto's backend: blockwise and torch, each named, a block of keys at a time; the compiled kernel does not read codes yet; the
+printout says which auto takes). The rounds are
+interleaved (every cache once per round), the median is reported. Per cache: the bytes it stores (codes, scales,
+zero points, residual), GB/s of them, GFLOP/s (4·H·Tk·D per step: q·k and p·v), and the time as a multiple of the
+float32 step's (auto). ``--quick``: 2,048 positions, 2 rounds (a smoke run; its figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+H, HKV, D = 32, 8, 128
+
+
+def caches(length: int) -> dict:
+    """name -> (k, v, backend, bytes stored) for every cache measured, filled with the same random entries."""
+    import torch
+
+    from attnlab.transformer.layer_cache import Step
+    from attnlab.transformer.quantize import Store
+
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(1, HKV, length, D, generator=g), torch.randn(1, HKV, length, D, generator=g)
+    out = {"float32": (k, v, "auto", k.nbytes + v.nbytes), "float32 blockwise": (k, v, "blockwise", k.nbytes + v.nbytes)}
+    kb, vb = k.bfloat16(), v.bfloat16()
+    out["bfloat16"] = (kb, vb, "auto", kb.nbytes + vb.nbytes)
+    step = Step(torch.zeros(1, dtype=torch.long), torch.tensor([length]), length)
+    for kind in ("int8", "fp8", "int4"):
+        ks = Store(kind, 1, HKV, D, length, torch.float32, "cpu", grouping="channel")
+        vs = Store(kind, 1, HKV, D, length, torch.float32, "cpu", grouping="token")
+        ks.write(step, k)
+        vs.write(step, v)
+        for backend in ("blockwise", "torch"):  # the two that read codes (auto picks one; the table says which)
+            out[f"{kind} {backend}"] = (ks.read(length), vs.read(length), backend, ks.nbytes + vs.nbytes)
+    return out
+
+
+def measure(length: int, repeats: int) -> list[dict]:
+    import torch
+
+    import attnlab
+    from attnlab.backends.blockwise import QUANTIZED_DECODE_KEYS
+    from attnlab.backends.dispatch import choose
+    from attnlab.backends.request import prepare
+
+    q = torch.randn(1, H, 1, D, generator=torch.Generator().manual_seed(1))
+    cs = caches(length)
+    blocks = {"float32 blockwise": (1, QUANTIZED_DECODE_KEYS)}  # like for like: the key blocks of the quantized reads
+    times: dict[str, list[float]] = {n: [] for n in cs}
+    for _ in range(repeats + 1):  # the first round warms up (imports, auto's choice), not counted
+        for name, (k, v, backend, _) in cs.items():
+            t0 = time.perf_counter()
+            attnlab.attention(q, k, v, causal=True, backend=backend, block_size=blocks.get(name))
+            times[name].append(time.perf_counter() - t0)
+    base = statistics.median(times["float32"][1:])
+    flops = 4.0 * H * length * D
+    rows = []
+    for name, (k, v, backend, nbytes) in cs.items():
+        t = statistics.median(times[name][1:])
+        served = choose(prepare(q, k, v, attnlab.backends.options.Options(causal=True)).request, backend).name
+        rows.append({"cache": name, "backend": served, "auto": choose(prepare(q, k, v).request).name, "ms": 1e3 * t, "x_float32": t / base, "stored_mb": nbytes / 1e6,
+                     "stored_gb_s": nbytes / t / 1e9, "gflop_s": flops / t / 1e9,
+                     "spread_ms": [1e3 * min(times[name][1:]), 1e3 * max(times[name][1:])]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--length", type=int, default=32768, help="cached positions (default 32768)")
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds (median reported)")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--quick", action="store_true", help="2,048 positions, 2 rounds: a smoke run")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    length, repeats = (2048, 2) if args.quick else (args.length, args.repeats)
+    rows = measure(length, repeats)
+    print(f"decode step, B=1, H={H} over H_kv={HKV}, D={D}, {length} cached positions, {torch.get_num_threads()} threads, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'cache':<18}{'backend':<11}{'auto':<11}{'ms':>9}{'x f32':>8}{'MB':>9}{'GB/s':>8}{'GFLOP/s':>9}")
+    for r in rows:
+        print(f"{r['cache']:<18}{r['backend']:<11}{r['auto']:<11}{r['ms']:>9.2f}{r['x_float32']:>8.2f}{r['stored_mb']:>9.1f}"
+              f"{r['stored_gb_s']:>8.2f}{r['gflop_s']:>9.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"length": length, "heads": H, "heads_kv": HKV, "head_dim": D, "threads": torch.get_num_threads(),
+                       "load_average": os.getloadavg()[0], "repeats": repeats, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

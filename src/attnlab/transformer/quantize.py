@@ -1,0 +1,163 @@
+"""How a quantized cache writes one layer's keys or values: :class:`Store` holds the codes, scales, zero points
+and the int4 residual in the format of :mod:`attnlab.reference.quantized` (which says how they are read), and
+encodes each step's new entries into them. Slot = position (a dense cache)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attnlab.reference.quantized import FP8_MAX, GROUP, RESIDUAL, QuantizedKV, hadamard
+from attnlab.transformer.layer_cache import Step
+
+
+def encode_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., D) float32 → codes int8 (..., D) in −127..127 and one scale per row (...): symmetric, x̂ = code·scale."""
+    scale = x.abs().amax(-1) / 127.0  # (...,)
+    safe = torch.where(scale > 0, scale, 1.0)
+    codes = torch.round(x / safe[..., None]).clamp_(-127, 127).to(torch.int8)
+    return codes, scale
+
+
+def encode_int4(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x float32 grouped along ``dim`` (a group is that axis, 32 long) → codes uint8 0..15 (x's shape, unpacked),
+    scale and zero (x's shape without ``dim``): zero = the group's minimum, scale = (max − min) / 15."""
+    lo, hi = x.amin(dim), x.amax(dim)
+    scale = (hi - lo) / 15.0
+    safe = torch.where(scale > 0, scale, 1.0)
+    codes = torch.round((x - lo.unsqueeze(dim)) / safe.unsqueeze(dim)).clamp_(0, 15).to(torch.uint8)
+    return codes, scale, lo
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes 0..15 (..., D) → (..., D/2): channel 2j in the low nibble, 2j + 1 in the high one."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def scatter(dst: torch.Tensor, src: torch.Tensor, step: Step) -> None:
+    """The step's real columns of ``src`` (B, H, Tq, ...) into ``dst`` (B, H, C, ...) at their positions."""
+    if step.decode and step.even:
+        dst[:, :, int(step.start[0])] = src[:, :, 0]
+        return
+    b, col = step.real.nonzero(as_tuple=True)  # (N,), (N,)
+    dst[b, :, step.positions[b, col]] = src[b, :, col]  # (N, H, ...)
+
+
+class Store:
+    """One layer's keys (``grouping="channel"``) or values (``"token"``) in a quantized cache of ``kind``.
+
+    ``dtype`` is the model's: entries come in it, and the int4 residual holds it. ``rotate`` (keys): each entry
+    is stored as Hd·x. ``saturated`` (fp8): entries beyond the head's scale·448, clamped there, counted.
+    """
+
+    def __init__(self, kind: str, batch: int, heads: int, dim: int, capacity: int, dtype: torch.dtype, device: Any,
+                 grouping: str = "token", rotate: bool = False):
+        self.kind, self.dim, self.dtype, self.grouping, self.rotate = kind, dim, dtype, grouping, rotate
+        self.device = torch.device(device)
+        self.norm, self.saturated = 0.0, 0
+        B, H = batch, heads
+        cap = -(-capacity // GROUP) * GROUP if kind == "int4" else capacity
+        self.zero = self.residual = self.quantized = None
+        if kind == "int8":
+            self.codes = torch.zeros(B, H, cap, dim, dtype=torch.int8, device=device)
+            self.scale = torch.zeros(B, H, cap, device=device)  # (B, H, C) per token
+        elif kind == "fp8":
+            self.codes = torch.zeros(B, H, cap, dim, dtype=torch.float8_e4m3fn, device=device)
+            self.scale = torch.zeros(B, H, device=device)  # (B, H): set by the first nonzero write
+        else:
+            self.codes = torch.zeros(B, H, cap, dim // 2, dtype=torch.uint8, device=device)
+            groups = (B, H, cap // GROUP, dim) if grouping == "channel" else (B, H, cap, dim // GROUP)
+            self.scale = torch.zeros(groups, device=device)
+            self.zero = torch.zeros(groups, device=device)
+            # a ring by position: R + 32 slots, or the capacity when smaller (then slot = position, nothing leaves it)
+            self.residual = torch.zeros(B, H, min(RESIDUAL + GROUP, cap), dim, dtype=dtype, device=device)
+            self.quantized = torch.zeros(B, dtype=torch.long, device=device)  # positions held as codes
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        B, H, C = self.codes.shape[:3]
+        return (B, H, C, self.dim)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.nbytes) for t in (self.codes, self.scale, self.zero, self.residual, self.quantized) if t is not None)
+
+    def read(self, length: int) -> QuantizedKV:
+        """Slots 0..length − 1 as attention() takes them (the tensors themselves, no copy)."""
+        return QuantizedKV(self.kind, self.codes, self.scale, length, self.dim, self.norm, self.zero, self.residual,
+                           self.quantized, self.grouping, self.rotate)
+
+    def grow(self, size: int) -> None:
+        """At least ``size`` slots (the position axis of codes and of per-token or per-group scales)."""
+        size = -(-size // GROUP) * GROUP if self.kind == "int4" else size
+        C = self.codes.shape[2]
+        if size <= C:
+            return
+        names = ["codes"] + ([] if self.kind == "fp8" else ["scale"]) + (["zero"] if self.kind == "int4" else [])
+        for name in names:
+            old = getattr(self, name)
+            per = GROUP if self.kind == "int4" and self.grouping == "channel" and name != "codes" else 1
+            new = old.new_zeros((*old.shape[:2], size // per, *old.shape[3:]))  # (B, H, size[/32], ...)
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
+        if self.residual is not None and self.residual.shape[2] < min(RESIDUAL + GROUP, size):
+            ring = self.residual.new_zeros((*self.residual.shape[:2], min(RESIDUAL + GROUP, size), self.dim))
+            ring[:, :, : self.residual.shape[2]] = self.residual  # every position held was its own slot
+            self.residual = ring
+
+    def write(self, step: Step, x: torch.Tensor) -> None:
+        """Encode the step's new entries x (B, H, Tq, D), checked finite in the model's dtype, into their slots."""
+        x, lo = x.to(torch.float32), int(step.start.min())
+        if self.rotate:  # Hd·x for each row (Hd symmetric): after rotary, before quantizing
+            x = x @ torch.from_numpy(hadamard(self.dim)).to(torch.float32)
+        if self.kind == "int8":
+            codes, scale = encode_int8(x)
+            scatter(self.codes, codes, step)
+            scatter(self.scale, scale, step)
+        elif self.kind == "fp8":
+            self._write_fp8(step, x)
+        else:
+            lo = min(lo, self._write_int4(step, x))
+        hi = step.longest
+        if hi > lo:  # the bound of every row's length, over the rows this step wrote (and turned into codes)
+            rows = self.read(hi).dequantize(lo, hi)
+            self.norm = max(self.norm, float(torch.linalg.vector_norm(rows, dim=-1).max()))
+
+    def _write_fp8(self, step: Step, x: torch.Tensor) -> None:
+        real = step.real[:, None, :, None]  # (B, 1, Tq, 1)
+        top = torch.where(real, x.abs(), 0.0).amax(dim=(2, 3))  # (B, H): this write's largest |x|
+        self.scale = torch.where(self.scale > 0, self.scale, top / FP8_MAX)  # set once, at the first nonzero write
+        safe = torch.where(self.scale > 0, self.scale, 1.0)[:, :, None, None]
+        y = x / safe
+        self.saturated += int(((y.abs() > FP8_MAX) & real).sum())
+        scatter(self.codes, y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), step)
+
+    def _write_int4(self, step: Step, x: torch.Tensor) -> int:
+        """Positions past each sequence's newest RESIDUAL (in whole groups) become codes; the rest go to the ring.
+        Returns the first position turned into codes (a large number if none)."""
+        ring, first_coded = self.residual.shape[2], 1 << 62
+        for b in range(x.shape[0]):
+            start, new = int(step.start[b]), int(step.new[b])
+            end, first = start + new, step.tq - new  # the sequence's first real column
+            q0, q1 = int(self.quantized[b]), GROUP * (max(0, start + new - RESIDUAL) // GROUP)
+            if q1 > q0:  # positions q0..q1 − 1: from the ring (before this step) or from x
+                pos = torch.arange(q0, q1, device=x.device)
+                old = self.residual[b][:, pos % ring].to(torch.float32)  # (H, n, D)
+                fresh = x[b][:, (first + (pos - start)).clamp(min=0, max=step.tq - 1)]  # (H, n, D)
+                self._encode(b, q0, q1, torch.where((pos >= start)[None, :, None], fresh, old))
+                self.quantized[b], first_coded = q1, min(first_coded, q0)
+            keep = torch.arange(max(q1, start), end, device=x.device)  # positions held in the ring
+            self.residual[b][:, keep % ring] = x[b][:, first + keep - start].to(self.dtype)
+        return first_coded
+
+    def _encode(self, b: int, q0: int, q1: int, x: torch.Tensor) -> None:
+        """Sequence b's positions q0..q1 − 1 (whole groups), x (H, n, D) float32, as codes, scales and zeros."""
+        H, n, D = x.shape
+        if self.grouping == "channel":  # a group: one channel over 32 tokens
+            codes, scale, zero = encode_int4(x.view(H, n // GROUP, GROUP, D), 2)
+            self.scale[b, :, q0 // GROUP: q1 // GROUP], self.zero[b, :, q0 // GROUP: q1 // GROUP] = scale, zero
+        else:  # a group: one token over 32 channels
+            codes, scale, zero = encode_int4(x.view(H, n, D // GROUP, GROUP), 3)
+            self.scale[b, :, q0:q1], self.zero[b, :, q0:q1] = scale, zero
+        self.codes[b, :, q0:q1] = pack(codes.reshape(H, n, D))

@@ -1,0 +1,115 @@
+"""Quantized KV caches in generate (cache_dtype="int8" | "int4" | "fp8", rotate=): codes only, bytes counted from
+the tensors held, a prompt written at once or in pieces stores the same codes, every bad input refused first."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnlab.cli.app import main
+
+torch = pytest.importorskip("torch")
+
+
+def _model(d_model=128, heads=4, kv_heads=2):
+    from attnlab.transformer import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    c = TransformerConfig(vocab_size=40, d_model=d_model, num_layers=2, num_heads=heads, num_kv_heads=kv_heads,
+                          positions="rotary", norm="rmsnorm", ffn="gated", activation="silu", max_positions=512)
+    return Transformer(c)
+
+
+PROMPTS = [list(range(1, 39)), list(range(3, 20))]
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
+def test_a_quantized_cache_holds_codes_only_and_counts_its_bytes(kind):
+    m = _model()
+    g = m.generate(PROMPTS, 6, cache_dtype=kind, rotate=kind == "int8")
+    kv = g.kv_cache
+    assert kv.cache_dtype == kind and kv.to_dict()["dtype"] == kind
+    total = 0
+    for layer in kv.layers:
+        for store in (layer.k, layer.v):
+            held = [t for t in vars(store).values() if isinstance(t, torch.Tensor)]
+            floats = [t for t in held if t.dtype.is_floating_point and t.dtype != torch.float8_e4m3fn]
+            # float tensors: scales and zeros (a number per token or group), and int4's fixed residual ring
+            assert all(t.shape[-1] < store.dim or t is store.residual for t in floats if t.dim() == 4 and t is not store.zero
+                       and t is not store.scale)
+            assert store.nbytes == sum(t.nbytes for t in held)
+            total += store.nbytes
+    assert kv.nbytes == total
+    assert layer.describe()["cache_dtype"] == kind
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_prompt_written_at_once_or_in_pieces_stores_the_same_codes(kind):
+    """int8 scales each token, int4 quantizes whole groups once they leave the newest RESIDUAL: neither depends on
+    how the tokens came (fp8's scale is the first write's, so it does). The first layer's entries (later layers'
+    depend on what earlier steps read: a long prompt's own queries already read its older groups as codes). The
+    pieces go into a cache of 40 slots that grows (int4's residual ring with it)."""
+    from attnlab.transformer.cache import KVCache
+
+    m = _model()
+    ids = torch.arange(1, 200)[None] % 40
+    whole = KVCache.for_model(m.config, 1, dtype=kind, capacity=256)
+    parts = KVCache.for_model(m.config, 1, dtype=kind, capacity=40)
+    with torch.no_grad():
+        m(ids, kv_cache=whole)
+        for chunk in (ids[:, :70], ids[:, 70:71], ids[:, 71:150], ids[:, 150:]):
+            m(chunk, kv_cache=parts)
+    for a, b in zip(whole.layers[:1], parts.layers[:1]):
+        for sa, sb in ((a.k, b.k), (a.v, b.v)):
+            n = sb.codes.shape[2]
+            assert n >= 199 and torch.equal(sa.codes[:, :, :199], sb.codes[:, :, :199])
+            torch.testing.assert_close(sa.read(199).reference(), sb.read(199).reference(), rtol=1e-6, atol=1e-6)
+
+
+def test_maps_and_a_cache_passed_back_work_quantized():
+    m = _model()
+    g = m.generate(PROMPTS, 4, cache_dtype="int4", maps=True)
+    rows = g.attention[0][-1]  # [L, H, P + t]
+    torch.testing.assert_close(torch.from_numpy(rows.sum(-1)), torch.ones(rows.shape[:2]), rtol=0, atol=1e-5)
+    more = m.generate([[int(g.ids[b, -1])] for b in range(2)], 3, cache_dtype="int4", kv_cache=g.kv_cache)
+    assert more.ids.shape == (2, 3)
+
+
+def test_hooked_scores_read_a_quantized_cache_as_the_torch_backend_does():
+    m = _model()
+    plain = m.generate(PROMPTS, 4, cache_dtype="int8", backend="torch")
+    seen = []
+    hooks = [("blocks.1.attn.hook_attn_scores", lambda s, name: seen.append(s.shape) or s)]
+    hooked = m.generate(PROMPTS, 4, cache_dtype="int8", backend="torch", fwd_hooks=hooks)
+    assert torch.equal(plain.ids, hooked.ids) and torch.equal(plain.logits, hooked.logits)
+    assert seen[-1][-1] == 38 + 3  # the last step's scores span the longest prompt and the tokens fed since
+
+
+@pytest.mark.parametrize("kw, model, error, text", [
+    ({"cache_dtype": "int3"}, {}, ValueError, "cache_dtype must be one of float32, float64, float16, bfloat16, int8, int4, fp8"),
+    ({"cache_dtype": "float16", "rotate": True}, {}, ValueError, "rotate=True rotates keys before they are quantized"),
+    ({"rotate": True}, {}, ValueError, "cache_dtype=None does not quantize"),
+    ({"cache_dtype": "int8", "rotate": "yes"}, {}, TypeError, "rotate must be True or False"),
+    ({"cache_dtype": "int8", "rotate": True}, {"d_model": 96, "heads": 2, "kv_heads": 1}, ValueError,
+     "head width that is a power of two; this model's is 48"),
+    ({"cache_dtype": "int4"}, {"d_model": 64}, ValueError, "head width 16 is not divisible by 32"),
+    ({"cache_dtype": "fp8", "cache": "sink", "window": 8}, {}, ValueError, "cache='sink' is not served quantized"),
+    ({"cache_dtype": "int8", "backend": "sdpa"}, {}, ValueError, "backend 'sdpa' does not read a quantized cache"),
+])
+def test_bad_input_is_refused_before_any_work(kw, model, error, text, monkeypatch):
+    from attnlab.transformer import cache
+
+    m = _model(**model)
+    monkeypatch.setattr(cache.KVCache, "for_model", lambda *a, **k: pytest.fail("a cache was built"))
+    with pytest.raises(error, match=text.replace("(", "\\(").replace(")", "\\)")):
+        m.generate(PROMPTS, 3, **kw)
+
+
+@pytest.mark.parametrize("args, text", [
+    (["x", "--cache-dtype", "int9"], "--cache-dtype must be one of float32, float64, float16, bfloat16, int8, int4, fp8"),
+    (["x", "--rotate"], "--rotate goes with a quantized --cache-dtype (int8, int4, fp8), got no --cache-dtype"),
+    (["x", "--rotate", "--cache-dtype", "bfloat16"], "got --cache-dtype bfloat16"),
+])
+def test_cli_flags_are_one_line_before_the_model_loads(args, text, capsys, no_decoder):
+    assert main(["generate", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and text in err, err
