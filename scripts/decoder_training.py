@@ -65,17 +65,24 @@ def loss_of(model, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
 
-def windows(stream, context: int):
-    """(x, y) of (n, context): the stream cut into whole windows from its start, y one token ahead."""
-    n = (len(stream) - 1) // context
-    return stream[: n * context].view(n, context), stream[1: n * context + 1].view(n, context)
+def windows(stream, context: int, stride: int | None = None):
+    """(x, y) of (n, context): the stream cut into windows from its start, one every ``stride`` tokens (default:
+    ``context``, whole windows that do not overlap), y one token ahead."""
+    stride = stride or context
+    if stride == context:
+        n = (len(stream) - 1) // context
+        return stream[: n * context].view(n, context), stream[1: n * context + 1].view(n, context)
+    n = (len(stream) - 1 - context) // stride + 1  # windows whose every target exists
+    return stream.unfold(0, context, stride)[:n], stream[1:].unfold(0, context, stride)[:n]
 
 
-def losses_by_position(model, stream, context: int, batch: int = 16):
-    """Mean loss (nats) at each position of a window, (context,) float64, over the held-out stream's windows."""
+def losses_by_position(model, stream, context: int, batch: int = 16, stride: int | None = None):
+    """Mean loss (nats) at each position of a window, (context,) float64, over the held-out stream's windows
+    (``stride``: one window every so many tokens; with stride < context every token is scored at context /
+    stride positions, so the positions' means compare the same tokens with more or less context before them)."""
     import torch
 
-    xs, ys = windows(stream, context)
+    xs, ys = windows(stream, context, stride)
     total = torch.zeros(context, dtype=torch.float64)
     with torch.no_grad():
         for i in range(0, len(xs), batch):

@@ -15,8 +15,9 @@ The Python version and the corpus's sha256 are written to ``training.json``.
 The tokenizer is a byte-level BPE of :data:`VOCAB` tokens trained on the training files. Windows of
 CONTEXT tokens are drawn at random from the training files joined by EOS (a window may cross from
 one file into the next, as in pretraining). The held-out figures cut the held-out files, joined the
-same way, into whole windows, and report the loss at every position: a model that uses its context
-loses less at position 1,500 than at position 50.
+same way, into windows that start every 128 tokens (so each token is scored at 16 positions of a window),
+and report the loss at every position: a model that uses its context loses less at position 1,500 than at
+position 50 on the same tokens.
 
 Budget: ``--steps`` sets the learning-rate schedule (warmup, then a cosine to the last step);
 ``--minutes`` stops a run early when the wall clock says so, and ``training.json`` records the steps
@@ -50,6 +51,7 @@ HELD_OUT_EVERY = 20
 VOCAB = 4096
 CONTEXT = 2048
 BUCKETS = ((0, 128), (128, 512), (512, 2048))
+EVAL_STRIDE = 128  # held-out windows start this many tokens apart: each token is scored at 16 positions
 # Model sizes the pilot compared (tokens per second on two shared cores); the default is the one trained.
 SIZES = {
     "s": {"d_model": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "d_ff": 384},
@@ -112,12 +114,18 @@ def data(log=print):
 
 
 def figures(model, train_ids, held_ids, chars_per_token: float) -> dict:
-    """The held-out loss overall, by position bucket and in steps of 128 positions, with bits per character."""
-    by_pos = shared.losses_by_position(model, held_ids, CONTEXT, batch=4)
+    """The held-out loss overall, by position bucket and in steps of 128 positions, with bits per character.
+
+    Windows of CONTEXT tokens start every EVAL_STRIDE tokens of the held-out stream, so every token is scored
+    at CONTEXT / EVAL_STRIDE positions (once in each 128-position step, but near the stream's ends): the
+    positions' means are over the same tokens, and differ by the context before them, not by which text
+    happens to sit at the start of a window (whole windows from the stream's start, 89 of them, left the
+    buckets to the content: a file's first lines sit at a window's start more often than at its end)."""
+    by_pos = shared.losses_by_position(model, held_ids, CONTEXT, batch=4, stride=EVAL_STRIDE)
     nats, uni = float(by_pos.mean()), shared.unigram_nats(train_ids, held_ids, VOCAB)
     bpc = lambda n: round(n / math.log(2) / chars_per_token, 4)
     return {
-        "held_out_windows": (len(held_ids) - 1) // CONTEXT,
+        "held_out_windows": len(shared.windows(held_ids, CONTEXT, EVAL_STRIDE)[0]), "held_out_window_stride": EVAL_STRIDE,
         "held_out_nats_per_token": round(nats, 4), "unigram_nats_per_token": round(uni, 4),
         "held_out_bits_per_char": bpc(nats), "unigram_bits_per_char": bpc(uni),
         "held_out_nats_by_position": {f"{a}-{b - 1}": round(float(by_pos[a:b].mean()), 4) for a, b in BUCKETS},

@@ -63,6 +63,9 @@ def test_output_equals_the_float64_reference_on_the_dequantized_cache(kind, rota
     # the torch backend reads it a tile of keys at a time (scores materialised, as it always does)
     by_torch = attnlab.attention(q, qk, qv, backend="torch", **kw)
     assert np.abs(by_torch.double().numpy() - want).max() < 2e-5 * max(1.0, np.abs(want).max())
+    if kind != "int4":  # the compiled decode pass reads int8 and fp8 codes in place, dequantized in registers
+        by_kernel = attnlab.attention(q, qk, qv, backend="kernel", **kw)
+        assert np.abs(by_kernel.double().numpy() - want).max() < 2e-5 * max(1.0, np.abs(want).max())
     # the numpy backend takes the QuantizedKV itself: the same float64 reference
     got = attnlab.attention(q.double().numpy(), qk, qv, lengths=np.array(lengths), causal=True, mask=kw["mask"],
                             backend="numpy")
@@ -141,11 +144,30 @@ def test_the_backends_that_do_not_read_codes_refuse_by_the_declared_feature():
     ks, vs, _, _ = _filled("int8", [40, 40])
     qk, qv = ks.read(40), vs.read(40)
     q = torch.randn(B, HKV * G, 1, D)
-    for name in ("sdpa", "kernel"):
-        with pytest.raises(attnlab.backends.dispatch.NoBackendError, match="quantized cache's keys and values"):
-            attnlab.attention(q, qk, qv, backend=name)
+    with pytest.raises(attnlab.backends.dispatch.NoBackendError, match="quantized cache's keys and values"):
+        attnlab.attention(q, qk, qv, backend="sdpa")
     auto = attnlab.backends.dispatch.choose(attnlab.backends.request.prepare(q, qk, qv).request).name
-    assert auto in ("blockwise", "torch")
+    assert auto in ("blockwise", "torch", "kernel")
+    k4, v4, _, _ = _filled("int4", [40, 40])
+    with pytest.raises(attnlab.backends.dispatch.NoBackendError, match="reads fp8 and int8 caches, not int4"):
+        attnlab.attention(q, k4.read(40), v4.read(40), backend="kernel")
+    with pytest.raises(attnlab.backends.dispatch.NoBackendError, match="in its decode pass only"):
+        attnlab.attention(torch.randn(B, HKV * G, 40, D), qk, qv, backend="kernel", causal=True)
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_the_kernel_reads_a_prefix_of_a_longer_quantized_cache_in_place(kind):
+    """A step reads the first Tk of the cache's C slots: codes and int8's per-key scales are strided views
+    ([:, :, :Tk] of (B, H, C)), read where they lie."""
+    ks, vs, _, _ = _filled(kind, [203, 170])
+    qk, qv = ks.read(150), vs.read(150)
+    assert qk.codes.shape[2] > 150
+    q = torch.randn(B, HKV * G, 1, D, generator=torch.Generator().manual_seed(2))
+    kw = {"lengths": torch.tensor([150, 140]), "causal": True}
+    got = attnlab.attention(q, qk, qv, backend="kernel", **kw)
+    want = attnlab.attention(q.double().numpy(), np.repeat(qk.reference(), G, 1), np.repeat(qv.reference(), G, 1),
+                             lengths=np.array([150, 140]), causal=True, backend="numpy")
+    assert np.abs(got.double().numpy() - want).max() < 2e-5 * max(1.0, np.abs(want).max())
 
 
 def test_k_and_v_must_both_be_quantized_and_match_q():

@@ -85,6 +85,8 @@ class Backend:
     name: str = ""
     summary: str = ""
     supports: Supports
+    # the quantized formats a backend declaring the feature "quantized" reads (QuantizedKV.kind)
+    quantized_kinds: frozenset[str] = frozenset({"int8", "int4", "fp8"})
 
     def refusals(self, r: Request) -> list[str]:
         s, reasons = self.supports, []
@@ -95,6 +97,8 @@ class Backend:
         if r.dtype not in s.dtypes:
             reasons.append(f"computes {', '.join(d for d in validate.FLOAT_DTYPES if d in s.dtypes)} only, got {r.dtype}")
         reasons += [refusal(s, f) for f in asked(r) if f not in s.features]
+        if r.quantized and "quantized" in s.features and r.quantized not in self.quantized_kinds:
+            reasons.append(f"reads {' and '.join(sorted(self.quantized_kinds))} caches, not {r.quantized}")
         if r.dtype in s.dtypes and r.score_bound > (limit := OVERFLOW_LIMIT[self.compute_dtype(r.dtype)]):
             reasons.append(f"scores reach up to {r.score_bound:.3g} (|scale|·max|q|·max|k|), beyond what it computes in "
                            f"{self.compute_dtype(r.dtype)} without overflow ({limit:.3g}); scale q or k down, or use float64")

@@ -48,7 +48,7 @@ class Request:
     block_size: bool  # a block size was given (a blockwise parameter)
     softcap: bool  # logit softcapping (Gemma-2)
     kv_dtype: bool  # k and v stored in another dtype than q (a 16-bit cache under a float32 query)
-    quantized: bool  # k and v are a quantized cache's codes and scales (QuantizedKV)
+    quantized: str  # k and v are a quantized cache's codes and scales (QuantizedKV): its kind ("int8", …), else ""
     visible: float  # the fraction of query-key pairs the band leaves (1 without causal/window)
     # no score |scale·q·k + bias| exceeds this (Cauchy–Schwarz): what overflow checks use; not part of the
     # call's kind (equality, hash), by which auto remembers its choices
@@ -185,7 +185,7 @@ def prepare(q: Any, k: Any, v: Any, options: Options | None = None, *, defer_kv:
         if hasattr(x, "shape") and validate.is_torch(x) != validate.is_torch(q):
             raise TypeError(f"{name} must be of the same array library as q (NumPy array or torch tensor), got {type(x).__name__}")
     seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits, o.softcap)
-    quantized = k is not stored[0]
+    quantized = stored[0].kind if isinstance(stored[0], QuantizedKV) else ""
     pending = defer_kv and not o.kv_checked and not quantized and p.tq <= DEFER_MAX_TQ
     request = _request(q, k, v, o, p, seen, _bound(q, *stored, o, p, pending), quantized)
     return Call(q, *stored, o, seen, _rows(o.weights_rows, p), request, pending)
@@ -214,7 +214,7 @@ def prepare_read(q: Any, k: Any, v: Any, options: Options) -> Call:
 
 
 def _request(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, seen: vis.Visible, bound: float,
-             quantized: bool = False) -> Request:
+             quantized: str = "") -> Request:
     """The facts of a checked call by which backends accept or refuse it (k, v: arrays, or a quantized
     cache's stand-ins)."""
     torch_in = validate.is_torch(q)

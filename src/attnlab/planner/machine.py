@@ -74,9 +74,10 @@ MAX_HEADS = 8  # attention is measured on at most this many query heads (the rat
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS = 4
 MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch computes in on a CPU
-PROFILE_VERSION = 7  # what a profile holds or how it is measured (5: the linear layers' few-row path; 6: decode
+PROFILE_VERSION = 8  # what a profile holds or how it is measured (5: the linear layers' few-row path; 6: decode
 # from 8 keys, medians; 7: each measurement [median, low, high], the decode line supported or said not to be,
-# the prefill attention called as the model calls it):
+# the prefill attention called as the model calls it; 8: the decode step's cache read through the trusted entry, its
+# k/v check folded into the kernel's pass, one thread for a small step):
 # a new one measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 

@@ -54,9 +54,11 @@ def check_backend(backend: str, cache_dtype: Any) -> None:
     that does not is refused before any work."""
     from attnlab.backends.dispatch import BACKENDS
 
-    if cache_dtype in QUANTIZED and backend != "auto" and backend in BACKENDS \
-            and "quantized" not in BACKENDS[backend].supports.features:
-        readers = [n for n, b in BACKENDS.items() if "quantized" in b.supports.features]
+    def reads(b: Any) -> bool:
+        return "quantized" in b.supports.features and cache_dtype in b.quantized_kinds
+
+    if cache_dtype in QUANTIZED and backend != "auto" and backend in BACKENDS and not reads(BACKENDS[backend]):
+        readers = [n for n, b in BACKENDS.items() if reads(b)]
         raise ValueError(f"backend {backend!r} does not read a quantized cache (cache_dtype={cache_dtype!r}); "
                          f"use auto or {' or '.join(readers)}")
 

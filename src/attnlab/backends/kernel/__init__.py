@@ -28,10 +28,12 @@ import numpy as np
 from attnlab import masks
 from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
+from attnlab.backends.quantized import rotated_q
 from attnlab.backends.request import Call, Request, Unchecked
 from attnlab.backends.tiling import LOG2E, Tiling, block_sizes
 from attnlab.backends.visible import Visible, describe
 from attnlab.masks import Mask
+from attnlab.reference.quantized import QuantizedKV
 from attnlab.reference.validate import FLOAT_DTYPES, dtype_name, is_torch
 
 try:
@@ -211,6 +213,7 @@ def pool(q: Any, k: Any, lse: Any, *, scale: float, block: int, mask: Mask | Non
 DECODE_MAX_TQ = 32  # the kernel backend serves calls of at most this many query rows by the decode pass
 STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v in, as stored
 CODED = ("int8", "float8_e4m3fn")  # ... and quantized codes with their scales (k_scale, v_scale)
+QUANTIZED = ("int8", "fp8")  # the QuantizedKV kinds the kernel backend reads by those (int4's groups: blockwise)
 
 
 def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
@@ -249,7 +252,7 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
                         f"v_scale), got k {stored} and v {dtype_name(v)}")
     if dtype_name(q) not in ("float32", stored) or (coded and dtype_name(q) != "float32"):
         raise TypeError(f"q must be float32 or k's dtype ({stored}), got {dtype_name(q)}")
-    scales = {"k_scale": _buffers(k_scale)[0], "v_scale": _buffers(v_scale)[0]} if coded else {}
+    scales = {"k_scale": _scales(k_scale), "v_scale": _scales(v_scale)} if coded else {}
     for name, x in (("q", q), ("k", k), ("v", v)):
         if torch_in and x.device.type != "cpu":
             raise ValueError(f"{name} must be on the CPU, got a tensor on {x.device}")
@@ -285,6 +288,14 @@ def _stored(x: Any) -> Any:
     return x.view(np.int16) if dtype_name(x) == "bfloat16" else x
 
 
+def _scales(x: Any) -> np.ndarray:
+    """A quantized cache's float32 scales as the kernel reads them: in place where each head's are contiguous
+    (a slice [:, :, :T] of the cache's), a float32 copy otherwise."""
+    if is_torch(x) and x.dtype == __import__("torch").float32 and (x.shape[-1] <= 1 or x.stride(-1) == 1):
+        return x.detach().numpy()
+    return _buffers(x)[0]
+
+
 def _rows_contiguous(x: Any) -> bool:
     """Each head's (T, ·) rows of x (..., T, ·) contiguous, the leading strides >= 0: decode reads it in place."""
     strides = x.stride() if is_torch(x) else tuple(s // x.itemsize for s in x.strides)
@@ -300,6 +311,8 @@ def _decodes(call: Call) -> bool:
     q, k, v = call.q, call.k, call.v
     if p.tq > DECODE_MAX_TQ or r.grad or r.weights_rows or r.block_size or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         return False
+    if r.quantized:  # the cache's own codes (B, H_kv, C, D) and scales, sliced to the keys read, as stored
+        return r.quantized in QUANTIZED and dtype_name(q) == "float32"
     if not (q.shape[0] == k.shape[0] == v.shape[0] and q.shape[1] % k.shape[1] == 0):
         return False  # a broadcast batch: the tiles path
     if dtype_name(k) != dtype_name(v) or dtype_name(k) not in STORED or dtype_name(q) not in ("float32", dtype_name(k)):
@@ -309,8 +322,14 @@ def _decodes(call: Call) -> bool:
 
 def _run_decode(call: Call) -> tuple[Any, Any, Any]:
     p = call.problem
-    out, lse = decode(call.q, call.k, call.v, scale=p.scale, visible=call.visible, sinks=call.visible.sinks,
-                      check=call.kv_pending)
+    k, v, coded = call.k, call.v, {}
+    if isinstance(k, QuantizedKV):  # codes and scales read in place; q turned as the keys were stored
+        n = k.length
+        coded = {"k_scale": k.scale[:, :, :n] if k.kind == "int8" else k.scale,
+                 "v_scale": v.scale[:, :, :n] if v.kind == "int8" else v.scale}
+        k, v = k.codes[:, :, :n], v.codes[:, :, :n]
+    out, lse = decode(rotated_q(call.q, call.k), k, v, scale=p.scale, visible=call.visible, sinks=call.visible.sinks,
+                      check=call.kv_pending, **coded)
     torch_in = call.request.library == "torch"
     return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
 
@@ -329,14 +348,20 @@ class KernelBackend(Backend):
         devices="cpu",
         dtypes=frozenset(FLOAT_DTYPES) - {"float64"},
         features=frozenset({"band", "structure", "lengths", "alibi", "sinks", "softcap", "gqa", "weights_rows", "lse",
-                            "grad", "block_size", "kv_dtype"}),
+                            "grad", "block_size", "kv_dtype", "quantized"}),
         instead={"mask_mod": "instead: blockwise (it evaluates the rule tile by tile)", "score_mod": "instead: blockwise",
                  "mask": "instead: blockwise, or say it as attnlab.masks objects"},
     )
 
+    quantized_kinds = frozenset(QUANTIZED)
+
     def more_refusals(self, r: Request) -> list[str]:
         if _tiles is None:
             return ["was not built (it needs a C compiler with OpenMP at install); blockwise computes the same"]
+        if r.quantized and (r.problem.tq > DECODE_MAX_TQ or r.grad or r.weights_rows or r.block_size
+                            or r.dtype != "float32"):
+            return [f"reads a quantized cache in its decode pass only (a float32 query of at most {DECODE_MAX_TQ} rows, "
+                    "no gradients, weights_rows or block_size); blockwise reads it a block of keys at a time"]
         return []
 
     def compute_dtype(self, dtype: str) -> str:
@@ -348,7 +373,7 @@ class KernelBackend(Backend):
     def estimate(self, r: Request) -> float:
         p = r.problem
         if p.tq <= DECODE_MAX_TQ and not r.grad:  # the decode pass: a read of the keys and values
-            item = 2 if p.kv_dtype in ("float16", "bfloat16") else 4
+            item = 1 if r.quantized else 2 if p.kv_dtype in ("float16", "bfloat16") else 4
             heads = int(np.prod(p.batch, dtype=np.int64)) // p.groups
             return PRIOR_OVERHEAD_S + heads * p.tk * (p.d + p.dv) * item * r.visible / PRIOR_DECODE_BYTES_PER_S
         return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible

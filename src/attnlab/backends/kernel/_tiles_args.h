@@ -54,6 +54,16 @@ static int rows_contiguous(const Py_buffer *view) {
     return 1;
 }
 
+/* The last dim contiguous and the leading strides >= 0, whole items (a slice [..., :T] of a longer array). */
+static int last_contiguous(const Py_buffer *view) {
+    const Py_ssize_t n = view->ndim, item = view->itemsize;
+    if (n < 1 || !view->strides) return PyBuffer_IsContiguous(view, 'C');
+    if (view->shape[n - 1] > 1 && view->strides[n - 1] != item) return 0;
+    for (Py_ssize_t i = 0; i < n - 1; i++)
+        if (view->shape[i] > 1 && (view->strides[i] < 0 || view->strides[i] % item != 0)) return 0;
+    return 1;
+}
+
 /* Take `obj`'s buffer as argument `name`: a C-contiguous array of `kind` ('f' float32, 'd' float64, 'i' int64;
  * 'e' float16 takes 'u' buffers too, and 'u' stands for bfloat16), `ndim` dims named by the letters of `dims`
  * (e.g. "BGTD"). dim[letter] holds each size seen so far (-1 unset): the first array to show a letter sets
@@ -95,9 +105,10 @@ static int take_rows(PyObject *obj, Py_buffer *view, const char *name, int writa
         PyErr_Format(PyExc_ValueError, "%s: expected shape %s, got %s", name, expected, seen);
         return 0;
     }
-    if (rows ? !rows_contiguous(view) : !PyBuffer_IsContiguous(view, 'C')) {
+    if (rows == 2 ? !last_contiguous(view) : rows ? !rows_contiguous(view) : !PyBuffer_IsContiguous(view, 'C')) {
         PyErr_Format(PyExc_ValueError, "%s: expected a %s array, got strides that are not", name,
-                     rows ? "row-contiguous (last two dims C-contiguous, leading strides >= 0)" : "C-contiguous");
+                     rows == 2 ? "last-dim-contiguous (leading strides >= 0)"
+                     : rows ? "row-contiguous (last two dims C-contiguous, leading strides >= 0)" : "C-contiguous");
         return 0;
     }
     for (int i = 0; i < ndim; i++) dim[(int)dims[i]] = view->shape[i];

@@ -54,8 +54,8 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     memset(lv, 0, sizeof(float) * rows * VW);
     const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_I8 || pr->kvtype == DT_F8 ? 1 : 2;
     const int64_t per = pr->kvtype == DT_I8; /* int8: a scale per key and value row; float8: one per head */
-    const float *ksc = pr->ks ? pr->ks + (b * pr->hkv + hk) * (per ? pr->tk : 1) : NULL; /* the codes' scales */
-    const float *vsc = pr->vs ? pr->vs + (b * pr->hkv + hk) * (per ? pr->tk : 1) : NULL;
+    const float *ksc = pr->ks ? pr->ks + b * pr->ksb + hk * pr->ksh : NULL; /* the codes' scales */
+    const float *vsc = pr->vs ? pr->vs + b * pr->vsb + hk * pr->vsh : NULL;
     const char *kh = (const char *)pr->k + (b * pr->kb + hk * pr->kh) * item;
     const char *vh = (const char *)pr->v + (b * pr->vb + hk * pr->vh) * item;
     /* read in place: whole blocks of keys, values of any dtype, where their rows are whole vectors (else

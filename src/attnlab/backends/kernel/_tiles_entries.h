@@ -253,9 +253,12 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
     if (coded) {
         const char *sdims = pr.kvtype == DT_I8 ? "BNK" : "BN";
-        if (!take(sobj[0], &view[9], "k_scale", 0, 'f', sdims, dim) || !take(sobj[1], &view[10], "v_scale", 0, 'f', sdims, dim))
+        if (!take_rows(sobj[0], &view[9], "k_scale", 0, 'f', sdims, dim, 2) ||
+            !take_rows(sobj[1], &view[10], "v_scale", 0, 'f', sdims, dim, 2))
             goto done;
-        pr.ks = view[9].buf, pr.vs = view[10].buf;
+        pr.ks = view[9].buf, pr.vs = view[10].buf; /* strides in floats (a size-1 dim's is never multiplied) */
+        pr.ksb = view[9].strides[0] / 4, pr.ksh = view[9].strides[1] / 4; /* PyBUF_RECORDS: strides are given */
+        pr.vsb = view[10].strides[0] / 4, pr.vsh = view[10].strides[1] / 4;
     }
     if (!check_scalars(pr.tq, pr.tk, -1, -1, 1, 1, threads, &l, &r, &bq, &bk, &pr.threads) ||
         !take_vis(vobj, view + 5, &vis, pr.b * pr.h, pr.h, pr.tq, pr.tk, softcap))

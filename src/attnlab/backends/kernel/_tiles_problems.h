@@ -86,8 +86,10 @@ struct dproblem {
     float *out, *lse;             /* (B, H, Tq, Dv), (B, H, Tq) */
     const struct vis *vis;        /* which keys each row sees, ALiBi, sinks: (B, H) is the decode's own */
     int64_t kb, kh, vb, vh;       /* k's and v's batch and head strides, in items */
-    const float *ks, *vs;         /* int8 codes' scales (B, Hkv, Tk) contiguous, one per key (k) and per value row
-                                   * (v), float8's (B, Hkv), one per head: x = code * scale; NULL for float caches */
+    const float *ks, *vs;         /* int8 codes' scales (B, Hkv, Tk), one per key (k) and per value row (v), each
+                                   * head's contiguous; float8's (B, Hkv), one per head: x = code * scale; NULL for
+                                   * float caches */
+    int64_t ksb, ksh, vsb, vsh;   /* the scales' batch and head strides, in floats */
     int64_t b, h, hkv, tq, tk, d, dv;
     int qtype, kvtype;            /* DT_*: q float32 or as k and v */
     float scale;
