@@ -7,8 +7,9 @@ The decode benchmark's shape (benchmarks/bench_decode.py): B = 1, 32 query heads
 query row at the end of a cache of ``--length`` positions, ``attnlab.attention(q, k, v, causal=True)`` as a step
 of ``Transformer.generate`` calls it. Caches: float32 and bfloat16 tensors (auto's backend, and blockwise with the
 quantized reads' key blocks for a like-for-like row: what the dequantization itself costs), and int8, fp8, int4
-(:class:`attnlab.reference.quantized.QuantizedKV`, auto's backend: blockwise and torch, each named, a block of keys at a time; the compiled kernel does not read codes yet; the
-printout says which auto takes). The rounds are
+(:class:`attnlab.reference.quantized.QuantizedKV`) by every backend that reads its kind, each named: the kernel's
+decode pass (int8, fp8: codes and scales in place, dequantized in registers), blockwise and torch (a block of
+keys at a time, dequantized by torch); the printout says which auto takes. The rounds are
 interleaved (every cache once per round), the median is reported. Per cache: the bytes it stores (codes, scales,
 zero points, residual), GB/s of them, GFLOP/s (4·H·Tk·D per step: q·k and p·v), and the time as a multiple of the
 float32 step's (auto). ``--quick``: 2,048 positions, 2 rounds (a smoke run; its figures mean nothing).
@@ -44,9 +45,17 @@ def caches(length: int) -> dict:
         vs = Store(kind, 1, HKV, D, length, torch.float32, "cpu", grouping="token")
         ks.write(step, k)
         vs.write(step, v)
-        for backend in ("blockwise", "torch"):  # the two that read codes (auto picks one; the table says which)
+        for backend in readers(kind):  # every backend that reads the kind (auto picks one; the table says which)
             out[f"{kind} {backend}"] = (ks.read(length), vs.read(length), backend, ks.nbytes + vs.nbytes)
     return out
+
+
+def readers(kind: str) -> list[str]:
+    """The backends that read a ``kind`` cache, the float64 reference left out."""
+    from attnlab.backends.dispatch import BACKENDS
+
+    return [name for name, b in BACKENDS.items() if name != "numpy" and "quantized" in b.supports.features
+            and kind in b.quantized_kinds]
 
 
 def measure(length: int, repeats: int) -> list[dict]:

@@ -59,3 +59,19 @@ def test_a_small_models_steps_run_on_one_thread_and_the_count_comes_back(decoder
     assert seen == []  # a large step keeps torch's count
     monkeypatch.undo()
     assert torch.get_num_threads() == before
+
+
+def test_pinned_threads_hold_every_generation_inside_them(decoder, monkeypatch):
+    """The planner measures a big model's small stand-ins on the threads the big model takes: pinned, a
+    generation that would drop to one thread keeps the pinned count; the count comes back after."""
+    import torch
+
+    from attnlab.transformer import threads
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert threads.threads_for(threads.SMALL_STEP_BYTES - 1) == 1 and threads.threads_for(threads.SMALL_STEP_BYTES) == 2
+    seen = []
+    monkeypatch.setattr(torch, "set_num_threads", seen.append)
+    with threads.pinned_threads(2):
+        decoder.generate(PROMPT, 2)
+    assert seen == [2, 2]  # set on entry and restored on exit; the generation itself changed nothing

@@ -49,7 +49,7 @@ import numpy as np
 from attnlab.backends.calibrate import cache_path as auto_cache_path
 from attnlab.backends.calibrate import enabled, machine_facts
 from attnlab.planner import noise
-from attnlab.planner.formulas import decode_weight_bytes, layer_matmul_params, matmul_shapes
+from attnlab.planner.formulas import decode_weight_bytes, layer_matmul_params, matmul_shapes, weight_bytes
 from attnlab.planner.hardware import Hardware, Rate
 from attnlab.planner.models import DTYPE_BYTES, Architecture
 
@@ -77,7 +77,8 @@ MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch compu
 PROFILE_VERSION = 8  # what a profile holds or how it is measured (5: the linear layers' few-row path; 6: decode
 # from 8 keys, medians; 7: each measurement [median, low, high], the decode line supported or said not to be,
 # the prefill attention called as the model calls it; 8: the decode step's cache read through the trusted entry, its
-# k/v check folded into the kernel's pass, one thread for a small step):
+# k/v check folded into the kernel's pass, one thread for a small step; every rate on the threads the model's own
+# generation takes):
 # a new one measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
@@ -300,13 +301,22 @@ def profile_key(a: Architecture, dtype: str) -> str:
 
 
 def _measure_once(a: Architecture, dtype: str) -> dict:
+    """Every rate at ``a``'s shapes, on the threads ``a``'s own generation takes (transformer.threads: one for a
+    model whose weights read under 16 MiB a step, torch's count otherwise), stand-ins and isolated calls alike:
+    the one-layer stand-ins read little enough to run on one thread by themselves, which made the decode line
+    of a model that runs on two over-predict its steps by 1.2-1.4x at 2,048-8,192 tokens (2-core AVX2 EPYC)."""
     import torch
 
+    from attnlab.transformer.threads import pinned_threads, threads_for
+
     tdtype, nbytes = getattr(torch, dtype), DTYPE_BYTES[dtype]
-    return {"matmul": _matmul_points(a, tdtype), "bandwidth": _bandwidth(a, tdtype, nbytes),
-            "attention": _attention_points(a, tdtype), "decode_attention": _decode_points(a, tdtype, nbytes),
-            "elementwise": _elementwise_points(tdtype, nbytes), **_overheads(a, tdtype),
-            "torch_threads": torch.get_num_threads(), "backend": BACKEND, "measured_at": time.time()}
+    threads = threads_for(weight_bytes(a, nbytes))
+    with pinned_threads(threads):
+        return {"matmul": _matmul_points(a, tdtype), "bandwidth": _bandwidth(a, tdtype, nbytes),
+                "attention": _attention_points(a, tdtype), "decode_attention": _decode_points(a, tdtype, nbytes),
+                "elementwise": _elementwise_points(tdtype, nbytes), **_overheads(a, tdtype),
+                "torch_threads": torch.get_num_threads(), "generation_threads": threads, "backend": BACKEND,
+                "measured_at": time.time()}
 
 
 def measure(a: Architecture, dtype: str) -> dict:
@@ -382,7 +392,7 @@ def hardware_of(m: dict, key: str, end: int = 0) -> Hardware:
         notes.append("measured on a busy machine (spread up to {:.0f} % in {}): the ranges are wide; "
                      "attnlab plan --calibrate measures again".format(*_worst(m)))
     hw = Hardware(
-        f"this machine ({facts['cpu']}, {m['torch_threads']} torch threads)", Rate(points=pts("matmul")), bandwidth,
+        f"this machine ({facts['cpu']}, {(n := m['torch_threads'])} thread{'s' if n > 1 else ''})", Rate(points=pts("matmul")), bandwidth,
         Rate(points=pts("attention")), decode, Rate(points=pts("elementwise")), memory_budget(),
         one("layer_overhead_s"), True, f"measured, cached in {cache_file()}" if not m["busy"] else "measured, busy",
         step_overhead_s=one("step_overhead_s"),

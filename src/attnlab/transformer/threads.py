@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 SMALL_STEP_BYTES = 16 << 20  # 16 MiB: a step reading less takes well under a millisecond on one core
+_PINNED: list[int] = []  # counts pinned by pinned_threads, innermost last
 
 
 def step_bytes(model: Any, kv: Any) -> int:
@@ -28,11 +29,31 @@ def step_bytes(model: Any, kv: Any) -> int:
     return sum(t.numel() * t.element_size() for t in model.parameters()) + int(kv.nbytes)
 
 
+def threads_for(nbytes: float) -> int:
+    """The threads a generation whose step reads ``nbytes`` runs on: one under SMALL_STEP_BYTES, torch's count
+    otherwise (the one rule, which the planner also applies to the model it plans for)."""
+    return 1 if nbytes < SMALL_STEP_BYTES else torch.get_num_threads()
+
+
+@contextmanager
+def pinned_threads(n: int) -> Iterator[None]:
+    """Torch, and every generation inside the block whatever its size, on ``n`` threads: the planner measures
+    small stand-ins of a model at the count that model's own generation takes (:func:`threads_for`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    _PINNED.append(n)
+    try:
+        yield
+    finally:
+        _PINNED.pop()
+        torch.set_num_threads(before)
+
+
 @contextmanager
 def step_threads(model: Any, kv: Any) -> Iterator[int]:
     """Run the block with the threads a generation's steps take (see the module's docstring); yields the count."""
     threads = torch.get_num_threads()
-    if threads == 1 or step_bytes(model, kv) >= SMALL_STEP_BYTES:
+    if _PINNED or threads == 1 or threads_for(step_bytes(model, kv)) == threads:
         yield threads
         return
     torch.set_num_threads(1)
