@@ -58,7 +58,7 @@ def test_sink_share_is_the_rest_of_each_row_and_equals_attnlabs_transformer(oss)
     for i, sentence in enumerate(SENTENCES):
         ids, w, share = _ids(oss, sentence), maps.weights[i], own.sink_share[i]
         assert share.shape == w.shape[:-1] == (2, 4, len(ids)) and share.dtype == np.float32
-        assert 0.01 < share.min() and share.max() < 0.99  # the sinks take a real part of every row
+        assert 0 < share.min() and 0.1 < share.max() < 1  # the sinks take a part of every row, a large one of some
         np.testing.assert_allclose(share, 1 - w.sum(-1, dtype=np.float64), atol=2e-6)
         np.testing.assert_allclose(w, _eager(oss, ids), atol=1e-5)
         pattern = _patterns(oss, ids)

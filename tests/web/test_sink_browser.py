@@ -4,12 +4,16 @@ head's learned sink equal capture's."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.needs("torch", "transformers")]
 
 SENTENCE = "I sat on the bank of the river."
+SHOTS = Path(os.environ["ATTNLAB_SCREENSHOT_DIR"]) if os.environ.get("ATTNLAB_SCREENSHOT_DIR") else None
 
 
 def pct1(x: float) -> str:
@@ -34,6 +38,7 @@ def test_head_and_neuron_views_show_the_sink_share(page, tiny_folder, tmp_path):
     assert page.inner_text("#head-sink") == f"the learned sink takes {pct1(packed)}: the weights add up to {pct1(1 - packed)}"
     assert page.get_attribute("#head-sink-chip", "title") == f"the learned sink takes {pct1(packed)} of this row"
     assert page.eval_on_selector("#head-sink-chip", "c => c.style.background") != ""
+    page.screenshot(path=str((SHOTS or tmp_path) / "head-sink.png"), full_page=True)
     page.click('#tabs button[data-view="neuron"]')
     page.wait_for_selector("#view-neuron table.neuron")
     page.select_option("#view-neuron select[aria-label=layer]", str(layer))
@@ -47,3 +52,4 @@ def test_head_and_neuron_views_show_the_sink_share(page, tiny_folder, tmp_path):
     np.testing.assert_allclose(got["weights"], maps.weights[0][layer - 1, head - 1, last], atol=1e-5)
     assert got["sink"] == pytest.approx(float(maps.self_attention.sink_share[0][layer - 1, head - 1, last]), abs=1e-5)
     assert "takes" in page.inner_text("#neuron-sink")
+    page.screenshot(path=str((SHOTS or tmp_path) / "neuron-sink.png"), full_page=True)
