@@ -217,7 +217,8 @@ def plant():
 
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
-    """tiny_folder(arch) → the folder of a tiny ``arch`` model (one of tiny_models.ARCHS), built once per session."""
+    """tiny_folder(arch) → the folder of a tiny ``arch`` model (one of tiny_models.ARCHS, or "gpt_oss"), built once
+    per session."""
     import tiny_models
 
     built: dict = {}

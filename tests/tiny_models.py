@@ -14,6 +14,7 @@ import tiny_tokenizers
 
 TEXTS = ["I sat on the bank of the river.", "I put the money in the bank.", "The river runs past the bank, slowly!"] * 4
 ARCHS = ("llama", "qwen2", "mistral", "gemma2", "t5", "bart")
+SINKS = ((-1.0, 0.0, 1.0, 2.5), (2.0, -0.5, 0.5, 1.5))  # gpt_oss: each layer's learned sink logit per head
 WINDOW = 4  # Mistral's and Gemma-2's sliding window, shorter than the sentences so that it matters
 SOFTCAP = 0.5  # Gemma-2's logit softcap, small enough to change random-init maps
 
@@ -44,10 +45,39 @@ def _fast(tok, **names):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **names)
 
 
-def build(arch: str, folder) -> None:
-    """Save a tiny ``arch`` model and its tokenizer in ``folder``."""
+def build_gpt_oss(folder) -> None:
+    """A tiny gpt-oss (learned sinks :data:`SINKS`, a sliding window of :data:`WINDOW` on layer 0, YaRN, 4 experts
+    of which 2 per token) with a byte-level BPE, saved as a causal LM (attnlab's Transformer loads it too)."""
     import torch
     import transformers as tf
+
+    tok = _fast(byte_level(["<|endoftext|>"]), eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok.save_pretrained(folder)
+    config = tf.GptOssConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=WINDOW, num_local_experts=4,
+        num_experts_per_tok=2, pad_token_id=tok.pad_token_id,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 5.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16})
+    torch.manual_seed(0)
+    net = tf.GptOssForCausalLM(config)
+    with torch.no_grad():  # weights large enough that the maps are far from uniform, sinks of every size
+        for p in net.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+        for layer, sinks in zip(net.model.layers, SINKS):
+            layer.self_attn.sinks.copy_(torch.tensor(sinks))
+    net.save_pretrained(folder)
+
+
+def build(arch: str, folder) -> None:
+    """Save a tiny ``arch`` model (one of :data:`ARCHS`, or "gpt_oss": :func:`build_gpt_oss`) and its tokenizer
+    in ``folder``."""
+    import torch
+    import transformers as tf
+
+    if arch == "gpt_oss":
+        return build_gpt_oss(folder)
 
     sp_names = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
     if arch in ("llama", "mistral", "gemma2"):

@@ -97,8 +97,8 @@ def test_qk_round_trip_and_a_newer_version_is_refused(tmp_path):
     with np.load(tmp_path / "qk.npz") as archive:
         arrays = dict(archive)
     header = json.loads(arrays["header"].tobytes())
-    header["version"] = 4
+    header["version"] = 5
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-    np.savez(tmp_path / "v3.npz", **arrays)
-    with pytest.raises(ValueError, match="version 4; expected 'attnlab.maps' version 1 or 2 or 3"):
-        attnlab.load_maps(tmp_path / "v3.npz")
+    np.savez(tmp_path / "v5.npz", **arrays)
+    with pytest.raises(ValueError, match="version 5; expected 'attnlab.maps' version 1 or 2 or 3 or 4"):
+        attnlab.load_maps(tmp_path / "v5.npz")

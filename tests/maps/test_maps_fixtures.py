@@ -24,13 +24,14 @@ def digest(arrays) -> str:
 
 def recomputed(rec, i: int) -> np.ndarray:
     """Sentence i's weights of record ``rec`` from its queries, keys, bias and layer facts, by the
-    float64 reference: softmax(softcap(q·kᵀ·scale) + bias + mask)."""
+    float64 reference: softmax(softcap(q·kᵀ·scale) + bias + mask), over the learned sinks too where there are."""
     out = []
     for layer, facts in enumerate(rec.layers):
         q, k = rec.queries[i][layer].astype(np.float64), rec.keys[i][layer].astype(np.float64)
         bias = None if rec.position_bias is None else rec.position_bias[i][layer].astype(np.float64)
+        sinks = None if facts.sink_logits is None else np.asarray(facts.sink_logits)  # (H,): learned sinks
         _, w = attnlab.attention(q, k, k, bias=bias, causal=facts.causal, scale=facts.scale, window=facts.window,
-                                 softcap=facts.softcap, return_weights=True, backend="numpy")
+                                 softcap=facts.softcap, sink_logits=sinks, return_weights=True, backend="numpy")
         out.append(w)
     return np.stack(out)  # (L, H, Tq, Tk)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from attnlab.maps.records import Maps
-from attnlab.maps.heads import Head
 
 
 def where_heads_look(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -27,20 +26,7 @@ def where_heads_look(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def maps_record(maps: Maps, pick: tuple[int, int] | None = None, decimals: int = 6) -> dict:
-    """The maps (token or word level) as JSON-ready data: every layer and head of each sentence, or
-    one head (``pick``, a :class:`~attnlab.maps.heads.Head` or 0-based (layer, head)). Layer and head
-    in the result are 0-based, as every field (docs/design.md); the labels are under ``tokens`` or
-    ``words`` (``unit``)."""
-    if pick is not None:
-        pick = Head.of(pick, maps.num_layers, maps.num_heads, "pick")
-    unit = f"{maps.level}s"
-    return {
-        "model_id": maps.model_id, "revision": maps.revision, "num_layers": maps.num_layers,
-        "num_heads": maps.num_heads, "unit": unit,
-        "layer": None if pick is None else pick.layer, "head": None if pick is None else pick.head,
-        "sentences": [
-            {"sentence": s if isinstance(s, str) else list(s), unit: maps.labels(i),
-             "weights": (maps.weights[i] if pick is None else maps.weights[i][pick]).round(decimals).tolist()}
-            for i, s in enumerate(maps.sentences)
-        ],
-    }
+    """The maps (token or word level) as JSON-ready data: :meth:`attnlab.maps.records.Maps.to_dict`
+    (every layer and head of each sentence, or one head ``pick``; 0-based; with the sink share of
+    models with learned sinks)."""
+    return maps.to_dict(pick, decimals)

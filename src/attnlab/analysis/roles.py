@@ -28,6 +28,13 @@ the standard probe. Both score induction by :func:`attnlab.analysis.induction.in
 the next word; marks-based roles are for encoders, whose special tokens collect attention; no word
 repeats) is not scored: :attr:`HeadRoles.not_applicable` says why.
 
+Learned sinks (gpt-oss: a row's weights add up to 1 minus its sink share): ``broad`` and ``spread`` count
+the sink as one more outcome of every row (its entropy is −Σ p log p − s log s over the words and the
+share s, and ``spread`` divides by log(words + 1), so a row spread evenly over the words and the sink
+scores 1); every other role is scored on the weights as they are, the share not given to any word (a head
+that parks 70 % on the sink and 30 % on the previous word scores 0.3 for ``prev``). The ``sink`` role is
+the first position's weight, not the learned sink's share.
+
 Two averages (``average=``): ``"row"`` (the default) pools every query row of every sentence, as
 Clark et al. do, so the numbers match theirs and the lesson's; a long sentence then weighs as much
 as its row count. ``"sentence"`` first averages each sentence's rows, then the sentences, so each
@@ -64,8 +71,9 @@ SINK_THRESHOLD = 0.5
 DUPLICATE_THRESHOLD = 0.4
 INDUCTION_THRESHOLD = 0.4  # the role's; the lesson's "an induction head has formed" is INDUCTION_FORMED_THRESHOLD
 
-# One sentence: (weights [L, H, W, W], word kinds, mark flags, word texts) → (row total [L, H], number of rows)
-Scorer = Callable[[np.ndarray, list[str], list[bool], list[str]], tuple[np.ndarray, int]]
+# One sentence: (weights [L, H, W, W], word kinds, mark flags, word texts, sink share [L, H, W] or None)
+# → (row total [L, H], number of rows)
+Scorer = Callable[[np.ndarray, list[str], list[bool], list[str], np.ndarray | None], tuple[np.ndarray, int]]
 
 
 @dataclass(frozen=True)
@@ -87,62 +95,69 @@ def _to_columns(w: np.ndarray, columns: list[bool]) -> tuple[np.ndarray, int]:
     return w[..., np.asarray(columns, dtype=bool)].sum(axis=(-1, -2)), w.shape[-2]
 
 
-def _prev(w, kinds, marks, texts):
+def _prev(w, kinds, marks, texts, share):
     return _diagonal(w, -1)  # row i, column i − 1
 
 
-def _next(w, kinds, marks, texts):
+def _next(w, kinds, marks, texts, share):
     return _diagonal(w, 1)
 
 
-def _self(w, kinds, marks, texts):
+def _self(w, kinds, marks, texts, share):
     return _diagonal(w, 0)
 
 
-def _cls(w, kinds, marks, texts):
+def _cls(w, kinds, marks, texts, share):
     return _to_columns(w, [k == "cls" for k in kinds])
 
 
-def _sep(w, kinds, marks, texts):
+def _sep(w, kinds, marks, texts, share):
     return _to_columns(w, [k == "sep" for k in kinds])
 
 
-def _punct(w, kinds, marks, texts):
+def _punct(w, kinds, marks, texts, share):
     return _to_columns(w, [k == "punct" for k in kinds])
 
 
-def _marks(w, kinds, marks, texts):
+def _marks(w, kinds, marks, texts, share):
     return _to_columns(w, marks)
 
 
-def entropy(w: np.ndarray) -> np.ndarray:
+def _plogp(p: np.ndarray) -> np.ndarray:
+    return p * np.log(np.where(p > 0, p, 1.0))  # 0 · log 0 = 0
+
+
+def entropy(w: np.ndarray, share: np.ndarray | None = None) -> np.ndarray:
     """Each row's entropy in nats, exact: −Σ_j p_j log p_j with 0 · log 0 = 0 (as head_stats
-    computes its ``entropy``), [..., Tq, Tk] → [..., Tq]."""
-    return -(w * np.log(np.where(w > 0, w, 1.0))).sum(axis=-1)
+    computes its ``entropy``), [..., Tq, Tk] → [..., Tq]. With learned sinks, ``share`` [..., Tq] (each
+    row's sink share) is one more outcome of the row: −Σ_j p_j log p_j − s log s."""
+    out = -_plogp(w).sum(axis=-1)
+    return out if share is None else out - _plogp(share)
 
 
-def _broad(w, kinds, marks, texts):
-    return entropy(w).sum(axis=-1), w.shape[-2]  # the mean of head_stats' "entropy"
+def _broad(w, kinds, marks, texts, share):
+    return entropy(w, share).sum(axis=-1), w.shape[-2]  # the mean of head_stats' "entropy"
 
 
-def _spread(w, kinds, marks, texts):  # the mean of head_stats' "entropy_norm"
-    entropy_ = entropy(w)  # (L, H, W)
+def _spread(w, kinds, marks, texts, share):  # the mean of head_stats' "entropy_norm"
+    entropy_ = entropy(w, share)  # (L, H, W)
     n = w.shape[-1]
     causal = not np.triu(w, k=1).any()
     attendable = np.arange(1, n + 1) if causal else np.full(n, n)  # words row i may attend to
+    attendable = attendable + (share is not None)  # learned sinks: the sink is one more outcome of every row
     rows = attendable > 1  # log 1 = 0: a row with one choice has no spread to measure
     return (entropy_[..., rows] / np.log(attendable[rows])).sum(axis=-1), int(rows.sum())
 
 
-def _sink(w, kinds, marks, texts):
+def _sink(w, kinds, marks, texts, share):
     return w[..., 0].sum(axis=-1), w.shape[-2]  # column 0, whatever token sits there: head_stats' "first"
 
 
-def _duplicate(w, kinds, marks, texts):
+def _duplicate(w, kinds, marks, texts, share):
     return (w * duplicate_pattern(texts)).sum(axis=(-1, -2)), w.shape[-2]
 
 
-def _induction(w, kinds, marks, texts):
+def _induction(w, kinds, marks, texts, share):
     total, rows = induction_weight(w, induction_pattern(texts))  # every row counts, as in detect_head
     return total, int(rows.flat[0])
 
@@ -283,12 +298,14 @@ class RoleAccumulator:
         """Add every sentence of ``maps``, at word level (token-level maps are turned into words first)."""
         words = maps.to_words()
         self.causal = self.causal and is_causal(words.weights)
-        for w, kinds, marks, texts in zip(words.weights, words.kinds, words.is_mark, words.words):
+        shares = words.self_attention.sink_share
+        for i, (w, kinds, marks, texts) in enumerate(zip(words.weights, words.kinds, words.is_mark, words.words)):
             self.kinds.update(kinds)
             self.repeats = self.repeats or len({t.casefold() for t in texts}) < len(texts)
             w = w.astype(np.float64)
+            share = None if shares is None else shares[i].astype(np.float64)  # (L, H, W): learned sinks
             for name in self.totals:
-                total, rows = ROLES[name].score(w, kinds, marks, texts)
+                total, rows = ROLES[name].score(w, kinds, marks, texts, share)
                 self.totals[name] += total
                 self.rows[name] += rows
                 if rows:

@@ -132,8 +132,12 @@ def _maps_table(found, view, i: int, pick) -> Table:  # pick: a Head or None  # 
         table.add_column("", no_wrap=True)
         for lab in labels:
             table.add_column(lab, justify="right", no_wrap=True)
+        shares = view.self_attention.sink_share  # learned sinks: the rest of each row, in a column of its own
+        if shares is not None:
+            table.add_column("(sink)", justify="right", no_wrap=True)
         for r, lab in enumerate(labels):
-            table.add_row(lab, *(str(round(100 * x)) for x in w[pick][r]))
+            sink = () if shares is None else (str(round(100 * float(shares[i][pick][r]))),)
+            table.add_row(lab, *(str(round(100 * x)) for x in w[pick][r]), *sink)
         return table
     table = Table(title=f"sentence {i + 1}: where each head looks most (mean row, %)")
     table.add_column("", no_wrap=True)

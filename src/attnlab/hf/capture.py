@@ -11,6 +11,10 @@ layer. An encoder–decoder (T5, BART) takes (source, target) pairs and gives th
 ``self_attention`` (the encoder's, over the source), ``decoder`` (the decoder's causal
 self-attention over its input: the start token, then the target) and ``cross`` (decoder → encoder,
 [L_dec, H, T_target, T_source]).
+
+A model with learned sinks (gpt-oss: one logit per head in the softmax, with no value) gives rows that
+add up to less than 1; its record keeps each row's sink share, ``sink_share[i]`` [L, H, T], the rest
+(:mod:`attnlab.hf.capture_attention`). A model without sinks has ``sink_share`` None.
 """
 
 from __future__ import annotations
@@ -55,9 +59,9 @@ def _stack(per_layer: Any, r: int, tq: int, tk: int) -> np.ndarray:
 
 
 def _facts(calls: list[dict]) -> tuple[LayerFacts, ...]:
-    """What reproduces the weights from queries and keys: per layer scale, softcap, causal, window."""
-    return tuple(LayerFacts(scale=c["scale"], softcap=c["softcap"], causal=c["causal"], window=c["window"])
-                 for c in calls)
+    """What reproduces the weights from queries and keys: per layer scale, softcap, causal, window, sinks."""
+    return tuple(LayerFacts(scale=c["scale"], softcap=c["softcap"], causal=c["causal"], window=c["window"],
+                            sink_logits=c["sinks"]) for c in calls)
 
 
 def _biases(calls: list[dict], tq: list[int], tk: list[int]) -> list[np.ndarray] | None:
@@ -74,19 +78,30 @@ def _biases(calls: list[dict], tq: list[int], tk: list[int]) -> list[np.ndarray]
     return [_stack(per_layer, r, tq[r], tk[r]) for r in range(len(tq))]
 
 
-def _record(per_layer: Any, query_side: Tokens, key_side: Tokens, calls: list[dict] | None) -> Attention:
+def _shares(shares: list, r: int, tq: int) -> np.ndarray:
+    """Layer sink shares (B, H, Tq') → sentence r's [L, H, tq], padding cut, float32 NumPy."""
+    import torch
+
+    return np.ascontiguousarray(torch.stack([s[r, :, :tq] for s in shares]).float().numpy())
+
+
+def _record(per_layer: Any, query_side: Tokens, key_side: Tokens, calls: list[dict] | None,
+            shares: list | None = None) -> Attention:
     """One attention's record from the model's per-layer weights (B, H, Tq', Tk') and, with
-    ``capture(qk=True)``, its recorded calls: queries [L, H, tq, D], keys [L, H, tk, D], bias, facts."""
+    ``capture(qk=True)``, its recorded calls: queries [L, H, tq, D], keys [L, H, tk, D], bias, facts;
+    ``shares``: per layer the rows' sink shares (B, H, Tq') of a model with learned sinks."""
     tq, tk = query_side.lengths(), key_side.lengths()
     rows = range(len(tq))
     weights = [_stack(per_layer, r, tq[r], tk[r]) for r in rows]
+    sink_share = None if shares is None else [_shares(shares, r, tq[r]) for r in rows]
     queries = keys = bias = facts = None
     if calls is not None:
         queries = [_stack([c["query"] for c in calls], r, tq[r], None) for r in rows]
         keys = [_stack([c["key"] for c in calls], r, tk[r], None) for r in rows]
         bias, facts = _biases(calls, tq, tk), _facts(calls)
     return Attention(weights=weights, query_side=query_side, key_side=key_side, num_layers=len(per_layer),
-                     num_heads=weights[0].shape[1], queries=queries, keys=keys, position_bias=bias, layers=facts)
+                     num_heads=weights[0].shape[1], queries=queries, keys=keys, position_bias=bias, layers=facts,
+                     sink_share=sink_share)
 
 
 def _split_calls(calls: list[dict], enc_layers: int, dec_layers: int, model_id: str) -> tuple[list, list, list]:
@@ -101,6 +116,19 @@ def _split_calls(calls: list[dict], enc_layers: int, dec_layers: int, model_id: 
         raise RuntimeError(f"model {model_id!r} made {len(calls)} attention calls in one forward; capture(qk=True) "
                            f"reads {want}")
     return calls[:enc_layers], dec, cross
+
+
+def _own_shares(shares: list, lm: LoadedModel, seq2seq: bool) -> list | None:
+    """The rows' sink shares (B, H, Tq) of each layer of a model with learned sinks (gpt-oss: every layer
+    has them), or None for a model without."""
+    found = sum(s is not None for s in shares)
+    if not found:
+        return None
+    if seq2seq or found != len(shares) or len(shares) != lm.num_layers:
+        raise RuntimeError(f"model {lm.model_id!r} made {len(shares)} attention calls in one forward, {found} with "
+                           f"learned sinks; capture reads learned sinks on every layer of a decoder-only model "
+                           f"({lm.num_layers} layers)")
+    return shares
 
 
 def _encodings(lm: LoadedModel, items: list, seq2seq: bool) -> list[tuple[Encoded, Encoded | None]]:
@@ -156,7 +184,7 @@ def iter_capture(
     ``max_bytes``: as :func:`capture`; every batch is checked before any runs."""
     import torch
 
-    from attnlab.hf.capture_attention import recording
+    from attnlab.hf.capture_attention import recording, sink_shares
 
     items = check_sentences(sentences)
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -178,7 +206,7 @@ def iter_capture(
         if seq2seq:
             tgt = [encs[i][1] for i in idx]
             inputs["decoder_input_ids"], inputs["decoder_attention_mask"] = _pad([e.ids for e in tgt], pad)
-        with torch.inference_mode(), (recording() if qk else contextlib.nullcontext()) as calls:
+        with torch.inference_mode(), (recording() if qk else contextlib.nullcontext()) as calls, sink_shares() as shares:
             out = lm.model(**inputs, output_attentions=True)
         enc_att = out.encoder_attentions if seq2seq else out.attentions
         if not enc_att or len(enc_att) != lm.num_layers:
@@ -199,7 +227,7 @@ def iter_capture(
         done += len(idx)
         if progress is not None:
             progress(done, len(items))
-        own = _record(enc_att, source, source, own_calls)
+        own = _record(enc_att, source, source, own_calls, _own_shares(shares, lm, seq2seq))
         yield idx, AttentionMaps(sentences=[items[i] for i in idx], self_attention=own, decoder=decoder, cross=cross,
                                  model_id=lm.model_id, revision=lm.revision, config=lm.config)
 
@@ -227,6 +255,8 @@ def capture(
     query head), ``layers`` (per layer :class:`~attnlab.maps.records.LayerFacts`: scale, softcap,
     causal, window) and ``position_bias[i]`` [L, H, Tq, Tk] (T5's relative position bias; None for
     models that add none), to recompute the weights from them: softmax(softcap(q·kᵀ·scale) + bias + mask).
+    A model with learned sinks (gpt-oss) also gives ``self_attention.sink_share[i]`` [L, H, T]: each row's
+    share of the sink, so that the row's weights add up to 1 minus it (None for a model without sinks).
 
     ``max_bytes``: before the model runs, the capture estimates what its T × T weights would hold at
     the peak (:func:`attnlab.maps.long.full_capture_bytes`) and refuses more than this with

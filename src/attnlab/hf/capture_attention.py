@@ -13,6 +13,10 @@ transformers' own ``eager_mask`` (0 where a key may be attended, the dtype's min
 causality for decoders). The function below hands the projected q, k, v to
 :func:`attnlab.attention` itself: the maps are the spec in action (the backends' agreement tests
 cover them), not a second implementation of attention.
+
+Learned sinks (gpt-oss's attention hands them over as ``s_aux``, one logit per query head) take part
+in the softmax as ``sink_logits=``: the weights a model with sinks returns add up to less than 1, and
+each row's **sink share**, exp(sink − LSE) over the same softmax, is handed to :func:`sink_shares`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ _RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("attnlab_c
 # Inside :func:`observing`: the callback each attention call hands its q, k and LSE to, instead of
 # keeping weights (long inputs: no mask and no weights of T × T are ever built).
 _OBSERVE: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("attnlab_capture_observe", default=None)
+# Inside :func:`sink_shares`: per attention call its rows' sink shares (B, H, Tq), or None (no learned sinks).
+_SHARES: contextvars.ContextVar[list | None] = contextvars.ContextVar("attnlab_capture_shares", default=None)
 
 
 @contextlib.contextmanager
@@ -48,11 +54,25 @@ def recording() -> Iterator[list]:
 
 
 @contextlib.contextmanager
+def sink_shares() -> Iterator[list]:
+    """Collect, call by call in the forward's order, each attention call's sink shares (B, H, Tq): the
+    share of each row's softmax that the learned sinks take (the weights add up to 1 minus it), or None
+    for a call without learned sinks."""
+    shares: list = []
+    token = _SHARES.set(shares)
+    try:
+        yield shares
+    finally:
+        _SHARES.reset(token)
+
+
+@contextlib.contextmanager
 def observing(callback: Callable[..., None]) -> Iterator[None]:
     """Run the model's attention without any T × T array: inside the block, transformers builds no
     mask, each attention call goes through attnlab's compiled blockwise kernel (causal and sliding
     windows as bands, the LSE kept) and then calls ``callback(query (B, H, T, D), key (B, H_kv, T, D),
-    lse (B, H, T), scale=, causal=, window=, softcap=)``; no weights come out. One unpadded sequence per call."""
+    lse (B, H, T), scale=, causal=, window=, softcap=, sinks=)``, ``sinks`` the learned sink logits (H,) that the
+    LSE includes, or None; no weights come out. One unpadded sequence per call."""
     token = _OBSERVE.set(callback)
     try:
         yield
@@ -61,7 +81,8 @@ def observing(callback: Callable[..., None]) -> Iterator[None]:
 
 
 def _observed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None,
-              softcap: float | None, sliding_window: int | None, position_bias: Any, callback: Callable) -> tuple:
+              softcap: float | None, sliding_window: int | None, position_bias: Any, callback: Callable,
+              sinks: Any) -> tuple:
     from attnlab.backends.api import attention
 
     if attention_mask is not None or position_bias is not None:
@@ -75,8 +96,8 @@ def _observed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     query, key = query.contiguous(), key.contiguous()
     softcap = None if softcap is None else float(softcap)  # Gemma-2's cap: the kernel applies it in its tiles
     out, lse = attention(query, key, value, causal=causal, window=window, scale=scale, softcap=softcap, return_lse=True,
-                         backend="kernel")
-    callback(query, key, lse, scale=scale, causal=causal, window=window, softcap=softcap)
+                         sink_logits=sinks, backend="kernel")
+    callback(query, key, lse, scale=scale, causal=causal, window=window, softcap=softcap, sinks=sinks)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -91,6 +112,7 @@ def capture_attention_forward(
     softcap: float | None = None,
     sliding_window: int | None = None,
     position_bias: Any = None,
+    s_aux: Any = None,
     **kwargs: Any,
 ) -> tuple[Any, Any]:
     """The model's attention computed by :func:`attnlab.attention` (the torch backend), weights kept.
@@ -101,24 +123,30 @@ def capture_attention_forward(
     where not) becomes attnlab's boolean mask, so a padded query row gets zero weights, not a
     uniform row (capture drops those rows). A sliding window (Mistral, Gemma-2) is already in that
     mask: transformers builds it with the window's mask function. ``softcap`` (Gemma-2) goes to
-    attnlab.attention; T5's relative ``position_bias`` (1 or B, H, Tq, Tk) is attnlab's ``bias``.
+    attnlab.attention; T5's relative ``position_bias`` (1 or B, H, Tq, Tk) is attnlab's ``bias``;
+    gpt-oss's learned sinks ``s_aux`` (H,) its ``sink_logits`` (the rows' shares go to :func:`sink_shares`).
     """
     from attnlab.backends.api import attention
 
     if module.training and dropout > 0:
         raise RuntimeError("capture needs the model in eval mode (attention dropout would change the maps)")
     observer = _OBSERVE.get()
+    sinks = None if s_aux is None else s_aux.detach().to(query.dtype)  # (H,): gpt-oss's learned sinks
     if observer is not None:
         return _observed(module, query, key, value, attention_mask, scaling, softcap, sliding_window, position_bias,
-                         observer)
+                         observer, sinks)
     if sliding_window is not None and attention_mask is None:
         raise RuntimeError("a sliding-window layer was called without its mask; attnlab cannot apply the window")
     mask = None
     if attention_mask is not None:
         mask = attention_mask[:, :, :, : key.shape[-2]] == 0  # (B, 1, Tq, Tk): True = may attend
     bias = None if position_bias is None else position_bias[..., : key.shape[-2]].to(query.dtype)
-    output, weights = attention(query, key, value, mask=mask, bias=bias, scale=scaling, softcap=softcap,
-                                return_weights=True, backend="torch")
+    got = attention(query, key, value, mask=mask, bias=bias, scale=scaling, softcap=softcap, sink_logits=sinks,
+                    return_weights=True, return_lse=sinks is not None, backend="torch")
+    output, weights = got[:2]
+    shares = _SHARES.get()
+    if shares is not None:  # each row's share of the sink: exp(sink − LSE), the LSE over the sink too
+        shares.append(None if sinks is None else (sinks[:, None] - got[2]).exp())  # (B, H, Tq)
     calls = _RECORD.get()
     if calls is not None:
         groups = query.shape[1] // key.shape[1]
@@ -127,6 +155,7 @@ def capture_attention_forward(
             "scale": float(scaling) if scaling is not None else query.shape[-1] ** -0.5,
             "softcap": None if softcap is None else float(softcap),
             "bias": None if bias is None else bias.detach(),  # (1 or B, H, Tq, Tk): T5's relative position bias
+            "sinks": None if sinks is None else [float(x) for x in sinks],  # (H,): learned sink logits
             "causal": bool(getattr(module, "is_causal", False)),
             # transformers' window: key j is seen by query i when i − window < j ≤ i
             "window": None if sliding_window is None else [int(sliding_window) - 1, 0],

@@ -7,9 +7,10 @@ sliding windows as bands), which keeps each row's log-sum-exp, and hands its que
 L · (H + H_kv) · T · D floats, as :func:`attnlab.maps.long.long_capture_bytes` counts them.
 
 Encoders and decoders (causal, sliding windows, Gemma-2's softcapped scores: the kernel caps them in its
-tiles), one unpadded text per call; not encoder–decoders: the long view is one sequence's
-self-attention, while an encoder–decoder has two sequences, its decoder's cross-attention between them,
-and (T5) a relative position bias that is itself T × T; :func:`attnlab.capture` serves them.
+tiles; gpt-oss's learned sinks, which the LSE includes and the maps keep as ``sink_logits``), one unpadded
+text per call; not encoder–decoders: the long view is one sequence's self-attention, while an
+encoder–decoder has two sequences, its decoder's cross-attention between them, and (T5) a relative
+position bias that is itself T × T; :func:`attnlab.capture` serves them.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ class _Keep:
         self.num_layers = num_layers
         self.arrays: dict[str, np.ndarray] = {}
         self.facts: list[LayerFacts] = []
+        self.sinks: list[np.ndarray | None] = []  # per layer the learned sink logits (H,), or None
 
     def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None,
-                 softcap: float | None) -> None:
+                 softcap: float | None, sinks: Any = None) -> None:
         layer = len(self.facts)
         if layer >= self.num_layers:
             raise RuntimeError(f"the model made more attention calls than its {self.num_layers} layers")
@@ -46,6 +48,15 @@ class _Keep:
             self.arrays[name][layer] = x.float().numpy()
         self.facts.append(LayerFacts(scale=scale, softcap=softcap, causal=causal,
                                      window=None if window is None else tuple(window)))
+        self.sinks.append(None if sinks is None else sinks.float().numpy())
+
+    def sink_logits(self) -> np.ndarray | None:
+        """[L, H] learned sink logits, or None for a model without them (every layer has them or none does)."""
+        if all(s is None for s in self.sinks):
+            return None
+        if any(s is None for s in self.sinks):
+            raise RuntimeError("the model has learned sinks on some layers only; the long view reads them on every layer")
+        return np.stack(self.sinks)
 
 
 def _check_memory(lm: LoadedModel, tokens: int, max_bytes: int | None) -> None:
@@ -91,4 +102,4 @@ def capture_long(text: str, model: str | os.PathLike | LoadedModel | None = None
     side = Tokens(tokens=[enc.tokens], word_of=[enc.word_of], words=[enc.words], kinds=[enc.kinds])
     return LongMaps(sentence=text, side=side, queries=keep.arrays["queries"], keys=keep.arrays["keys"],
                     lse=keep.arrays["lse"], layers=tuple(keep.facts), model_id=lm.model_id, revision=lm.revision,
-                    config=lm.config)
+                    config=lm.config, sink_logits=keep.sink_logits())

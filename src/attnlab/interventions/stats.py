@@ -83,7 +83,10 @@ class _Accumulator:
         self.received: list[np.ndarray] = []  # per layer (H, T)
 
     def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None,
-                 softcap: float | None = None) -> None:
+                 softcap: float | None = None, sinks: Any = None) -> None:
+        if sinks is not None:  # the statistics' entropy and weights would need the sink as one more outcome
+            raise ValueError("head_stats does not serve models with learned sinks (gpt-oss) yet; take the long view "
+                             "(attnlab.capture_long), which keeps each row's sink share")
         stats = compiled_layer_stats if kernel.isa() is not None else layer_stats
         sums, counts, received = stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window,
                                        softcap=softcap, block_rows=self.block_rows)

@@ -13,6 +13,12 @@ the header names its sentence, sides, model, per-layer facts, sink and length, a
 ``long.queries`` [L, H, T, D], ``long.keys`` [L, H_kv, T, D] and ``long.lse`` [L, H, T] (and ``long.sink_logits``
 [L, H] where the model has learned sinks).
 
+Version 4 is version 2 with learned sinks (gpt-oss): a record of such a model also holds
+``<record>.sink_share.<i>`` [L, H, Tq], each row's share of the sink (its weights add up to 1 minus it),
+named among the record's arrays. Maps without sinks are still written as version 2, so that every reader
+of version 2 reads them; a file with sink shares is version 4, which a reader of version 2 refuses
+instead of showing rows that do not add up to 1 as if they did.
+
 Version 1 (the flat record: ``weights_<i>``, ``queries_<i>``, ``cross_<i>``, ``decoder.weights_<i>``, …,
 ``qk_meta`` and ``cross_qk_meta`` in the header) is still read.
 """
@@ -31,7 +37,8 @@ from attnlab.maps.records import Attention, LayerFacts, Maps, Tokens
 FORMAT = "attnlab.maps"
 FORMAT_VERSION = 2
 LONG_VERSION = 3  # a long input's maps: queries, keys and row LSEs, no weights
-READS = (1, 2, LONG_VERSION)  # the versions load_maps reads
+SINK_VERSION = 4  # version 2 with each row's sink share (models with learned sinks)
+READS = (1, 2, LONG_VERSION, SINK_VERSION)  # the versions load_maps reads
 LONG_ARRAYS = ("queries", "keys", "lse")
 LONG_OPTIONAL = ("sink_logits",)  # [L, H] learned sinks, where the model has them
 # Which side each record is over: (query side, key side).
@@ -54,8 +61,9 @@ def _header(maps: Maps, config: dict) -> dict:
             "layers": None if rec.layers is None else [f.to_dict() for f in rec.layers],
             "arrays": list(rec.arrays()),
         }
+    sinks = any(rec.has_sinks for _, rec in maps.attentions())
     return {
-        "format": FORMAT, "version": FORMAT_VERSION, "model_id": maps.model_id, "revision": maps.revision,
+        "format": FORMAT, "version": SINK_VERSION if sinks else FORMAT_VERSION, "model_id": maps.model_id, "revision": maps.revision,
         "config": config, "sentences": [s if isinstance(s, str) else list(s) for s in maps.sentences],
         "sides": sides, "attentions": records,
     }
@@ -92,7 +100,7 @@ def write_long(long: Any, path: str | os.PathLike) -> Path:
 
 
 def read(path: str | os.PathLike) -> dict:
-    """What a maps file of version 1 or 2 holds, as the fields of
+    """What a maps file of version 1, 2 or 4 holds, as the fields of
     :class:`~attnlab.maps.tokens.AttentionMaps` (sentences, the records, model id, revision, config);
     of version 3, the fields of :class:`~attnlab.maps.long.LongMaps` (``level`` "long" says which)."""
     path = Path(path)
@@ -114,7 +122,7 @@ def read(path: str | os.PathLike) -> dict:
             )
         if version == LONG_VERSION:
             return _read_long(header, archive)
-        return _read_v2(header, archive) if version == 2 else _read_v1(header, archive)
+        return _read_v1(header, archive) if version == 1 else _read_v2(header, archive)
 
 
 def _read_long(header: dict, archive: Any) -> dict:
@@ -136,6 +144,7 @@ def _fields(header: dict, own: Attention, decoder: Attention | None, cross: Atte
 
 
 def _read_v2(header: dict, archive: Any) -> dict:
+    """Version 2, and version 4 (the same, with sink shares among a record's arrays)."""
     n = len(header["sentences"])
     sides = {name: _tokens(part) for name, part in header["sides"].items()}
     records = {}
@@ -146,6 +155,7 @@ def _read_v2(header: dict, archive: Any) -> dict:
             weights=got["weights"], query_side=sides[rec["query_side"]], key_side=sides[rec["key_side"]],
             num_layers=rec["num_layers"], num_heads=rec["num_heads"], queries=got.get("queries"),
             keys=got.get("keys"), position_bias=got.get("position_bias"), layers=layers,
+            sink_share=got.get("sink_share"),
         )
     return _fields(header, records["self_attention"], records.get("decoder"), records.get("cross"))
 

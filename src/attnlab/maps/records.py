@@ -28,6 +28,8 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import numpy as np
 
+from attnlab.maps.heads import Head
+
 WORD_KINDS = ("cls", "sep", "punct", "word")  # cls: the special token that opens a sequence; sep: any other
 DEFAULT_MARK_KINDS = frozenset({"cls", "sep", "punct"})  # the marks by default: special tokens and punctuation
 
@@ -111,33 +113,41 @@ Side = Tokens | Words
 class LayerFacts:
     """What turns one layer's queries and keys into its weights: softmax(softcap(q·kᵀ·scale) + bias +
     mask), ``softcap`` c meaning c·tanh(s/c) (None: none), ``causal`` bottom-right aligned and
-    ``window`` (left, right) a sliding window (None: none)."""
+    ``window`` (left, right) a sliding window (None: none); ``sink_logits`` one learned sink logit per
+    head (gpt-oss), which takes part in each row's softmax with no value (None: none)."""
 
     scale: float
     softcap: float | None = None
     causal: bool = False
     window: tuple[int, int] | None = None
+    sink_logits: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.window is not None:  # a JSON list when read from a file
             object.__setattr__(self, "window", (int(self.window[0]), int(self.window[1])))
+        if self.sink_logits is not None:
+            object.__setattr__(self, "sink_logits", tuple(float(x) for x in self.sink_logits))
 
     def to_dict(self) -> dict:
+        """JSON-ready; ``sink_logits`` only where the layer has learned sinks (the facts of a model without
+        them read as they always did)."""
+        sinks = {} if self.sink_logits is None else {"sink_logits": list(self.sink_logits)}
         return {"scale": self.scale, "softcap": self.softcap, "causal": self.causal,
-                "window": None if self.window is None else list(self.window)}
+                "window": None if self.window is None else list(self.window), **sinks}
 
 
-def _check_arrays(name: str, arrays: list[np.ndarray] | None, n: int, want: Callable[[int], tuple], axes: str) -> None:
-    """Every ``arrays[i]`` has the leading dims ``want(i)`` (one entry per sentence)."""
+def _check_arrays(name: str, arrays: list[np.ndarray] | None, n: int, want: Callable[[int], tuple], axes: str,
+                  ndim: int = 4) -> None:
+    """Every ``arrays[i]`` has ``ndim`` dims, the leading ones ``want(i)`` (one entry per sentence)."""
     if arrays is None:
         return
     if len(arrays) != n:
         raise ValueError(f"Attention.{name} has {len(arrays)} entries, expected {n} (one per sentence)")
     for i, x in enumerate(arrays):
         lead = want(i)
-        if x.ndim != 4 or x.shape[: len(lead)] != lead:
-            raise ValueError(f"Attention.{name}[{i}] has shape {x.shape}, expected {lead}{' + (D,)' * (len(lead) < 4)} "
-                             f"({axes})")
+        if x.ndim != ndim or x.shape[: len(lead)] != lead:
+            raise ValueError(f"Attention.{name}[{i}] has shape {x.shape}, expected {lead}"
+                             f"{' + (D,)' * (len(lead) < ndim)} ({axes})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +161,10 @@ class Attention:
     query head), ``position_bias[i]`` [L, H, Tq, Tk] where the model adds one to the scores (T5's
     relative position bias; None where it adds none) and ``layers``, one :class:`LayerFacts` per
     layer, so that softmax(softcap(q·kᵀ·scale) + bias + mask) gives ``weights[i]``.
+
+    ``sink_share[i]`` [L, H, Tq] (None for a model without learned sinks): for a model with learned
+    sinks (gpt-oss), each row's share of the softmax that the head's sink took, so that row r of
+    ``weights[i]`` adds up to 1 − ``sink_share[i][..., r]`` (docs/design.md, "Maps": the sink share).
     """
 
     weights: list[np.ndarray] = field(repr=False)
@@ -162,6 +176,7 @@ class Attention:
     keys: list[np.ndarray] | None = field(default=None, repr=False)
     position_bias: list[np.ndarray] | None = field(default=None, repr=False)
     layers: tuple[LayerFacts, ...] | None = field(default=None, repr=False)
+    sink_share: list[np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n, tq, tk = len(self.weights), self.query_side.lengths(), self.key_side.lengths()
@@ -180,6 +195,7 @@ class Attention:
         _check_arrays("queries", self.queries, n, lambda i: (*lh, tq[i]), "L, H, Tq, D")
         _check_arrays("keys", self.keys, n, lambda i: (*lh, tk[i]), "L, H, Tk, D")
         _check_arrays("position_bias", self.position_bias, n, lambda i: (*lh, tq[i], tk[i]), "L, H, Tq, Tk")
+        _check_arrays("sink_share", self.sink_share, n, lambda i: (*lh, tq[i]), "L, H, Tq", ndim=3)
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(self.layers))
             if len(self.layers) != self.num_layers:
@@ -196,16 +212,22 @@ class Attention:
     def arrays(self) -> dict[str, list[np.ndarray]]:
         """Every array list this record holds, by field name (those captured)."""
         found = {"weights": self.weights, "queries": self.queries, "keys": self.keys,
-                 "position_bias": self.position_bias}
+                 "position_bias": self.position_bias, "sink_share": self.sink_share}
         return {name: xs for name, xs in found.items() if xs is not None}
 
     @property
     def nbytes(self) -> int:
         return sum(int(x.nbytes) for xs in self.arrays().values() for x in xs)
 
+    @property
+    def has_sinks(self) -> bool:
+        """Whether the model has learned sinks: ``sink_share`` holds each row's share."""
+        return self.sink_share is not None
+
     def astype(self, dtype: Any) -> Attention:
-        """The same record with its weights in ``dtype``."""
-        return replace(self, weights=[w.astype(dtype) for w in self.weights])
+        """The same record with its weights (and sink shares) in ``dtype``."""
+        share = None if self.sink_share is None else [s.astype(dtype) for s in self.sink_share]
+        return replace(self, weights=[w.astype(dtype) for w in self.weights], sink_share=share)
 
 
 # The attentions of a model as the records' field names, in a model's order.
@@ -303,6 +325,30 @@ class Maps(ABC):
 
     def __len__(self) -> int:
         return len(self.sentences)
+
+    def to_dict(self, pick: Any = None, decimals: int = 6) -> dict:
+        """The maps as JSON-ready data (what ``attnlab maps --json`` writes): every layer and head of
+        ``self_attention`` for each sentence, or one head (``pick``: a Head or a 0-based (layer, head)).
+        Layer and head are 0-based, as every field (docs/design.md); the labels are under ``tokens`` or
+        ``words`` (``unit``). Per sentence ``sink_share``: each row's share of the learned sinks, [L][H][T]
+        (one head: [T]), so that a row of ``weights`` adds up to 1 minus it; null for a model without them."""
+        if pick is not None:
+            pick = Head.of(pick, self.num_layers, self.num_heads, "pick")
+        unit, shares = f"{self.level}s", self.self_attention.sink_share
+
+        def rows(x: np.ndarray) -> list:  # [L, H, ...] → every head, or the one picked
+            return (x if pick is None else x[pick]).round(decimals).tolist()
+
+        return {
+            "model_id": self.model_id, "revision": self.revision, "num_layers": self.num_layers,
+            "num_heads": self.num_heads, "unit": unit,
+            "layer": None if pick is None else pick.layer, "head": None if pick is None else pick.head,
+            "sentences": [
+                {"sentence": s if isinstance(s, str) else list(s), unit: self.labels(i), "weights": rows(self.weights[i]),
+                 "sink_share": None if shares is None else rows(shares[i])}
+                for i, s in enumerate(self.sentences)
+            ],
+        }
 
     def _repr_html_(self) -> str | None:
         """In a notebook: the viewer (head view first) as a self-contained, offline frame

@@ -96,7 +96,8 @@ def _gather_attention(parts: list[Attention], slots: list[tuple[int, int]], quer
             got, q, k = parts[p].position_bias, parts[p].queries[r], parts[p].keys[r]
             bias.append(got[r] if got is not None else np.zeros((*q.shape[:3], k.shape[2]), dtype=q.dtype))
     return replace(first, weights=_pick([p.weights for p in parts], slots), query_side=query_side, key_side=key_side,
-                   queries=pick([p.queries for p in parts]), keys=pick([p.keys for p in parts]), position_bias=bias)
+                   queries=pick([p.queries for p in parts]), keys=pick([p.keys for p in parts]), position_bias=bias,
+                   sink_share=pick([p.sink_share for p in parts]))
 
 
 def gather(parts: list[AttentionMaps], slots: list[tuple[int, int]]) -> AttentionMaps:

@@ -5,6 +5,10 @@ mean of its pieces' rows. So each word row still sums to 1, a sentence without s
 unchanged, and a split word's column is the sum of its pieces' columns. (Clark et al.'s released
 code takes the first piece's row instead of the mean; the paper says mean, and so does attnlab.)
 
+Learned sinks (gpt-oss): a token row's weights add up to 1 minus its sink share. The sink is no word
+and no piece of one: it stays apart, and a word row's sink share is the mean of its pieces' shares, as
+its weights are the mean of their rows, so a word row's weights still add up to 1 minus its share.
+
 Marks are what a head may "park" attention on: by default the special tokens ([CLS], [SEP], <s>,
 </s>, …) and words made only of punctuation; pass ``marks`` (a set of words) to choose others.
 
@@ -157,6 +161,17 @@ def aggregate(weights: np.ndarray, word_of: list[int], num_words: int, key_word_
     return out.astype(weights.dtype)
 
 
+def aggregate_share(share: np.ndarray, word_of: list[int], num_words: int) -> np.ndarray:
+    """[L, H, Tq] token rows' sink shares → [L, H, Wq]: each word's is the mean of its pieces' (as its row
+    of weights is the mean of theirs), so a word row's weights and its share still add up to 1."""
+    tq = share.shape[-1]
+    rows = _starts(word_of, tq, num_words)
+    if num_words == tq:  # no split words: nothing to average
+        return share.copy()
+    counts = np.diff(np.r_[rows, tq])  # pieces per query word
+    return (np.add.reduceat(share, rows, axis=-1, dtype=np.float64) / counts).astype(share.dtype)
+
+
 def _mark_flags(words: list[str], kinds: list[str], marks: frozenset[str] | None) -> list[bool]:
     if marks is None:
         return [k in DEFAULT_MARK_KINDS for k in kinds]
@@ -185,13 +200,15 @@ def _with_sides(maps: WordMaps, source: Words, target: Words | None) -> WordMaps
 
 
 def _word_record(rec: Attention, query_side: Words, key_side: Words) -> Attention:
-    """One token-level record over words: each sentence's weights aggregated (queries and keys,
-    which belong to tokens, stay behind)."""
+    """One token-level record over words: each sentence's weights (and sink shares) aggregated (queries
+    and keys, which belong to tokens, stay behind)."""
     q, k = rec.query_side, rec.key_side
     weights = [aggregate(w, q.word_of[i], len(q.words[i]), k.word_of[i], len(k.words[i]))
                for i, w in enumerate(rec.weights)]
+    shares = None if rec.sink_share is None else [aggregate_share(s, q.word_of[i], len(q.words[i]))
+                                                   for i, s in enumerate(rec.sink_share)]
     return Attention(weights=weights, query_side=query_side, key_side=key_side, num_layers=rec.num_layers,
-                     num_heads=rec.num_heads)
+                     num_heads=rec.num_heads, sink_share=shares)
 
 
 def to_words(maps: Maps, marks: Iterable[str] | None = None) -> WordMaps:

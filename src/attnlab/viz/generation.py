@@ -7,6 +7,8 @@ rows to the viewer as they are (rounded for JSON); :func:`generation_maps` makes
 P − 1 … P + N − 2 of an ordinary :class:`~attnlab.maps.records.AttentionMaps` of the N + P − 1
 tokens the model read, the prompt's own rows taken from one pass over the prompt
 (``hook_pattern`` of ``Transformer.run_with_cache``), so that the file loads and reads like any other maps.
+A model with learned sinks (gpt-oss) gives rows that add up to less than 1: the maps keep each row's sink
+share, the rest of its 1 (``sink_share``; docs/design.md, "Maps").
 """
 
 from __future__ import annotations
@@ -99,5 +101,9 @@ def generation_maps(model: Any, gen: Any, model_id: str, revision: str | None = 
     config = {"family": c.family, "num_layers": c.num_layers, "num_heads": c.num_heads,
               "generated": {"prompt_length": P, "new_tokens": len(rows), "positions": gen.positions[b]}}
     side = Tokens(tokens=[tokens], word_of=[word_of], words=[words], kinds=[kinds])
-    own = Attention(weights=[weights], query_side=side, key_side=side, num_layers=c.num_layers, num_heads=c.num_heads)
+    share = None
+    if c.attn_sinks:  # learned sinks: each row's share of the sink is what its weights leave of 1
+        share = [(1.0 - weights.sum(axis=-1, dtype=np.float64)).astype(np.float32)]  # (L, H, T)
+    own = Attention(weights=[weights], query_side=side, key_side=side, num_layers=c.num_layers, num_heads=c.num_heads,
+                    sink_share=share)
     return AttentionMaps(sentences=[text], self_attention=own, model_id=model_id, revision=revision, config=config)

@@ -11,7 +11,9 @@ one head) are cut from the same records and have the same shapes.
 
 A head's weights follow from its data as the model computes them: scores q·k · scale, softcapped
 (``softcap``: c·tanh(s/c)), plus the position bias where the model adds one (T5's relative position
-bias), masked (``causal``, a sliding ``window`` (left, right)), then softmax.
+bias), masked (``causal``, a sliding ``window`` (left, right)), then softmax, over the head's learned
+sink too where the layer has them (``sink_logits``, one per head: gpt-oss), which takes its share of the
+row and blends no value.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def qk_of(maps: AttentionMaps, attention: str = "encoder") -> Attention | None:
 def meta_table(layers: tuple[LayerFacts, ...]) -> dict:
     """The facts of every layer as the page reads them: each fact's list over the layers."""
     rows = [f.to_dict() for f in layers]
-    return {name: [r[name] for r in rows] for name in rows[0]}
+    return {name: [r.get(name) for r in rows] for name in rows[0]}
 
 
 def _rounded(x: np.ndarray) -> list:

@@ -53,6 +53,9 @@ def page_data(maps: Maps | None = None, *, scene: dict | None = None, target: st
         _check_size(maps)
         data["maps"] = payload.maps_payload(maps, overview=overview)
         data["maps"]["packed"] = [payload.pack_weights(w) for w in maps.weights]
+        shares = maps.self_attention.sink_share  # learned sinks: [L, H, T] per sentence, packed as the weights
+        if shares is not None:
+            data["maps"]["sink_share"] = [payload.pack_weights(s) for s in shares]
         data["rollout"] = page_rollout(maps)  # at residual 0.5; flow through all layers where short
         seq2seq = payload.seq2seq_payload(maps)  # an encoder–decoder's decoder and cross-attention
         if seq2seq is not None:

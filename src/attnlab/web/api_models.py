@@ -274,13 +274,18 @@ def _head_answers() -> dict[str, type]:
         level: Level = Field(description="the level served (decoder and cross maps may be tokens where words were asked)")
         labels: list[str] = Field(description="the rows: the tokens or words that look")
         key_labels: list[str] = Field(description="the columns: those looked at (the source's, for cross)")
-        weights: list[list[float]] = Field(description="[from][to], each row sums to 1")
+        weights: list[list[float]] = Field(description="[from][to], each row sums to 1 (minus its sink share, "
+                                                       "for a model with learned sinks)")
+        sink_share: list[float] | None = Field(None, description="[from]: learned sinks (gpt-oss): each row's share of "
+                                                                "the sink, the rest of its 1; null without sinks")
 
     class LayerMetaOut(BaseModel):
         scale: float
         softcap: float | None
         causal: bool
         window: list[int] | None = Field(description="(left, right): key j is seen from i when i − left ≤ j ≤ i + right")
+        sink_logits: list[float] | None = Field(None, description="learned sinks (gpt-oss): one logit per head in "
+                                                                 "each row's softmax, with no value; absent without")
 
     class NeuronOut(BaseModel):
         sentence: int

@@ -17,11 +17,13 @@ from attnlab.viz.payload import attention_of, check_head
 
 def attention_head(m: Maps, attention: str, i: int, layer: int, head: int) -> dict:
     """One head (0-based ``layer``, ``head``) of sentence ``i`` of ``attention`` of the maps ``m``:
-    ``level`` (of ``m``), ``labels`` (rows), ``key_labels`` (columns) and ``weights`` [rows, columns].
+    ``level`` (of ``m``), ``labels`` (rows), ``key_labels`` (columns), ``weights`` [rows, columns] and
+    ``sink_share`` [rows] (learned sinks: each row's share of the sink; None for a model without).
     ValueError with the range for a layer, head or sentence out of range, or a decoder or cross
     attention of a model that has none."""
     rec = attention_of(m, attention)
     what = "" if attention == "encoder" else f" of the {attention} attention"
     check_head(len(rec), rec.num_layers, rec.num_heads, i, layer, head, what)
     return {"level": m.level, "labels": rec.query_side.labels(i), "key_labels": rec.key_side.labels(i),
-            "weights": rec.weights[i][layer, head]}
+            "weights": rec.weights[i][layer, head],
+            "sink_share": None if rec.sink_share is None else rec.sink_share[i][layer, head]}

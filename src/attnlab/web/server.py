@@ -121,8 +121,10 @@ def head_answer(v: Viewer, req: Any) -> dict:
     (``attention`` "encoder"), or an encoder–decoder's decoder self-attention or cross-attention (target
     rows, source columns), at the level asked for (``level`` says which)."""
     got = attention_head(v.maps(req.sentences, req.level), req.attention, req.sentence, req.layer, req.head)
+    share = got["sink_share"]  # (rows,) learned sinks: each row's share of the sink, or None
     return {"sentence": req.sentence, "layer": req.layer, "head": req.head, "attention": req.attention,
-            **got, "weights": payload.round_weights(got["weights"])}
+            **got, "weights": payload.round_weights(got["weights"]),
+            "sink_share": None if share is None else payload.round_weights(share)}
 
 
 def neuron_answer(v: Viewer, req: Any) -> dict:

@@ -125,7 +125,8 @@ AL.status = function (text, isError) {
 // The views number layers and heads as people read them (1-based: the selects, the captions); the
 // sources take those numbers and convert at their edge, since the API's fields and the embedded
 // data are 0-based (as every field of attnlab: docs/design.md, "Layers and heads").
-//   head(s, layer, hd, attention) -> {n, rows, cols, weights: Float32Array rows*cols} for sentence s,
+//   head(s, layer, hd, attention) -> {n, rows, cols, weights: Float32Array rows*cols, sink: Float32Array rows
+//                          (learned sinks: each row's share of the sink) or null} for sentence s,
 //                          layer and head as shown (1-based); attention "encoder" (the default: the maps' own, rows =
 //                          cols = n), or an encoder–decoder's "decoder" or "cross" (target rows,
 //                          source columns), which the maps announce in their `seq2seq` part
@@ -192,6 +193,7 @@ class ServerSource {
     if (!this.cache.has(key)) {
       const p = this.call("/api/head", {...this.request, sentence, layer: layer - 1, head: head - 1, attention}).then((d) => ({
         n: d.labels.length, rows: d.labels.length, cols: d.key_labels.length, weights: Float32Array.from(d.weights.flat()),
+        sink: d.sink_share ? Float32Array.from(d.sink_share) : null,
       }));
       this.cache.set(key, p);
       p.catch(() => this.cache.delete(key));
@@ -216,25 +218,32 @@ class EmbeddedSource {
   maps() { return Promise.resolve(this.data.maps); }
   // attention: "encoder" (the maps' own), or on an encoder–decoder's page "decoder" (its self-attention
   // over the target) or "cross" (target rows, source columns).
-  head(sentence, layer, head, attention = "encoder") {
-    const m = this.data.maps;
-    const s = m.sentences[sentence];
-    const seq = attention === "encoder" ? null : m.seq2seq.sentences[sentence];
-    const key = `${attention}/${sentence}`;
+  // One packed array ([L, H, ...] as uint16), decoded once and kept under `key`; the `size` values of head
+  // (layer, head), 1-based, as floats in [0, 1].
+  unpack(key, packed, layer, head, heads, size) {
     if (!this.decoded[key]) {
-      const bin = atob(seq ? seq[attention] : m.packed[sentence]);
+      const bin = atob(packed);
       const bytes = new Uint8Array(bin.length);
       for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
       this.decoded[key] = new Uint16Array(bytes.buffer);
     }
+    const start = ((layer - 1) * heads + (head - 1)) * size;
+    const raw = this.decoded[key].subarray(start, start + size);
+    const out = new Float32Array(size);
+    for (let i = 0; i < raw.length; i++) out[i] = raw[i] / 65535;
+    return out;
+  }
+  head(sentence, layer, head, attention = "encoder") {
+    const m = this.data.maps;
+    const s = m.sentences[sentence];
+    const seq = attention === "encoder" ? null : m.seq2seq.sentences[sentence];
     const rows = seq ? seq.target.length : s.labels.length;
     const cols = attention === "cross" ? seq.source.length : rows;
     const heads = seq ? m.seq2seq.model.num_heads : m.model.num_heads;
-    const start = ((layer - 1) * heads + (head - 1)) * rows * cols;
-    const raw = this.decoded[key].subarray(start, start + rows * cols);
-    const weights = new Float32Array(rows * cols);
-    for (let i = 0; i < raw.length; i++) weights[i] = raw[i] / 65535;
-    return Promise.resolve({n: rows, rows, cols, weights});
+    const weights = this.unpack(`${attention}/${sentence}`, seq ? seq[attention] : m.packed[sentence], layer, head, heads, rows * cols);
+    // learned sinks: each row's share of the sink, [L, H, T] per sentence, packed as the weights
+    const sink = !seq && m.sink_share ? this.unpack(`sink/${sentence}`, m.sink_share[sentence], layer, head, heads, rows) : null;
+    return Promise.resolve({n: rows, rows, cols, weights, sink});
   }
   findHead() { return Promise.resolve(this.data.search); }
   generation() { return Promise.resolve(this.data.generation); }
@@ -253,6 +262,7 @@ class EmbeddedSource {
     if (!s.q) return Promise.resolve({too_long: true, length: s.labels.length, max_tokens: n.max_tokens});
     const meta = {};
     for (const name of ["scale", "softcap", "causal", "window"]) meta[name] = part.meta[name][L];
+    if (part.meta.sink_logits && part.meta.sink_logits[L]) meta.sink_logits = part.meta.sink_logits[L]; // learned sinks
     return Promise.resolve({labels: s.labels, key_labels: s.key_labels || s.labels, q: s.q[L][H], k: s.k[L][H],
       bias: s.bias ? s.bias[L][H] : null, meta});
   }

@@ -7,6 +7,8 @@
 // An encoder–decoder's page also holds the decoder's self-attention and the cross-attention: a
 // choice of "encoder / decoder / cross" shows them, cross with the target tokens (the queries) on
 // the left and the source tokens (the keys) on the right, as bertviz draws it.
+// A model with learned sinks (gpt-oss) gives rows that add up to less than 1: a "sink" chip after the
+// sentence takes the chosen row's sink share as its colour, and the list says the share as a number.
 "use strict";
 (function () {
   const AL = window.attnlab;
@@ -31,6 +33,7 @@
   const nRows = () => st.map.rows || st.map.n;
   const nCols = () => st.map.cols || st.map.n;
   const weight = (i, j) => st.map.weights[i * nCols() + j];
+  const sinkShare = (i) => (st.map && st.map.sink ? st.map.sink[i] : null); // learned sinks only
 
   function options(count, selected) {
     return Array.from({length: count}, (_, i) => el("option", {value: i + 1, selected: i + 1 === selected, text: i + 1}));
@@ -67,7 +70,13 @@
       class: `word${isMark()[j] ? " mark" : ""}`, "data-index": j, text: w,
       onclick: () => choose(j), onmouseenter: () => preview(j), onmouseleave: () => preview(null),
     })));
-    if (st.attention !== "cross") { paintStrip(box); return box; }
+    if (st.attention !== "cross") {
+      paintStrip(box);
+      if (!st.map || !st.map.sink) return box;
+      const chip = el("span", {id: "head-sink-chip", class: "word mark sink", text: "sink"});
+      paintSink(chip);
+      return el("div", {class: "strip-row"}, box, chip);
+    }
     const keys = el("div", {id: "head-keys", class: "strip"}, colLabels().map((w, j) => el("span", {
       class: `word${colMark()[j] ? " mark" : ""}`, "data-index": j, text: w})));
     paintStrip(box, keys);
@@ -85,12 +94,22 @@
     });
   }
 
+  // The sink chip: the chosen row's sink share as heat, and as a number in its tooltip.
+  function paintSink(chip) {
+    const q = query(), s = q === null ? null : sinkShare(q);
+    chip.style.background = s === null ? "" : AL.heat(s);
+    chip.style.color = s !== null && s > 0.45 ? "#fff" : "";
+    chip.title = s === null ? "the learned sink: the share of a row that goes to no word" : `the learned sink takes ${AL.pct1(s)} of this row`;
+  }
+
   function rowList() {
     const q = query();
     if (q === null || !st.map) return el("aside", {id: "head-side"}, el("p", {class: "muted", text: "Hover or click a word."}));
     const order = Array.from({length: nCols()}, (_, j) => j).sort((a, b) => weight(q, b) - weight(q, a)).slice(0, TOP_K);
     return el("aside", {id: "head-side"},
       el("h3", {id: "head-query", text: `"${labels()[q]}" looks at`}),
+      sinkShare(q) === null ? null : el("p", {id: "head-sink", class: "muted",
+        text: `the learned sink takes ${AL.pct1(sinkShare(q))}: the weights add up to ${AL.pct1(1 - sinkShare(q))}`}),
       el("ol", {id: "head-row"}, order.map((j) => el("li", {"data-index": j},
         el("span", {class: "w", text: colLabels()[j]}), " ",
         el("span", {class: "bar"}, el("span", {class: "fill", style: `width:${(100 * weight(q, j)).toFixed(1)}%`})), " ",
@@ -231,6 +250,8 @@
     document.getElementById("head-side").replaceWith(rowList());
     const box = document.getElementById("head-words");
     paintStrip(box, document.getElementById("head-keys") || box);
+    const chip = document.getElementById("head-sink-chip");
+    if (chip) paintSink(chip);
   }
 
   async function load() {

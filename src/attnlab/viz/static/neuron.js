@@ -37,19 +37,21 @@
   const maxAbs = (rows) => rows.reduce((m, r) => r.reduce((a, x) => Math.max(a, Math.abs(x)), m), 0);
 
   // The row of weights of query i, recomputed as the model does: q·k · scale, softcap, + bias, mask,
-  // softmax. meta: one layer's {scale, softcap, causal, window}; bias: the query's row of the
-  // position bias (one number per key) or null.
-  AL.neuronRow = function (q, keys, i, meta, bias) {
+  // softmax. meta: one layer's {scale, softcap, causal, window, sink_logits (learned sinks only)}; bias:
+  // the query's row of the position bias (one number per key) or null; sink: the head's learned sink
+  // logit or null, one more term of the softmax with no value (its share: `sink`, the weights the rest).
+  AL.neuronRow = function (q, keys, i, meta, bias, sink = null) {
     const cap = meta.softcap, win = meta.window;
     const dots = keys.map((k) => k.reduce((s, x, d) => s + x * q[d], 0));
     const scaled = dots.map((s) => s * meta.scale);
     const capped = cap ? scaled.map((s) => cap * Math.tanh(s / cap)) : scaled;
     const scores = bias ? capped.map((s, j) => s + bias[j]) : capped;
     const seen = keys.map((_, j) => (!meta.causal || j <= i) && (!win || (j >= i - win[0] && j <= i + win[1])));
-    const top = Math.max(...scores.filter((_, j) => seen[j]));
+    const top = Math.max(...scores.filter((_, j) => seen[j]), sink === null ? -Infinity : sink);
     const e = scores.map((s, j) => (seen[j] ? Math.exp(s - top) : 0));
-    const total = e.reduce((a, b) => a + b, 0);
-    return {dots, scaled, capped, scores, seen, weights: e.map((x) => x / total)};
+    const own = sink === null ? 0 : Math.exp(sink - top);
+    const total = e.reduce((a, b) => a + b, own);
+    return {dots, scaled, capped, scores, seen, weights: e.map((x) => x / total), sink: sink === null ? null : own / total};
   };
 
   function select(label, n, value, onchange, names) {
@@ -94,7 +96,7 @@
     if (st.query < 0 || st.query >= d.labels.length) st.query = d.labels.length - 1;
     const i = st.query, q = d.q[i], meta = d.meta, cap = meta.softcap, win = meta.window;
     const bias = d.bias ? d.bias[i] : null;
-    const row = AL.neuronRow(q, d.k, i, meta, bias);
+    const row = AL.neuronRow(q, d.k, i, meta, bias, meta.sink_logits ? meta.sink_logits[st.head - 1] : null);
     const prods = d.k.map((k) => k.map((x, c) => x * q[c]));
     const vmax = Math.max(maxAbs(d.q), maxAbs(d.k)), pmax = maxAbs(prods);
     const cross = st.attention === "cross";
@@ -119,7 +121,8 @@
     const best = row.weights.map((w, j) => [w, j]).sort((a, b) => b[0] - a[0]).slice(0, 3);
     const about = `${cross ? "Cross-attention, " : st.attention === "decoder" ? "Decoder, " : ""}layer ${st.layer}, head ${st.head}; ` +
       `scale ${meta.scale.toPrecision(3)}` + (meta.causal ? ", causal" : "") + (win ? `, sliding window ${win[0] + 1}` : "") +
-      (cap ? `, softcap ${cap}` : "") + (d.bias ? ", position bias" : "") + " · token level";
+      (cap ? `, softcap ${cap}` : "") + (d.bias ? ", position bias" : "") +
+      (row.sink === null ? "" : ", learned sink") + " · token level";
     root.replaceChildren(...[
       ...head,
       el("p", {class: "lead", id: "neuron-step"}, `Step ${st.step}: ${STEPS[names[st.step - 1]]}. `, el("span", {class: "muted", text: about})),
@@ -128,6 +131,9 @@
       cross ? el("span", {class: "muted", text: "target (looks):"}) : null, strip,
       el("p", {}, el("b", {id: "neuron-query", text: `q(${d.labels[i]}) `}), bars(q, vmax)),
       table,
+      row.sink !== null && show("softmax") ? el("p", {id: "neuron-sink", class: "muted", text: `The learned sink (logit ` +
+        `${meta.sink_logits[st.head - 1].toFixed(2)}) takes ${AL.pct1(row.sink)} of the softmax and blends no value: ` +
+        `the weights add up to ${AL.pct1(1 - row.sink)}.`}) : null,
       show("blend") ? el("p", {class: "lead", text: `The weights blend the values: ${best.map(([w, j]) =>
         `${AL.pct(w)} of ${d.key_labels[j]}`).join(", ")}… (values are not kept; the head view shows every row).`}) : null,
     ].filter(Boolean));
