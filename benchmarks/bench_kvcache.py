@@ -7,8 +7,9 @@ The decode benchmark's shape (benchmarks/bench_decode.py): B = 1, 32 query heads
 query row at the end of a cache of ``--length`` positions, ``attnlab.attention(q, k, v, causal=True)`` as a step
 of ``Transformer.generate`` calls it. Caches: float32 and bfloat16 tensors (auto's backend, and blockwise with the
 quantized reads' key blocks for a like-for-like row: what the dequantization itself costs), and int8, fp8, int4
-(:class:`attnlab.reference.quantized.QuantizedKV`, auto's backend: blockwise and torch, each named, a block of keys at a time; the compiled kernel does not read codes yet; the
-printout says which auto takes). The rounds are
+(:class:`attnlab.reference.quantized.QuantizedKV`) by each backend that reads codes, named: the compiled kernel's
+decode pass (codes dequantized in registers, int4's residual in the same pass), blockwise and torch (a block of keys
+dequantized at a time); the printout says which auto takes. The rounds are
 interleaved (every cache once per round), the median is reported. Per cache: the bytes it stores (codes, scales,
 zero points, residual), GB/s of them, GFLOP/s (4·H·Tk·D per step: q·k and p·v), and the time as a multiple of the
 float32 step's (auto). ``--quick``: 2,048 positions, 2 rounds (a smoke run; its figures mean nothing).
@@ -44,7 +45,7 @@ def caches(length: int) -> dict:
         vs = Store(kind, 1, HKV, D, length, torch.float32, "cpu", grouping="token")
         ks.write(step, k)
         vs.write(step, v)
-        for backend in ("blockwise", "torch"):  # the two that read codes (auto picks one; the table says which)
+        for backend in ("kernel", "blockwise", "torch"):  # the three that read codes (auto picks one; the table says which)
             out[f"{kind} {backend}"] = (ks.read(length), vs.read(length), backend, ks.nbytes + vs.nbytes)
     return out
 
