@@ -46,7 +46,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     const int i4 = pr->kvtype == DT_I4;
     const int64_t ng = i4 ? dv / 32 : 0;
     float *restrict qs = p + rows * VW, *restrict acc4 = qs + rows * dp, *restrict w4 = acc4 + rows * dvp;
-    float *restrict zs = w4 + rows * ng * VW, *restrict cz = zs + rows * ng * VW;
+    float *restrict zs = w4 + rows * ng * VW, *restrict qp = zs + rows * ng * VW, *restrict cz = qp + rows * dp;
     int64_t *bound = (int64_t *)(i4 ? cz + (rows + VW - 1) / VW * VW : qs); /* each row's keys: two intervals [lo, hi) */
     const int64_t flat0 = b * pr->h + hk * pr->g; /* the group's first query head */
     int gaps = 0; /* some row sees two runs of keys (sink tokens and a window): blocks between may be unseen */
@@ -61,6 +61,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     memset(acc, 0, sizeof(float) * rows * dvp);
     memset(lv, 0, sizeof(float) * rows * VW);
     if (i4) memset(acc4, 0, sizeof(float) * rows * dvp), memset(zs, 0, sizeof(float) * rows * ng * VW);
+    if (i4) F(q4_order)(q, rows, dp, d, qp); /* the query in nibble order, once */
     const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_F16 || pr->kvtype == DT_BF16 ? 2 : 1;
     const int64_t krow = i4 ? d / 2 : d * (int64_t)item, vrow = i4 ? dv / 2 : dv * (int64_t)item; /* bytes per row */
     const int64_t per = pr->kvtype == DT_I8; /* int8: a scale per key and value row; float8: one per head */
@@ -121,7 +122,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                                     ahead ? VW * krow / 64 : 0};
         const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0, pairs = (rows + 1) / 2;
         if (kq4) { /* int4 keys: the group's scaled queries, then four rows at a time */
-            if (j / 32 != kg) kg = j / 32, F(q4_group)(q, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
+            if (j / 32 != kg) kg = j / 32, F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
             for (int64_t x = 0; x < lines; x++) F(prefetch)(&pf, x);
             for (int64_t r = 0; r < rows; r += 4) {
                 const float *qq[4];
@@ -257,7 +258,7 @@ static TARGET int F(drun)(struct dproblem *pr) {
     float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * (pr->part + 2))));
     if (!parts) return -1;
     pr->parts = parts, pr->checks = parts + items * pr->part;
-    const int64_t x4 = pr->kvtype == DT_I4 ? pr->rows * (pr->dp + pr->dvp + 2 * (pr->dv / 32) * VW) + (pr->rows + VW - 1) / VW * VW : 0;
+    const int64_t x4 = pr->kvtype == DT_I4 ? pr->rows * (2 * pr->dp + pr->dvp + 2 * (pr->dv / 32) * VW) + (pr->rows + VW - 1) / VW * VW : 0;
     const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 8 * pr->rows + x4);
     int64_t next = 0;
     int failed = 0;

@@ -41,24 +41,36 @@ static inline TARGET void F(nibbles)(const uint8_t *p, VF *lo, VF *hi) { /* 2 VW
     *hi = __builtin_convertvector((VI)(x >> 4), VF);
 }
 
-/* A key group's scaled queries qs (rows, dp) in nibble order and constants cz (rows): qs = q * s, cz = q . z,
- * q (rows, dp) in channel order (scaled to base 2), s and z the group's d scales and zero points. */
-static TARGET void F(q4_group)(const float *restrict q, int64_t rows, int64_t dp, int64_t d, const float *restrict s,
-                               const float *restrict z, float *restrict qs, float *restrict cz) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *qr = q + r * dp;
-        VF c = {};
-        for (int64_t t = 0; t < d; t += 2 * VW) {
-            const VF q0 = *(const VF *)(qr + t), q1 = *(const VF *)(qr + t + VW);
-            const VF a = q0 * *(const VFU *)(s + t), b = q1 * *(const VFU *)(s + t + VW);
-            c += q0 * *(const VFU *)(z + t), c += q1 * *(const VFU *)(z + t + VW);
-            *(VF *)(qs + r * dp + t) = __builtin_shufflevector(a, b, EV);
-            *(VF *)(qs + r * dp + t + VW) = __builtin_shufflevector(a, b, OD);
+/* A key group's scaled queries qs (rows, dp) in nibble order and constants cz (rows): qs = q * s, cz = q . z, from
+ * q in channel order (scaled to base 2) and qp, the same in nibble order; s and z the group's d scales and zero
+ * points (s turned into nibble order once for every row: the only shuffles). */
+static TARGET void F(q4_group)(const float *restrict q, const float *restrict qp, int64_t rows, int64_t dp, int64_t d,
+                               const float *restrict s, const float *restrict z, float *restrict qs, float *restrict cz) {
+    for (int64_t t = 0; t < d; t += 2 * VW) {
+        const VF a = *(const VFU *)(s + t), b = *(const VFU *)(s + t + VW);
+        const VF lo = __builtin_shufflevector(a, b, EV), hi = __builtin_shufflevector(a, b, OD);
+        for (int64_t r = 0; r < rows; r++) {
+            *(VF *)(qs + r * dp + t) = *(const VF *)(qp + r * dp + t) * lo;
+            *(VF *)(qs + r * dp + t + VW) = *(const VF *)(qp + r * dp + t + VW) * hi;
         }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        VF c = {};
+        for (int64_t t = 0; t < d; t += VW) c += *(const VF *)(q + r * dp + t) * *(const VFU *)(z + t);
         float sum = 0.0f;
         for (int u = 0; u < VW; u++) sum += c[u];
         cz[r] = sum;
     }
+}
+
+/* q (rows, dp) in channel order into qp in nibble order: each chunk of 2 VW channels as [even, odd]. */
+static TARGET void F(q4_order)(const float *restrict q, int64_t rows, int64_t dp, int64_t d, float *restrict qp) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t t = 0; t < d; t += 2 * VW) {
+            const VF a = *(const VF *)(q + r * dp + t), b = *(const VF *)(q + r * dp + t + VW);
+            *(VF *)(qp + r * dp + t) = __builtin_shufflevector(a, b, EV);
+            *(VF *)(qp + r * dp + t + VW) = __builtin_shufflevector(a, b, OD);
+        }
 }
 
 /* The scores of four rows (qs[i]: dp floats in nibble order; rows may repeat) against the nk <= VW keys of a
