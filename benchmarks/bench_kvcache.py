@@ -7,12 +7,16 @@ The decode benchmark's shape (benchmarks/bench_decode.py): B = 1, 32 query heads
 query row at the end of a cache of ``--length`` positions, ``attnlab.attention(q, k, v, causal=True)`` as a step
 of ``Transformer.generate`` calls it. Caches: float32 and bfloat16 tensors (auto's backend, and blockwise with the
 quantized reads' key blocks for a like-for-like row: what the dequantization itself costs), and int8, fp8, int4
-(:class:`attnlab.reference.quantized.QuantizedKV`) by every backend that reads its kind, each named: the kernel's
-decode pass (int8, fp8: codes and scales in place, dequantized in registers), blockwise and torch (a block of
-keys at a time, dequantized by torch); the printout says which auto takes. The rounds are
+(:class:`attnlab.reference.quantized.QuantizedKV`) by each backend that reads codes, named: the compiled kernel's
+decode pass (codes dequantized in registers, int4's residual in the same pass), blockwise and torch (a block of keys
+dequantized at a time); the printout says which auto takes. The rounds are
 interleaved (every cache once per round), the median is reported. Per cache: the bytes it stores (codes, scales,
 zero points, residual), GB/s of them, GFLOP/s (4·H·Tk·D per step: q·k and p·v), and the time as a multiple of the
 float32 step's (auto). ``--quick``: 2,048 positions, 2 rounds (a smoke run; its figures mean nothing).
+``--bound``: also the compiled pass's CPU time per (position, k/v head) on one thread (``time.process_time``, so
+other programs' share of the core is not counted) at ``--length`` and at 2,048 positions (every cache then fits in
+the last-level cache): a kind whose cost per position is the same in and out of cache is bound by its arithmetic
+(dequantizing and multiplying), not by memory.
 """
 
 from __future__ import annotations
@@ -87,6 +91,27 @@ def measure(length: int, repeats: int) -> list[dict]:
     return rows
 
 
+def bound(length: int) -> dict:
+    """{cache: {positions: CPU ns per position and k/v head}} of the kernel's decode pass on one thread."""
+    import torch
+
+    from attnlab.backends import kernel
+
+    q, out = torch.randn(1, H, 1, D, generator=torch.Generator().manual_seed(1)), {}
+    for n in (2048, length):
+        cs = caches(n)
+        for name in ("float32", "bfloat16", "int8 kernel", "fp8 kernel", "int4 kernel"):
+            k, v = cs[name][:2]
+            calls, best = max(2, 65536 // n * 4), float("inf")
+            for _ in range(4):  # the first round warms up
+                c0 = time.process_time()
+                for _ in range(calls):
+                    kernel.decode(q, k, v, scale=D ** -0.5, threads=1)
+                best = min(best, (time.process_time() - c0) / calls)
+            out.setdefault(name.split()[0], {})[n] = 1e9 * best / (n * HKV)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--length", type=int, default=32768, help="cached positions (default 32768)")
@@ -94,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--quick", action="store_true", help="2,048 positions, 2 rounds: a smoke run")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    ap.add_argument("--bound", action="store_true", help="also the kernel's CPU ns per position on one thread, in and out of cache")
     args = ap.parse_args(argv)
     import torch
 
@@ -107,10 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['cache']:<18}{r['backend']:<11}{r['auto']:<11}{r['ms']:>9.2f}{r['x_float32']:>8.2f}{r['stored_mb']:>9.1f}"
               f"{r['stored_gb_s']:>8.2f}{r['gflop_s']:>9.2f}")
+    cpu = bound(length) if args.bound else None
+    for name, by_n in (cpu or {}).items():
+        print(f"kernel {name:<9} CPU ns per position and k/v head, one thread: " +
+              ", ".join(f"{n} positions {ns:.1f}" for n, ns in by_n.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"length": length, "heads": H, "heads_kv": HKV, "head_dim": D, "threads": torch.get_num_threads(),
-                       "load_average": os.getloadavg()[0], "repeats": repeats, "rows": rows}, f, indent=1)
+                       "load_average": os.getloadavg()[0], "repeats": repeats, "rows": rows, "cpu_ns_per_position": cpu},
+                      f, indent=1)
     return 0
 
 

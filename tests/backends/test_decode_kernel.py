@@ -200,7 +200,7 @@ def test_a_valid_direct_call_runs(isa):
     ({"q": np.zeros((1, 3, 1, 8), np.float32), "out": np.empty((1, 3, 1, 3), np.float32),
       "lse": np.empty((1, 3, 1), np.float32)}, "q: expected a multiple of k's 2 key/value heads (dim 1), got 3 heads"),
     ({"k": np.zeros((1, 2, 5, 8))}, "k: expected float32 items (buffer format 'f'), got format 'd'"),
-    ({"dtype": "float64"}, "dtype: expected 'float32', 'float16', 'bfloat16', 'int8' or 'float8_e4m3fn'"),
+    ({"dtype": "float64"}, "dtype: expected 'float32', 'float16', 'bfloat16', 'int8', 'float8_e4m3fn' or 'int4'"),
     ({"dtype": "bfloat16"}, "k: expected bfloat16 items (buffer format 'h' or 'H' holding its bits), got format 'f'"),
     ({"dtype": "float16", "k": np.zeros((1, 2, 5, 8), np.float16)}, "v: expected float16 items"),
     ({"k": np.zeros((1, 2, 8, 5), np.float32).swapaxes(-1, -2)}, "k: expected a row-contiguous"),

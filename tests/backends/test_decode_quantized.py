@@ -99,3 +99,80 @@ def test_a_float8_cache_gives_the_reference_on_its_dequantized_values(isa, b, h,
     np.testing.assert_allclose(out, _want(q, deq[0].numpy(), deq[1].numpy(), lengths), atol=2e-5)
     float32, _ = kernel.decode(q, deq[0].float(), deq[1].float(), lengths, scale=0.125, causal=True)
     np.testing.assert_allclose(out, float32, atol=1e-5)  # the float32 pass's rounding, no more
+
+
+def _int4(rng, b, hkv, tk, d, held, slots=64, residual="float32"):
+    """Keys and values of an int4 cache (:class:`QuantizedKV`, KIVI's layout) holding random codes, scales, zero
+    points and residual rings, C > Tk slots (the pass reads a prefix): positions >= held[b] come from the rings."""
+    import torch
+
+    from attnlab.reference.quantized import QuantizedKV
+
+    c = -(-tk // 32) * 32 + 32
+    t = lambda x: torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))  # noqa: E731
+    codes = [torch.from_numpy(rng.integers(0, 256, (b, hkv, c, d // 2), dtype=np.uint8)) for _ in "kv"]
+    rings = [t(rng.standard_normal((b, hkv, slots, d))).to(getattr(torch, residual)) for _ in "kv"]
+    held = torch.tensor(held, dtype=torch.long)
+    k = QuantizedKV("int4", codes[0], t(rng.uniform(0.05, 0.2, (b, hkv, c // 32, d))), tk, d, 99.0,
+                    t(rng.uniform(-1.5, 0.0, (b, hkv, c // 32, d))), rings[0], held, "channel")
+    v = QuantizedKV("int4", codes[1], t(rng.uniform(0.05, 0.2, (b, hkv, c, d // 32))), tk, d, 99.0,
+                    t(rng.uniform(-1.5, 0.0, (b, hkv, c, d // 32))), rings[1], held.clone(), "token")
+    return k, v
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.parametrize("b, h, hkv, tq, tk, d, held, window, residual", [
+    (2, 8, 2, 1, 1000, 64, [928, 480], None, "float32"),  # GQA, ragged lengths, the second's newest 21 in the ring
+    (1, 4, 4, 3, 77, 32, [64], None, "float32"),  # three rows, a partial last block of the ring
+    (1, 6, 2, 2, 333, 32, [288], 50, "bfloat16"),  # a window (from inside a group), a bfloat16 residual
+    (2, 12, 4, 5, 130, 64, [0, 96], None, "float16"),  # five rows of three heads: rows in fours; a ring alone
+    (1, 32, 8, 1, 2100, 128, [1984], None, "float32"),  # the decode benchmark's heads
+])
+def test_an_int4_cache_gives_the_reference_on_its_dequantized_values(isa, b, h, hkv, tq, tk, d, held, window, residual):
+    """Codes, each group's scale and zero point, and the float residual read in one pass, against the float64
+    reference on QuantizedKV.dequantize (the definition): every code 0..15 in both nibbles, ragged lengths."""
+    rng = np.random.default_rng(tk + d)
+    q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    k, v = _int4(rng, b, hkv, tk, d, held, residual=residual)
+    lengths = np.array([tk, tk // 2 + 1][:b])
+    out, lse = kernel.decode(q, k, v, lengths, scale=0.125, causal=True, window=None if window is None else (window, 0))
+    want = _want(q, k.reference(), v.reference(), lengths, window)
+    np.testing.assert_allclose(out, want, atol=2e-5 * np.abs(want).max())
+    assert np.isfinite(lse).all()
+
+
+@pytest.mark.needs("torch")
+def test_int4_codes_with_sinks_and_the_stored_layout_checked():
+    import torch
+
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
+    k, v = _int4(rng, 1, 2, 200, 32, [160])
+    sinks = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    out, _ = kernel.decode(q, k, v, scale=0.2, sinks=sinks)
+    kk, vv = np.repeat(k.reference(), 2, 1), np.repeat(v.reference(), 2, 1)
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), kk) * 0.2
+    e = np.exp(s - s.max(-1, keepdims=True))
+    total = e.sum(-1, keepdims=True) + np.exp(sinks.astype(np.float64)[None, :, None, None] - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, np.einsum("bhqk,bhkd->bhqd", e / total, vv), atol=2e-5)
+    args = dict(q=q, k=k.codes[:, :, :200].numpy(), v=v.codes[:, :, :200].numpy(), out=np.empty((1, 4, 1, 32), np.float32),
+                lse=np.empty((1, 4, 1), np.float32), dtype="int4", scale=1.0, threads=0, k_scale=k.scale.numpy(),
+                v_scale=v.scale.numpy(), k_zero=k.zero.numpy(), v_zero=v.zero.numpy(), k_residual=k.residual.numpy(),
+                v_residual=v.residual.numpy(), k_quantized=np.array([160]), v_quantized=np.array([160]))
+    kernel._tiles.decode(**args)
+    with pytest.raises(ValueError, match="k_quantized: expected positions held as codes >= 0 and a multiple of 32, got 100"):
+        kernel._tiles.decode(**{**args, "k_quantized": np.array([100])})
+    with pytest.raises(ValueError, match="v_residual: expected a ring of a multiple of 32 slots"):
+        kernel._tiles.decode(**{**args, "v_residual": args["v_residual"][:, :, :40].copy()})
+    with pytest.raises(ValueError, match=r"k_scale: expected at least 7 groups of 32 keys \(dim 2\), got 6"):
+        kernel._tiles.decode(**{**args, "k_scale": args["k_scale"][:, :, :6].copy(), "k_zero": args["k_zero"][:, :, :6].copy()})
+    with pytest.raises(ValueError, match="v_zero: expected an array with int4 codes, got None"):
+        kernel._tiles.decode(**{**args, "v_zero": None})
+    with pytest.raises(ValueError, match="k_zero: expected None unless dtype is 'int4'"):
+        kernel._tiles.decode(**{**args, "dtype": "int8", "k": args["k"].view(np.int8), "v": args["v"].view(np.int8)})
+    narrow = {**args, "q": q[..., :16].copy(), "k": args["k"][..., :8].copy()}
+    with pytest.raises(ValueError, match="k: expected int4 codes two per byte of a head width divisible by 32"):
+        kernel._tiles.decode(**narrow)
+    with pytest.raises(ValueError, match="k and v: the kernel reads int4 keys grouped per channel and values per token"):
+        kernel.decode(q, v, k, scale=1.0)
+    assert torch.equal(k.quantized, torch.tensor([160]))  # nothing written back

@@ -1,7 +1,8 @@
 """A quantized cache's keys and values in attnlab.attention (QuantizedKV): the output equals the float64
 reference on the dequantized keys and values within float32 rounding (GQA, windows, ragged lengths, rotation),
 the stored format reads as docs/generation.md says, and the backends that would not read codes refuse by name.
-Served by blockwise (a key block at a time), torch (a tile of keys at a time) and numpy (the float64 reference)."""
+Served by blockwise (a key block at a time), torch (a tile of keys at a time), numpy (the float64 reference) and the
+compiled kernel's decode pass (every kind, dequantized in registers)."""
 
 from __future__ import annotations
 
@@ -63,9 +64,9 @@ def test_output_equals_the_float64_reference_on_the_dequantized_cache(kind, rota
     # the torch backend reads it a tile of keys at a time (scores materialised, as it always does)
     by_torch = attnlab.attention(q, qk, qv, backend="torch", **kw)
     assert np.abs(by_torch.double().numpy() - want).max() < 2e-5 * max(1.0, np.abs(want).max())
-    if kind != "int4":  # the compiled decode pass reads int8 and fp8 codes in place, dequantized in registers
-        by_kernel = attnlab.attention(q, qk, qv, backend="kernel", **kw)
-        assert np.abs(by_kernel.double().numpy() - want).max() < 2e-5 * max(1.0, np.abs(want).max())
+    # the compiled decode pass reads the codes in place, dequantized in registers (int4: its residual too)
+    by_kernel = attnlab.attention(q, qk, qv, backend="kernel", **kw)
+    assert np.abs(by_kernel.double().numpy() - want).max() < 2e-5 * max(1.0, np.abs(want).max())
     # the numpy backend takes the QuantizedKV itself: the same float64 reference
     got = attnlab.attention(q.double().numpy(), qk, qv, lengths=np.array(lengths), causal=True, mask=kw["mask"],
                             backend="numpy")
@@ -148,17 +149,14 @@ def test_the_backends_that_do_not_read_codes_refuse_by_the_declared_feature():
         attnlab.attention(q, qk, qv, backend="sdpa")
     auto = attnlab.backends.dispatch.choose(attnlab.backends.request.prepare(q, qk, qv).request).name
     assert auto in ("blockwise", "torch", "kernel")
-    k4, v4, _, _ = _filled("int4", [40, 40])
-    with pytest.raises(attnlab.backends.dispatch.NoBackendError, match="reads fp8 and int8 caches, not int4"):
-        attnlab.attention(q, k4.read(40), v4.read(40), backend="kernel")
     with pytest.raises(attnlab.backends.dispatch.NoBackendError, match="in its decode pass only"):
         attnlab.attention(torch.randn(B, HKV * G, 40, D), qk, qv, backend="kernel", causal=True)
 
 
-@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("kind", ["int8", "fp8", "int4"])
 def test_the_kernel_reads_a_prefix_of_a_longer_quantized_cache_in_place(kind):
     """A step reads the first Tk of the cache's C slots: codes and int8's per-key scales are strided views
-    ([:, :, :Tk] of (B, H, C)), read where they lie."""
+    ([:, :, :Tk] of (B, H, C)), read where they lie; int4's groups and residual ring as the cache holds them."""
     ks, vs, _, _ = _filled(kind, [203, 170])
     qk, qv = ks.read(150), vs.read(150)
     assert qk.codes.shape[2] > 150
@@ -186,3 +184,19 @@ def test_fp8_codes_read_as_torch_casts_them_every_one():
     codes = every[(every & 0x7F) != 0x7F].view(torch.float8_e4m3fn).reshape(1, 1, -1, 1)  # all but the NaNs
     x = QuantizedKV("fp8", codes, torch.tensor([[0.75]]), codes.shape[2], 1, 400.0).dequantize(0, codes.shape[2])
     assert torch.equal(x.flatten(), codes.to(torch.float32).flatten() * 0.75)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_kernel_reads_codes_under_alibi_softcap_and_sinks(kind):
+    """The decode pass's visibility and score changes are the same over codes: ALiBi, softcapping and learned
+    sinks against the float64 reference on the QuantizedKV (the numpy backend), with a window and ragged lengths."""
+    ks, vs, _, _ = _filled(kind, [203, 170])
+    qk, qv = ks.read(203), vs.read(203)
+    g = torch.Generator().manual_seed(3)
+    q, sinks = torch.randn(B, HKV * G, 2, D, generator=g), torch.randn(HKV * G, generator=g)
+    kw = {"causal": True, "mask": masks.sliding_window(90), "score_mod": masks.alibi(masks.alibi_slopes(HKV * G)),
+          "softcap": 4.0}
+    got = attnlab.attention(q, qk, qv, backend="kernel", lengths=torch.tensor([203, 170]), sink_logits=sinks, **kw)
+    want = attnlab.attention(q.double().numpy(), qk, qv, backend="numpy", lengths=np.array([203, 170]),
+                             sink_logits=sinks.double().numpy(), **kw)
+    assert np.abs(got.double().numpy() - want).max() < 2e-5 * max(1.0, np.abs(want).max())

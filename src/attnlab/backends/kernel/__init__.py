@@ -28,6 +28,10 @@ import numpy as np
 from attnlab import masks
 from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
+from attnlab.backends.kernel.buffers import buffers as _buffers
+from attnlab.backends.kernel.buffers import quantized as _quantized
+from attnlab.backends.kernel.buffers import scales as _scales
+from attnlab.backends.kernel.buffers import stored as _stored
 from attnlab.backends.quantized import rotated_q
 from attnlab.backends.request import Call, Request, Unchecked
 from attnlab.backends.tiling import LOG2E, Tiling, block_sizes
@@ -213,7 +217,7 @@ def pool(q: Any, k: Any, lse: Any, *, scale: float, block: int, mask: Mask | Non
 DECODE_MAX_TQ = 32  # the kernel backend serves calls of at most this many query rows by the decode pass
 STORED = ("float32", "float16", "bfloat16")  # the dtypes decode reads k and v in, as stored
 CODED = ("int8", "float8_e4m3fn")  # ... and quantized codes with their scales (k_scale, v_scale)
-QUANTIZED = ("int8", "fp8")  # the QuantizedKV kinds the kernel backend reads by those (int4's groups: blockwise)
+QUANTIZED = ("int8", "fp8", "int4")  # the QuantizedKV kinds it reads (int4: given as QuantizedKV, buffers.quantized)
 
 
 def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
@@ -235,7 +239,12 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     ``k_scale``, ``v_scale``: a quantized cache's codes, dequantized in registers (never into a float copy),
     q float32. int8 (symmetric): k and v int8 codes, each key's and value row's float32 scale (B, H_kv, Tk),
     contiguous; key j is k[..., j, :] · k_scale[..., j]. float8_e4m3fn (torch tensors): one float32 scale
-    per sequence and k/v head (B, H_kv); key j is float(k[..., j, :]) · k_scale.
+    per sequence and k/v head (B, H_kv); key j is float(k[..., j, :]) · k_scale. Or k and v are a quantized
+    cache's :class:`QuantizedKV` (int8, fp8 or int4, torch; no k_scale, v_scale): its format as
+    attnlab.reference.quantized defines it, int4's residual (its newest positions, in the model's dtype)
+    read in the same pass. int4: keys as code·scale + zero by groups of 32 tokens per channel (the query is
+    scaled once per group, one constant added), values by groups of 32 channels per token (the weights
+    scaled, the zero points' share summed apart); Tk keys; D and Dv multiples of 32.
 
     ``check``: k and v are checked as the pass reads them, not before: a score that is not finite (a NaN or
     Inf in a key read; q is finite), one beyond float32's safe range (base.OVERFLOW_LIMIT) or an output that
@@ -245,9 +254,13 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     if _tiles is None:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
     torch_in = is_torch(q)
-    stored = dtype_name(k)
-    coded = stored in CODED and (k_scale is not None or v_scale is not None)
-    if dtype_name(v) != stored or (stored not in STORED and not coded):
+    kw4: dict[str, Any] = {}
+    if isinstance(k, QuantizedKV) and isinstance(v, QuantizedKV) and k_scale is None and v_scale is None:
+        k, v, kw4 = _quantized(k, v)
+        k_scale, v_scale = kw4.pop("k_scale"), kw4.pop("v_scale")
+    stored = "int4" if kw4 else dtype_name(k)  # int4: uint8 codes, two per byte
+    coded = stored in (*CODED, "int4") and (k_scale is not None or v_scale is not None)
+    if (dtype_name(v) != stored and not kw4) or (stored not in STORED and not coded):
         raise TypeError(f"k and v must share one dtype of {', '.join(STORED)} (or {' or '.join(CODED)} with k_scale and "
                         f"v_scale), got k {stored} and v {dtype_name(v)}")
     if dtype_name(q) not in ("float32", stored) or (coded and dtype_name(q) != "float32"):
@@ -264,10 +277,11 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
         visible = describe(masks.from_keywords(mask, causal, window, n), tq, k.shape[2], (b, h))
     if sinks is not None:
         sinks = np.broadcast_to(_f32(sinks), (b, h))
-    out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
+    out, lse = np.empty((b, h, tq, v.shape[-1] * (2 if kw4 else 1)), np.float32), np.empty((b, h, tq), np.float32)
     kw = vis_args(visible, sinks)
     kw.pop("heads", None)
-    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw, **scales)
+    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw, **scales,
+                            **kw4)
     if check and not (largest <= OVERFLOW_LIMIT["float32"] and np.isfinite(out).all()):
         raise Unchecked
     if torch_in:
@@ -275,25 +289,6 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
 
         return torch.from_numpy(out), torch.from_numpy(lse)
     return out, lse
-
-
-def _stored(x: Any) -> Any:
-    """k or v as the kernel reads it, no copy: NumPy, its bfloat16 values as their 16 bits."""
-    if is_torch(x):
-        import torch
-
-        x = x.detach()
-        bits = {"bfloat16": torch.int16, "float8_e4m3fn": torch.uint8}.get(dtype_name(x))
-        return x.view(bits).numpy() if bits is not None else x.numpy()
-    return x.view(np.int16) if dtype_name(x) == "bfloat16" else x
-
-
-def _scales(x: Any) -> np.ndarray:
-    """A quantized cache's float32 scales as the kernel reads them: in place where each head's are contiguous
-    (a slice [:, :, :T] of the cache's), a float32 copy otherwise."""
-    if is_torch(x) and x.dtype == __import__("torch").float32 and (x.shape[-1] <= 1 or x.stride(-1) == 1):
-        return x.detach().numpy()
-    return _buffers(x)[0]
 
 
 def _rows_contiguous(x: Any) -> bool:
@@ -321,22 +316,11 @@ def _decodes(call: Call) -> bool:
 
 
 def _run_decode(call: Call) -> tuple[Any, Any, Any]:
-    p = call.problem
-    k, v, coded = call.k, call.v, {}
-    if isinstance(k, QuantizedKV):  # codes and scales read in place; q turned as the keys were stored
-        n = k.length
-        coded = {"k_scale": k.scale[:, :, :n] if k.kind == "int8" else k.scale,
-                 "v_scale": v.scale[:, :, :n] if v.kind == "int8" else v.scale}
-        k, v = k.codes[:, :, :n], v.codes[:, :, :n]
-    out, lse = decode(rotated_q(call.q, call.k), k, v, scale=p.scale, visible=call.visible, sinks=call.visible.sinks,
-                      check=call.kv_pending, **coded)
+    p = call.problem  # a quantized cache's codes and scales are read in place; q turned as the keys were stored
+    out, lse = decode(rotated_q(call.q, call.k), call.k, call.v, scale=p.scale, visible=call.visible,
+                      sinks=call.visible.sinks, check=call.kv_pending)
     torch_in = call.request.library == "torch"
     return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
-
-
-def _buffers(*xs: Any) -> list[np.ndarray]:
-    """C-contiguous float32 NumPy arrays (of torch tensors: views of the same memory where they can be)."""
-    return [np.ascontiguousarray(x.detach().float().contiguous().numpy() if is_torch(x) else x, dtype=np.float32) for x in xs]
 
 
 class KernelBackend(Backend):

@@ -167,13 +167,19 @@ static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(
 
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_VARARGS | METH_KEYWORDS,
-     "decode(q, k, v, out, lse, dtype, scale, threads, *, spans=None, qpos=None, slopes=None, sinks=None)\n\n"
+     "decode(q, k, v, out, lse, dtype, scale, threads, *, spans=None, qpos=None, slopes=None, sinks=None, softcap=0.0,\n"
+     "k_scale=None, v_scale=None, k_zero=None, v_zero=None, k_residual=None, v_residual=None, k_quantized=None,\n"
+     "v_quantized=None, residual_dtype='float32')\n\n"
      "Decode attention, split over the cache: float32 C-contiguous q (B, H, Tq, D) against k (B, Hkv, Tk, D) and\n"
      "v (B, Hkv, Tk, Dv) stored as `dtype` ('float32'; 'float16' as format 'e' or its bits; 'bfloat16' as its bits,\n"
      "format 'h' or 'H'), each head's rows contiguous (a slice of a longer cache is fine); H a multiple of Hkv\n"
      "(query head h reads k/v head h // (H / Hkv)); spans (B|1, H|1, Tq, 4) int64: each row's keys [lo1, hi1) and\n"
      "[lo2, hi2), sorted (None: every key); qpos (B|1, H|1, Tq) and slopes (H|1,) float32 base 2: ALiBi;\n"
-     "sinks (B|1, H|1) float32: learned sink logits.\n"
+     "sinks (B|1, H|1) float32: learned sink logits. Codes: 'int8' (k_scale, v_scale (B, Hkv, Tk) float32),\n"
+     "'float8_e4m3fn' (k_scale, v_scale (B, Hkv)) or 'int4' (uint8 k (B, Hkv, Tk, D/2) and v (.., Dv/2), two codes per\n"
+     "byte, channel 2c low; keys x = code*scale + zero per channel over 32 tokens: k_scale, k_zero (B, Hkv, >= Tk/32, D);\n"
+     "values per token over 32 channels: v_scale, v_zero (B, Hkv, >= Tk, Dv/32); positions >= k_quantized[b] (v_quantized)\n"
+     "(B,) int64 from k_residual (v_residual) (B, Hkv, R, D) stored as residual_dtype, at slot position % R).\n"
      "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads. Returns the largest\n"
      "|scale q.k| it computed (0.0 where none), NaN where one of them was not finite (a NaN or Inf in a key read)."},
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},

@@ -27,12 +27,12 @@ static char kind_of(const Py_buffer *view) {
 
 static const char *kind_name(char kind) {
     return kind == 'f' ? "float32" : kind == 'd' ? "float64" : kind == 'e' ? "float16" : kind == 'u' ? "bfloat16"
-         : kind == 'b' ? "int8" : kind == 'B' ? "float8_e4m3fn" : "int64";
+         : kind == 'b' ? "int8" : kind == 'B' ? "float8_e4m3fn" : kind == 'n' ? "uint8 (int4 codes, two per byte)" : "int64";
 }
 static const char *kind_format(char kind) {
     return kind == 'f' ? "'f'" : kind == 'd' ? "'d'" : kind == 'e' ? "'e', or 'h'/'H' holding its bits"
          : kind == 'u' ? "'h' or 'H' holding its bits" : kind == 'b' ? "'b'" : kind == 'B' ? "'B' holding its bits"
-         : "'q' or 'l'";
+         : kind == 'n' ? "'B'" : "'q' or 'l'";
 }
 
 static void format_shape(char *buf, size_t size, int ndim, const Py_ssize_t *shape) {
@@ -84,7 +84,7 @@ static int take_rows(PyObject *obj, Py_buffer *view, const char *name, int writa
         return 0;
     }
     const char got = kind_of(view);
-    if (got != kind && !(kind == 'e' && got == 'u')) {
+    if (got != kind && !(kind == 'e' && got == 'u') && !(kind == 'n' && got == 'B')) {
         PyErr_Format(PyExc_ValueError, "%s: expected %s items (buffer format %s), got format '%s' of %zd bytes", name,
                      kind_name(kind), kind_format(kind),
                      view->format ? view->format : "B", view->itemsize);

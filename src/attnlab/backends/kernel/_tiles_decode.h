@@ -5,7 +5,8 @@
  * one (sequence, k/v head)'s keys: every row of the group meets each key block (VW keys) while it is
  * in L1, so grouped-query attention reads each k/v head once, not G times. Keys and values are used
  * as stored, converted as loaded (bfloat16: a widening load and a shift; float16: F16C's or AVX-512's
- * vcvtph2ps, bit arithmetic on the baseline): each vector of keys once for two rows, each vector of
+ * vcvtph2ps, bit arithmetic on the baseline; int8 and float8 codes times their scales; int4's groups and residual
+ * ring as _tiles_decode_q4.h says): each vector of keys once for two rows (int4: four), each vector of
  * values once for PV_ROWS rows (a block is staged in L1 only where its rows are not whole vectors).
  * Scores: for each row, VW dot products over D folded into one vector of VW scores by a tree of
  * shuffles. The block DECODE_AHEAD blocks on is prefetched a few lines per step of the score loops: a
@@ -18,6 +19,7 @@
  * any number of threads. */
 
 #include "_tiles_decode_ops.h"
+#include "_tiles_decode_q4.h"
 
 /* Keys j + [c[0], c[1]) and j + [c[2], c[3]) of a block of nk are those a query with keys iv sees. */
 static inline TARGET void F(seen_in)(const int64_t *iv, int64_t j, int64_t nk, int64_t c[4]) {
@@ -39,7 +41,13 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     if (j1 <= j0) return;
     float *restrict q = scr, *restrict kf = q + rows * dp, *restrict vf = kf + VW * dp, *restrict lv = vf + VW * dvp;
     float *restrict p = lv + rows * VW; /* (rows, VW) weights of the block */
-    int64_t *bound = (int64_t *)(p + rows * VW); /* each row's keys: two intervals [lo, hi) */
+    /* int4 (q4_*): the scaled queries of a key group and their constants, the values' accumulator (nibble order),
+     * a value block's weights and the zero points' shares */
+    const int i4 = pr->kvtype == DT_I4;
+    const int64_t ng = i4 ? dv / 32 : 0;
+    float *restrict qs = p + rows * VW, *restrict acc4 = qs + rows * dp, *restrict w4 = acc4 + rows * dvp;
+    float *restrict zs = w4 + rows * ng * VW, *restrict qp = zs + rows * ng * VW, *restrict cz = qp + rows * dp;
+    int64_t *bound = (int64_t *)(i4 ? cz + (rows + VW - 1) / VW * VW : qs); /* each row's keys: two intervals [lo, hi) */
     const int64_t flat0 = b * pr->h + hk * pr->g; /* the group's first query head */
     int gaps = 0; /* some row sees two runs of keys (sink tokens and a window): blocks between may be unseen */
     for (int64_t r = 0; r < rows; r++) {
@@ -52,12 +60,22 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         for (int64_t t = 0; t < dp; t++) q[r * dp + t] = t < d ? src[r * d + t] * mul : 0.0f;
     memset(acc, 0, sizeof(float) * rows * dvp);
     memset(lv, 0, sizeof(float) * rows * VW);
-    const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_I8 || pr->kvtype == DT_F8 ? 1 : 2;
+    if (i4) memset(acc4, 0, sizeof(float) * rows * dvp), memset(zs, 0, sizeof(float) * rows * ng * VW);
+    if (i4) F(q4_order)(q, rows, dp, d, qp); /* the query in nibble order, once */
+    const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_F16 || pr->kvtype == DT_BF16 ? 2 : 1;
+    const int64_t krow = i4 ? d / 2 : d * (int64_t)item, vrow = i4 ? dv / 2 : dv * (int64_t)item; /* bytes per row */
     const int64_t per = pr->kvtype == DT_I8; /* int8: a scale per key and value row; float8: one per head */
     const float *ksc = pr->ks ? pr->ks + b * pr->ksb + hk * pr->ksh : NULL; /* the codes' scales */
     const float *vsc = pr->vs ? pr->vs + b * pr->vsb + hk * pr->vsh : NULL;
     const char *kh = (const char *)pr->k + (b * pr->kb + hk * pr->kh) * item;
     const char *vh = (const char *)pr->v + (b * pr->vb + hk * pr->vh) * item;
+    const struct q4 *K4 = &pr->k4, *V4 = &pr->v4; /* int4: positions from held[b] on are in the rings */
+    const int64_t kheld = i4 ? K4->held[b] : 0, vheld = i4 ? V4->held[b] : 0, ritem = pr->rtype == DT_F32 ? 4 : 2;
+    const char *kres = i4 ? (const char *)K4->res + (b * K4->rb + hk * K4->rh) * ritem : NULL;
+    const char *vres = i4 ? (const char *)V4->res + (b * V4->rb + hk * V4->rh) * ritem : NULL;
+    const float *k4s = i4 ? K4->s + b * K4->sb + hk * K4->sh : NULL, *k4z = i4 ? K4->z + b * K4->zb + hk * K4->zh : NULL;
+    const float *v4s = i4 ? V4->s + b * V4->sb + hk * V4->sh : NULL, *v4z = i4 ? V4->z + b * V4->zb + hk * V4->zh : NULL;
+    int64_t kg = -1; /* int4: the key group whose scaled queries qs holds */
     /* read in place: whole blocks of keys, values of any dtype, where their rows are whole vectors (else
      * staged in L1 as float32, padded) */
     const int k_direct = dp == d, v_direct = dvp == dv;
@@ -73,27 +91,50 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             any = c[1] > c[0];
         }
         if (!any) continue;
+        /* int4: a block is codes or the residual (held[b] and the ring's slots are multiples of 32, blocks of VW
+         * start on a group's start: never both, never across the ring's end) */
+        const int kq4 = i4 && j < kheld, vq4 = i4 && j < vheld;
+        const char *ksrc = i4 && !kq4 ? kres + (j % K4->slots) * d * ritem : kh + j * krow;
+        const char *vsrc = i4 && !vq4 ? vres + (j % V4->slots) * dv * ritem : vh + j * vrow;
+        const int kst = i4 && !kq4 ? pr->rtype : pr->kvtype, vst = i4 && !vq4 ? pr->rtype : pr->kvtype;
         const void *kb = kf; /* the block's keys: rows u in [0, nk), stored as ktype */
         int64_t ldk = dp;
         int ktype = DT_F32;
-        if (k_direct && nk == VW)
-            kb = kh + j * d * item, ldk = d, ktype = pr->kvtype;
+        if (kq4)
+            kb = ksrc, ldk = krow, ktype = DT_I4;
+        else if (k_direct && nk == VW)
+            kb = ksrc, ldk = d, ktype = kst;
         else
-            F(stage)(kh + j * d * item, pr->kvtype, nk, d, kf, dp);
+            F(stage)(ksrc, kst, nk, d, kf, dp);
         const void *vb = vf; /* the block's values: rows u in [0, nk) */
         int64_t ldv = dvp;
         int vtype = DT_F32;
-        if (v_direct)
-            vb = vh + j * dv * item, ldv = dv, vtype = pr->kvtype;
+        if (vq4)
+            vb = vsrc, ldv = vrow, vtype = DT_I4;
+        else if (v_direct)
+            vb = vsrc, ldv = dv, vtype = vst;
         else
-            F(stage)(vh + j * dv * item, pr->kvtype, nk, dv, vf, dvp);
+            F(stage)(vsrc, vst, nk, dv, vf, dvp);
         /* the block DECODE_AHEAD ahead, prefetched a few lines at a time as the rows' scores are computed (one
          * stream per core is latency-bound without it; all at once, the prefetches queue behind each other) */
         const int ahead = j + (DECODE_AHEAD + 1) * VW <= j1;
-        const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * d * item, vh + (j + DECODE_AHEAD * VW) * dv * item,
-                                    ahead ? VW * d * (int64_t)item / 64 : 0};
-        const int64_t lines = ahead ? pf.k_lines + VW * dv * (int64_t)item / 64 : 0, pairs = (rows + 1) / 2;
-        for (int64_t r = 0; r < rows; r += 2) { /* every row's scores into p[r], two rows at a time */
+        const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * krow, vh + (j + DECODE_AHEAD * VW) * vrow,
+                                    ahead ? VW * krow / 64 : 0};
+        const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0, pairs = (rows + 1) / 2;
+        if (kq4) { /* int4 keys: the group's scaled queries, then four rows at a time */
+            if (j / 32 != kg) kg = j / 32, F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
+            for (int64_t x = 0; x < lines; x++) F(prefetch)(&pf, x);
+            for (int64_t r = 0; r < rows; r += 4) {
+                const float *qq[4];
+                VF *ss[4];
+                for (int i = 0; i < 4; i++) {
+                    const int64_t ri = r + i < rows ? r + i : rows - 1;
+                    qq[i] = qs + ri * dp, ss[i] = (VF *)(p + ri * VW);
+                }
+                F(dotsq)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+            }
+        }
+        for (int64_t r = 0; r < rows && !kq4; r += 2) { /* every row's scores into p[r], two rows at a time */
             const int64_t x0 = lines * (r / 2) / pairs, x1 = lines * (r / 2 + 1) / pairs, r1 = r + 1 < rows ? r + 1 : r;
             const float *q0 = q + r * dp, *q1 = q + r1 * dp;
             VF *s0 = (VF *)(p + r * VW), *s1 = (VF *)(p + r1 * VW);
@@ -115,6 +156,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
             VF s = *(const VF *)(p + r * VW);
             if (ksc) s *= ks; /* int8: code dot products times each key's scale */
+            if (kq4) s += cz[r]; /* int4: the group's zero points' share */
             bad += s * 0.0f; /* NaN from here on where a score is not finite: a key that is not (q is) */
             big = F(select)(s > big, s, F(select)(-s > big, -s, big));
             if (pr->vis->cap > 0.0f) s = F(tanhv)(s * (1.0f / pr->vis->cap)) * pr->vis->cap;
@@ -130,6 +172,8 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                 const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - top);
                 *(VF *)(lv + r * VW) *= alpha;
                 for (int64_t t = 0; t < dvp; t++) acc[r * dvp + t] *= alpha;
+                for (int64_t t = 0; t < dvp && i4; t++) acc4[r * dvp + t] *= alpha;
+                for (int64_t t = 0; t < ng * VW; t++) zs[r * ng * VW + t] *= alpha;
                 m[r] = top;
             }
             const VF e = F(exp2v)(s - m[r]);
@@ -137,6 +181,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             *(VF *)(p + r * VW) = e;
             if (vsc) *(VF *)(p + r * VW) *= vs; /* int8: the weight times its value row's scale */
         }
+        if (vq4) F(q4_weights)(p, rows, nk, v4s + j * V4->sr, V4->sr, v4z + j * V4->zr, V4->zr, ng, w4, zs);
         for (int64_t r = 0; r < rows; r += PV_ROWS) { /* acc += p v, PV_ROWS rows sharing each row of v */
             const int64_t nr = rows - r < PV_ROWS ? rows - r : PV_ROWS;
             int64_t a = nk, z = 0; /* the keys some row of them sees */
@@ -146,6 +191,12 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                 if (c[1] > c[0]) a = c[0] < a ? c[0] : a, z = c[3] > z ? c[3] : z;
             }
             if (z <= a) continue;
+            for (int64_t x = r; x < r + nr && vq4;) { /* int4 values: 4, 2 or 1 rows at a time */
+                const int64_t n = r + nr - x >= 4 ? 4 : r + nr - x >= 2 ? 2 : 1;
+                F(pvq_rows)(n, w4 + x * ng * VW, ng, a, z, (const uint8_t *)vb, ldv, dv, acc4 + x * dvp, dvp);
+                x += n;
+            }
+            if (vq4) continue;
             if (nr == PV_ROWS) {
                 F(pv_rows)(vtype, nr, p + r * VW, a, z, vb, ldv, dvp, acc + r * dvp);
                 continue;
@@ -156,6 +207,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     }
     for (int64_t r = 0; r < rows; r++)
         for (int u = 0; u < VW; u++) l[r] += lv[r * VW + u];
+    if (i4) F(q4_finish)(acc, acc4, zs, rows, dv, dvp, ng);
     float top = 0.0f, nan = 0.0f;
     for (int u = 0; u < VW; u++) top = big[u] > top ? big[u] : top, nan += bad[u];
     pr->checks[2 * it] = top, pr->checks[2 * it + 1] = nan;
@@ -206,7 +258,8 @@ static TARGET int F(drun)(struct dproblem *pr) {
     float *parts = aligned_alloc(64, round64(sizeof(float) * (size_t)(items * (pr->part + 2))));
     if (!parts) return -1;
     pr->parts = parts, pr->checks = parts + items * pr->part;
-    const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 8 * pr->rows);
+    const int64_t x4 = pr->kvtype == DT_I4 ? pr->rows * (2 * pr->dp + pr->dvp + 2 * (pr->dv / 32) * VW) + (pr->rows + VW - 1) / VW * VW : 0;
+    const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 8 * pr->rows + x4);
     int64_t next = 0;
     int failed = 0;
 #pragma omp parallel num_threads(pr->threads)

@@ -198,48 +198,115 @@ done:
 /* How k and v are stored, by name. */
 static int stored_type(const char *name) {
     return !strcmp(name, "float32") ? DT_F32 : !strcmp(name, "float16") ? DT_F16 : !strcmp(name, "bfloat16") ? DT_BF16
-         : !strcmp(name, "int8") ? DT_I8 : !strcmp(name, "float8_e4m3fn") ? DT_F8 : -1;
+         : !strcmp(name, "int8") ? DT_I8 : !strcmp(name, "float8_e4m3fn") ? DT_F8 : !strcmp(name, "int4") ? DT_I4 : -1;
+}
+
+/* int4's arguments (struct q4) for the keys (values = 0) or the values: scale and zero, float32 with the last dim
+ * contiguous (keys (B, N, C, D), C >= ceil(K / 32) groups of 32 keys; values (B, N, S, Dv / 32), S >= K rows),
+ * the residual ring (B, N, R, D or Dv) stored as rkind, each head's rows contiguous, R a multiple of 32, and the
+ * positions held as codes (B,) int64, each >= 0 and a multiple of 32. */
+static int take_q4(PyObject *obj[4], Py_buffer view[4], int values, char rkind, Py_ssize_t dim[128], struct q4 *x) {
+    static const char *names[2][4] = {{"k_scale", "k_zero", "k_residual", "k_quantized"},
+                                      {"v_scale", "v_zero", "v_residual", "v_quantized"}};
+    const char *const *name = names[values];
+    if (!take_rows(obj[0], &view[0], name[0], 0, 'f', values ? "BNSJ" : "BNCD", dim, 2) ||
+        !take_rows(obj[1], &view[1], name[1], 0, 'f', values ? "BNSJ" : "BNCD", dim, 2) ||
+        !take_rows(obj[2], &view[2], name[2], 0, rkind, values ? "BNUV" : "BNRD", dim, 1) ||
+        !take(obj[3], &view[3], name[3], 0, 'i', "B", dim))
+        return 0;
+    const long long have = view[0].shape[2], need = values ? dim['K'] : (dim['K'] + 31) / 32, slots = view[2].shape[2];
+    if (have < need) {
+        PyErr_Format(PyExc_ValueError, "%s: expected at least %lld %s (dim 2), got %lld", name[0], need,
+                     values ? "value rows" : "groups of 32 keys", have);
+        return 0;
+    }
+    if (values && 32 * view[0].shape[3] != dim['V']) {
+        PyErr_Format(PyExc_ValueError, "v_scale: expected Dv / 32 = %lld groups of 32 channels (dim 3), got %zd",
+                     (long long)dim['V'] / 32, view[0].shape[3]);
+        return 0;
+    }
+    if (slots < 32 || slots % 32 != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a ring of a multiple of 32 slots (dim 2), got %lld", name[2], slots);
+        return 0;
+    }
+    const int64_t *held = view[3].buf;
+    for (Py_ssize_t b = 0; b < view[3].shape[0]; b++)
+        if (held[b] < 0 || held[b] % 32 != 0) {
+            PyErr_Format(PyExc_ValueError, "%s: expected positions held as codes >= 0 and a multiple of 32, got %lld "
+                         "(sequence %zd)", name[3], (long long)held[b], b);
+            return 0;
+        }
+    const Py_ssize_t *ss = view[0].strides, *zs = view[1].strides, *rs = view[2].strides, ri = view[2].itemsize;
+    *x = (struct q4){view[0].buf, view[1].buf, ss[0] / 4, ss[1] / 4, ss[2] / 4, zs[0] / 4, zs[1] / 4, zs[2] / 4,
+                     view[2].buf, rs[0] / ri, rs[1] / ri, slots, held};
+    return 1;
 }
 
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "dtype", "scale", "threads", "spans", "qpos", "slopes", "sinks",
-                             "softcap", "k_scale", "v_scale", NULL};
+                             "softcap", "k_scale", "v_scale", "k_zero", "v_zero", "k_residual", "v_residual",
+                             "k_quantized", "v_quantized", "residual_dtype", NULL};
     PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None}, *sobj[2] = {Py_None, Py_None};
-    Py_buffer view[11] = {{0}};
+    PyObject *q4obj[2][4] = {{Py_None, Py_None, Py_None, Py_None}, {Py_None, Py_None, Py_None, Py_None}};
+    Py_buffer view[19] = {{0}};
     struct dproblem pr = {0};
     struct vis vis = {0};
-    const char *dtype;
+    const char *dtype, *rname = "float32";
     int64_t bq, bk, l, r; /* check_scalars' block sizes and band: the decode pass has none */
     double softcap = 0.0;
     int threads;
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOOdOO:decode", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &dtype, &pr.scale, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3],
-                                     &softcap, &sobj[0], &sobj[1]))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOOdOOOOOOOOs:decode", kwlist, &obj[0], &obj[1], &obj[2],
+                                     &obj[3], &obj[4], &dtype, &pr.scale, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3],
+                                     &softcap, &sobj[0], &sobj[1], &q4obj[0][1], &q4obj[1][1], &q4obj[0][2], &q4obj[1][2],
+                                     &q4obj[0][3], &q4obj[1][3], &rname))
         return NULL;
     pr.kvtype = stored_type(dtype);
     if (pr.kvtype < 0) {
-        PyErr_Format(PyExc_ValueError, "dtype: expected 'float32', 'float16', 'bfloat16', 'int8' or 'float8_e4m3fn' (how k and v are stored), "
-                     "got '%s'", dtype);
+        PyErr_Format(PyExc_ValueError, "dtype: expected 'float32', 'float16', 'bfloat16', 'int8', 'float8_e4m3fn' or 'int4' "
+                     "(how k and v are stored), got '%s'", dtype);
+        return NULL;
+    }
+    pr.rtype = stored_type(rname);
+    if (pr.rtype < 0 || pr.rtype > DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "residual_dtype: expected 'float32', 'float16' or 'bfloat16' (int4's residual), "
+                     "got '%s'", rname);
         return NULL;
     }
     const char kind = pr.kvtype == DT_F32 ? 'f' : pr.kvtype == DT_F16 ? 'e' : pr.kvtype == DT_I8 ? 'b'
-                    : pr.kvtype == DT_F8 ? 'B' : 'u';
-    const int coded = pr.kvtype == DT_I8 || pr.kvtype == DT_F8;
+                    : pr.kvtype == DT_F8 ? 'B' : pr.kvtype == DT_I4 ? 'n' : 'u';
+    const int coded = pr.kvtype == DT_I8 || pr.kvtype == DT_F8 || pr.kvtype == DT_I4, i4 = pr.kvtype == DT_I4;
     for (int i = 0; i < 2; i++)
         if ((sobj[i] == Py_None) == coded) {
             PyErr_Format(PyExc_ValueError, "%s: expected %s, got %s", i ? "v_scale" : "k_scale",
                          pr.kvtype == DT_I8 ? "float32 scales (B, N, K) for int8 codes"
-                         : pr.kvtype == DT_F8 ? "float32 scales (B, N) for float8 codes" : "None for a float cache",
+                         : pr.kvtype == DT_F8 ? "float32 scales (B, N) for float8 codes"
+                         : i4 ? "float32 scales of int4's groups" : "None for a float cache",
                          sobj[i] == Py_None ? "None" : Py_TYPE(sobj[i])->tp_name);
             return NULL;
         }
-    if (!take(obj[0], &view[0], "q", 0, 'f', "BHTD", dim) || !take_rows(obj[1], &view[1], "k", 0, kind, "BNKD", dim, 1) ||
-        !take_rows(obj[2], &view[2], "v", 0, kind, "BNKV", dim, 1) || !take(obj[3], &view[3], "out", 1, 'f', "BHTV", dim) ||
-        !take(obj[4], &view[4], "lse", 1, 'f', "BHT", dim))
+    static const char *q4names[2][4] = {{"", "k_zero", "k_residual", "k_quantized"}, {"", "v_zero", "v_residual", "v_quantized"}};
+    for (int i = 0; i < 2; i++)
+        for (int a = 1; a < 4; a++)
+            if ((q4obj[i][a] == Py_None) == i4) {
+                PyErr_Format(PyExc_ValueError, "%s: expected %s, got %s", q4names[i][a], i4 ? "an array with int4 codes"
+                             : "None unless dtype is 'int4'", q4obj[i][a] == Py_None ? "None" : Py_TYPE(q4obj[i][a])->tp_name);
+                return NULL;
+            }
+    if (!take(obj[0], &view[0], "q", 0, 'f', "BHTD", dim) ||
+        !take_rows(obj[1], &view[1], "k", 0, kind, i4 ? "BNKP" : "BNKD", dim, 1) ||
+        !take_rows(obj[2], &view[2], "v", 0, kind, i4 ? "BNKW" : "BNKV", dim, 1) ||
+        !take(obj[3], &view[3], "out", 1, 'f', "BHTV", dim) || !take(obj[4], &view[4], "lse", 1, 'f', "BHT", dim))
         goto done;
+    if (i4 && (2 * dim['P'] != dim['D'] || 2 * dim['W'] != dim['V'] || dim['D'] % 32 || dim['V'] % 32)) {
+        const int keys = 2 * dim['P'] != dim['D'] || dim['D'] % 32;
+        PyErr_Format(PyExc_ValueError, "%s: expected int4 codes two per byte of a head width divisible by 32 (%lld / 2 "
+                     "bytes), got %lld bytes", keys ? "k" : "v", (long long)(keys ? dim['D'] : dim['V']),
+                     (long long)(keys ? dim['P'] : dim['W']));
+        goto done;
+    }
     pr.b = dim['B'], pr.h = dim['H'], pr.hkv = dim['N'], pr.tq = dim['T'], pr.tk = dim['K'], pr.d = dim['D'], pr.dv = dim['V'];
     if (pr.d < 1 || pr.dv < 1) {
         PyErr_Format(PyExc_ValueError, "%s: expected a head dim >= 1, got 0", pr.d < 1 ? "q" : "v");
@@ -251,7 +318,12 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
         goto done;
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
-    if (coded) {
+    if (i4) {
+        const char rkind = pr.rtype == DT_F32 ? 'f' : pr.rtype == DT_F16 ? 'e' : 'u';
+        q4obj[0][0] = sobj[0], q4obj[1][0] = sobj[1];
+        if (!take_q4(q4obj[0], view + 11, 0, rkind, dim, &pr.k4) || !take_q4(q4obj[1], view + 15, 1, rkind, dim, &pr.v4))
+            goto done;
+    } else if (coded) {
         const char *sdims = pr.kvtype == DT_I8 ? "BNK" : "BN";
         if (!take_rows(sobj[0], &view[9], "k_scale", 0, 'f', sdims, dim, 2) ||
             !take_rows(sobj[1], &view[10], "v_scale", 0, 'f', sdims, dim, 2))
@@ -273,6 +345,6 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     Py_END_ALLOW_THREADS
     result = status != 0 ? PyErr_NoMemory() : PyFloat_FromDouble(pr.largest); /* what the pass saw of k */
 done:
-    release(view, 11);
+    release(view, 19);
     return result;
 }

@@ -78,9 +78,22 @@ struct pscratch {
 };
 
 /* The decode pass (_tiles_decode.h): few query rows against a long cache, split into chunks of keys. */
-enum { DT_F32, DT_F16, DT_BF16, DT_I8, DT_F8 }; /* how q, k and v are stored (int8: codes, a float32 scale per key;
-                                                * float8_e4m3fn: codes, one scale per sequence and k/v head) */
+enum { DT_F32, DT_F16, DT_BF16, DT_I8, DT_F8, DT_I4 }; /* how q, k and v are stored (int8: codes, a float32 scale per
+                                                * key; float8_e4m3fn: codes, one scale per sequence and k/v head;
+                                                * int4: KIVI's groups of 32 and a float residual, struct q4) */
 enum { DECODE_MIN_CHUNK = 512, DECODE_MAX_ITEMS = 4096, DECODE_MAX_PART = 1 << 22 };
+/* One side (keys or values) of an int4 cache (attnlab.reference.quantized): codes two per byte along the head
+ * (channel 2c in the low nibble), x = code * scale + zero; keys grouped per channel over 32 tokens (scale and
+ * zero (B, Hkv, C/32, D)), values per token over 32 channels ((B, Hkv, C, Dv/32)); positions >= held[b] come
+ * from the float ring `res` (B, Hkv, slots, D) at slot position % slots, stored as rtype. */
+struct q4 {
+    const float *s, *z;           /* scales and zero points, the last dim contiguous */
+    int64_t sb, sh, sr, zb, zh, zr; /* their batch, head and row (group or token) strides, in floats */
+    const void *res;              /* the residual ring, each head's rows contiguous */
+    int64_t rb, rh, slots;        /* its batch and head strides in items, its slots (a multiple of 32) */
+    const int64_t *held;          /* (B,) positions held as codes, each a multiple of 32 */
+};
+
 struct dproblem {
     const void *q, *k, *v;        /* q (B, H, Tq, D) contiguous; k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) row-contiguous */
     float *out, *lse;             /* (B, H, Tq, Dv), (B, H, Tq) */
@@ -90,8 +103,9 @@ struct dproblem {
                                    * head's contiguous; float8's (B, Hkv), one per head: x = code * scale; NULL for
                                    * float caches */
     int64_t ksb, ksh, vsb, vsh;   /* the scales' batch and head strides, in floats */
+    struct q4 k4, v4;             /* int4 (kvtype DT_I4): keys' and values' groups and residual rings */
     int64_t b, h, hkv, tq, tk, d, dv;
-    int qtype, kvtype;            /* DT_*: q float32 or as k and v */
+    int qtype, kvtype, rtype;     /* DT_*: q float32 or as k and v; rtype: int4's residual (F32, F16 or BF16) */
     float scale;
     int threads;
     int64_t g, rows, dp, dvp;     /* set by drun: G = H / Hkv, rows per group G Tq, D and Dv padded to vectors */
@@ -204,8 +218,8 @@ static inline float vis_sink(const struct vis *v, int64_t flat) { /* base 2; -in
     return v->sinks ? v->sinks[vis_at(v->kb, v->kh, v->heads, flat)] * 1.4426950408889634f : -INFINITY;
 }
 
-/* Chunk c of the group (sequence b, k/v head hk): keys [*j0, *j1) of the span its rows see, split into at most
- * pr->chunks pieces of at least DECODE_MIN_CHUNK keys (a multiple of 64). From the shapes and the visibility
+/* Chunk c of the group (sequence b, k/v head hk): keys [*j0, *j1) of the span its rows see (int4: from the start
+ * of its first group), split into at most pr->chunks pieces of at least DECODE_MIN_CHUNK keys (a multiple of 64). From the shapes and the visibility
  * alone: the same chunks, and so the same bits, for any thread count. */
 static void decode_chunk(const struct dproblem *pr, int64_t b, int64_t hk, int64_t c, int64_t *j0, int64_t *j1) {
     int64_t lo = pr->tk, hi = 0;
@@ -214,6 +228,7 @@ static void decode_chunk(const struct dproblem *pr, int64_t b, int64_t hk, int64
         vis_range(pr->vis, b * pr->h + hk * pr->g + gi, 0, pr->tq, &l, &h);
         if (h > l) lo = l < lo ? l : lo, hi = h > hi ? h : hi;
     }
+    if (pr->kvtype == DT_I4 && hi > lo) lo -= lo % 32; /* int4: chunks (and so blocks) start on a group of 32 */
     const int64_t span = hi - lo;
     *j0 = *j1 = 0;
     if (span <= 0) return;
