@@ -80,3 +80,31 @@ def test_colour_bars_read_whole_percent_as_the_cells_do():
     bar = fig.axes[-1]
     ticks = [t.get_text() for t in bar.get_yticklabels() if t.get_text()]
     assert ticks and all(t.endswith("%") and ".0%" not in t for t in ticks), ticks
+
+
+def test_kv_labels_stay_inside_the_axes_and_apart():
+    """attnlab kv's points: four settings of one size at the left end (their labels ran over the KL axis'
+    numbers, and two nearly equal KLs put one label on the other), others in the middle and at the right."""
+    from attnlab.viz.kvplot import kv_figure
+
+    def row(name, cache, size, kl, pareto=False):
+        return {"name": name, "setting": {"cache": cache} if cache else {}, "bytes_per_token": size, "kl_mean": kl,
+                "pareto": pareto}
+
+    rows = [row("knorm 32 float32", "knorm", 512.0, 1.5), row("random 32 float32", "random", 512.0, 0.95),
+            row("h2o 32 float32", "h2o", 512.0, 0.050, True), row("snapkv 32 float32", "snapkv", 512.0, 0.045),
+            row("dense fp8", None, 512.0, 6e-4, True), row("h2o 64 float32", "h2o", 1024.0, 0.011),
+            row("snapkv 64 float32", "snapkv", 1024.0, 0.010), row("dense float32", None, 2048.0, 1e-12, True),
+            row("dense int4", None, 2437.0, 1e-12)]
+    fig = kv_figure({"model": "attnlab:decoder", "prompt_tokens": 96, "scored_tokens": 32, "rows": rows})
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    frame = ax.get_window_extent(renderer)
+    labels = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(labels) == len(rows)
+    for box in labels:
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (box, frame)  # not over the axis' numbers, nor cut
+    for i, a in enumerate(labels):
+        assert not any(a.overlaps(b) for b in labels[i + 1:])
