@@ -140,25 +140,48 @@ def served(lm, words: str, long_tokens: int, repeat: int) -> dict:
             "row_runs": row_runs}
 
 
-def page(long, folder: Path) -> dict:
-    """The self-contained page: its size, the time to write it, and its load time in Chromium."""
-    from attnlab.viz.longpage import write_long_html
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"]
+
+
+def page(long, folder: Path, repeat: int, tiles_too: bool = False) -> dict:
+    """The self-contained page: the time to write it (its precomputation: every head's 256-cell overview and every
+    row's top 8 keys), its size, and its load time in Chromium (median of ``repeat`` loads); ``tiles_too``: one
+    head's precomputation also from attention's tiles (the path without the compiled kernel), in the same run."""
+    from attnlab.analysis.longview import overview
+    from attnlab.backends import kernel
+    from attnlab.viz.longpage import PAGE_CELLS, PAGE_TOP, write_long_html
 
     t = time.perf_counter()
     path = write_long_html(long, folder / "long.html")
-    out = {"page_bytes": path.stat().st_size, "page_write_s": time.perf_counter() - t}
+    out = {"page_bytes": path.stat().st_size, "page_write_s": time.perf_counter() - t,
+           "precomputed_by": "compiled pooled pass" if kernel.isa() is not None else "attention's tiles"}
+    if tiles_too and kernel.isa() is not None:
+        one = lambda: overview(long, 0, 0, PAGE_CELLS, top=PAGE_TOP)  # noqa: E731
+        out["page_one_head_s"] = timed(one, repeat)[0]
+        built = kernel.isa
+        kernel.isa = lambda: None
+        try:
+            out["page_one_head_tiles_s"] = timed(one, 1)[0]
+        finally:
+            kernel.isa = built
+        out["tiles_over_compiled"] = out["page_one_head_tiles_s"] / out["page_one_head_s"]
     chromium = "/usr/bin/chromium"
     if os.path.exists(chromium):
         from playwright.sync_api import sync_playwright
 
+        loads = []
         with sync_playwright() as p:
-            b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
-            pg = b.new_page()
-            t = time.perf_counter()
-            pg.goto(path.as_uri())
-            pg.wait_for_function("() => attnlab.long.shown.overview && attnlab.long.shown.row", timeout=120_000)
-            out["page_first_view_s"] = time.perf_counter() - t
+            b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+            for _ in range(repeat):
+                pg = b.new_page()
+                t = time.perf_counter()
+                pg.goto(path.as_uri())
+                pg.wait_for_function("() => attnlab.long.shown.overview && attnlab.long.shown.row", timeout=120_000)
+                loads.append(time.perf_counter() - t)
+                pg.close()
             b.close()
+        out["page_first_view_s"], out["page_first_view_runs"] = statistics.median(loads), loads
     return out
 
 
@@ -172,7 +195,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--all-heads", type=int, default=None, help="time this many heads' overviews and scale up")
     ap.add_argument("--tiles-too", action="store_true",
-                    help="also time one head's overview from attention's tiles (the path without the compiled kernel)")
+                    help="also time one head's overview (and with --page, one head's page data) from attention's "
+                         "tiles (the path without the compiled kernel)")
     ap.add_argument("--page", action="store_true", help="also write the self-contained page and load it in Chromium")
     ap.add_argument("--no-server", action="store_true")
     ap.add_argument("--json", default=None)
@@ -185,7 +209,7 @@ def main() -> None:
         lm = load_model(str(folder))
         words = text(args.tokens)
         result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                  "model": vars(args), "base_mib": peak_mib()}
+                  "model": vars(args), "base_mib": peak_mib(), "load_average_at_start": os.getloadavg()}
         result["capture"], long = capture_vs_forward(lm, words, args.repeat)
         print(json.dumps(result["capture"], indent=1), file=sys.stderr)
         result["overview"] = overviews(long, args.repeat, args.all_heads, args.tiles_too)
@@ -194,8 +218,9 @@ def main() -> None:
             result["server"] = served(lm, words, args.tokens, args.repeat)
             print(json.dumps(result["server"], indent=1), file=sys.stderr)
         if args.page:
-            result["page"] = page(long, folder)
+            result["page"] = page(long, folder, args.repeat, args.tiles_too)
             print(json.dumps(result["page"], indent=1), file=sys.stderr)
+    result["load_average_at_end"] = os.getloadavg()
     out = json.dumps(result, indent=1)
     if args.json:
         Path(args.json).write_text(out)

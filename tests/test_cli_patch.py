@@ -106,3 +106,16 @@ def test_another_decoder_through_model(tiny_folder, capsys):
     assert main(["patch", "--clean", "the cat sat", "--corrupted", "the mat sat", "--target", target, "--model",
                  folder, "--json", "-"]) == 0
     assert np.shape(json.loads(capsys.readouterr().out)["effect"]) == (net.config.num_layers, net.config.num_heads)
+
+
+def test_the_per_position_figure_says_what_was_patched(decoder, tmp_path, monkeypatch):
+    import attnlab.viz.patching as figure
+
+    titles, draw = [], figure.patching_figure
+    monkeypatch.setattr(figure, "patching_figure", lambda effect, title, tokens=None: titles.append(title) or draw(
+        effect, title, tokens))
+    for over in ("head", "head_pos"):
+        assert main(["patch", "--clean", CLEAN, "--corrupted", CORRUPTED, "--target", TARGET, "--baseline", BASELINE,
+                     "--over", over, "--png", str(tmp_path / f"{over}.png")]) == 0
+    assert [t.splitlines()[0] for t in titles] == ["attnlab:decoder: each head patched",
+                                                   "attnlab:decoder: each head at each position patched"]

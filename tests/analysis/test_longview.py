@@ -128,8 +128,11 @@ def test_analyses_of_the_full_map_refuse_long_maps_naming_why():
 def test_an_overview_in_many_strips_equals_one_in_one(monkeypatch, sink):
     """Strips of a few rows: their key ranges start past 0 under a window, where the causal band is
     attention's own (bottom-right aligned), not a mask."""
+    from attnlab.backends import kernel
+
     lm, full = _synthetic(t=53, sink=sink)
     monkeypatch.setattr(longview, "STRIP_SCORES", 53 * 7)  # 7 rows a strip
+    monkeypatch.setattr(kernel, "isa", lambda: None)  # the tiles' path, as where no compiler built the kernel
     for layer in range(lm.num_layers):
         ov = longview.overview(lm, layer, 0, cells=8, top=4)
         _check_pooled(ov, full[layer, 0])
@@ -146,14 +149,19 @@ def test_the_compiled_overview_equals_the_tiles_one(monkeypatch, pad, sink):
     if kernel.isa() is None:
         pytest.skip("the compiled kernel was not built here")
     lm, full = _synthetic(t=131, pad=pad, sink=sink)
-    for cells in (8, 45):
-        compiled = [longview.overview(lm, layer, head, cells=cells) for layer in range(4) for head in range(4)]
+    for cells, top in ((8, 0), (45, 5)):
+        compiled = [longview.overview(lm, layer, head, cells=cells, top=top) for layer in range(4) for head in range(4)]
         with monkeypatch.context() as m:
             m.setattr(kernel, "isa", lambda: None)  # as where no compiler built it
-            tiles = [longview.overview(lm, layer, head, cells=cells) for layer in range(4) for head in range(4)]
-        for a, b in zip(compiled, tiles):
-            assert a.block == b.block and a.top_keys is None
+            tiles = [longview.overview(lm, layer, head, cells=cells, top=top) for layer in range(4) for head in range(4)]
+        for i, (a, b) in enumerate(zip(compiled, tiles)):
+            assert a.block == b.block and (a.top_keys is None) == (top == 0)
             np.testing.assert_allclose(a.mean, b.mean, rtol=0, atol=ATOL)
             np.testing.assert_allclose(a.max, b.max, rtol=0, atol=ATOL)
+            if top:  # the same weights, at keys that hold them; the same keys but where two weights nearly tie
+                np.testing.assert_allclose(a.top_weights, b.top_weights, rtol=0, atol=ATOL)
+                np.testing.assert_allclose(np.take_along_axis(full[i // 4, i % 4], a.top_keys, 1), a.top_weights,
+                                           rtol=0, atol=ATOL)
+                assert (a.top_keys == b.top_keys).all(1).mean() > 0.95
         if cells == 8:
             _check_pooled(compiled[5], full[1, 1])

@@ -81,6 +81,40 @@ def test_compiled_pooling_matches_float64_dense_weights(case, tiles, isa):
     np.testing.assert_allclose(maxes, want_maxes, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", [CASES[c] for c in ("full-odd", "sink-tokens-and-window", "causal-softcap", "padding")],
+                         ids=["full-odd", "sink-tokens-and-window", "causal-softcap", "padding"])
+def test_compiled_top_keys_are_each_rows_largest_dense_weights(case, isa):
+    """top=K: every row's K largest weights, largest first, ties to the earlier key (a stable sort of the row),
+    from the pooled pass's own sweep; the rows that see fewer than K keys end with their first keys of 0."""
+    rng = np.random.default_rng(zlib.crc32(repr(sorted(case)).encode()))
+    b, g, t, d, mask, block = (case[x] for x in ("b", "g", "t", "d", "mask", "block"))
+    q = (rng.standard_normal((b, g, t, d)) * 2).astype(np.float32)
+    k = (rng.standard_normal((b, t, d)) * 2).astype(np.float32)
+    scale, cap, top = d**-0.5, case.get("softcap"), 6
+    seen = np.ones((t, t), bool) if mask is None else mask.dense(t)[0, 0]
+    lse = _lse(q, k, scale, seen, cap)
+    sums, maxes, keys, weights = kernel.pool(q, k, lse, scale=scale, block=block, mask=mask, softcap=cap, top=top,
+                                             block_size=(16, 23))
+    assert keys.dtype == np.int64 and weights.dtype == np.float32 and keys.shape == (b, g, t, top)
+    plain = kernel.pool(q, k, lse, scale=scale, block=block, mask=mask, softcap=cap, block_size=(16, 23))
+    np.testing.assert_array_equal(sums, plain[0])  # the cells are the same with the rows' largest or without
+    np.testing.assert_array_equal(maxes, plain[1])
+    s = np.einsum("bgid,bjd->bgij", q.astype(np.float64), k.astype(np.float64)) * scale
+    s = s if cap is None else cap * np.tanh(s / cap)
+    dense = np.where(seen, np.exp(s - lse.astype(np.float64)[..., None]), 0.0)  # (B, G, T, T)
+    want = np.argsort(-dense, axis=-1, kind="stable")[..., :top + 1]
+    best = np.take_along_axis(dense, want, -1)
+    np.testing.assert_allclose(np.take_along_axis(dense, keys, -1), weights, rtol=0, atol=1e-6)  # the weights they have
+    np.testing.assert_allclose(weights, best[..., :top], rtol=0, atol=1e-6)  # ... are the largest
+    gaps = -np.diff(best, axis=-1)
+    # rows with no near-tie (the float32 scores' rounding moves a weight by ~1e-7 of itself)
+    clear = ((gaps > 1e-6) | ((best[..., 1:] == 0) & (best[..., :-1] == 0))).all(-1)
+    assert clear.mean() > 0.5
+    np.testing.assert_array_equal(keys[clear], want[..., :top][clear])
+    if mask is not None:  # causal: row 0 sees key 0 only, then the first keys of weight 0
+        assert (keys[:, :, 0] == np.arange(top)).all() and (weights[:, :, 0, 1:] == 0).all()
+
+
 def test_compiled_pooling_takes_alibi_as_the_forward_does():
     rng = np.random.default_rng(3)
     t, d, slope = 120, 16, 0.25
@@ -103,8 +137,8 @@ def test_compiled_pooling_is_the_same_bits_for_any_thread_count(isa):
     q = rng.standard_normal((2, 3, 333, 32)).astype(np.float32)
     k = rng.standard_normal((2, 333, 32)).astype(np.float32)
     lse = np.full((2, 3, 333), 6.0, np.float32)
-    one = kernel.pool(q, k, lse, scale=0.2, block=17, mask=masks.causal(), threads=1)
-    three = kernel.pool(q, k, lse, scale=0.2, block=17, mask=masks.causal(), threads=3)
+    one = kernel.pool(q, k, lse, scale=0.2, block=17, mask=masks.causal(), threads=1, top=5)
+    three = kernel.pool(q, k, lse, scale=0.2, block=17, mask=masks.causal(), threads=3, top=5)
     for a, b in zip(one, three):
         np.testing.assert_array_equal(a, b)  # a row of cells is always one thread's, its tiles in order
 
@@ -123,6 +157,11 @@ def _pool_args(**change):
     ({"maxes": np.empty((1, 2, 4, 4))}, "maxes: expected float32 items"),
     ({"lse": np.zeros((1, 2, 9), np.float32)}, "lse: expected shape (B=1, G=2, T=10), got (1, 2, 9)"),
     ({"softcap": -1.0}, "softcap: expected 0 (none) or a finite cap > 0, got -1"),
+    ({"top_keys": np.empty((1, 2, 10, 3), np.int64)}, "top_keys, top_weights: expected both"),
+    ({"top_keys": np.empty((1, 2, 10, 11), np.int64), "top_weights": np.empty((1, 2, 10, 11), np.float32)},
+     "top_keys: expected 1..min(T=10, 1024) largest a row (its last dim), got 11"),
+    ({"top_keys": np.empty((1, 2, 10, 3), np.int64), "top_weights": np.empty((1, 2, 10, 4), np.float32)},
+     "top_weights: expected shape (B=1, G=2, T=10, X=3), got (1, 2, 10, 4)"),
 ])
 def test_bad_pooling_arguments_raise_naming_them(change, text):
     with pytest.raises(ValueError) as e:

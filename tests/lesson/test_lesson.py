@@ -152,7 +152,7 @@ def test_real_maps_state_plainly_what_the_maps_show(sections, bank_maps):
     assert (seed["qualifying"], seed["total_heads"], seed["mark_heads"]) == (6, 144, 113)
     assert (seed["best"]["layer"], seed["best"]["head"], seed["best"]["weights_pct"]) == (2, 10, [93, 60])  # L3H11
     seed_row = m["tables"][0]["rows"][1]
-    assert seed_row[0].startswith("bert-base-uncased") and seed_row[2:] == ["6", "layer 3, head 11", "93 % / 60 %", "113"]
+    assert seed_row[0].startswith("bert-base-uncased") and seed_row[2:] == ["6", "L3H11", "93 % / 60 %", "113"]  # compact in a table
 
 
 def test_previous_word_head_is_the_one_with_most_weight_on_the_previous_word(sections, bank_maps):

@@ -13,10 +13,11 @@ the one implementation of attention, and never more than one tile of T × T at o
     column(lm, layer, head, key)           the weight every query puts on the key, [T]
     overview(lm, layer, head, cells)       the pooled map: each cell the mean and the max weight of a
                                            block of b × b pairs (b = ⌈T / cells⌉; a pair a row cannot
-                                           see counts as a weight of 0 in the mean); by the compiled
-                                           pooled pass (kernel.pool: the tiles' weights pooled in the
-                                           cache, no strip of rows × T kept) where the kernel is built
-                                           and no top keys are asked, else from tiles as above
+                                           see counts as a weight of 0 in the mean), and with top=k
+                                           every row's k largest; by the compiled pooled pass
+                                           (kernel.pool: the tiles' weights pooled in the cache and the
+                                           rows' largest kept in the same sweep, no strip of rows × T)
+                                           where the kernel is built, else from tiles as above
 
     sink_share(lm, layer, head)            learned sinks (gpt-oss): each query's mass on the sink, exp(sink −
                                            lse) [T] (its weights add up to 1 minus it); None without sinks
@@ -246,17 +247,18 @@ def _top(w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.take_along_axis(w, order, axis=1)
 
 
-def _compiled_pool(lm: LongMaps, layer: int, head: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+def _compiled_pool(lm: LongMaps, layer: int, head: int, block: int, top: int) -> tuple[np.ndarray | None, ...]:
     """The cells' weight sums [n, n] (float64) and maxima [n, n] (float32) by the compiled pooled pass
-    (:func:`attnlab.backends.kernel.pool`), from the stored q, k and LSE of the real tokens."""
+    (:func:`attnlab.backends.kernel.pool`), from the stored q, k and LSE of the real tokens; with ``top`` > 0
+    also every row's largest, keys [T, top] and weights [T, top] (else None, None)."""
     t, facts = lm.num_tokens, lm.layers[layer]
     group = lm.num_heads // lm.num_kv_heads
     q = lm.queries[layer, head, None, None, :t]  # (1, 1, T, D)
     k = lm.keys[layer, head // group, None, :t]  # (1, T, D)
     lse = lm.lse[layer, head, None, None, :t]  # (1, 1, T)
-    sums, maxes = kernel.pool(q, k, lse, scale=facts.scale, block=block, mask=description(lm, layer),
-                              softcap=facts.softcap)
-    return sums[0, 0], maxes[0, 0]
+    out = kernel.pool(q, k, lse, scale=facts.scale, block=block, mask=description(lm, layer), softcap=facts.softcap,
+                      top=top)
+    return tuple(x[0, 0] for x in out) + ((None, None) if top == 0 else ())
 
 
 def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, top: int = 0) -> Overview:
@@ -275,12 +277,12 @@ def overview(lm: LongMaps, layer: int, head: int, cells: int = DEFAULT_CELLS, to
     if share is not None:  # (n,): each row of cells' mean
         share = np.add.reduceat(share.astype(np.float64), np.arange(n) * block) / sizes
         share = share.astype(np.float32)
-    if top == 0 and kernel.isa() is not None:
-        sums, maxes = _compiled_pool(lm, layer, head, block)
-        return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes,
-                        tokens=t, sink_share=share)
-    sums, maxes = np.zeros((n, n)), np.zeros((n, n), dtype=np.float32)
     k = min(top, t)
+    if kernel.isa() is not None and k <= kernel.POOL_TOP_MAX:
+        sums, maxes, keys, best = _compiled_pool(lm, layer, head, block, k)
+        return Overview(block=block, mean=(sums / sizes[:, None] / sizes[None, :]).astype(np.float32), max=maxes,
+                        tokens=t, top_keys=keys, top_weights=best, sink_share=share)
+    sums, maxes = np.zeros((n, n)), np.zeros((n, n), dtype=np.float32)
     keys, best = np.zeros((t, k), dtype=np.int64), np.zeros((t, k), dtype=np.float32)
     strip = max(block, (STRIP_SCORES // max(t, 1)) // block * block)  # whole blocks of rows per strip
     for i0 in range(0, t, strip):

@@ -92,5 +92,5 @@ def _importance_table(imp, top: int, how: str) -> Table:  # noqa: ANN001 (an Imp
         table.add_column(col, justify="right")
     order = {found.head: r for r, found in enumerate(imp.top(imp.ablation.size, by="gradient"), 1)}
     for head, score in imp.top(top):
-        table.add_row(head.label(), f"{score:.4g}", f"{imp.gradient[head]:.4g}", str(order[head]))
+        table.add_row(str(head), f"{score:.4g}", f"{imp.gradient[head]:.4g}", str(order[head]))
     return table

@@ -60,7 +60,8 @@ def patch(
     if png:
         from attnlab.viz.patching import patching_figure
 
-        patching_figure(found.effect, f"{model_id}: each head patched\n{what}", tokens if over == "head_pos" else None
+        patching_figure(found.effect, f"{model_id}: each head{' at each position' if over == 'head_pos' else ''} "
+                        f"patched\n{what}", tokens if over == "head_pos" else None
                         ).savefig(png, dpi=130)
         err.print(f"wrote {png}", highlight=False)
     data = {**found.to_dict(), "model": model_id, "clean_text": clean, "corrupted_text": corrupted,

@@ -208,7 +208,7 @@ def _roles_table(roles, average: str) -> Table:  # noqa: ANN001 (a HeadRoles)
         unit = {"nats": " nats", "ratio": ""}.get(role.unit)
         shown = pct(top.score) if unit is None else f"{top.score:.2f}{unit}"
         over = f"{len(roles.heads(name))} (≥ {role.threshold:g}{unit or ''})"
-        table.add_row(name, role.description, top.head.label(), shown, over)
+        table.add_row(name, role.description, str(top.head), shown, over)
     return table
 
 

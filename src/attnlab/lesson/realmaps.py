@@ -98,10 +98,10 @@ def _seed_best() -> Head:
 def _head_rows(res: Any) -> list[list[str]]:
     """The qualifying heads, or where none qualifies the closest, with their weights on the deciders."""
     if res.best is not None:
-        return [[found.label(), f"{len(SENTENCES)} of {len(SENTENCES)}"]
+        return [[str(found), f"{len(SENTENCES)} of {len(SENTENCES)}"]
                 + [pct(w) for w in res.decider_weights[found]] for found in res.qualifying]
     return [
-        [c.head.label(), f"{c.sentences_won} of {len(SENTENCES)}"]
+        [str(c.head), f"{c.sentences_won} of {len(SENTENCES)}"]
         + [pct(w) + ("" if win.casefold() == d.casefold() else f" ({win} {pct(ww)})")
            for d, w, win, ww in zip(DECIDERS, c.weights, c.winners, c.winner_weights)]
         for c in res.closest
@@ -117,10 +117,10 @@ def _maps_tables(res: Any, info: dict, role_rows: list[list[str]]) -> tuple:
             ["model", "heads", "qualify", "best head", "river / money", "on a mark"],
             [
                 [info["model_id"].rsplit("/", 1)[-1], total, len(res.qualifying),
-                 res.best.label() if res.best else "none",
+                 str(res.best) if res.best else "none",
                  " / ".join(pct(w) for w in res.decider_weights[res.best]) if res.best else "—", res.mark_heads],
                 [f"{seed['model']} (the lesson)", seed["total_heads"], seed["qualifying"],
-                 _seed_best().label(),
+                 str(_seed_best()),
                  " / ".join(f"{w} %" for w in seed["best"]["weights_pct"]), seed["mark_heads"]],
             ],
         ),
@@ -142,7 +142,7 @@ def maps_section(maps: AttentionMaps) -> Section:
     roles = head_roles(words)
     info = model_info(maps)
     tops = {role: roles.top(role) for role, _ in ROLE_HEADS}
-    role_rows = [[what, tops[role].head.label(), pct(tops[role].score)] for role, what in ROLE_HEADS]
+    role_rows = [[what, str(tops[role].head), pct(tops[role].score)] for role, what in ROLE_HEADS]
     data = {
         "model": info,
         "sentences": list(SENTENCES),

@@ -44,10 +44,21 @@ WEIGHTS = Cells()  # attention weights, in 0..1
 def percent_bar(bar: Any) -> Any:
     """A colour bar whose ticks read in percent, as the cells' numbers do (a cell reads -6 where the bar
     would read -0.06 as a fraction)."""
-    from matplotlib.ticker import PercentFormatter
+    from matplotlib.ticker import FuncFormatter
 
-    bar.ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=None))
+    # "35%", not "35.0%" beside cells that read 35; a fraction of a percent keeps its digits ("2.5%")
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{100 * x:.3g}%".replace("-", "\u2212")))
     return bar
+
+
+def wrap_title(title: str, width: int) -> str:
+    """A panel's title in lines of at most ``width`` characters, broken first after its lead ("marks ([CLS], [SEP],
+    punctuation):" above "layer 3, head 10, average 94 %"), a number never apart from its "%"."""
+    text = title.replace(" %", "\u00a0%")
+    if len(text) <= width:
+        return text
+    lead, sep, rest = text.partition(": ")
+    return "\n".join(textwrap.fill(part, width) for part in ([lead + ":", rest] if sep and rest else [text]))
 
 
 def plot_heatmap(
@@ -150,7 +161,7 @@ def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None
     vmax = (max(float(np.abs(p["weights"]).max()) for p in panels) if cells.signed else 1.0) if shared_scale else None
     for ax, p in zip(axes, panels):
         # a title as wide as its panel, wrapped (a role's long description was cut at both ends: "narks ([CLS]…")
-        title_lines = textwrap.fill(p["title"].replace(" %", "\u00a0%"), max(20, int(side * TITLE_CHARS_PER_INCH)))
+        title_lines = wrap_title(p["title"], max(20, int(side * TITLE_CHARS_PER_INCH)))
         plot_heatmap(p["weights"], p["rows"], p["cols"], title=title_lines, ax=ax, highlight_rows=tuple(p.get("highlight", ())),
                      vmax=vmax, colorbar=not shared_scale, cells=cells)
     for ax in axes[len(panels):]:

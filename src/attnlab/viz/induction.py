@@ -49,7 +49,7 @@ def induction_training(data: dict) -> Figure:
             a.set_title(f"layer {layer + 1}, head {head + 1}, {when}", fontsize=9)
             if col == 0:
                 a.set_ylabel("previous-token" if layer == 0 else "induction", fontsize=9)
-    right.suptitle("Where the two heads look (query ↓, key →)", fontsize=10)
+    right.suptitle("Where the two heads look (query ↓, key →)\nshaded: the rows of the repeat", fontsize=10)
     return fig
 
 

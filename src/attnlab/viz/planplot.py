@@ -67,8 +67,8 @@ def _largest_label(curve: dict) -> str:
     """What the vertical line is: the largest prompt meeting the limits, with its range, or the model's positions
     when the search reached them (the memory would allow more)."""
     n = curve["max_prompt_tokens"]
-    if curve["search"]["capped"]:
-        return f"the model's positions (less the new tokens): {n:,}; memory allows more"
+    if curve["search"]["capped"]:  # two lines: one ran past the figure's edge in the lesson's serving figure
+        return f"the model's positions (less the new tokens): {n:,};\nmemory allows more"
     span = curve.get("max_prompt_range")
     within = f" ({span[0]:,}–{span[1]:,})" if span and span[0] != span[1] else ""
     return f"largest prompt {'meeting both' if curve.get('deadline_ms') else 'that fits'}: {n:,}{within}"
@@ -112,9 +112,10 @@ def serving_figure(data: dict) -> Figure:
         draw_plan(ax_time, ax_mem, curve, serving["plans"][where])
         for ax in (ax_time, ax_mem):
             _axes(ax)
-            legend_below(ax, fontsize=7)
+            legend_below(ax, fontsize=7, ncols=1)  # two columns of these labels ran into the next panel's
         kind = "predicted from rates measured here" if curve["hardware"]["measured"] else "predicted"
-        ax_time.set_title(f"{curve['model']['name']} on {curve['hardware']['name']} ({kind}): latency", fontsize=9)
+        # two lines: on one, the machine's name ran past the figure's left edge
+        ax_time.set_title(f"{curve['model']['name']} on {curve['hardware']['name']}\n({kind}): latency", fontsize=9)
         ax_mem.set_title("memory", fontsize=9)
         ax_time.set_ylabel("seconds")
         ax_mem.set_ylabel("GB (10⁹ bytes)")

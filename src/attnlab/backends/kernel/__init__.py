@@ -188,9 +188,15 @@ def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, s
     return sums, received
 
 
+POOL_TOP_MAX = 1024  # the most largest weights a row pool keeps (top=); more: sort the row (analysis.longview)
+
+
 def pool(q: Any, k: Any, lse: Any, *, scale: float, block: int, mask: Mask | None = None, softcap: float | None = None,
-         block_size: Any = None, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The pooled map of self-attention's weights, compiled: ``(sums, maxes)`` (B, G, N, N), N = ⌈T / block⌉.
+         block_size: Any = None, threads: int | None = None, top: int = 0) -> tuple[np.ndarray, ...]:
+    """The pooled map of self-attention's weights, compiled: ``(sums, maxes)`` (B, G, N, N), N = ⌈T / block⌉,
+    and with ``top`` = K ≥ 1 also ``(keys, weights)`` (B, G, T, K): every row's K largest weights from the
+    same sweep, largest first (ties: the earlier key; a row with fewer than K positive weights ends with its
+    first keys of weight 0, as a stable sort of the row would), int64 and float32.
 
     q (B, G, T, D), k (B, T, D) and the rows' LSE (B, G, T) as :func:`forward` gave it; ``mask`` which keys
     each row sees (attnlab.masks, structured; None: every key), ``softcap`` the scores' cap (None: none).
@@ -210,8 +216,12 @@ def pool(q: Any, k: Any, lse: Any, *, scale: float, block: int, mask: Mask | Non
     kw = vis_args(describe(mask, t, t, (b, g)), None)
     if softcap is not None:
         kw["softcap"] = softcap
+    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 0:
+        raise ValueError(f"top must be an int >= 0 (every row's largest weights; 0: none), got {top!r}")
+    if top:  # a K past T or POOL_TOP_MAX: the kernel's error names it
+        kw["top_keys"], kw["top_weights"] = np.empty((b, g, t, top), np.int64), np.empty((b, g, t, top), np.float32)
     _tiles.pool(q, k, lse, sums, maxes, scale, block, block_q, block_k, threads or 0, **kw)
-    return sums, maxes
+    return (sums, maxes, kw["top_keys"], kw["top_weights"]) if top else (sums, maxes)
 
 
 DECODE_MAX_TQ = 32  # the kernel backend serves calls of at most this many query rows by the decode pass

@@ -202,11 +202,14 @@ static PyMethodDef methods[] = {
      "Block sizes >= 1; threads 0: OpenMP's default. Every argument is checked first (ValueError naming it)."},
     {"pool", (PyCFunction)(void (*)(void))pool, METH_VARARGS | METH_KEYWORDS,
      "pool(q, k, lse, sums, maxes, scale, block, block_q, block_k, threads, *, spans=None, qpos=None, slopes=None,\n"
-     "heads=1, softcap=0.0)\n\n"
+     "heads=1, softcap=0.0, top_keys=None, top_weights=None)\n\n"
      "The pooled map of self-attention's weights exp(s - lse), s the forward's scores (scale, softcap, ALiBi), recomputed\n"
      "tile by tile: float32 q (B, G, T, D), k (B, T, D) and forward's lse (B, G, T); into float64 sums and float32 maxes\n"
      "(B, G, N, N), N = ceil(T / block): each cell's sum and largest weight over its block x block pairs (a pair a row\n"
-     "does not see weighs 0). Visibility as forward's. The same checks as forward; the same bits for any threads."},
+     "does not see weighs 0). With int64 top_keys and float32 top_weights (B, G, T, K), 1 <= K <= min(T, 1024), also\n"
+     "every row's K largest weights and their keys, largest first (ties: the earlier key; a row with fewer than K\n"
+     "positive weights ends with its first keys of weight 0). Visibility as forward's. The same checks as forward;\n"
+     "the same bits for any threads."},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_VARARGS | METH_KEYWORDS,
      "stats(q, k, lse, sums, received, scale, block_q, block_k, threads, *, spans=None, heads=1, softcap=0.0)\n\n"
      "Statistics of self-attention's weights exp(scale q.k - lse), recomputed tile by tile: float32 q (B, G, T, D),\n"

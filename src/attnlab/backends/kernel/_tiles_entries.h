@@ -148,9 +148,9 @@ done:
 
 static PyObject *pool(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "lse", "sums", "maxes", "scale", "block", "block_q", "block_k", "threads", "spans",
-                             "qpos", "slopes", "heads", "softcap", NULL};
-    PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None}; /* no sinks: the LSE holds them */
-    Py_buffer view[9] = {{0}};
+                             "qpos", "slopes", "heads", "softcap", "top_keys", "top_weights", NULL};
+    PyObject *obj[7] = {0}, *vobj[4] = {Py_None, Py_None, Py_None, Py_None}; /* no sinks: the LSE holds them */
+    Py_buffer view[11] = {{0}};
     struct pproblem pr = {0};
     struct vis vis = {0};
     long long block, bq, bk, heads = 1;
@@ -160,29 +160,42 @@ static PyObject *pool(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwarg
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOdLLLi|$OOOLd:pool", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+    obj[5] = obj[6] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOdLLLi|$OOOLdOO:pool", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
                                      &obj[4], &pr.scale64, &block, &bq, &bk, &threads, &vobj[0], &vobj[1], &vobj[2], &heads,
-                                     &softcap))
+                                     &softcap, &obj[5], &obj[6]))
         return NULL;
+    if ((obj[5] == Py_None) != (obj[6] == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "top_keys, top_weights: expected both (every row's largest) or neither, got one");
+        return NULL;
+    }
     pr.scale = (float)pr.scale64, pr.softcap64 = softcap;
     if (block < 1) {
         PyErr_Format(PyExc_ValueError, "block: expected the cells' side in tokens, >= 1, got %lld", block);
         return NULL;
     }
-    static const char *names[] = {"q", "k", "lse", "sums", "maxes"};
-    static const char *dims[] = {"BGTD", "BTD", "BGT", "BGNN", "BGNN"};
-    for (int i = 0; i < 5; i++) {
-        if (!take(obj[i], &view[i], names[i], i >= 3, i == 3 ? 'd' : 'f', dims[i], dim)) goto done;
+    static const char *names[] = {"q", "k", "lse", "sums", "maxes", "top_keys", "top_weights"};
+    static const char *dims[] = {"BGTD", "BTD", "BGT", "BGNN", "BGNN", "BGTX", "BGTX"};
+    for (int i = 0; i < 7; i++) {
+        if (obj[i] == Py_None) continue;
+        if (!take(obj[i], &view[i], names[i], i >= 3, i == 3 ? 'd' : i == 5 ? 'i' : 'f', dims[i], dim)) goto done;
         if (i == 2) dim['N'] = (dim[T_] + block - 1) / block; /* the cells a side */
     }
     pr.b = dim[B_], pr.g = dim[G_], pr.t = dim[T_], pr.d = dim[D_], pr.block = block, pr.n = dim['N'];
+    pr.ntop = obj[5] == Py_None ? 0 : dim['X'];
+    if (obj[5] != Py_None && (pr.ntop < 1 || pr.ntop > pr.t || pr.ntop > 1024)) {
+        PyErr_Format(PyExc_ValueError, "top_keys: expected 1..min(T=%lld, 1024) largest a row (its last dim), got %lld",
+                     (long long)pr.t, (long long)pr.ntop);
+        goto done;
+    }
+    pr.topk = obj[5] == Py_None ? NULL : view[5].buf, pr.topw = obj[6] == Py_None ? NULL : view[6].buf;
     if (pr.d < 1) {
         PyErr_SetString(PyExc_ValueError, "q: expected a head dim >= 1, got 0");
         goto done;
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.lse = view[2].buf, pr.sums = view[3].buf, pr.maxes = view[4].buf;
     if (!check_scalars(pr.t, pr.t, -1, -1, bq, bk, threads, &l, &r, &pr.bq, &pr.bk, &pr.threads) ||
-        !take_vis(vobj, view + 5, &vis, pr.b * pr.g, heads, pr.t, pr.t, softcap))
+        !take_vis(vobj, view + 7, &vis, pr.b * pr.g, heads, pr.t, pr.t, softcap))
         goto done;
     pr.vis = &vis;
     int status;
@@ -191,7 +204,7 @@ static PyObject *pool(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwarg
     Py_END_ALLOW_THREADS
     result = status != 0 ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
-    release(view, 9);
+    release(view, 11);
     return result;
 }
 

@@ -8,8 +8,11 @@
  * fold into the cells (block x block pairs) of the pooled map. A work item is one row of cells of one
  * head: its cells are written by one thread in one order, so the result is the same for any thread
  * count, and tiles no row of the item sees are skipped (not read). A pair a row does not see is a
- * weight of 0: it adds nothing to the sum and the largest is at least 0. Memory: the outputs and one
- * tile per thread; never a row of T weights, let alone T x T. */
+ * weight of 0: it adds nothing to the sum and the largest is at least 0. With K > 0 the same sweep also keeps
+ * every row's K largest weights (largest first, ties: the earlier key, as the keys come in order), which a
+ * tile adds to only where its largest weight passes the row's K-th; a row with fewer than K positive
+ * weights is completed by its first keys of weight 0, as a stable sort of the whole row would. Memory: the
+ * outputs and one tile per thread; never a row of T weights, let alone T x T. */
 
 /* Weights above this are recomputed in double: a float32 score of magnitude |s| is off by some |s| 2^-24, and
  * so its weight by as much relative to itself, which passes 1e-6 for large weights only (a row has at most
@@ -32,6 +35,14 @@ static TARGET double F(pexact)(const struct pproblem *pr, int64_t bg, int64_t i,
         s -= (double)slope * 0.69314718055994531 * (double)(gap < 0 ? -gap : gap); /* slopes are base 2 */
     }
     return exp(s - (double)pr->lse[bg * pr->t + i]);
+}
+
+/* Keep w at key j among a row's n (of at most k) largest, largest first; an equal weight stays ahead (earlier key). */
+static inline TARGET void F(topput)(float *restrict tw, int64_t *restrict tk, int64_t *restrict n, int64_t k, float w, int64_t j) {
+    int64_t p = *n < k ? *n : k - 1; /* full: the last is dropped */
+    for (; p > 0 && tw[p - 1] < w; p--) tw[p] = tw[p - 1], tk[p] = tk[p - 1];
+    tw[p] = w, tk[p] = j;
+    if (*n < k) (*n)++;
 }
 
 /* Row `cell` of head bg's cells: its rows, a query block of at most bq at a time, against every key they see. */
@@ -60,6 +71,7 @@ static TARGET __attribute__((noinline)) void F(pitem)(const struct pproblem *pr,
             sc->lse2[r] = isfinite(lse) ? (float)lse2 : -INFINITY;
             sc->lse2lo[r] = isfinite(lse) ? (float)(lse2 - (float)lse2) : 0.0f;
         }
+        for (int64_t r = 0; r < nr; r++) sc->tn[r] = 0;
         int64_t lo, hi; /* the keys that some row of the block may see */
         vis_range(vis, bg, i0, i0 + nr, &lo, &hi);
         lo -= lo % VW;
@@ -98,10 +110,25 @@ static TARGET __attribute__((noinline)) void F(pitem)(const struct pproblem *pr,
                 if (most > POOL_EXACT) /* the few large weights, exact */
                     for (int64_t c = c4[0]; c < c4[3]; c++)
                         if (row[c] > POOL_EXACT) row[c] = (float)F(pexact)(pr, bg, i0 + r, j0 + c);
+                big = (VF){};
                 for (int64_t c = c0; c < c4[3]; c += VW) {
                     const VF w = *(const VF *)(row + c), top = *(const VF *)(cmax + c);
                     *(VF *)(csum + c) += w;
                     *(VF *)(cmax + c) = F(select)(w > top, w, top);
+                    big = F(select)(w > big, w, big);
+                }
+                if (pr->ntop > 0) { /* the row's largest: only where this tile has one above its K-th so far */
+                    float *tw = sc->tw + r * pr->ntop;
+                    int64_t *tk = sc->tk + r * pr->ntop, *tn = sc->tn + r;
+                    float bar = *tn < pr->ntop ? 0.0f : tw[pr->ntop - 1];
+                    most = 0.0f;
+                    for (int u = 0; u < VW; u++) most = big[u] > most ? big[u] : most;
+                    if (most > bar)
+                        for (int64_t c = c4[0]; c < c4[3]; c++) /* unseen columns between the intervals hold 0 */
+                            if (row[c] > bar) {
+                                F(topput)(tw, tk, tn, pr->ntop, row[c], j0 + c);
+                                bar = *tn < pr->ntop ? 0.0f : tw[pr->ntop - 1];
+                            }
                 }
             }
             for (int64_t c = 0, k = j0 / block, edge = (k + 1) * block - j0; c < nc; k++, edge += block) {
@@ -113,6 +140,17 @@ static TARGET __attribute__((noinline)) void F(pitem)(const struct pproblem *pr,
                     top = cmax[c] > top ? cmax[c] : top;
                 }
                 sums[k] += sum, maxes[k] = top;
+            }
+        }
+        for (int64_t r = 0; r < nr && pr->ntop > 0; r++) { /* the rows' largest, completed by the first keys of weight 0 */
+            float *out_w = pr->topw + (row0 + r) * pr->ntop;
+            int64_t *out_k = pr->topk + (row0 + r) * pr->ntop, got = sc->tn[r];
+            memcpy(out_w, sc->tw + r * pr->ntop, sizeof(float) * got);
+            memcpy(out_k, sc->tk + r * pr->ntop, sizeof(int64_t) * got);
+            for (int64_t j = 0, have = got; have < pr->ntop; j++) {
+                int kept = 0;
+                for (int64_t u = 0; u < got && !kept; u++) kept = out_k[u] == j;
+                if (!kept) out_w[have] = 0.0f, out_k[have++] = j;
             }
         }
     }
@@ -133,8 +171,8 @@ static TARGET int F(prun)(struct pproblem *pr) {
     int64_t next = 0;
     int failed = 0;
     const int64_t qn = (pr->bqp * pr->d + 15) / 16 * 16, sn = pr->bqp * pr->bk, cn = (pr->bk + 15) / 16 * 16;
-    const int64_t ln = (pr->bqp + 15) / 16 * 16;
-    const size_t per_thread = sizeof(float) * (qn + sn + 2 * cn + 2 * ln);
+    const int64_t ln = (pr->bqp + 15) / 16 * 16, tn = pr->bqp * pr->ntop; /* the top keys' scratch: (bqp, K) */
+    const size_t per_thread = sizeof(float) * (qn + sn + 2 * cn + 2 * ln + tn + 1) + sizeof(int64_t) * (tn + pr->bqp);
 #pragma omp parallel num_threads(pr->threads)
     {
 #pragma omp for schedule(static)
@@ -143,8 +181,10 @@ static TARGET int F(prun)(struct pproblem *pr) {
         if (!mem) {
             __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         } else {
+            float *tw = mem + qn + sn + 2 * cn + 2 * ln;
+            int64_t *tk = (int64_t *)(tw + tn + (tn & 1)); /* 8-byte aligned: the parts before are even in floats */
             const struct pscratch sc = {mem, mem + qn, mem + qn + sn, mem + qn + sn + cn, mem + qn + sn + 2 * cn,
-                                        mem + qn + sn + 2 * cn + ln};
+                                        mem + qn + sn + 2 * cn + ln, tw, tk, tk + tn};
             for (;;) {
                 const int64_t it = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
                 if (it >= items) break;

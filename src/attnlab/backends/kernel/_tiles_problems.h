@@ -65,6 +65,9 @@ struct pproblem {
     const float *q, *k, *lse;     /* (B, G, T, D), (B, T, D), (B, G, T): self-attention, one length */
     double *sums;                 /* (B, G, N, N) */
     float *maxes;                 /* (B, G, N, N) */
+    int64_t *topk;                /* (B, G, T, K) every row's K largest weights' keys, largest first, or NULL */
+    float *topw;                  /* (B, G, T, K) their weights */
+    int64_t ntop;                 /* K, 0: no top keys */
     const float *kp;              /* packed keys */
     const struct vis *vis;        /* which keys each row sees, ALiBi, softcap (the forward's description) */
     int64_t b, g, t, d, bq, bk, block, n, bqp, tkp;
@@ -75,6 +78,8 @@ struct pproblem {
 
 struct pscratch {
     float *q, *s, *csum, *cmax, *lse2, *lse2lo; /* query rows, score tile, the tile's column sums and maxima, LSE */
+    float *tw;                                  /* each row of the query block's top weights so far (bqp, K) */
+    int64_t *tk, *tn;                           /* their keys (bqp, K) and how many (bqp) */
 };
 
 /* The decode pass (_tiles_decode.h): few query rows against a long cache, split into chunks of keys. */

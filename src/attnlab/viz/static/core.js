@@ -65,19 +65,20 @@ AL.drawMatrix = function (canvas, data, n, px, m = n) {
 // of `cell` px sit at (AL.HEAT.left, AL.HEAT.top) of `canvas`; the labels go along both axes (every
 // k-th where rows are thinner than the text; `rowColour(i)` colours row i's label) and the colour
 // scale beside the map (the same ramp, 0 % at the bottom to 100 % at the top). Returns the scale's height.
+// `rowCell`: the rows' height where it differs from the columns' width (cells `cell` wide, `rowCell` high).
 AL.HEAT = {left: 96, top: 84, scale: 64, bottom: 10};
-AL.heatFrame = function (canvas, rowLabels, colLabels, cell, rowColour = () => "#333") {
+AL.heatFrame = function (canvas, rowLabels, colLabels, cell, rowColour = () => "#333", rowCell = cell) {
   const {left, top, scale, bottom} = AL.HEAT;
-  const W = colLabels.length * cell, SH = Math.max(rowLabels.length * cell, 120);
+  const W = colLabels.length * cell, SH = Math.max(rowLabels.length * rowCell, 120);
   const ctx = AL.fitCanvas(canvas, left + W + scale, top + SH + bottom);
-  const step = Math.max(1, Math.ceil(12 / cell));
+  const step = Math.max(1, Math.ceil(12 / cell)), rowStep = Math.max(1, Math.ceil(12 / rowCell));
   const fit = (t) => (t.length > 12 ? `${t.slice(0, 11)}…` : t);
   ctx.font = "11px sans-serif";
   ctx.textBaseline = "middle";
   ctx.textAlign = "right";
-  for (let i = 0; i < rowLabels.length; i += step) {
+  for (let i = 0; i < rowLabels.length; i += rowStep) {
     ctx.fillStyle = rowColour(i);
-    ctx.fillText(fit(rowLabels[i]), left - 4, top + (i + 0.5) * cell);
+    ctx.fillText(fit(rowLabels[i]), left - 4, top + (i + 0.5) * rowCell);
   }
   ctx.fillStyle = "#333";
   ctx.textAlign = "left";

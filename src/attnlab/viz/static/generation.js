@@ -11,6 +11,8 @@
   const el = AL.el;
   const ROW = 18; // px per token in the lines display
   const MAX_VIEW_H = 480;
+  const HEAT_CELL = 40, HEAT_CELL_MIN = 2, HEAT_ROW_MIN = 14; // px: the heat display's cells, at most and at least
+  const HEAT_CAPTION = 48; // px under the map: its caption
   const TOP_K = 10;
   const st = {gen: null, source: null, served: false, info: null, step: 0, layer: 1, head: 1, display: "lines",
     drawn: [], form: null};
@@ -129,30 +131,45 @@
   }
 
   // One row per step over every position (zero where a step's query cannot see): the chosen head's
-  // whole generation at a glance; click a row to choose its step.
+  // whole generation at a glance; click a row to choose its step. The map takes the panel's width: each
+  // position a column as wide as the width allows (HEAT_CELL at most), each step a row as high as fits
+  // above the window's bottom, but at least HEAT_ROW_MIN so that every step's token is labelled; drawn
+  // once the panel has its size.
   function heatPanel() {
     const N = steps().length, T = steps()[N - 1].rows[0][0].length;
     const data = new Float32Array(N * T);
     steps().forEach((s, t) => { const w = s.rows[st.layer - 1][st.head - 1]; for (let j = 0; j < w.length; j++) data[t * T + j] = w[j]; });
     st.drawn = Array.from(row(), (w, j) => [j, w]);
-    const px = Math.min(MAX_VIEW_H + 240, Math.max(240, T * 12)), cell = px / Math.max(N, T);
     const rowLabels = steps().map((s) => labels()[s.position]);
-    const axes = el("canvas", {id: "gen-heat-axes", class: "axes"});
-    const SH = AL.heatFrame(axes, rowLabels, labels().slice(0, T), cell, (i) => (i === st.step ? "#c0392b" : "#333"));
-    const at = `left:${AL.HEAT.left}px;top:${AL.HEAT.top}px`;
-    const image = el("canvas", {id: "gen-heat", class: "matrix", style: at});
-    AL.drawMatrix(image, data, N, px, T);
-    const mark = el("canvas", {class: "overlay", style: at});
-    const ctx = AL.fitCanvas(mark, T * cell, N * cell);
-    ctx.strokeStyle = "#c0392b"; ctx.lineWidth = 2;
-    ctx.strokeRect(0, st.step * cell, T * cell, Math.max(2, cell));
-    mark.addEventListener("click", (e) => {
-      const t = Math.floor((e.clientY - mark.getBoundingClientRect().top) / cell);
-      if (t >= 0 && t < N) { st.step = t; render(); }
-    });
-    return el("div", {}, el("div", {class: "stack", style: `width:${AL.HEAT.left + T * cell + AL.HEAT.scale}px;` +
-      `height:${AL.HEAT.top + SH + AL.HEAT.bottom}px`}, axes, image, mark),
+    const stack = el("div", {id: "gen-heat-stack", class: "stack"});
+    const panel = el("div", {class: "gen-heat-panel"}, stack,
       el("p", {class: "muted", text: "rows: the step (the token fed, that looks), columns: every position it may look at"}));
+    requestAnimationFrame(() => {
+      if (!panel.isConnected) return;
+      const room = panel.clientWidth - AL.HEAT.left - AL.HEAT.scale; // px across, and down to the window's bottom
+      const below = window.innerHeight - panel.getBoundingClientRect().top - AL.HEAT.top - AL.HEAT.bottom - HEAT_CAPTION;
+      const cw = Math.max(HEAT_CELL_MIN, Math.min(HEAT_CELL, room / T));
+      const ch = Math.max(HEAT_ROW_MIN, Math.min(HEAT_CELL, cw, below / N));
+      const axes = el("canvas", {id: "gen-heat-axes", class: "axes"});
+      const SH = AL.heatFrame(axes, rowLabels, labels().slice(0, T), cw, (i) => (i === st.step ? "#c0392b" : "#333"), ch);
+      const at = `left:${AL.HEAT.left}px;top:${AL.HEAT.top}px`;
+      const image = el("canvas", {id: "gen-heat", class: "matrix", style: at});
+      AL.drawMatrix(image, data, N, T, T); // one pixel a cell, stretched below to cw x ch
+      image.style.width = `${T * cw}px`;
+      image.style.height = `${N * ch}px`;
+      const mark = el("canvas", {class: "overlay", style: at});
+      const ctx = AL.fitCanvas(mark, T * cw, N * ch);
+      ctx.strokeStyle = "#c0392b"; ctx.lineWidth = 2;
+      ctx.strokeRect(1, st.step * ch + 1, T * cw - 2, Math.max(2, ch - 2));
+      mark.addEventListener("click", (e) => {
+        const t = Math.floor((e.clientY - mark.getBoundingClientRect().top) / ch);
+        if (t >= 0 && t < N) { st.step = t; render(); }
+      });
+      stack.style.width = `${AL.HEAT.left + T * cw + AL.HEAT.scale}px`;
+      stack.style.height = `${AL.HEAT.top + SH + AL.HEAT.bottom}px`;
+      stack.replaceChildren(axes, image, mark);
+    });
+    return panel;
   }
 
   function render() {
@@ -165,8 +182,8 @@
     }
     st.step = Math.min(st.step, steps().length - 1);
     root.replaceChildren(...[promptForm(), controls(), caption(), strip(),
-      el("div", {class: "head-body"}, el("div", {class: "head-main"}, st.display === "lines" ? linesPanel() : heatPanel()),
-        rowList())].filter(Boolean));
+      el("div", {class: "head-body"}, st.display === "lines" ? el("div", {class: "head-main"}, linesPanel())
+        : el("div", {class: "head-main wide"}, heatPanel()), rowList())].filter(Boolean));
   }
 
   async function run() {
