@@ -71,14 +71,16 @@ DECODE_ATTEMPTS = 2  # measurements of the decode steps, the second over twice t
 # times, made a plan on a loaded machine take minutes more and moved nothing there: its steps stayed in the noise)
 ELEMENTWISE = (1 << 16, 1 << 19, 1 << 22, 1 << 24)  # elements of the tensors multiplied  # cache lengths for one decode query
 MAX_HEADS = 8  # attention is measured on at most this many query heads (the rate per head is what counts)
+MAX_KV_HEADS = 4  # a decode step is measured on at most this many k/v heads, each with its whole group (more only lengthens
+# the profile: a 2-head stand-in already predicted within 0.91-1.01)
 BACKEND = "auto"  # attnlab's transformer's default backend
 OVERHEAD_LAYERS = 4
 MEASURABLE = ("float32", "bfloat16", "float16", "float64")  # dtypes torch computes in on a CPU
-PROFILE_VERSION = 8  # what a profile holds or how it is measured (5: the linear layers' few-row path; 6: decode
+PROFILE_VERSION = 9  # what a profile holds or how it is measured (5: the linear layers' few-row path; 6: decode
 # from 8 keys, medians; 7: each measurement [median, low, high], the decode line supported or said not to be,
 # the prefill attention called as the model calls it; 8: the decode step's cache read through the trusted entry, its
 # k/v check folded into the kernel's pass, one thread for a small step; every rate on the threads the model's own
-# generation takes):
+# generation takes; the decode step on the model's own k/v heads):
 # a new one measures anew
 _MEMO: dict[str, dict] = {}  # this process's measurements, also where the cache is not written
 
@@ -185,10 +187,20 @@ def _elementwise_points(dtype: Any, nbytes: int) -> list[list[float]]:
 
 
 def _heads(a: Architecture) -> tuple[int, int]:
-    """Query and k/v heads to measure with: at most MAX_HEADS query heads, the model's grouping kept."""
+    """Query and k/v heads to measure the prefill with: at most MAX_HEADS query heads, the model's grouping kept."""
     g = a.num_heads // a.num_kv_heads
     h = max(g, min(a.num_heads, MAX_HEADS) // g * g)
     return h, h // g
+
+
+def _decode_heads(a: Architecture) -> tuple[int, int]:
+    """Query and k/v heads to measure the decode step with: the model's k/v heads (at most MAX_KV_HEADS), each with
+    its whole group. A decode step's work is split by k/v head and by chunks of the cache; a stand-in cut down to
+    one k/v head read its cache at 7.7-10.8 GB/s where the models with 2-3 k/v heads it stood for grew at about
+    15 GB/s (2-core AVX2 EPYC, 16 heads over 2 and 15 over 3, heads of 48), so their TPOT came out 1.15-1.17x."""
+    g = a.num_heads // a.num_kv_heads
+    kv = min(a.num_kv_heads, MAX_KV_HEADS)
+    return kv * g, kv
 
 
 def _attention_points(a: Architecture, dtype: Any) -> list[list[float]]:
@@ -279,7 +291,7 @@ def _decode_points(a: Architecture, dtype: Any, nbytes: int) -> dict:
     that move by a tenth from run to run). When the steps do not support a line that grows
     (:func:`attnlab.planner.noise.decode_line`), they are measured again over twice the runs and twice the
     tokens, DECODE_ATTEMPTS times in all. ``points``: [KV bytes, median, low, high] (empty: never supported)."""
-    h, kv, d = *_heads(a), a.head_dim
+    h, kv, d = *_decode_heads(a), a.head_dim
     model = _model(a, dtype, 1, h, kv, d, max(DECODE_T) + GEN_NEW * 2 ** DECODE_ATTEMPTS + 1)
     work = [2.0 * kv * d * nbytes * t for t in DECODE_T]
     repeats, new = REPEATS, GEN_NEW
