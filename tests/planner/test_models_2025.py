@@ -92,3 +92,13 @@ def test_a_latent_cache_counts_its_row_in_a_float_cache_dtype_and_refuses_a_quan
     assert f.kv_bytes(a, 10, 1, 2, **c.terms()) == 61 * (512 + 64) * 4 * 10
     with pytest.raises(ValueError, match="latent attention cache"):
         cache_format(a.head_dim, "bfloat16", "int8", None, a.max_positions, a.kv_lora_rank + a.rope_dim)
+
+
+def test_a_config_file_is_named_by_its_own_name_a_folders_by_the_folder(tmp_path):
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 256}
+    (tmp_path / "small-llama.json").write_text(__import__("json").dumps(config))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "config.json").write_text(__import__("json").dumps(config))
+    assert load_model(str(tmp_path / "small-llama.json")).name == "small-llama"
+    assert load_model(str(tmp_path / "folder")).name == "folder"

@@ -322,7 +322,9 @@ def load_model(model: Any) -> Architecture:
             raise ValueError(f"model {str(model)!r}: cannot read {path} as JSON ({e})") from None
         if not isinstance(config, dict):
             raise ValueError(f"model {str(model)!r}: {path} holds no JSON object")
-        return from_config(config, name=path.parent.name or str(path), source=str(path))
+        # a model folder's config.json is named by its folder; any other JSON file by its own name
+        name = (path.parent.name if path.name == "config.json" else path.stem) or str(path)
+        return from_config(config, name=name, source=str(path))
     key = bundled_key(str(model))
     if key is None:
         raise ValueError(f"model {str(model)!r} is neither a config.json (file or folder) nor a bundled model; "
