@@ -37,7 +37,7 @@ def _synthetic(t=53, pad=0, h=4, hkv=2, d=8, facts=None, sink=0, seed=0):
         mask = longview.visible(lm0, layer, np.arange(n), np.arange(n))  # (n, n), keys past t hidden
         _, w, lse = attention(torch.from_numpy(q[layer]).double(), torch.from_numpy(k[layer]).double(),
                               torch.zeros(hkv, n, 1, dtype=torch.float64),
-                              mask=torch.from_numpy(mask), scale=f.scale, softcap=f.softcap, return_weights=True,
+                              mask=torch.from_numpy(np.array(mask)), scale=f.scale, softcap=f.softcap, return_weights=True,
                               return_lse=True, backend="torch")
         lses.append(lse.float().numpy())
         fulls.append(w.float().numpy()[:, :t, :t])

@@ -127,7 +127,7 @@ def _seen(lm: LongMaps, layer: int, i0: int, i1: int, j0: int, j1: int) -> dict:
         return {"causal": True, "window": facts.window}
     if not facts.causal and facts.window is None:
         return {}
-    return {"mask": torch.from_numpy(visible(lm, layer, np.arange(i0, i1), np.arange(j0, j1)))}  # (R, C)
+    return {"mask": torch.from_numpy(np.array(visible(lm, layer, np.arange(i0, i1), np.arange(j0, j1))))}  # (R, C), writable
 
 
 def _tile(lm: LongMaps, layer: int, head: int, i0: int, i1: int, j0: int, j1: int) -> np.ndarray:
