@@ -40,7 +40,6 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +48,15 @@ import numpy as np
 from attnlab.backends.calibrate import cache_path as auto_cache_path
 from attnlab.backends.calibrate import enabled, machine_facts
 from attnlab.planner import noise
-from attnlab.planner.formulas import decode_weight_bytes, layer_matmul_params, matmul_shapes, weight_bytes
-from attnlab.planner.hardware import Hardware, Rate
+from attnlab.planner.formulas import (
+    decode_weight_bytes,
+    layer_matmul_params,
+    matmul_shapes,
+    weight_bytes,
+)
+from attnlab.planner.hardware import Hardware
 from attnlab.planner.models import DTYPE_BYTES, Architecture
+from attnlab.planner.profiled import hardware_of, worst_percent
 
 log = logging.getLogger(__name__)
 
@@ -338,15 +343,10 @@ def measure(a: Architecture, dtype: str) -> dict:
     first = _measure_once(a, dtype)
     if not noise.busy(first):
         return dict(first, busy=False)
-    log.info("planner: the measurements spread %.0f %% (%s): measuring again", *_worst(first))
+    log.info("planner: the measurements spread %.0f %% (%s): measuring again", *worst_percent(first))
     second = _measure_once(a, dtype)
     best = min(first, second, key=lambda m: noise.worst_spread(m)[0])
     return dict(best, busy=noise.busy(best))
-
-
-def _worst(profile: dict) -> tuple[float, str]:
-    worst, what = noise.worst_spread(profile)
-    return 100 * worst, what
 
 
 def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware:
@@ -361,7 +361,7 @@ def this_machine(a: Architecture, dtype: str, refresh: bool = False) -> Hardware
         profiles[key] = _MEMO[key] = measure(a, dtype)
         if enabled() and not profiles[key]["busy"]:  # ATTNLAB_CALIBRATE=0 (the tests): nothing written
             _save({k: v for k, v in profiles.items() if not v.get("busy")})
-    return hardware_of(profiles[key], key)
+    return hardware_of(profiles[key], key, f"measured, cached in {cache_file()}")
 
 
 def for_model(model: Any, dtype: str | None = None, refresh: bool = False) -> Hardware:
@@ -371,46 +371,3 @@ def for_model(model: Any, dtype: str | None = None, refresh: bool = False) -> Ha
 
     a = load_model(model)
     return this_machine(a, dtype or a.dtype, refresh=refresh)
-
-
-def memory_budget() -> float:
-    """Bytes a server of the model could use here: what is available plus what this process already holds
-    (its resident memory), so that a plan asked from a process that has loaded models (the lesson) sees the
-    same budget as one from a fresh ``attnlab plan``."""
-    from attnlab.bench.sweep import memory_available
-
-    try:
-        with open("/proc/self/statm") as f:
-            held = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        held = 0
-    return float((memory_available() or 0) + held)
-
-
-def hardware_of(m: dict, key: str, end: int = 0) -> Hardware:
-    """The :class:`Hardware` of a profile at one end of its measurements: 0 the median, 1 the low (fast), 2
-    the high (slow); the median's carries the other two as its ``bounds``."""
-    facts, col = machine_facts(), 1 + end
-    pts = lambda name: tuple((p[0], p[col]) for p in m[name])  # noqa: E731
-    one = lambda name: m[name][end]  # noqa: E731
-    bandwidth = Rate(m["bandwidth"][0] / m["bandwidth"][col])
-    decode, notes = Rate(points=tuple((p[0], p[col]) for p in m["decode_attention"]["points"])), []
-    if not decode.points:
-        decode = bandwidth
-        notes.append("the decode steps did not grow with the cache beyond their noise in "
-                     f"{m['decode_attention']['attempts']} measurements (a busy machine?): the KV read is costed "
-                     "at the weights' read rate, not measured")
-    if m["busy"]:
-        notes.append("measured on a busy machine (spread up to {:.0f} % in {}): the ranges are wide; "
-                     "attnlab plan --calibrate measures again".format(*_worst(m)))
-    hw = Hardware(
-        f"this machine ({facts['cpu']}, {(n := m['torch_threads'])} thread{'s' if n > 1 else ''})", Rate(points=pts("matmul")), bandwidth,
-        Rate(points=pts("attention")), decode, Rate(points=pts("elementwise")), memory_budget(),
-        one("layer_overhead_s"), True, f"measured, cached in {cache_file()}" if not m["busy"] else "measured, busy",
-        step_overhead_s=one("step_overhead_s"),
-        prefill_overhead_s=(one("prefill_layer_overhead_s"), one("prefill_step_overhead_s")),
-        details={"profile": key, "backend": m["backend"], "measured_at": m["measured_at"], "busy": m["busy"],
-                 "spread": noise.worst_spread(m)[0]}, notes=tuple(notes))
-    if end == 0:
-        hw = replace(hw, bounds=(hardware_of(m, key, 1), hardware_of(m, key, 2)))
-    return hw
