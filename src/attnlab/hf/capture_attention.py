@@ -38,32 +38,31 @@ _SHARES: contextvars.ContextVar[list | None] = contextvars.ContextVar("attnlab_c
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list]:
+def _collecting(var: contextvars.ContextVar) -> Iterator[list]:
+    """A list that ``var`` holds inside the block (what the attention calls append to), then none."""
+    items: list = []
+    token = var.set(items)
+    try:
+        yield items
+    finally:
+        var.reset(token)
+
+
+def recording() -> contextlib.AbstractContextManager[list]:
     """Collect, call by call, a dict per attention call of the forward run inside the block:
     ``query`` (B, H, Tq, D) and ``key`` (B, H, Tk, D) as the attention function received them (after
     RoPE, before scaling; grouped keys repeated per query head), ``scale``, ``softcap``, ``causal``,
     ``window`` and ``bias`` (the additive position bias, (1 or B, H, Tq, Tk), or None). An
     encoder–decoder's calls come in the forward's order: the encoder's layers, then per decoder layer
     its self-attention and its cross-attention."""
-    calls: list = []
-    token = _RECORD.set(calls)
-    try:
-        yield calls
-    finally:
-        _RECORD.reset(token)
+    return _collecting(_RECORD)
 
 
-@contextlib.contextmanager
-def sink_shares() -> Iterator[list]:
+def sink_shares() -> contextlib.AbstractContextManager[list]:
     """Collect, call by call in the forward's order, each attention call's sink shares (B, H, Tq): the
     share of each row's softmax that the learned sinks take (the weights add up to 1 minus it), or None
     for a call without learned sinks."""
-    shares: list = []
-    token = _SHARES.set(shares)
-    try:
-        yield shares
-    finally:
-        _SHARES.reset(token)
+    return _collecting(_SHARES)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ def stored(x: Any) -> Any:
 def scales(x: Any) -> np.ndarray:
     """A quantized cache's float32 scales as the kernel reads them: in place where each head's are contiguous
     (a slice [:, :, :T] of the cache's), a float32 copy otherwise."""
-    if is_torch(x) and x.dtype == __import__("torch").float32 and (x.shape[-1] <= 1 or x.stride(-1) == 1):
+    if is_torch(x) and dtype_name(x) == "float32" and (x.shape[-1] <= 1 or x.stride(-1) == 1):
         return x.detach().numpy()
     return buffers(x)[0]
 
