@@ -9,6 +9,8 @@
  *   RP     query rows per register tile of output (RP x up to NVMAX vectors of accumulators)
  *   NVMAX  output vectors per register tile
  *   ROWS   a multiple of RQ and RP: query blocks are padded to it
+ *   STRIP  query rows that go through scores, softmax and P v together before the next rows start,
+ *          a multiple of RQ and RP dividing ROWS (their scores stay in L1); 0: the whole query block
  *   SFX    the suffix of every name defined here
  *
  * Per work item (one query block of one head) the scores of a key block live in a scratch tile
@@ -218,13 +220,15 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
     for (int64_t j0 = lo; j0 < hi; j0 += bk) {
         const int64_t nc = (j0 + bk < hi ? j0 + bk : hi) - j0, ncp = (nc + VW - 1) / VW * VW;
         if (!vis_meets(vis, bg, i0, i1, j0, j0 + nc)) continue; /* no row sees it: not read */
-        for (int64_t r = 0; r < bqp; r += RQ) { /* scores (base 2) */
+        const int64_t strip = STRIP ? STRIP : bqp;
+        for (int64_t r0 = 0; r0 < bqp; r0 += strip) { /* a strip of rows: scores, softmax, P v */
+        for (int64_t r = r0; r < r0 + strip; r += RQ) { /* scores (base 2) */
             int64_t c = 0;
             for (; c + 2 * VW <= ncp; c += 2 * VW)
                 F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk);
             if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk);
         }
-        for (int64_t r = 0; r < bqp; r++) { /* hide what the row may not see; ALiBi; the online softmax */
+        for (int64_t r = r0; r < r0 + strip; r++) { /* hide what the row may not see; ALiBi; the online softmax */
             float *restrict row = s + r * bk;
             int64_t iv[4], c4[4] = {0, 0, 0, 0};
             if (r < nr) vis_row(vis, bg, i0 + r, iv), vis_cols(iv, j0, nc, c4);
@@ -258,7 +262,8 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
             }
             for (int u = 0; u < VW; u++) l[r] += sum[u];
         }
-        for (int64_t r = 0; r < bqp; r += RP) F(pv)(s + r * bk, bk, v + j0 * ldv, ldv, nc, acc + r * dvp, dvp);
+        for (int64_t r = r0; r < r0 + strip; r += RP) F(pv)(s + r * bk, bk, v + j0 * ldv, ldv, nc, acc + r * dvp, dvp);
+        }
     }
 
     float *out = pr->out + (bg * pr->tq + i0) * dv, *lse = pr->lse + bg * pr->tq + i0;
@@ -331,4 +336,5 @@ static TARGET int F(run)(struct problem *pr) {
 #undef RP
 #undef NVMAX
 #undef ROWS
+#undef STRIP
 #undef SFX
