@@ -41,6 +41,7 @@
 #define NVMAX 4
 #define ROWS 24
 #define STRIP 0
+#define VPW 0
 #define SFX avx512
 #define CVTPH(p) ((VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))) /* VW float16 values as floats */
 #define WIDEN16(p) _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))) /* VW uint16 as uint32 */
@@ -55,6 +56,7 @@
 #define NVMAX 2
 #define ROWS 12
 #define STRIP 6
+#define VPW 16
 #define SFX avx2
 #define CVTPH(p) ((VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
 #define WIDEN16(p) _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p)))
@@ -70,6 +72,7 @@
 #define NVMAX 2
 #define ROWS 4
 #define STRIP 0
+#define VPW 0
 #define SFX base
 #define CVTPH(p) F(f16_soft)(p)
 #include "_tiles_body.h"

@@ -9,6 +9,8 @@
  *   RP     query rows per register tile of output (RP x up to NVMAX vectors of accumulators)
  *   NVMAX  output vectors per register tile
  *   ROWS   a multiple of RQ and RP: query blocks are padded to it
+ *   VPW    0 or 2 VW: the forward's v packed in column panels of 2 VW floats (the last one VW where
+ *          Dv ends there), each panel's rows contiguous; 0: v as it is (packed rows where Dv is ragged)
  *   STRIP  query rows that go through scores, softmax and P v together before the next rows start,
  *          a multiple of RQ and RP dividing ROWS (their scores stay in L1); 0: the whole query block
  *   SFX    the suffix of every name defined here
@@ -174,7 +176,9 @@ PVALL(pvf, pvf)
 #undef PVALL
 
 /* Keys of batch b into panels of VW keys, kp[Tkp / VW][d][VW] (zero past Tk), and, when v's rows
- * are not a whole number of vectors, v into vp[Tkp][dvp] (zero padded). */
+ * are not a whole number of vectors or VPW asks for it, v into vp (zero padded): column panels of
+ * VPW floats (the last one what is left), each [Tkp][its width], one after the other; VPW 0: one
+ * panel of every column, vp[Tkp][dvp]. */
 static TARGET void F(pack)(const struct problem *pr, int64_t b, float *kp, float *vp) {
     const int64_t d = pr->d, dv = pr->dv, tk = pr->tk;
     const float *k = pr->k + b * tk * d, *v = pr->v + b * tk * dv;
@@ -182,9 +186,12 @@ static TARGET void F(pack)(const struct problem *pr, int64_t b, float *kp, float
         float *panel = kp + (j / VW) * d * VW + j % VW;
         for (int64_t t = 0; t < d; t++) panel[t * VW] = j < tk ? k[j * d + t] : 0.0f;
     }
-    if (vp)
+    for (int64_t t0 = 0; vp && t0 < pr->dvp; t0 += VPW ? VPW : pr->dvp) {
+        const int64_t w = VPW && t0 + VPW < pr->dvp ? VPW : pr->dvp - t0;
+        float *panel = vp + t0 * pr->tkp;
         for (int64_t j = 0; j < pr->tkp; j++)
-            for (int64_t t = 0; t < pr->dvp; t++) vp[j * pr->dvp + t] = j < tk && t < dv ? v[j * dv + t] : 0.0f;
+            for (int64_t u = 0; u < w; u++) panel[j * w + u] = j < tk && t0 + u < dv ? v[j * dv + t0 + u] : 0.0f;
+    }
 }
 
 /* tanh of VW lanes, 1 - 2 / (e^2x + 1) from exp2v: exact to float32's absolute rounding, +-1 at the ends. */
@@ -284,7 +291,19 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
             }
             for (int u = 0; u < VW; u++) l[r] += sum[u];
         }
+#if VPW
+        for (int64_t t0 = 0; t0 < dvp; t0 += VPW) { /* a panel of VPW columns of v: its rows contiguous */
+            const int64_t w = t0 + VPW < dvp ? VPW : dvp - t0;
+            const float *vt = v + t0 * pr->tkp + j0 * w;
+            for (int64_t r = r0; r < r0 + strip; r += RP)
+                if (w == 2 * VW)
+                    F(pv_2)(s + r * bk, bk, vt, w, nc, acc + r * dvp + t0, dvp);
+                else /* the last panel, one vector wide */
+                    F(pv_1)(s + r * bk, bk, vt, w, nc, acc + r * dvp + t0, dvp);
+        }
+#else
         for (int64_t r = r0; r < r0 + strip; r += RP) F(pv)(s + r * bk, bk, v + j0 * ldv, ldv, nc, acc + r * dvp, dvp);
+#endif
         }
     }
 
@@ -304,7 +323,7 @@ static TARGET int F(run)(struct problem *pr) {
     pr->tkp = (pr->tk + VW - 1) / VW * VW;
     pr->dvp = (pr->dv + VW - 1) / VW * VW;
     const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, items = pr->b * pr->g * qblocks;
-    const int pack_v = pr->dv % VW != 0;
+    const int pack_v = VPW || pr->dv % VW != 0;
     float *kp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->d));
     float *vp = pack_v ? aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->dvp)) : NULL;
     if (!kp || (pack_v && !vp)) {
@@ -359,4 +378,5 @@ static TARGET int F(run)(struct problem *pr) {
 #undef NVMAX
 #undef ROWS
 #undef STRIP
+#undef VPW
 #undef SFX
