@@ -147,12 +147,12 @@ static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr,
     for (int64_t r = 0; r < nrq; r += RQ) { /* S = q k^T, dP = dO v^T */
         int64_t c = 0;
         for (; c + 2 * VW <= ncp; c += 2 * VW) {
-            F(qk2)(sc->q + r * dp, dp, d, kp + c * d, kp + (c + VW) * d, s + r * bk + c, bk);
-            F(qk2)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, vp + (c + VW) * pr->dv, ds + r * bk + c, bk);
+            F(qk2)(sc->q + r * dp, dp, d, kp + c * d, kp + (c + VW) * d, s + r * bk + c, bk, NULL);
+            F(qk2)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, vp + (c + VW) * pr->dv, ds + r * bk + c, bk, NULL);
         }
         if (c < ncp) {
-            F(qk1)(sc->q + r * dp, dp, d, kp + c * d, s + r * bk + c, bk);
-            F(qk1)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, ds + r * bk + c, bk);
+            F(qk1)(sc->q + r * dp, dp, d, kp + c * d, s + r * bk + c, bk, NULL);
+            F(qk1)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, ds + r * bk + c, bk, NULL);
         }
     }
     for (int64_t r = 0; r < nrq; r++) { /* P = exp2(S - LSE log2 e) (S in base 2), dS = P (dP - D); 0 where hidden */

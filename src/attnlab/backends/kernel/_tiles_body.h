@@ -90,9 +90,15 @@ static inline TARGET VF F(exp2n)(VF x) {
     return p;
 }
 
-/* s[RQ][2 VW] = q[RQ][d] . (two panels of keys, each [d][VW]); q's rows lda floats apart */
+/* mx[r] = lane-wise max(mx[r], c[r]): RQ rows' running maxima (the forward's softmax then needs no pass for them) */
+static inline TARGET void F(rowmax)(VF *restrict mx, int r, VF c) {
+    mx[r] = F(select)(c > mx[r], c, mx[r]);
+}
+
+/* s[RQ][2 VW] = q[RQ][d] . (two panels of keys, each [d][VW]); q's rows lda floats apart; mx (or NULL): the
+ * rows' running maxima, lane-wise (rowmax) */
 static inline TARGET void F(qk2)(const float *restrict q, int64_t lda, int64_t d, const float *restrict k0,
-                                 const float *restrict k1, float *restrict s, int64_t lds) {
+                                 const float *restrict k1, float *restrict s, int64_t lds, VF *restrict mx) {
     VF c[RQ][2];
     for (int r = 0; r < RQ; r++) c[r][0] = c[r][1] = (VF){};
     for (int64_t t = 0; t < d; t++) {
@@ -106,19 +112,23 @@ static inline TARGET void F(qk2)(const float *restrict q, int64_t lda, int64_t d
     for (int r = 0; r < RQ; r++) {
         *(VF *)(s + r * lds) = c[r][0];
         *(VF *)(s + r * lds + VW) = c[r][1];
+        if (mx) F(rowmax)(mx, r, c[r][0]), F(rowmax)(mx, r, c[r][1]);
     }
 }
 
 /* the same for one panel (a key block's last, odd one) */
 static inline TARGET void F(qk1)(const float *restrict q, int64_t lda, int64_t d, const float *restrict k0,
-                                 float *restrict s, int64_t lds) {
+                                 float *restrict s, int64_t lds, VF *restrict mx) {
     VF c[RQ];
     for (int r = 0; r < RQ; r++) c[r] = (VF){};
     for (int64_t t = 0; t < d; t++) {
         const VF b0 = *(const VF *)(k0 + t * VW);
         for (int r = 0; r < RQ; r++) c[r] += q[r * lda + t] * b0;
     }
-    for (int r = 0; r < RQ; r++) *(VF *)(s + r * lds) = c[r];
+    for (int r = 0; r < RQ; r++) {
+        *(VF *)(s + r * lds) = c[r];
+        if (mx) F(rowmax)(mx, r, c[r]);
+    }
 }
 
 /* acc[RP][NV VW] += p[RP][nc] . v[nc][NV VW]; FRESH: the tile's sum formed from zero, then added (the backward's dQ) */
@@ -251,11 +261,14 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
         if (!vis_meets(vis, bg, i0, i1, j0, j0 + nc)) continue; /* no row sees it: not read */
         const int64_t strip = STRIP ? STRIP : bqp;
         for (int64_t r0 = 0; r0 < bqp; r0 += strip) { /* a strip of rows: scores, softmax, P v */
+        VF smax[STRIP ? STRIP : 1]; /* with strips, the strip's rows' maxima, lane-wise, from the score tiles */
+        for (int u = 0; STRIP && u < strip; u++) smax[u] = (VF){} - INFINITY;
         for (int64_t r = r0; r < r0 + strip; r += RQ) { /* scores (base 2) */
+            VF *mx = STRIP ? smax + (r - r0) : NULL;
             int64_t c = 0;
             for (; c + 2 * VW <= ncp; c += 2 * VW)
-                F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk);
-            if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk);
+                F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk, mx);
+            if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk, mx);
         }
         for (int64_t r = r0; r < r0 + strip; r++) { /* hide what the row may not see; ALiBi; the online softmax */
             float *restrict row = s + r * bk;
@@ -271,10 +284,13 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
             for (int64_t c = c4[1]; c < c4[2]; c++) row[c] = -INFINITY;
             for (int64_t c = c4[3]; c < ncp; c++) row[c] = -INFINITY;
             VF mx = (VF){} - INFINITY;
-            for (int64_t c = 0; c < ncp; c += VW) {
-                const VF x = *(const VF *)(row + c);
-                mx = F(select)(x > mx, x, mx);
-            }
+            if (STRIP && c4[0] == 0 && c4[1] == c4[2] && c4[3] == ncp && vis->cap == 0.0f && slope == 0.0f)
+                mx = smax[r - r0]; /* every score of the row as the tiles left it: their maxima hold */
+            else
+                for (int64_t c = 0; c < ncp; c += VW) {
+                    const VF x = *(const VF *)(row + c);
+                    mx = F(select)(x > mx, x, mx);
+                }
             float top = m[r];
             for (int u = 0; u < VW; u++) top = mx[u] > top ? mx[u] : top;
             if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
