@@ -81,7 +81,7 @@ static inline TARGET void F(pvt)(const float *restrict p, int64_t ldp, const flo
 
 /* Keys j0..j0+bk-1 of batch b and their values into the thread's panels, kp[bk / VW][d][VW] and
  * vp[bk / VW][dv][VW] (zero past Tk), and, when d is not a whole number of vectors, the keys' rows
- * into kr[bk][dp] (zero padded). A key block at a time, where it is used: no copy of all of k and v. */
+ * into kr[bk][dp] (zero padded), or with VPW always, in its column panels (kr[dp / VPW][bk][VPW]). A key block at a time, where it is used: no copy of all of k and v. */
 static TARGET void F(bpack)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t j0) {
     if (sc->packed_b == b && sc->packed_j0 == j0) return;
     const int64_t d = pr->d, dv = pr->dv, tk = pr->tk;
@@ -91,7 +91,13 @@ static TARGET void F(bpack)(const struct bproblem *pr, struct bscratch *sc, int6
         float *kp = sc->kp + (j / VW) * d * VW + j % VW, *vp = sc->vp + (j / VW) * dv * VW + j % VW;
         for (int64_t t = 0; t < d; t++) kp[t * VW] = live ? k[(j0 + j) * d + t] : 0.0f;
         for (int64_t t = 0; t < dv; t++) vp[t * VW] = live ? v[(j0 + j) * dv + t] : 0.0f;
-        if (pr->dp != d)
+        if (VPW) /* the keys' rows in column panels as the forward packs v (F(pack)), for dS k */
+            for (int64_t t0 = 0; t0 < pr->dp; t0 += VPW) {
+                const int64_t w = t0 + VPW < pr->dp ? VPW : pr->dp - t0;
+                for (int64_t u = 0; u < w; u++)
+                    sc->kr[t0 * pr->bk + j * w + u] = live && t0 + u < d ? k[(j0 + j) * d + t0 + u] : 0.0f;
+            }
+        else if (pr->dp != d)
             for (int64_t t = 0; t < pr->dp; t++) sc->kr[j * pr->dp + t] = live && t < d ? k[(j0 + j) * d + t] : 0.0f;
     }
     sc->packed_b = b, sc->packed_j0 = j0;
@@ -186,8 +192,19 @@ static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr,
     if (dv) F(pvt)(s, bk, sc->dout, dvp, nr, nc, dv, dvp); /* dV_j += P^T dO */
     if (dk) F(pvt)(ds, bk, sc->q, dp, nr, nc, dk, dp);     /* dK_j += dS^T q */
     if (dq) { /* dQ_i += dS k */
+#if VPW
+        for (int64_t t0 = 0; t0 < dp; t0 += VPW) { /* a panel of k's columns: its rows contiguous */
+            const int64_t w = t0 + VPW < dp ? VPW : dp - t0;
+            for (int64_t r = 0; r < nrq; r += RP)
+                if (w == 2 * VW)
+                    F(pvf_2)(ds + r * bk, bk, sc->kr + t0 * bk, w, nc, dq + r * dp + t0, dp);
+                else /* the last panel, one vector wide */
+                    F(pvf_1)(ds + r * bk, bk, sc->kr + t0 * bk, w, nc, dq + r * dp + t0, dp);
+        }
+#else
         const float *kr = dp != d ? sc->kr : pr->k + (b * pr->tk + j0) * d;
         for (int64_t r = 0; r < nrq; r += RP) F(pvf)(ds + r * bk, bk, kr, dp, nc, dq + r * dp, dp);
+#endif
     }
 }
 
@@ -268,7 +285,7 @@ static TARGET int F(brun)(struct bproblem *pr) {
      * dK_j, dV_j; the key block's panels of k and v, and k's rows padded */
     const int64_t sizes[] = {pr->bqp * pr->dp, pr->bqp * pr->dvp, pr->bqp, pr->bqp, pr->bqp, pr->bqp * pr->bk,
                              pr->bqp * pr->bk, groups > 1 ? 0 : heads ? hdq : pr->bqp * pr->dp, pr->bk * pr->dp,
-                             pr->bk * pr->dvp, pr->bk * pr->d, pr->bk * pr->dv, pr->dp != pr->d ? pr->bk * pr->dp : 0,
+                             pr->bk * pr->dvp, pr->bk * pr->d, pr->bk * pr->dv, VPW || pr->dp != pr->d ? pr->bk * pr->dp : 0,
                              pr->bk};
     enum { NPARTS = sizeof sizes / sizeof sizes[0] };
     int64_t per_thread = 0;
