@@ -33,8 +33,9 @@ from attnlab.backends import kernel
 from attnlab.bench.methods import flops, inputs, runner
 from attnlab.bench.timing import interleaved
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_decode_builds import build, load  # noqa: E402  (the same build of a ref as the decode comparison)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere: the decode comparison sits here
+
+from bench_decode_builds import build, load
 
 SCALE = 64 ** -0.5
 
