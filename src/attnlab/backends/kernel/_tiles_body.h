@@ -261,64 +261,64 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
         if (!vis_meets(vis, bg, i0, i1, j0, j0 + nc)) continue; /* no row sees it: not read */
         const int64_t strip = STRIP ? STRIP : bqp;
         for (int64_t r0 = 0; r0 < bqp; r0 += strip) { /* a strip of rows: scores, softmax, P v */
-        VF smax[STRIP ? STRIP : 1]; /* with strips, the strip's rows' maxima, lane-wise, from the score tiles */
-        for (int u = 0; STRIP && u < strip; u++) smax[u] = (VF){} - INFINITY;
-        for (int64_t r = r0; r < r0 + strip; r += RQ) { /* scores (base 2) */
-            VF *mx = STRIP ? smax + (r - r0) : NULL;
-            int64_t c = 0;
-            for (; c + 2 * VW <= ncp; c += 2 * VW)
-                F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk, mx);
-            if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk, mx);
-        }
-        for (int64_t r = r0; r < r0 + strip; r++) { /* hide what the row may not see; ALiBi; the online softmax */
-            float *restrict row = s + r * bk;
-            int64_t iv[4], c4[4] = {0, 0, 0, 0};
-            if (r < nr) vis_row(vis, bg, i0 + r, iv), vis_cols(iv, j0, nc, c4);
-            if (r >= nr || c4[1] <= c4[0]) { /* nothing: a zero row adds nothing to acc */
-                memset(row, 0, sizeof(float) * ncp);
-                continue;
+            VF smax[STRIP ? STRIP : 1]; /* with strips, the strip's rows' maxima, lane-wise, from the score tiles */
+            for (int u = 0; STRIP && u < strip; u++) smax[u] = (VF){} - INFINITY;
+            for (int64_t r = r0; r < r0 + strip; r += RQ) { /* scores (base 2) */
+                VF *mx = STRIP ? smax + (r - r0) : NULL;
+                int64_t c = 0;
+                for (; c + 2 * VW <= ncp; c += 2 * VW)
+                    F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk, mx);
+                if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk, mx);
             }
-            if (vis->cap > 0.0f) F(softcap)(row, ncp, vis->cap, NULL);
-            if (slope != 0.0f) F(alibi)(row, c4[0], c4[3], slope, vis_pos(vis, bg, i0 + r) - j0);
-            for (int64_t c = 0; c < c4[0]; c++) row[c] = -INFINITY;
-            for (int64_t c = c4[1]; c < c4[2]; c++) row[c] = -INFINITY;
-            for (int64_t c = c4[3]; c < ncp; c++) row[c] = -INFINITY;
-            VF mx = (VF){} - INFINITY;
-            if (STRIP && c4[0] == 0 && c4[1] == c4[2] && c4[3] == ncp && vis->cap == 0.0f && slope == 0.0f)
-                mx = smax[r - r0]; /* every score of the row as the tiles left it: their maxima hold */
-            else
-                for (int64_t c = 0; c < ncp; c += VW) {
-                    const VF x = *(const VF *)(row + c);
-                    mx = F(select)(x > mx, x, mx);
+            for (int64_t r = r0; r < r0 + strip; r++) { /* hide what the row may not see; ALiBi; the online softmax */
+                float *restrict row = s + r * bk;
+                int64_t iv[4], c4[4] = {0, 0, 0, 0};
+                if (r < nr) vis_row(vis, bg, i0 + r, iv), vis_cols(iv, j0, nc, c4);
+                if (r >= nr || c4[1] <= c4[0]) { /* nothing: a zero row adds nothing to acc */
+                    memset(row, 0, sizeof(float) * ncp);
+                    continue;
                 }
-            float top = m[r];
-            for (int u = 0; u < VW; u++) top = mx[u] > top ? mx[u] : top;
-            if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
-                const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - top);
-                l[r] *= alpha;
-                for (int64_t t = 0; t < dvp; t++) acc[r * dvp + t] *= alpha;
-                m[r] = top;
+                if (vis->cap > 0.0f) F(softcap)(row, ncp, vis->cap, NULL);
+                if (slope != 0.0f) F(alibi)(row, c4[0], c4[3], slope, vis_pos(vis, bg, i0 + r) - j0);
+                for (int64_t c = 0; c < c4[0]; c++) row[c] = -INFINITY;
+                for (int64_t c = c4[1]; c < c4[2]; c++) row[c] = -INFINITY;
+                for (int64_t c = c4[3]; c < ncp; c++) row[c] = -INFINITY;
+                VF mx = (VF){} - INFINITY;
+                if (STRIP && c4[0] == 0 && c4[1] == c4[2] && c4[3] == ncp && vis->cap == 0.0f && slope == 0.0f)
+                    mx = smax[r - r0]; /* every score of the row as the tiles left it: their maxima hold */
+                else
+                    for (int64_t c = 0; c < ncp; c += VW) {
+                        const VF x = *(const VF *)(row + c);
+                        mx = F(select)(x > mx, x, mx);
+                    }
+                float top = m[r];
+                for (int u = 0; u < VW; u++) top = mx[u] > top ? mx[u] : top;
+                if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
+                    const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - top);
+                    l[r] *= alpha;
+                    for (int64_t t = 0; t < dvp; t++) acc[r * dvp + t] *= alpha;
+                    m[r] = top;
+                }
+                VF sum = (VF){};
+                for (int64_t c = 0; c < ncp; c += VW) {
+                    const VF e = F(exp2n)(*(const VF *)(row + c) - top);
+                    *(VF *)(row + c) = e;
+                    sum += e;
+                }
+                for (int u = 0; u < VW; u++) l[r] += sum[u];
             }
-            VF sum = (VF){};
-            for (int64_t c = 0; c < ncp; c += VW) {
-                const VF e = F(exp2n)(*(const VF *)(row + c) - top);
-                *(VF *)(row + c) = e;
-                sum += e;
-            }
-            for (int u = 0; u < VW; u++) l[r] += sum[u];
-        }
 #if VPW
-        for (int64_t t0 = 0; t0 < dvp; t0 += VPW) { /* a panel of VPW columns of v: its rows contiguous */
-            const int64_t w = t0 + VPW < dvp ? VPW : dvp - t0;
-            const float *vt = v + t0 * pr->tkp + j0 * w;
-            for (int64_t r = r0; r < r0 + strip; r += RP)
-                if (w == 2 * VW)
-                    F(pv_2)(s + r * bk, bk, vt, w, nc, acc + r * dvp + t0, dvp);
-                else /* the last panel, one vector wide */
-                    F(pv_1)(s + r * bk, bk, vt, w, nc, acc + r * dvp + t0, dvp);
-        }
+            for (int64_t t0 = 0; t0 < dvp; t0 += VPW) { /* a panel of VPW columns of v: its rows contiguous */
+                const int64_t w = t0 + VPW < dvp ? VPW : dvp - t0;
+                const float *vt = v + t0 * pr->tkp + j0 * w;
+                for (int64_t r = r0; r < r0 + strip; r += RP)
+                    if (w == 2 * VW)
+                        F(pv_2)(s + r * bk, bk, vt, w, nc, acc + r * dvp + t0, dvp);
+                    else /* the last panel, one vector wide */
+                        F(pv_1)(s + r * bk, bk, vt, w, nc, acc + r * dvp + t0, dvp);
+            }
 #else
-        for (int64_t r = r0; r < r0 + strip; r += RP) F(pv)(s + r * bk, bk, v + j0 * ldv, ldv, nc, acc + r * dvp, dvp);
+            for (int64_t r = r0; r < r0 + strip; r += RP) F(pv)(s + r * bk, bk, v + j0 * ldv, ldv, nc, acc + r * dvp, dvp);
 #endif
         }
     }
