@@ -7,9 +7,12 @@ algorithm as a Python loop) serves them. Float16/bfloat16 inputs are computed in
 What it serves: q, k, v on the CPU (NumPy or torch) with a band (causal, sliding window,
 bottom-right aligned, or at each sequence's own length with causal and lengths) and key-padding lengths; not a dense mask or a bias. Its tiles: ``BLOCK`` =
 96 query rows × 512 keys (a 192 kB score tile, inside a core's L2); a key block is rounded up to
-whole vectors of keys (16 with AVX-512). Gradients: FlashAttention-2's backward compiled beside
+whole vectors of keys (16 with AVX-512). With AVX2 (16 vector registers) the query block goes
+through scores, softmax and P·v 6 rows at a time (their scores stay in L1) and v is packed in
+panels of 16 columns. Gradients: FlashAttention-2's backward compiled beside
 the forward (:func:`backward`, the twin of :func:`attnlab.backends.online.backward`), tiles of
-``BACKWARD_BLOCK``, deterministic for any thread count. Decoding: calls of at most
+``BACKWARD_BLOCK``, deterministic for any thread count; below 8 key/value heads a head's key blocks
+are split into groups, so that one head feeds every thread (their dQ sums take up to 16 MB). Decoding: calls of at most
 :data:`DECODE_MAX_TQ` query rows go to :func:`decode`, which splits the cache into chunks over the
 threads, reads each k/v head once for its whole GQA group and reads 16-bit caches as stored. Threads: OpenMP's default, which torch shares
 (the process has one libgomp): ``torch.set_num_threads(n)`` or ``OMP_NUM_THREADS``, else every CPU.

@@ -40,6 +40,8 @@
 #define RP 6
 #define NVMAX 4
 #define ROWS 24
+#define STRIP 0
+#define VPW 0
 #define SFX avx512
 #define CVTPH(p) ((VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))) /* VW float16 values as floats */
 #define WIDEN16(p) _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))) /* VW uint16 as uint32 */
@@ -50,9 +52,11 @@
 #define TARGET __attribute__((target(AVX2_TARGET)))
 #define VW 8
 #define RQ 6
-#define RP 4
+#define RP 6
 #define NVMAX 2
 #define ROWS 12
+#define STRIP 6
+#define VPW 16
 #define SFX avx2
 #define CVTPH(p) ((VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
 #define WIDEN16(p) _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p)))
@@ -67,6 +71,8 @@
 #define RP 4
 #define NVMAX 2
 #define ROWS 4
+#define STRIP 0
+#define VPW 0
 #define SFX base
 #define CVTPH(p) F(f16_soft)(p)
 #include "_tiles_body.h"

@@ -10,14 +10,19 @@
  * Causal and window tiles that the band empties are skipped, the last key block cut where the band
  * ends, as in the forward. Extra memory: D (one float a query row) and per thread a few tiles
  * (the heads schedule adds a copy of one head's dQ): O(n) beyond the inputs and gradients.
- * Two schedules, bit for bit the same (the same tile function, each accumulator summed in the same
- * order: dQ_i over key blocks ascending, dK_j and dV_j over (query head, query block) ascending):
+ * Three schedules (the first two bit for bit the same: the same tile function, each accumulator summed
+ * in the same order: dQ_i over key blocks ascending, dK_j and dV_j over (query head, query block) ascending):
  *   heads  (B >= threads) a work item is one key/value head with its G query heads: key blocks in
  *          ascending order, each against the query blocks that see it, dK_j and dV_j in the thread's
  *          tile and dQ in the thread's copy of the head's (5 GEMMs a tile);
  *   split  (fewer heads than threads) items (head, key block) accumulate dK_j, dV_j (4 GEMMs a tile),
- *          then items (query head, query block) dQ_i (3 GEMMs: S, dP again and dS k).
- * Either way no thread writes what another reads or writes: deterministic, whatever the thread count. */
+ *          then items (query head, query block) dQ_i (3 GEMMs: S, dP again and dS k);
+ *   groups (B < KGROUP_HEADS, whatever the threads, where the buffers below take at most KGROUP_FLOATS)
+ *          the heads schedule on groups of a head's key blocks, ceil(KGROUP_HEADS / B) groups (at most
+ *          one a key block), each item's dQ in a buffer of its own, the groups' added in group order
+ *          once every item is done (5 GEMMs a tile: one head feeds several threads without split's 7).
+ * The groups depend on the shapes alone. No thread writes what another reads or writes: deterministic,
+ * whatever the thread count. */
 
 /* acc[R][NV VW] += x^T-weighted rows: acc[c][:] += sum_i p[i][c] x[i][:], for R consecutive columns c of p.
  * The tile's sum is formed from zero and then added: a gradient summed over thousands of rows is a
@@ -76,7 +81,7 @@ static inline TARGET void F(pvt)(const float *restrict p, int64_t ldp, const flo
 
 /* Keys j0..j0+bk-1 of batch b and their values into the thread's panels, kp[bk / VW][d][VW] and
  * vp[bk / VW][dv][VW] (zero past Tk), and, when d is not a whole number of vectors, the keys' rows
- * into kr[bk][dp] (zero padded). A key block at a time, where it is used: no copy of all of k and v. */
+ * into kr[bk][dp] (zero padded), or with VPW always, in its column panels (kr[dp / VPW][bk][VPW]). A key block at a time, where it is used: no copy of all of k and v. */
 static TARGET void F(bpack)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t j0) {
     if (sc->packed_b == b && sc->packed_j0 == j0) return;
     const int64_t d = pr->d, dv = pr->dv, tk = pr->tk;
@@ -86,7 +91,13 @@ static TARGET void F(bpack)(const struct bproblem *pr, struct bscratch *sc, int6
         float *kp = sc->kp + (j / VW) * d * VW + j % VW, *vp = sc->vp + (j / VW) * dv * VW + j % VW;
         for (int64_t t = 0; t < d; t++) kp[t * VW] = live ? k[(j0 + j) * d + t] : 0.0f;
         for (int64_t t = 0; t < dv; t++) vp[t * VW] = live ? v[(j0 + j) * dv + t] : 0.0f;
-        if (pr->dp != d)
+        if (VPW) /* the keys' rows in column panels as the forward packs v (F(pack)), for dS k */
+            for (int64_t t0 = 0; t0 < pr->dp; t0 += VPW) {
+                const int64_t w = t0 + VPW < pr->dp ? VPW : pr->dp - t0;
+                for (int64_t u = 0; u < w; u++)
+                    sc->kr[t0 * pr->bk + j * w + u] = live && t0 + u < d ? k[(j0 + j) * d + t0 + u] : 0.0f;
+            }
+        else if (pr->dp != d)
             for (int64_t t = 0; t < pr->dp; t++) sc->kr[j * pr->dp + t] = live && t < d ? k[(j0 + j) * d + t] : 0.0f;
     }
     sc->packed_b = b, sc->packed_j0 = j0;
@@ -147,12 +158,12 @@ static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr,
     for (int64_t r = 0; r < nrq; r += RQ) { /* S = q k^T, dP = dO v^T */
         int64_t c = 0;
         for (; c + 2 * VW <= ncp; c += 2 * VW) {
-            F(qk2)(sc->q + r * dp, dp, d, kp + c * d, kp + (c + VW) * d, s + r * bk + c, bk);
-            F(qk2)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, vp + (c + VW) * pr->dv, ds + r * bk + c, bk);
+            F(qk2)(sc->q + r * dp, dp, d, kp + c * d, kp + (c + VW) * d, s + r * bk + c, bk, NULL);
+            F(qk2)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, vp + (c + VW) * pr->dv, ds + r * bk + c, bk, NULL);
         }
         if (c < ncp) {
-            F(qk1)(sc->q + r * dp, dp, d, kp + c * d, s + r * bk + c, bk);
-            F(qk1)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, ds + r * bk + c, bk);
+            F(qk1)(sc->q + r * dp, dp, d, kp + c * d, s + r * bk + c, bk, NULL);
+            F(qk1)(sc->dout + r * dvp, dvp, pr->dv, vp + c * pr->dv, ds + r * bk + c, bk, NULL);
         }
     }
     for (int64_t r = 0; r < nrq; r++) { /* P = exp2(S - LSE log2 e) (S in base 2), dS = P (dP - D); 0 where hidden */
@@ -181,8 +192,19 @@ static TARGET __attribute__((noinline)) void F(btile)(const struct bproblem *pr,
     if (dv) F(pvt)(s, bk, sc->dout, dvp, nr, nc, dv, dvp); /* dV_j += P^T dO */
     if (dk) F(pvt)(ds, bk, sc->q, dp, nr, nc, dk, dp);     /* dK_j += dS^T q */
     if (dq) { /* dQ_i += dS k */
+#if VPW
+        for (int64_t t0 = 0; t0 < dp; t0 += VPW) { /* a panel of k's columns: its rows contiguous */
+            const int64_t w = t0 + VPW < dp ? VPW : dp - t0;
+            for (int64_t r = 0; r < nrq; r += RP)
+                if (w == 2 * VW)
+                    F(pvf_2)(ds + r * bk, bk, sc->kr + t0 * bk, w, nc, dq + r * dp + t0, dp);
+                else /* the last panel, one vector wide */
+                    F(pvf_1)(ds + r * bk, bk, sc->kr + t0 * bk, w, nc, dq + r * dp + t0, dp);
+        }
+#else
         const float *kr = dp != d ? sc->kr : pr->k + (b * pr->tk + j0) * d;
         for (int64_t r = 0; r < nrq; r += RP) F(pvf)(ds + r * bk, bk, kr, dp, nc, dq + r * dp, dp);
+#endif
     }
 }
 
@@ -206,8 +228,8 @@ static TARGET void F(bqblock)(const struct bproblem *pr, struct bscratch *sc, in
 }
 
 /* dK_j, dV_j of keys j0.. of head b, over every (query head, query block) that sees them, in
- * ascending order. dq: NULL (the split schedule's first pass), or the head's dQ accumulators
- * (G x query blocks x bqp x dp), which the tiles add to on the way (the heads schedule). */
+ * ascending order. dq: NULL (the split schedule's first pass), or the head's (or its key group's) dQ
+ * accumulators (G x query blocks x bqp x dp), which the tiles add to on the way. */
 static TARGET void F(bkblock)(const struct bproblem *pr, struct bscratch *sc, int64_t b, int64_t j0, float *dq) {
     const int64_t nk = (j0 + pr->bk < pr->tk ? j0 + pr->bk : pr->tk) - j0;
     memset(sc->dk, 0, sizeof(float) * pr->bk * pr->dp);
@@ -227,6 +249,15 @@ static TARGET void F(bkblock)(const struct bproblem *pr, struct bscratch *sc, in
     F(bstore)(pr->gv + (b * pr->tk + j0) * pr->dv, pr->dv, sc->dv, pr->dvp, nk, 1.0f);
 }
 
+/* dst (rows of head b's dQ, G x Tq x D) = scale dq, the head's accumulators (G x query blocks x bqp x dp) */
+static void F(bdqstore)(const struct bproblem *pr, int64_t b, int64_t g, int64_t i0, const float *dq) {
+    const int64_t nr = (i0 + pr->bq < pr->tq ? i0 + pr->bq : pr->tq) - i0;
+    F(bstore)(pr->gq + ((b * pr->g + g) * pr->tq + i0) * pr->d, pr->d, dq, pr->dp, nr, pr->scale);
+}
+
+#define KGROUP_HEADS 8            /* key/value heads (B) from which the groups schedule is not used */
+#define KGROUP_FLOATS (1 << 22)   /* the groups' dQ buffers take at most this (16 MB) */
+
 /* The whole backward call. Returns -1 where memory ran out. */
 static TARGET int F(brun)(struct bproblem *pr) {
     pr->bqp = (pr->bq + ROWS - 1) / ROWS * ROWS;
@@ -234,18 +265,27 @@ static TARGET int F(brun)(struct bproblem *pr) {
     pr->dp = (pr->d + VW - 1) / VW * VW;
     pr->dvp = (pr->dv + VW - 1) / VW * VW;
     const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, kblocks = (pr->tk + pr->bk - 1) / pr->bk;
-    const int heads = pr->b >= pr->threads; /* the schedule: heads, else split */
-    const int64_t items = heads ? pr->b : pr->b * kblocks, qitems = pr->b * pr->g * qblocks;
+    const int64_t hdq = pr->g * qblocks * pr->bqp * pr->dp; /* a head's dQ accumulators */
+    int64_t groups = pr->b > 0 ? (KGROUP_HEADS + pr->b - 1) / pr->b : 1; /* key groups per head: shapes only */
+    groups = groups < kblocks ? groups : kblocks > 0 ? kblocks : 1;
+    while (groups > 1 && pr->b * groups * hdq > KGROUP_FLOATS) groups--;
+    const int heads = groups == 1 && pr->b >= pr->threads; /* the schedule: groups, heads, else split */
+    const int64_t items = groups > 1 || heads ? pr->b * groups : pr->b * kblocks, qitems = heads ? 0 : pr->b * pr->g * qblocks;
     const int threads = (int)(pr->threads < (items > qitems ? items : qitems) ? pr->threads : (items > qitems ? items : qitems));
     const int64_t nrows = pr->b * pr->g * pr->tq;
     float *delta = aligned_alloc(64, round64(sizeof(float) * nrows));
-    if (!delta) return -1;
+    float *gdq = groups > 1 ? aligned_alloc(64, round64(sizeof(float) * items * hdq)) : NULL; /* each item's dQ */
+    if (!delta || (groups > 1 && !gdq)) {
+        free(delta);
+        free(gdq);
+        return -1;
+    }
     pr->delta = delta;
-    /* per thread: q, dO of a query block; LSE (hi, lo), D; the P and dS tiles; dQ_i (split) or the
-     * head's dQ (heads); dK_j, dV_j; the key block's panels of k and v, and k's rows padded */
+    /* per thread: q, dO of a query block; LSE (hi, lo), D; the P and dS tiles; dQ_i (split) or the head's dQ (heads);
+     * dK_j, dV_j; the key block's panels of k and v, and k's rows padded */
     const int64_t sizes[] = {pr->bqp * pr->dp, pr->bqp * pr->dvp, pr->bqp, pr->bqp, pr->bqp, pr->bqp * pr->bk,
-                             pr->bqp * pr->bk, (heads ? pr->g * qblocks : 1) * pr->bqp * pr->dp, pr->bk * pr->dp,
-                             pr->bk * pr->dvp, pr->bk * pr->d, pr->bk * pr->dv, pr->dp != pr->d ? pr->bk * pr->dp : 0,
+                             pr->bqp * pr->bk, groups > 1 ? 0 : heads ? hdq : pr->bqp * pr->dp, pr->bk * pr->dp,
+                             pr->bk * pr->dvp, pr->bk * pr->d, pr->bk * pr->dv, VPW || pr->dp != pr->d ? pr->bk * pr->dp : 0,
                              pr->bk};
     enum { NPARTS = sizeof sizes / sizeof sizes[0] };
     int64_t per_thread = 0;
@@ -262,38 +302,44 @@ static TARGET int F(brun)(struct bproblem *pr) {
                                  &sc.dq, &sc.dk,   &sc.dv,   &sc.kp,     &sc.vp,    &sc.kr,     &sc.th};
         for (int64_t i = 0, at = 0; mem && i < NPARTS; at += (sizes[i] + 15) / 16 * 16, i++) *parts[i] = mem + at;
         if (!mem) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-        if (mem && heads) {
-            for (;;) { /* a key/value head and its G query heads: key blocks in ascending order */
-                const int64_t b = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-                if (b >= pr->b) break;
-                memset(sc.dq, 0, sizeof(float) * sizes[7]);
-                for (int64_t j0 = 0; j0 < pr->tk; j0 += pr->bk) F(bkblock)(pr, &sc, b, j0, sc.dq);
-                for (int64_t g = 0, at = 0; g < pr->g; g++)
-                    for (int64_t i0 = 0; i0 < pr->tq; i0 += pr->bq, at += pr->bqp * pr->dp) {
-                        const int64_t nr = (i0 + pr->bq < pr->tq ? i0 + pr->bq : pr->tq) - i0;
-                        F(bstore)(pr->gq + ((b * pr->g + g) * pr->tq + i0) * pr->d, pr->d, sc.dq + at, pr->dp, nr, pr->scale);
-                    }
-            }
-        } else if (mem) {
-            for (;;) { /* key blocks first: under a causal band the first ones are seen by the most queries */
-                const int64_t it = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-                if (it >= items) break;
-                F(bkblock)(pr, &sc, it % pr->b, it / pr->b * pr->bk, NULL);
-            }
+        for (; mem && (groups > 1 || heads);) { /* a head and a key group (heads: all its keys); the first groups first */
+            const int64_t it = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (it >= items) break;
+            const int64_t b = it % pr->b, p = it / pr->b;
+            float *dq = groups > 1 ? gdq + it * hdq : sc.dq;
+            memset(dq, 0, sizeof(float) * hdq);
+            for (int64_t jb = p * kblocks / groups; jb < (p + 1) * kblocks / groups; jb++) F(bkblock)(pr, &sc, b, jb * pr->bk, dq);
+            for (int64_t g = 0, at = 0; groups == 1 && g < pr->g; g++)
+                for (int64_t i0 = 0; i0 < pr->tq; i0 += pr->bq, at += pr->bqp * pr->dp) F(bdqstore)(pr, b, g, i0, dq + at);
+        }
+        for (; mem && groups == 1 && !heads;) { /* split: key blocks first, under a causal band the most queries see them */
+            const int64_t it = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (it >= items) break;
+            F(bkblock)(pr, &sc, it % pr->b, it / pr->b * pr->bk, NULL);
         }
 #pragma omp barrier
-        if (mem && !heads) {
-            for (;;) { /* query blocks, last first: under a causal band they see the most keys */
-                const int64_t it = __atomic_fetch_add(&next2, 1, __ATOMIC_RELAXED);
-                if (it >= qitems) break;
-                const int64_t bg = it % (pr->b * pr->g), i0 = (qblocks - 1 - it / (pr->b * pr->g)) * pr->bq;
-                const int64_t nr = (i0 + pr->bq < pr->tq ? i0 + pr->bq : pr->tq) - i0;
-                F(brows)(pr, &sc, bg / pr->g, bg % pr->g, i0, nr);
-                F(bqblock)(pr, &sc, bg / pr->g, bg % pr->g, i0, nr);
+        for (; mem && groups == 1 && !heads;) { /* split: query blocks, last first: under a causal band they see the most keys */
+            const int64_t it = __atomic_fetch_add(&next2, 1, __ATOMIC_RELAXED);
+            if (it >= qitems) break;
+            const int64_t bg = it % (pr->b * pr->g), i0 = (qblocks - 1 - it / (pr->b * pr->g)) * pr->bq;
+            const int64_t nr = (i0 + pr->bq < pr->tq ? i0 + pr->bq : pr->tq) - i0;
+            F(brows)(pr, &sc, bg / pr->g, bg % pr->g, i0, nr);
+            F(bqblock)(pr, &sc, bg / pr->g, bg % pr->g, i0, nr);
+        }
+        for (; groups > 1;) { /* groups: a query block's dQ, the groups' in group order */
+            const int64_t it = __atomic_fetch_add(&next2, 1, __ATOMIC_RELAXED);
+            if (it >= qitems) break;
+            const int64_t b = it / (pr->g * qblocks), at = it % (pr->g * qblocks) * pr->bqp * pr->dp;
+            float *dq = gdq + b * hdq + at; /* group 0's (item b) */
+            for (int64_t p = 1; p < groups; p++) {
+                const float *add = gdq + (p * pr->b + b) * hdq + at;
+                for (int64_t x = 0; x < pr->bqp * pr->dp; x++) dq[x] += add[x];
             }
+            F(bdqstore)(pr, b, it / qblocks % pr->g, it % qblocks * pr->bq, dq);
         }
         free(mem);
     }
     free(delta);
+    free(gdq);
     return failed ? -1 : 0;
 }

@@ -9,6 +9,10 @@
  *   RP     query rows per register tile of output (RP x up to NVMAX vectors of accumulators)
  *   NVMAX  output vectors per register tile
  *   ROWS   a multiple of RQ and RP: query blocks are padded to it
+ *   VPW    0 or 2 VW: the forward's v packed in column panels of 2 VW floats (the last one VW where
+ *          Dv ends there), each panel's rows contiguous; 0: v as it is (packed rows where Dv is ragged)
+ *   STRIP  query rows that go through scores, softmax and P v together before the next rows start,
+ *          a multiple of RQ and RP dividing ROWS (their scores stay in L1); 0: the whole query block
  *   SFX    the suffix of every name defined here
  *
  * Per work item (one query block of one head) the scores of a key block live in a scratch tile
@@ -64,9 +68,37 @@ static inline TARGET VF F(exp2v)(VF x) {
     return p;
 }
 
-/* s[RQ][2 VW] = q[RQ][d] . (two panels of keys, each [d][VW]); q's rows lda floats apart */
+/* exp2v(x) bit for bit where x <= 0 or NaN (a score less its row's maximum), in fewer operations: no cap
+ * above, the floor one blend, and 2^n's exponent bits shifted out of the rounding's sum (its low bits
+ * hold n: the sum is 1.5 * 2^23 + n, an integer). */
+static inline TARGET VF F(exp2n)(VF x) {
+    const VI live = (VI)(x >= -126.0f); /* NaN compares false: dead */
+    x = F(select)(live, x, (VF){} - 126.0f);
+    const VF t = x + 12582912.0f, n = t - 12582912.0f, f = x - n;
+    VF p = (VF){} + 1.5353362e-4f;
+    p = p * f + 1.3398874e-3f;
+    p = p * f + 9.6180149e-3f;
+    p = p * f + 5.5503406e-2f;
+    p = p * f + 2.4022652e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    VU bits, tb;
+    __builtin_memcpy(&bits, &p, sizeof bits);
+    __builtin_memcpy(&tb, &t, sizeof tb);
+    bits = (bits + (tb << 23)) & (VU)live;
+    __builtin_memcpy(&p, &bits, sizeof p);
+    return p;
+}
+
+/* mx[r] = lane-wise max(mx[r], c[r]): RQ rows' running maxima (the forward's softmax then needs no pass for them) */
+static inline TARGET void F(rowmax)(VF *restrict mx, int r, VF c) {
+    mx[r] = F(select)(c > mx[r], c, mx[r]);
+}
+
+/* s[RQ][2 VW] = q[RQ][d] . (two panels of keys, each [d][VW]); q's rows lda floats apart; mx (or NULL): the
+ * rows' running maxima, lane-wise (rowmax) */
 static inline TARGET void F(qk2)(const float *restrict q, int64_t lda, int64_t d, const float *restrict k0,
-                                 const float *restrict k1, float *restrict s, int64_t lds) {
+                                 const float *restrict k1, float *restrict s, int64_t lds, VF *restrict mx) {
     VF c[RQ][2];
     for (int r = 0; r < RQ; r++) c[r][0] = c[r][1] = (VF){};
     for (int64_t t = 0; t < d; t++) {
@@ -80,19 +112,23 @@ static inline TARGET void F(qk2)(const float *restrict q, int64_t lda, int64_t d
     for (int r = 0; r < RQ; r++) {
         *(VF *)(s + r * lds) = c[r][0];
         *(VF *)(s + r * lds + VW) = c[r][1];
+        if (mx) F(rowmax)(mx, r, c[r][0]), F(rowmax)(mx, r, c[r][1]);
     }
 }
 
 /* the same for one panel (a key block's last, odd one) */
 static inline TARGET void F(qk1)(const float *restrict q, int64_t lda, int64_t d, const float *restrict k0,
-                                 float *restrict s, int64_t lds) {
+                                 float *restrict s, int64_t lds, VF *restrict mx) {
     VF c[RQ];
     for (int r = 0; r < RQ; r++) c[r] = (VF){};
     for (int64_t t = 0; t < d; t++) {
         const VF b0 = *(const VF *)(k0 + t * VW);
         for (int r = 0; r < RQ; r++) c[r] += q[r * lda + t] * b0;
     }
-    for (int r = 0; r < RQ; r++) *(VF *)(s + r * lds) = c[r];
+    for (int r = 0; r < RQ; r++) {
+        *(VF *)(s + r * lds) = c[r];
+        if (mx) F(rowmax)(mx, r, c[r]);
+    }
 }
 
 /* acc[RP][NV VW] += p[RP][nc] . v[nc][NV VW]; FRESH: the tile's sum formed from zero, then added (the backward's dQ) */
@@ -150,7 +186,9 @@ PVALL(pvf, pvf)
 #undef PVALL
 
 /* Keys of batch b into panels of VW keys, kp[Tkp / VW][d][VW] (zero past Tk), and, when v's rows
- * are not a whole number of vectors, v into vp[Tkp][dvp] (zero padded). */
+ * are not a whole number of vectors or VPW asks for it, v into vp (zero padded): column panels of
+ * VPW floats (the last one what is left), each [Tkp][its width], one after the other; VPW 0: one
+ * panel of every column, vp[Tkp][dvp]. */
 static TARGET void F(pack)(const struct problem *pr, int64_t b, float *kp, float *vp) {
     const int64_t d = pr->d, dv = pr->dv, tk = pr->tk;
     const float *k = pr->k + b * tk * d, *v = pr->v + b * tk * dv;
@@ -158,9 +196,12 @@ static TARGET void F(pack)(const struct problem *pr, int64_t b, float *kp, float
         float *panel = kp + (j / VW) * d * VW + j % VW;
         for (int64_t t = 0; t < d; t++) panel[t * VW] = j < tk ? k[j * d + t] : 0.0f;
     }
-    if (vp)
+    for (int64_t t0 = 0; vp && t0 < pr->dvp; t0 += VPW ? VPW : pr->dvp) {
+        const int64_t w = VPW && t0 + VPW < pr->dvp ? VPW : pr->dvp - t0;
+        float *panel = vp + t0 * pr->tkp;
         for (int64_t j = 0; j < pr->tkp; j++)
-            for (int64_t t = 0; t < pr->dvp; t++) vp[j * pr->dvp + t] = j < tk && t < dv ? v[j * dv + t] : 0.0f;
+            for (int64_t u = 0; u < w; u++) panel[j * w + u] = j < tk && t0 + u < dv ? v[j * dv + t0 + u] : 0.0f;
+    }
 }
 
 /* tanh of VW lanes, 1 - 2 / (e^2x + 1) from exp2v: exact to float32's absolute rounding, +-1 at the ends. */
@@ -218,47 +259,68 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
     for (int64_t j0 = lo; j0 < hi; j0 += bk) {
         const int64_t nc = (j0 + bk < hi ? j0 + bk : hi) - j0, ncp = (nc + VW - 1) / VW * VW;
         if (!vis_meets(vis, bg, i0, i1, j0, j0 + nc)) continue; /* no row sees it: not read */
-        for (int64_t r = 0; r < bqp; r += RQ) { /* scores (base 2) */
-            int64_t c = 0;
-            for (; c + 2 * VW <= ncp; c += 2 * VW)
-                F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk);
-            if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk);
+        const int64_t strip = STRIP ? STRIP : bqp;
+        for (int64_t r0 = 0; r0 < bqp; r0 += strip) { /* a strip of rows: scores, softmax, P v */
+            VF smax[STRIP ? STRIP : 1]; /* with strips, the strip's rows' maxima, lane-wise, from the score tiles */
+            for (int u = 0; STRIP && u < strip; u++) smax[u] = (VF){} - INFINITY;
+            for (int64_t r = r0; r < r0 + strip; r += RQ) { /* scores (base 2) */
+                VF *mx = STRIP ? smax + (r - r0) : NULL;
+                int64_t c = 0;
+                for (; c + 2 * VW <= ncp; c += 2 * VW)
+                    F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk, mx);
+                if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk, mx);
+            }
+            for (int64_t r = r0; r < r0 + strip; r++) { /* hide what the row may not see; ALiBi; the online softmax */
+                float *restrict row = s + r * bk;
+                int64_t iv[4], c4[4] = {0, 0, 0, 0};
+                if (r < nr) vis_row(vis, bg, i0 + r, iv), vis_cols(iv, j0, nc, c4);
+                if (r >= nr || c4[1] <= c4[0]) { /* nothing: a zero row adds nothing to acc */
+                    memset(row, 0, sizeof(float) * ncp);
+                    continue;
+                }
+                if (vis->cap > 0.0f) F(softcap)(row, ncp, vis->cap, NULL);
+                if (slope != 0.0f) F(alibi)(row, c4[0], c4[3], slope, vis_pos(vis, bg, i0 + r) - j0);
+                for (int64_t c = 0; c < c4[0]; c++) row[c] = -INFINITY;
+                for (int64_t c = c4[1]; c < c4[2]; c++) row[c] = -INFINITY;
+                for (int64_t c = c4[3]; c < ncp; c++) row[c] = -INFINITY;
+                VF mx = (VF){} - INFINITY;
+                if (STRIP && c4[0] == 0 && c4[1] == c4[2] && c4[3] == ncp && vis->cap == 0.0f && slope == 0.0f)
+                    mx = smax[r - r0]; /* every score of the row as the tiles left it: their maxima hold */
+                else
+                    for (int64_t c = 0; c < ncp; c += VW) {
+                        const VF x = *(const VF *)(row + c);
+                        mx = F(select)(x > mx, x, mx);
+                    }
+                float top = m[r];
+                for (int u = 0; u < VW; u++) top = mx[u] > top ? mx[u] : top;
+                if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
+                    const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - top);
+                    l[r] *= alpha;
+                    for (int64_t t = 0; t < dvp; t++) acc[r * dvp + t] *= alpha;
+                    m[r] = top;
+                }
+                VF sum = (VF){};
+                for (int64_t c = 0; c < ncp; c += VW) {
+                    const VF e = F(exp2n)(*(const VF *)(row + c) - top);
+                    *(VF *)(row + c) = e;
+                    sum += e;
+                }
+                for (int u = 0; u < VW; u++) l[r] += sum[u];
+            }
+#if VPW
+            for (int64_t t0 = 0; t0 < dvp; t0 += VPW) { /* a panel of VPW columns of v: its rows contiguous */
+                const int64_t w = t0 + VPW < dvp ? VPW : dvp - t0;
+                const float *vt = v + t0 * pr->tkp + j0 * w;
+                for (int64_t r = r0; r < r0 + strip; r += RP)
+                    if (w == 2 * VW)
+                        F(pv_2)(s + r * bk, bk, vt, w, nc, acc + r * dvp + t0, dvp);
+                    else /* the last panel, one vector wide */
+                        F(pv_1)(s + r * bk, bk, vt, w, nc, acc + r * dvp + t0, dvp);
+            }
+#else
+            for (int64_t r = r0; r < r0 + strip; r += RP) F(pv)(s + r * bk, bk, v + j0 * ldv, ldv, nc, acc + r * dvp, dvp);
+#endif
         }
-        for (int64_t r = 0; r < bqp; r++) { /* hide what the row may not see; ALiBi; the online softmax */
-            float *restrict row = s + r * bk;
-            int64_t iv[4], c4[4] = {0, 0, 0, 0};
-            if (r < nr) vis_row(vis, bg, i0 + r, iv), vis_cols(iv, j0, nc, c4);
-            if (r >= nr || c4[1] <= c4[0]) { /* nothing: a zero row adds nothing to acc */
-                memset(row, 0, sizeof(float) * ncp);
-                continue;
-            }
-            if (vis->cap > 0.0f) F(softcap)(row, ncp, vis->cap, NULL);
-            if (slope != 0.0f) F(alibi)(row, c4[0], c4[3], slope, vis_pos(vis, bg, i0 + r) - j0);
-            for (int64_t c = 0; c < c4[0]; c++) row[c] = -INFINITY;
-            for (int64_t c = c4[1]; c < c4[2]; c++) row[c] = -INFINITY;
-            for (int64_t c = c4[3]; c < ncp; c++) row[c] = -INFINITY;
-            VF mx = (VF){} - INFINITY;
-            for (int64_t c = 0; c < ncp; c += VW) {
-                const VF x = *(const VF *)(row + c);
-                mx = F(select)(x > mx, x, mx);
-            }
-            float top = m[r];
-            for (int u = 0; u < VW; u++) top = mx[u] > top ? mx[u] : top;
-            if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
-                const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - top);
-                l[r] *= alpha;
-                for (int64_t t = 0; t < dvp; t++) acc[r * dvp + t] *= alpha;
-                m[r] = top;
-            }
-            VF sum = (VF){};
-            for (int64_t c = 0; c < ncp; c += VW) {
-                const VF e = F(exp2v)(*(const VF *)(row + c) - top);
-                *(VF *)(row + c) = e;
-                sum += e;
-            }
-            for (int u = 0; u < VW; u++) l[r] += sum[u];
-        }
-        for (int64_t r = 0; r < bqp; r += RP) F(pv)(s + r * bk, bk, v + j0 * ldv, ldv, nc, acc + r * dvp, dvp);
     }
 
     float *out = pr->out + (bg * pr->tq + i0) * dv, *lse = pr->lse + bg * pr->tq + i0;
@@ -277,7 +339,7 @@ static TARGET int F(run)(struct problem *pr) {
     pr->tkp = (pr->tk + VW - 1) / VW * VW;
     pr->dvp = (pr->dv + VW - 1) / VW * VW;
     const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, items = pr->b * pr->g * qblocks;
-    const int pack_v = pr->dv % VW != 0;
+    const int pack_v = VPW || pr->dv % VW != 0;
     float *kp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->d));
     float *vp = pack_v ? aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->dvp)) : NULL;
     if (!kp || (pack_v && !vp)) {
@@ -331,4 +393,6 @@ static TARGET int F(run)(struct problem *pr) {
 #undef RP
 #undef NVMAX
 #undef ROWS
+#undef STRIP
+#undef VPW
 #undef SFX

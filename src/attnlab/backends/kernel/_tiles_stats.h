@@ -84,8 +84,8 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
             for (int64_t r = 0; r < bqp; r += RQ) { /* scores (base 2) */
                 int64_t c = 0;
                 for (; c + 2 * VW <= ncp; c += 2 * VW)
-                    F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk);
-                if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk);
+                    F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk, NULL);
+                if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk, NULL);
             }
             memset(col, 0, sizeof(float) * ncp);
             for (int64_t r = 0; r < nr; r++) {
