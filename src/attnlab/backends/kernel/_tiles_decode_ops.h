@@ -56,7 +56,7 @@ static inline TARGET VF F(f8v)(const uint8_t *p) {
 #else
     const VU x = __builtin_convertvector(*(const F(vb8) *)p, VU);
 #endif
-    const VU bits = ((x & 0x7fu) << 20) | ((x & 0x80u) << 24);
+    const VU bits = (VU)((VI)(x << 24) >> 4) & 0x87f00000u; /* sign to bit 31 (its copies in 27..30 cleared), exponent and mantissa to 20..26 */
     VF f;
     __builtin_memcpy(&f, &bits, sizeof f);
     return f * 0x1p120f;
