@@ -152,8 +152,38 @@ static inline TARGET void F(pvq_rows)(int64_t nr, const float *w, int64_t ng, in
 /* A block of int4 values' weights: w[r][g] = p[r] * the nk keys' scales of group g (0 past nk), and each row's
  * zero-point share zs[r][g] += p[r] * their zero points (lanes summed in q4_finish). s and z: the block's first
  * value row's scales and zero points (ng groups each), rows ls and lz floats apart. */
+#if VW == 8
+/* The 8 x 4 floats at x (token u's 4 groups at x + 4u) as 4 vectors, group g's 8 tokens in out[g]: 8 shuffles in
+ * registers (the lane-by-lane gather is 32 scalar loads and inserts, about 6 % of an int4 pass). */
+static inline TARGET void F(t8x4)(const float *restrict x, VF out[4]) {
+    const VF a0 = *(const VFU *)x, a1 = *(const VFU *)(x + 8), a2 = *(const VFU *)(x + 16), a3 = *(const VFU *)(x + 24);
+    const VF b0 = __builtin_shufflevector(a0, a1, 0, 4, 8, 12, 1, 5, 9, 13); /* tokens 0-3: groups 0, 1 */
+    const VF b1 = __builtin_shufflevector(a0, a1, 2, 6, 10, 14, 3, 7, 11, 15); /* groups 2, 3 */
+    const VF c0 = __builtin_shufflevector(a2, a3, 0, 4, 8, 12, 1, 5, 9, 13); /* tokens 4-7 */
+    const VF c1 = __builtin_shufflevector(a2, a3, 2, 6, 10, 14, 3, 7, 11, 15);
+    out[0] = __builtin_shufflevector(b0, c0, 0, 1, 2, 3, 8, 9, 10, 11);
+    out[1] = __builtin_shufflevector(b0, c0, 4, 5, 6, 7, 12, 13, 14, 15);
+    out[2] = __builtin_shufflevector(b1, c1, 0, 1, 2, 3, 8, 9, 10, 11);
+    out[3] = __builtin_shufflevector(b1, c1, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+#endif
+
 static TARGET void F(q4_weights)(const float *restrict p, int64_t rows, int64_t nk, const float *restrict s, int64_t ls,
                                  const float *restrict z, int64_t lz, int64_t ng, float *restrict w, float *restrict zs) {
+#if VW == 8
+    if (ng == 4 && ls == 4 && lz == 4 && nk == VW) { /* D = 128, a whole block: its scales and zero points transposed */
+        VF sv[4], zv[4];
+        F(t8x4)(s, sv), F(t8x4)(z, zv);
+        for (int64_t r = 0; r < rows; r++) {
+            const VF pr = *(const VF *)(p + r * VW);
+            for (int g = 0; g < 4; g++) {
+                *(VF *)(w + (r * 4 + g) * VW) = pr * sv[g];
+                *(VF *)(zs + (r * 4 + g) * VW) += pr * zv[g];
+            }
+        }
+        return;
+    }
+#endif
     for (int64_t g = 0; g < ng; g++) {
         VF sv = {}, zv = {};
         for (int64_t u = 0; u < nk; u++) sv[u] = s[u * ls + g], zv[u] = z[u * lz + g];
