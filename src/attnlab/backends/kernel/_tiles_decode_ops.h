@@ -2,8 +2,10 @@
  * widened to floats, the fold of VW keys' lane sums into one vector of scores, four rows' scores against a
  * block of keys (prefetching the block ahead as it goes), and acc += p v for up to PV_ROWS rows. */
 
-#ifndef DECODE_AHEAD /* blocks ahead prefetched (measured on an AVX2 EPYC: 4 and 8 alike, none 1.33x slower) */
-#define DECODE_AHEAD 4
+#ifndef DECODE_AHEAD /* blocks ahead prefetched (measured on an AVX2 EPYC: 4 and 8 alike, none 1.33x slower; with other
+                      * programs on both cores, one thread at 32,768 keys: 1 and 2 blocks 5-7 % faster than 4, 8 and 16
+                      * slower: data fetched far ahead is evicted before it is read) */
+#define DECODE_AHEAD 2
 #define DECODE_LOC 3 /* __builtin_prefetch's locality: into L1 */
 #endif
 typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
