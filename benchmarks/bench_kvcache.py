@@ -16,9 +16,7 @@ float32 step's (auto). ``--quick``: 2,048 positions, 2 rounds (a smoke run; its 
 ``--bound``: also the compiled pass's CPU time per (position, k/v head) on one thread (``time.process_time``, so
 other programs' share of the core is not counted) at ``--length`` and at 2,048 positions (every cache then fits in
 the last-level cache): a kind whose cost per position is the same in and out of cache is bound by its arithmetic
-(dequantizing and multiplying), not by memory. ``--against PATH``: with ``--bound``, another build of the kernel
-(``_tiles*.so``, e.g. main's, built to /tmp) measured the same way in the same rounds, interleaved: before and after
-side by side, the ratio between them meaning something even on a loaded machine.
+(dequantizing and multiplying), not by memory.
 """
 
 from __future__ import annotations
@@ -93,38 +91,24 @@ def measure(length: int, repeats: int) -> list[dict]:
     return rows
 
 
-def bound(length: int, against: str | None = None) -> dict:
-    """{build: {cache: {positions: CPU ns per position and k/v head}}} of the kernel's decode pass on one thread:
-    build "this" (the installed kernel), and ``against`` (another build's .so) in the same rounds."""
+def bound(length: int) -> dict:
+    """{cache: {positions: CPU ns per position and k/v head}} of the kernel's decode pass on one thread."""
     import torch
 
     from attnlab.backends import kernel
 
-    builds = {"this": kernel._tiles}
-    if against:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(kernel._tiles.__name__, against)
-        builds[against] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(builds[against])
-    q, out, mine = torch.randn(1, H, 1, D, generator=torch.Generator().manual_seed(1)), {}, kernel._tiles
-    try:
-        for n in (2048, length):
-            cs = caches(n)
-            for name in ("float32", "bfloat16", "int8 kernel", "fp8 kernel", "int4 kernel"):
-                k, v = cs[name][:2]
-                calls, best = max(2, 65536 // n * 4), dict.fromkeys(builds, float("inf"))
-                for _ in range(4):  # the first round warms up
-                    for build, module in builds.items():
-                        kernel._tiles = module
-                        c0 = time.process_time()
-                        for _ in range(calls):
-                            kernel.decode(q, k, v, scale=D ** -0.5, threads=1)
-                        best[build] = min(best[build], (time.process_time() - c0) / calls)
-                for build in builds:
-                    out.setdefault(build, {}).setdefault(name.split()[0], {})[n] = 1e9 * best[build] / (n * HKV)
-    finally:
-        kernel._tiles = mine
+    q, out = torch.randn(1, H, 1, D, generator=torch.Generator().manual_seed(1)), {}
+    for n in (2048, length):
+        cs = caches(n)
+        for name in ("float32", "bfloat16", "int8 kernel", "fp8 kernel", "int4 kernel"):
+            k, v = cs[name][:2]
+            calls, best = max(2, 65536 // n * 4), float("inf")
+            for _ in range(4):  # the first round warms up
+                c0 = time.process_time()
+                for _ in range(calls):
+                    kernel.decode(q, k, v, scale=D ** -0.5, threads=1)
+                best = min(best, (time.process_time() - c0) / calls)
+            out.setdefault(name.split()[0], {})[n] = 1e9 * best / (n * HKV)
     return out
 
 
@@ -136,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2,048 positions, 2 rounds: a smoke run")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     ap.add_argument("--bound", action="store_true", help="also the kernel's CPU ns per position on one thread, in and out of cache")
-    ap.add_argument("--against", metavar="SO", help="with --bound: another build of the kernel's _tiles .so, measured beside it")
     args = ap.parse_args(argv)
-    if args.against and not (args.bound and os.path.isfile(args.against)):
-        ap.error(f"--against needs --bound and an existing .so file, got {args.against!r}" + ("" if args.bound else " without --bound"))
     import torch
 
     if args.threads:
@@ -152,17 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['cache']:<18}{r['backend']:<11}{r['auto']:<11}{r['ms']:>9.2f}{r['x_float32']:>8.2f}{r['stored_mb']:>9.1f}"
               f"{r['stored_gb_s']:>8.2f}{r['gflop_s']:>9.2f}")
-    cpu = bound(length, args.against) if args.bound else {}
-    for build, by_name in cpu.items():
-        print(f"CPU ns per position and k/v head, one thread, {'this build' if build == 'this' else build}:")
-        for name, by_n in by_name.items():
-            print(f"  kernel {name:<9} " + ", ".join(f"{n} positions {ns:.1f}" for n, ns in by_n.items()) +
-                  f"  (x float32 at {length}: {by_n[length] / by_name['float32'][length]:.2f})")
+    cpu = bound(length) if args.bound else None
+    for name, by_n in (cpu or {}).items():
+        print(f"kernel {name:<9} CPU ns per position and k/v head, one thread: " +
+              ", ".join(f"{n} positions {ns:.1f}" for n, ns in by_n.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"length": length, "heads": H, "heads_kv": HKV, "head_dim": D, "threads": torch.get_num_threads(),
-                       "load_average": os.getloadavg()[0], "repeats": repeats, "rows": rows, "cpu_ns_per_position": cpu.get("this"),
-                       "against": {"so": args.against, "cpu_ns_per_position": cpu.get(args.against)} if args.against else None},
+                       "load_average": os.getloadavg()[0], "repeats": repeats, "rows": rows, "cpu_ns_per_position": cpu},
                       f, indent=1)
     return 0
 
