@@ -122,7 +122,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         const int ahead = j + (DECODE_AHEAD + 1) * VW <= j1;
         const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * krow, vh + (j + DECODE_AHEAD * VW) * vrow,
                                     ahead ? VW * krow / 64 : 0};
-        const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0, quads = (rows + 3) / 4;
+        const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0;
         if (kq4) { /* int4 keys: the group's scaled queries, then four rows at a time */
             if (j / 32 != kg) kg = j / 32, F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
             for (int64_t x = 0; x < lines; x++) F(prefetch)(&pf, x);
@@ -136,19 +136,14 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                 F(dotsq)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
             }
         }
-        for (int64_t r = 0; r < rows && !kq4; r += 4) { /* every row's scores into p[r], four rows at a time */
-            const int64_t x0 = lines * (r / 4) / quads, x1 = lines * (r / 4 + 1) / quads;
+        for (int64_t r = 0; r < rows && !kq4;) { /* every row's scores into p[r], four rows at a time (then 2, 1) */
+            const int64_t nr = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
+            const int64_t x0 = lines * r / rows, x1 = lines * (r + nr) / rows;
             const float *qq[4];
             VF *ss[4];
-            for (int i = 0; i < 4; i++) {
-                const int64_t ri = r + i < rows ? r + i : rows - 1; /* past the last row: it again */
-                qq[i] = q + ri * dp, ss[i] = (VF *)(p + ri * VW);
-            }
-            if (ktype == DT_F32) F(dots4)(qq, (const float *)kb, ldk, dp, &pf, x0, x1, ss);
-            else if (ktype == DT_BF16) F(dots4bf)(qq, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, ss);
-            else if (ktype == DT_I8) F(dots4b)(qq, (const int8_t *)kb, ldk, dp, &pf, x0, x1, ss);
-            else if (ktype == DT_F8) F(dots4f8)(qq, (const uint8_t *)kb, ldk, dp, &pf, x0, x1, ss);
-            else F(dots4h)(qq, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, ss);
+            for (int i = 0; i < nr; i++) qq[i] = q + (r + i) * dp, ss[i] = (VF *)(p + (r + i) * VW);
+            F(dots_rows)(ktype, nr, qq, kb, ldk, dp, &pf, x0, x1, ss);
+            r += nr;
         }
         VF ks = {}, vs = {}; /* int8: the block's scales (0 past its nk keys); float8: the head's */
         if (ksc && per && nk == VW)

@@ -1,5 +1,5 @@
 /* The decode pass's vector pieces (_tiles_decode.h includes this, once per instruction set): 16-bit values
- * widened to floats, the fold of VW keys' lane sums into one vector of scores, four rows' scores against a
+ * widened to floats, the fold of VW keys' lane sums into one vector of scores, 1, 2 or 4 rows' scores against a
  * block of keys (prefetching the block ahead as it goes), and acc += p v for up to PV_ROWS rows. */
 
 #ifndef DECODE_AHEAD /* blocks ahead prefetched (measured on an AVX2 EPYC: 4 and 8 alike, none 1.33x slower; with other
@@ -149,62 +149,82 @@ static inline TARGET void F(prefetch)(const struct F(ahead) *a, int64_t x) {
     __builtin_prefetch(x < a->k_lines ? a->pk + 64 * x : a->pv + 64 * (x - a->k_lines), 0, DECODE_LOC);
 }
 
-/* The scores of four query rows q[i] (dp floats, aligned; rows may repeat) against VW keys k[u] (rows ldk apart,
- * dp items of type ELEM read, LOAD(x) the VW at x as floats), DK keys at a time: each vector of keys loaded (and
- * converted) once for the four rows (4 DK accumulators, 4 query vectors and DK key vectors in registers). Lines
- * [x, x1) of `pf` are prefetched along the way, a few per step. */
-#if VW == 16
-#define DK 4
-#else
-#define DK 2
-#endif
-/* x stays in a register: without it GCC folds each query load into every FMA that uses it (4 + DK loads per
- * step become 5 DK: the load ports, not the FMAs, then bound the step) */
+/* The scores of NR (1, 2 or 4) query rows q[i] (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp items
+ * of type ELEM read, LOAD(x) the VW at x as floats), DK keys at a time: each vector of keys loaded (and converted)
+ * once for the NR rows (NR DK accumulators, NR query vectors and a key vector in registers). Lines [x, x1) of `pf`
+ * are prefetched along the way, a few per step. */
+#define DKS (VW == 16 ? 16 : 8) /* accumulators: NR DK of them */
+/* x stays in a register: without it GCC folds each query load into every FMA that uses it (NR + DK loads per
+ * step become NR DK + DK: the load ports, not the FMAs, then bound the step) */
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #define KEEP(x) __asm__("" : "+v"(x)) /* any vector register (AVX-512: 32 of them) */
 #else
 #define KEEP(x) (void)0
 #endif
-#define DOTS4(NAME, ELEM, LOAD)                                                                                \
-    static inline TARGET void F(NAME)(const float *const qs[4], const ELEM *restrict k, int64_t ldk, int64_t dp, \
-                                      const struct F(ahead) *pf, int64_t x, int64_t x1, VF *const out[4]) {     \
-        VF c[4][VW];                                                                                           \
-        const float *restrict q0 = qs[0], *restrict q1 = qs[1], *restrict q2 = qs[2], *restrict q3 = qs[3];    \
+#define DOTSN(NAME, NR, ELEM, LOAD)                                                                            \
+    static inline TARGET void F(NAME)(const float *const *qs, const ELEM *restrict k, int64_t ldk, int64_t dp,  \
+                                      const struct F(ahead) *pf, int64_t x, int64_t x1, VF *const *out) {       \
+        enum { DK = DKS / NR < VW ? DKS / NR : VW };                                                           \
+        VF c[NR][VW];                                                                                          \
         const int64_t each = ((x1 - x) * DK + dp - 1) / dp; /* lines per step (dp / DK steps) */               \
         for (int h = 0; h < VW; h += DK) {                                                                     \
-            VF a0[DK], a1[DK], a2[DK], a3[DK];                                                                 \
-            for (int u = 0; u < DK; u++) a0[u] = a1[u] = a2[u] = a3[u] = (VF){};                               \
+            VF a[NR][DK];                                                                                      \
+            for (int i = 0; i < NR; i++)                                                                       \
+                for (int u = 0; u < DK; u++) a[i][u] = (VF){};                                                 \
             for (int64_t t = 0; t < dp; t += VW) {                                                             \
                 for (int64_t y = 0; y < each && x < x1; y++, x++) F(prefetch)(pf, x);                          \
-                VF b0 = *(const VF *)(q0 + t), b1 = *(const VF *)(q1 + t);                                     \
-                VF b2 = *(const VF *)(q2 + t), b3 = *(const VF *)(q3 + t);                                     \
-                KEEP(b0);                                                                                      \
-                KEEP(b1);                                                                                      \
-                KEEP(b2);                                                                                      \
-                KEEP(b3);                                                                                      \
+                VF b[NR];                                                                                      \
+                for (int i = 0; i < NR; i++) {                                                                 \
+                    b[i] = *(const VF *)(qs[i] + t);                                                           \
+                    KEEP(b[i]);                                                                                \
+                }                                                                                              \
                 for (int u = 0; u < DK; u++) {                                                                 \
                     const VF kk = LOAD(k + (h + u) * ldk + t);                                                 \
-                    a0[u] += b0 * kk, a1[u] += b1 * kk, a2[u] += b2 * kk, a3[u] += b3 * kk;                    \
+                    for (int i = 0; i < NR; i++) a[i][u] += b[i] * kk;                                         \
                 }                                                                                              \
             }                                                                                                  \
-            for (int u = 0; u < DK; u++) c[0][h + u] = a0[u], c[1][h + u] = a1[u], c[2][h + u] = a2[u], c[3][h + u] = a3[u]; \
+            for (int i = 0; i < NR; i++)                                                                       \
+                for (int u = 0; u < DK; u++) c[i][h + u] = a[i][u];                                            \
         }                                                                                                      \
         for (; x < x1; x++) F(prefetch)(pf, x);                                                                \
-        for (int r = 0; r < 4; r++) *out[r] = F(fold)(c[r]);                                                   \
+        for (int i = 0; i < NR; i++) *out[i] = F(fold)(c[i]);                                                  \
     }
+#define DOTS(T, ELEM, LOAD) DOTSN(CAT(dots1, T), 1, ELEM, LOAD) DOTSN(CAT(dots2, T), 2, ELEM, LOAD) DOTSN(CAT(dots4, T), 4, ELEM, LOAD)
 #define LOAD_F32(x) (*(const VFU *)(x))
 #define LOAD_BF16(x) F(bf16v)(x)
 #define LOAD_F16(x) CVTPH(x)
 #define LOAD_I8(x) F(i8v)(x)
 #define LOAD_F8(x) F(f8v)(x)
-DOTS4(dots4, float, LOAD_F32)
-DOTS4(dots4b, int8_t, LOAD_I8)
-DOTS4(dots4f8, uint8_t, LOAD_F8)
-DOTS4(dots4bf, uint16_t, LOAD_BF16)
-DOTS4(dots4h, uint16_t, LOAD_F16)
-#undef DOTS4
-#undef DK
+DOTS(f32, float, LOAD_F32)
+DOTS(i8, int8_t, LOAD_I8)
+DOTS(f8, uint8_t, LOAD_F8)
+DOTS(bf16, uint16_t, LOAD_BF16)
+DOTS(f16, uint16_t, LOAD_F16)
+#undef DOTS
+#undef DOTSN
+#undef DKS
 #undef KEEP
+
+/* The scores of nr (1, 2 or 4) rows against a block of keys stored as `type` */
+static inline TARGET void F(dots_rows)(int type, int64_t nr, const float *const *qs, const void *k, int64_t ldk, int64_t dp,
+                                       const struct F(ahead) *pf, int64_t x, int64_t x1, VF *const *out) {
+#define DOTS_CASE(T, ELEM)                                                                                     \
+    if (nr == 4) F(CAT(dots4, T))(qs, (const ELEM *)k, ldk, dp, pf, x, x1, out);                               \
+    else if (nr == 2) F(CAT(dots2, T))(qs, (const ELEM *)k, ldk, dp, pf, x, x1, out);                          \
+    else F(CAT(dots1, T))(qs, (const ELEM *)k, ldk, dp, pf, x, x1, out);
+    if (type == DT_F32) {
+        DOTS_CASE(f32, float)
+    } else if (type == DT_BF16) {
+        DOTS_CASE(bf16, uint16_t)
+    } else if (type == DT_I8) {
+        DOTS_CASE(i8, int8_t)
+    } else if (type == DT_F8) {
+        DOTS_CASE(f8, uint8_t)
+    } else {
+        DOTS_CASE(f16, uint16_t)
+    }
+#undef DOTS_CASE
+}
 
 /* acc[r][dvp] += sum over keys u in [a, z) of p[r][u] v[u] for NR rows (p's rows VW apart, acc's dvp,
  * v's ldv items of type ELEM, LOAD(x) the VW values at x as floats): each row of v loaded (and converted)
