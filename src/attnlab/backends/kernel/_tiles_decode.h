@@ -123,17 +123,18 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * krow, vh + (j + DECODE_AHEAD * VW) * vrow,
                                     ahead ? VW * krow / 64 : 0};
         const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0;
-        if (kq4) { /* int4 keys: the group's scaled queries, then four rows at a time */
+        if (kq4) { /* int4 keys: the group's scaled queries, then the rows' scores */
             if (j / 32 != kg) kg = j / 32, F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
             for (int64_t x = 0; x < lines; x++) F(prefetch)(&pf, x);
-            for (int64_t r = 0; r < rows; r += 4) {
+            for (int64_t r = 0; r < rows;) { /* four rows at a time (then 2, 1) */
+                const int64_t nr = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
                 const float *qq[4];
                 VF *ss[4];
-                for (int i = 0; i < 4; i++) {
-                    const int64_t ri = r + i < rows ? r + i : rows - 1;
-                    qq[i] = qs + ri * dp, ss[i] = (VF *)(p + ri * VW);
-                }
-                F(dotsq)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+                for (int i = 0; i < nr; i++) qq[i] = qs + (r + i) * dp, ss[i] = (VF *)(p + (r + i) * VW);
+                if (nr == 4) F(dotsq4)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+                else if (nr == 2) F(dotsq2)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+                else F(dotsq1)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+                r += nr;
             }
         }
         for (int64_t r = 0; r < rows && !kq4;) { /* every row's scores into p[r], four rows at a time (then 2, 1) */

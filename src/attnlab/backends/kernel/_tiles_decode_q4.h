@@ -13,12 +13,12 @@
 #if VW == 16
 #define EV 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define OD 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
-#define QK 4 /* keys at a time in the scores: 4 rows x QK accumulators (32 registers) */
+#define QK 4 /* keys at a time in 4 rows' scores (4 QK / NR for NR rows): 4 x QK accumulators (32 registers) */
 #define QC 2 /* chunks of 2 VW channels at a time in p v: 4 rows x 2 QC accumulators */
 #elif VW == 8
 #define EV 0, 2, 4, 6, 8, 10, 12, 14
 #define OD 1, 3, 5, 7, 9, 11, 13, 15
-#define QK 2 /* 16 registers: 8 accumulators, the two halves of a key's codes, a query vector */
+#define QK 2 /* 16 registers: 8 accumulators, the two halves of a key's codes, a query vector (4 rows) */
 #define QC 1
 #else
 #define EV 0, 2, 4, 6
@@ -73,31 +73,37 @@ static TARGET void F(q4_order)(const float *restrict q, int64_t rows, int64_t dp
         }
 }
 
-/* The scores of four rows (qs[i]: dp floats in nibble order; rows may repeat) against the nk <= VW keys of a
- * block of int4 codes k (rows ldk bytes apart, d channels), folded into one vector per row (0 past nk). */
-static inline TARGET void F(dotsq)(const float *const qs[4], const uint8_t *restrict k, int64_t ldk, int64_t d,
-                                   int64_t nk, VF *const out[4]) {
-    VF c[4][VW];
-    for (int u0 = 0; u0 < VW; u0 += QK) {
-        VF a[4][QK];
-        for (int r = 0; r < 4; r++)
-            for (int u = 0; u < QK; u++) a[r][u] = (VF){};
-        if (u0 < nk) {
-            const uint8_t *row[QK];
-            for (int u = 0; u < QK; u++) row[u] = k + (u0 + u < nk ? u0 + u : nk - 1) * ldk; /* past nk: unused */
-            for (int64_t t = 0; t < d; t += 2 * VW)
-                for (int u = 0; u < QK; u++) {
-                    VF lo, hi;
-                    F(nibbles)(row[u] + t / 2, &lo, &hi);
-                    for (int r = 0; r < 4; r++) /* two FMAs (one expression would be a product, an FMA and a sum) */
-                        a[r][u] += *(const VF *)(qs[r] + t) * lo, a[r][u] += *(const VF *)(qs[r] + t + VW) * hi;
-                }
-        }
-        for (int r = 0; r < 4; r++)
-            for (int u = 0; u < QK; u++) c[r][u0 + u] = u0 + u < nk ? a[r][u] : (VF){};
+/* The scores of NR (1, 2 or 4) rows (qs[i]: dp floats in nibble order) against the nk <= VW keys of a block of int4
+ * codes k (rows ldk bytes apart, d channels), folded into one vector per row (0 past nk); NR QK accumulators. */
+#define DOTSQ(NAME, NR)                                                                                        \
+    static inline TARGET void F(NAME)(const float *const *qs, const uint8_t *restrict k, int64_t ldk, int64_t d, \
+                                      int64_t nk, VF *const *out) {                                            \
+        enum { KQ = 4 * QK / NR < VW ? 4 * QK / NR : VW };                                                     \
+        VF c[NR][VW];                                                                                          \
+        for (int u0 = 0; u0 < VW; u0 += KQ) {                                                                  \
+            VF a[NR][KQ];                                                                                      \
+            for (int r = 0; r < NR; r++)                                                                       \
+                for (int u = 0; u < KQ; u++) a[r][u] = (VF){};                                                 \
+            if (u0 < nk) {                                                                                     \
+                const uint8_t *row[KQ];                                                                        \
+                for (int u = 0; u < KQ; u++) row[u] = k + (u0 + u < nk ? u0 + u : nk - 1) * ldk; /* past nk: unused */ \
+                for (int64_t t = 0; t < d; t += 2 * VW)                                                        \
+                    for (int u = 0; u < KQ; u++) {                                                             \
+                        VF lo, hi;                                                                             \
+                        F(nibbles)(row[u] + t / 2, &lo, &hi);                                                  \
+                        for (int r = 0; r < NR; r++) /* two FMAs (one expression: a product, an FMA and a sum) */ \
+                            a[r][u] += *(const VF *)(qs[r] + t) * lo, a[r][u] += *(const VF *)(qs[r] + t + VW) * hi; \
+                    }                                                                                          \
+            }                                                                                                  \
+            for (int r = 0; r < NR; r++)                                                                       \
+                for (int u = 0; u < KQ; u++) c[r][u0 + u] = u0 + u < nk ? a[r][u] : (VF){};                    \
+        }                                                                                                      \
+        for (int r = 0; r < NR; r++) *out[r] = F(fold)(c[r]);                                                  \
     }
-    for (int r = 0; r < 4; r++) *out[r] = F(fold)(c[r]);
-}
+DOTSQ(dotsq4, 4)
+DOTSQ(dotsq2, 2)
+DOTSQ(dotsq1, 1)
+#undef DOTSQ
 
 /* acc[r] (dvp floats in nibble order) += sum over keys u in [a, z) of w[r][c / 32][u] code[u][c], NR rows (w's
  * rows ng VW apart, a group's VW weights together), NC chunks of 2 VW channels at a time in registers. */
