@@ -12,7 +12,10 @@ Per build, dtype and length: the median wall time of a step with the default thr
 values as stored and that as % of the read bandwidth (:func:`attnlab.bench.decode.read_bandwidth`, measured
 in the same run), and the median CPU time of a step on one thread (``time.thread_time``: what the pass
 itself costs, steadier than wall time on a loaded machine). The same bits from both builds are not required
-(the summation order may change); their largest difference is printed.
+(the summation order may change); their largest difference is printed. ``--dtypes`` may also name the quantized
+caches ``int8``, ``fp8`` and ``int4`` (:class:`attnlab.reference.quantized.QuantizedKV`, written by the model's
+cache from the same random entries): those go through ``kernel.decode`` with each build swapped in (its Python
+checks, tens of microseconds, in both), their bytes are the codes, scales, zero points and residual stored.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = "src/attnlab/backends/kernel"
+QUANTIZED = ("int8", "fp8", "int4")
 FLAGS = ["-shared", "-fPIC", "-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno", "-std=gnu11"]
 
 
@@ -56,29 +60,61 @@ def load(path: str) -> object:
     return module
 
 
-def caches(dtype: str, n: int, llc: int) -> list[tuple]:
+def stored(dtype: str, k, v) -> tuple:
+    """float32 k and v (1, 8, n, 128) as a ``dtype`` cache holds them: (k, v, bytes stored)."""
+    import torch
+
+    if dtype not in QUANTIZED:
+        k, v = (x.to(getattr(torch, dtype)) for x in (k, v))
+        return *((x.view(torch.int16) if dtype == "bfloat16" else x).numpy() for x in (k, v)), k.nbytes + v.nbytes
+    from attnlab.transformer.layer_cache import Step
+    from attnlab.transformer.quantize import Store
+
+    n, out = k.shape[2], []
+    written = Step(torch.zeros(1, dtype=torch.long), torch.tensor([n]), n)
+    for x, grouping in ((k, "channel"), (v, "token")):  # the model's cache: keys per channel, values per token
+        store = Store(dtype, 1, 8, 128, n, torch.float32, "cpu", grouping=grouping)
+        store.write(written, x)
+        out.append((store.read(n), store.nbytes))
+    return out[0][0], out[1][0], out[0][1] + out[1][1]
+
+
+def caches(dtype: str, n: int, llc: int) -> tuple[list[tuple], int]:
+    """Enough (q, k, v) sets that their total is at least twice the last-level cache, and one set's bytes."""
     import numpy as np
     import torch
 
-    size = 8 * n * 256 * (4 if dtype == "float32" else 2)
     gen = torch.Generator().manual_seed(n)
-    found = []
-    for _ in range(max(1, -(-2 * llc // size))):
+    found, size = [], 0
+    while not found or len(found) * size < 2 * llc:
         q = torch.randn(1, 32, 1, 128, generator=gen).numpy()
-        k, v = (torch.randn(1, 8, n, 128, generator=gen).to(getattr(torch, dtype)) for _ in "kv")
-        k, v = ((x.view(torch.int16) if dtype == "bfloat16" else x).numpy() for x in (k, v))
+        k, v, size = stored(dtype, *(torch.randn(1, 8, n, 128, generator=gen) for _ in "kv"))
         found.append((np.ascontiguousarray(q), k, v))
-    return found
+    return found, size
+
+
+def step(m, q, k, v, out, lse, dtype: str, threads: int) -> None:
+    """One decode step by build m (quantized caches: through kernel.decode with m swapped in)."""
+    if dtype not in QUANTIZED:
+        m.decode(q, k, v, out, lse, dtype, 0.088, threads)
+        return
+    from attnlab.backends import kernel
+
+    mine, kernel._tiles = kernel._tiles, m
+    try:
+        out[...] = kernel.decode(q, k, v, scale=0.088, threads=threads)[0]
+    finally:
+        kernel._tiles = mine
 
 
 def measure(builds: dict, dtype: str, n: int, llc: int, repeats: int) -> dict:
     import numpy as np
 
-    sets = caches(dtype, n, llc)
+    sets, size = caches(dtype, n, llc)
     out, lse = np.empty((1, 32, 1, 128), np.float32), np.empty((1, 32, 1), np.float32)
     first = {}
     for name, m in builds.items():
-        m.decode(*sets[0], out, lse, dtype, 0.088, 0)
+        step(m, *sets[0], out, lse, dtype, 0)
         first[name] = out.copy()
     wall = {name: [] for name in builds}
     cpu = {name: [] for name in builds}
@@ -86,16 +122,16 @@ def measure(builds: dict, dtype: str, n: int, llc: int, repeats: int) -> dict:
         for name, m in builds.items():
             t0 = time.perf_counter()
             for q, k, v in sets:
-                m.decode(q, k, v, out, lse, dtype, 0.088, 0)
+                step(m, q, k, v, out, lse, dtype, 0)
             wall[name].append((time.perf_counter() - t0) / len(sets))
             t0 = time.thread_time()
             for q, k, v in sets:
-                m.decode(q, k, v, out, lse, dtype, 0.088, 1)
+                step(m, q, k, v, out, lse, dtype, 1)
             cpu[name].append((time.thread_time() - t0) / len(sets))
     values = list(first.values())
     return {"wall_s": {b: statistics.median(t) for b, t in wall.items()},
             "cpu_1thread_s": {b: statistics.median(t) for b, t in cpu.items()},
-            "bytes": 8 * n * 256 * (4 if dtype == "float32" else 2), "caches": len(sets),
+            "bytes": size, "caches": len(sets),
             "max_diff": float(np.abs(values[0] - values[-1]).max())}
 
 
@@ -106,10 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="main", help="git ref whose kernel is 'before' (default: main)")
     ap.add_argument("--lengths", default="16384,32768,65536", help="cache lengths, comma-separated")
-    ap.add_argument("--dtypes", default="float32,bfloat16", help="cache dtypes: float32, bfloat16, float16")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="cache dtypes: float32, bfloat16, float16, int8, fp8, int4")
     ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds (medians reported)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.dtypes.split(",")) - {"float32", "bfloat16", "float16", *QUANTIZED})
+    if unknown:
+        ap.error(f"--dtypes takes float32, bfloat16, float16, {', '.join(QUANTIZED)}; got {', '.join(unknown)}")
     if kernel._tiles is None:
         print("error: the compiled kernel was not built here", file=sys.stderr)
         return 2

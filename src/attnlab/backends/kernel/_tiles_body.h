@@ -47,7 +47,7 @@ static inline TARGET VF F(select)(VI mask, VF a, VF b) { /* mask ? a : b, lane b
  * conversion to int32 defined). x = n + f, n = round(x), f in [-1/2, 1/2]; 2^f from a degree-6
  * polynomial (relative error about 1e-7, float32's own rounding), times 2^n by adding n to the
  * exponent bits, on unsigned lanes (a left shift of a negative int32 is undefined in C). */
-static inline TARGET VF F(exp2v)(VF x) {
+static inline TARGET __attribute__((always_inline)) VF F(exp2v)(VF x) {
     const VI dead = ~(x >= -126.0f); /* NaN compares false: dead too */
     x = F(select)(dead, (VF){} - 126.0f, x);
     x = F(select)(x > 64.0f, (VF){} + 64.0f, x);

@@ -6,7 +6,7 @@
  * in L1, so grouped-query attention reads each k/v head once, not G times. Keys and values are used
  * as stored, converted as loaded (bfloat16: a widening load and a shift; float16: F16C's or AVX-512's
  * vcvtph2ps, bit arithmetic on the baseline; int8 and float8 codes times their scales; int4's groups and residual
- * ring as _tiles_decode_q4.h says): each vector of keys once for two rows (int4: four), each vector of
+ * ring as _tiles_decode_q4.h says): each vector of keys once for four rows, each vector of
  * values once for PV_ROWS rows (a block is staged in L1 only where its rows are not whole vectors).
  * Scores: for each row, VW dot products over D folded into one vector of VW scores by a tree of
  * shuffles. The block DECODE_AHEAD blocks on is prefetched a few lines per step of the score loops: a
@@ -50,9 +50,11 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     int64_t *bound = (int64_t *)(i4 ? cz + (rows + VW - 1) / VW * VW : qs); /* each row's keys: two intervals [lo, hi) */
     const int64_t flat0 = b * pr->h + hk * pr->g; /* the group's first query head */
     int gaps = 0; /* some row sees two runs of keys (sink tokens and a window): blocks between may be unseen */
+    int whole = 1; /* every row sees every key of the chunk: no block's columns to work out */
     for (int64_t r = 0; r < rows; r++) {
         vis_row(pr->vis, flat0 + r / tq, r % tq, bound + 4 * r);
         gaps |= bound[4 * r + 3] > bound[4 * r + 2];
+        whole &= bound[4 * r] <= j0 && bound[4 * r + 1] >= j1;
     }
     const float mul = pr->scale * 1.4426950408889634f; /* scores in base 2: exp2 instead of exp */
     const float *src = (const float *)pr->q + (b * pr->h + hk * pr->g) * tq * d; /* the group's rows, contiguous */
@@ -120,54 +122,59 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         const int ahead = j + (DECODE_AHEAD + 1) * VW <= j1;
         const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * krow, vh + (j + DECODE_AHEAD * VW) * vrow,
                                     ahead ? VW * krow / 64 : 0};
-        const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0, pairs = (rows + 1) / 2;
-        if (kq4) { /* int4 keys: the group's scaled queries, then four rows at a time */
+        const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0;
+        if (kq4) { /* int4 keys: the group's scaled queries, then the rows' scores */
             if (j / 32 != kg) kg = j / 32, F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
             for (int64_t x = 0; x < lines; x++) F(prefetch)(&pf, x);
-            for (int64_t r = 0; r < rows; r += 4) {
+            for (int64_t r = 0; r < rows;) { /* four rows at a time (then 2, 1) */
+                const int64_t nr = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
                 const float *qq[4];
                 VF *ss[4];
-                for (int i = 0; i < 4; i++) {
-                    const int64_t ri = r + i < rows ? r + i : rows - 1;
-                    qq[i] = qs + ri * dp, ss[i] = (VF *)(p + ri * VW);
-                }
-                F(dotsq)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+                for (int i = 0; i < nr; i++) qq[i] = qs + (r + i) * dp, ss[i] = (VF *)(p + (r + i) * VW);
+                if (nr == 4) F(dotsq4)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+                else if (nr == 2) F(dotsq2)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+                else F(dotsq1)(qq, (const uint8_t *)kb, ldk, d, nk, ss);
+                r += nr;
             }
         }
-        for (int64_t r = 0; r < rows && !kq4; r += 2) { /* every row's scores into p[r], two rows at a time */
-            const int64_t x0 = lines * (r / 2) / pairs, x1 = lines * (r / 2 + 1) / pairs, r1 = r + 1 < rows ? r + 1 : r;
-            const float *q0 = q + r * dp, *q1 = q + r1 * dp;
-            VF *s0 = (VF *)(p + r * VW), *s1 = (VF *)(p + r1 * VW);
-            if (ktype == DT_F32) F(dots2)(q0, q1, (const float *)kb, ldk, dp, &pf, x0, x1, s0, s1);
-            else if (ktype == DT_BF16) F(dots2bf)(q0, q1, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
-            else if (ktype == DT_I8) F(dots2b)(q0, q1, (const int8_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
-            else if (ktype == DT_F8) F(dots2f8)(q0, q1, (const uint8_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
-            else F(dots2h)(q0, q1, (const uint16_t *)kb, ldk, dp, &pf, x0, x1, s0, s1);
+        for (int64_t r = 0; r < rows && !kq4;) { /* every row's scores into p[r], four rows at a time (then 2, 1) */
+            const int64_t nr = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
+            const int64_t x0 = lines * r / rows, x1 = lines * (r + nr) / rows;
+            const float *qq[4];
+            VF *ss[4];
+            for (int i = 0; i < nr; i++) qq[i] = q + (r + i) * dp, ss[i] = (VF *)(p + (r + i) * VW);
+            F(dots_rows)(ktype, nr, qq, kb, ldk, dp, &pf, x0, x1, ss);
+            r += nr;
         }
-        VF ks = {}, vs = {}; /* int8: the block's scales (0 past its nk keys) */
-        for (int u = 0; u < nk && (ksc || vsc); u++) ks[u] = ksc[(j + u) * per], vs[u] = vsc[(j + u) * per];
+        VF ks = {}, vs = {}; /* int8: the block's scales (0 past its nk keys); float8: the head's */
+        if (ksc && per && nk == VW)
+            ks = *(const VFU *)(ksc + j), vs = *(const VFU *)(vsc + j);
+        else
+            for (int u = 0; u < nk && (ksc || vsc); u++) ks[u] = ksc[(j + u) * per], vs[u] = vsc[(j + u) * per];
         for (int64_t r = 0; r < rows; r++) { /* each row's weights of the block: p[r] (0 where unseen) */
-            int64_t c[4]; /* the row sees keys j + [c0, c1) and j + [c2, c3) */
-            F(seen_in)(bound + 4 * r, j, nk, c);
+            int64_t c[4] = {0, nk, nk, nk}; /* the row sees keys j + [c0, c1) and j + [c2, c3) */
+            if (!whole) F(seen_in)(bound + 4 * r, j, nk, c);
             if (c[1] <= c[0]) {
                 *(VF *)(p + r * VW) = (VF){};
                 continue;
             }
-            const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
             VF s = *(const VF *)(p + r * VW);
             if (ksc) s *= ks; /* int8: code dot products times each key's scale */
             if (kq4) s += cz[r]; /* int4: the group's zero points' share */
             bad += s * 0.0f; /* NaN from here on where a score is not finite: a key that is not (q is) */
             big = F(select)(s > big, s, F(select)(-s > big, -s, big));
             if (pr->vis->cap > 0.0f) s = F(tanhv)(s * (1.0f / pr->vis->cap)) * pr->vis->cap;
-            s = F(select)(seen, s, (VF){} - INFINITY);
+            if (c[0] != 0 || c[1] != VW) {
+                const VI seen = ((lane >= (int32_t)c[0]) & (lane < (int32_t)c[1])) | ((lane >= (int32_t)c[2]) & (lane < (int32_t)c[3]));
+                s = F(select)(seen, s, (VF){} - INFINITY);
+            }
             const float slope = vis_slope(pr->vis, flat0 + r / tq);
             if (slope != 0.0f) {
                 const VF dist = __builtin_convertvector((VI){} + (int32_t)(vis_pos(pr->vis, flat0 + r / tq, r % tq) - j) - lane, VF);
                 s -= slope * F(select)(dist < 0.0f, -dist, dist);
             }
-            float top = m[r];
-            for (int u = 0; u < VW; u++) top = s[u] > top ? s[u] : top;
+            const VF was = (VF){} + m[r];
+            const float top = F(hmax)(F(select)(s > was, s, was)); /* NaN lanes (reported by `bad`) count as m[r] */
             if (top > m[r]) { /* a new maximum: rescale what the row has summed so far */
                 const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - top);
                 *(VF *)(lv + r * VW) *= alpha;
@@ -184,8 +191,8 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         if (vq4) F(q4_weights)(p, rows, nk, v4s + j * V4->sr, V4->sr, v4z + j * V4->zr, V4->zr, ng, w4, zs);
         for (int64_t r = 0; r < rows; r += PV_ROWS) { /* acc += p v, PV_ROWS rows sharing each row of v */
             const int64_t nr = rows - r < PV_ROWS ? rows - r : PV_ROWS;
-            int64_t a = nk, z = 0; /* the keys some row of them sees */
-            for (int64_t x = r; x < r + nr; x++) {
+            int64_t a = whole ? 0 : nk, z = whole ? nk : 0; /* the keys some row of them sees */
+            for (int64_t x = r; x < r + nr && !whole; x++) {
                 int64_t c[4];
                 F(seen_in)(bound + 4 * x, j, nk, c);
                 if (c[1] > c[0]) a = c[0] < a ? c[0] : a, z = c[3] > z ? c[3] : z;

@@ -1,9 +1,11 @@
 /* The decode pass's vector pieces (_tiles_decode.h includes this, once per instruction set): 16-bit values
- * widened to floats, the fold of VW keys' lane sums into one vector of scores, two rows' scores against a
+ * widened to floats, the fold of VW keys' lane sums into one vector of scores, 1, 2 or 4 rows' scores against a
  * block of keys (prefetching the block ahead as it goes), and acc += p v for up to PV_ROWS rows. */
 
-#ifndef DECODE_AHEAD /* blocks ahead prefetched (measured on an AVX2 EPYC: 4 and 8 alike, none 1.33x slower) */
-#define DECODE_AHEAD 4
+#ifndef DECODE_AHEAD /* blocks ahead prefetched (measured on an AVX2 EPYC: 4 and 8 alike, none 1.33x slower; with other
+                      * programs on both cores, one thread at 32,768 keys: 1 and 2 blocks 5-7 % faster than 4, 8 and 16
+                      * slower: data fetched far ahead is evicted before it is read) */
+#define DECODE_AHEAD 2
 #define DECODE_LOC 3 /* __builtin_prefetch's locality: into L1 */
 #endif
 typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
@@ -56,7 +58,7 @@ static inline TARGET VF F(f8v)(const uint8_t *p) {
 #else
     const VU x = __builtin_convertvector(*(const F(vb8) *)p, VU);
 #endif
-    const VU bits = ((x & 0x7fu) << 20) | ((x & 0x80u) << 24);
+    const VU bits = (VU)((VI)(x << 24) >> 4) & 0x87f00000u; /* sign to bit 31 (its copies in 27..30 cleared), exponent and mantissa to 20..26 */
     VF f;
     __builtin_memcpy(&f, &bits, sizeof f);
     return f * 0x1p120f;
@@ -109,7 +111,7 @@ static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, f
 #define HI1 1, 3, 5, 7
 #endif
 
-static inline TARGET VF F(fold)(VF *c) {
+static inline TARGET __attribute__((always_inline)) VF F(fold)(VF *c) {
 #if VW == 16
     for (int m = 0; m < 8; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO8, HI8);
 #endif
@@ -120,6 +122,26 @@ static inline TARGET VF F(fold)(VF *c) {
     return COMB(c[0], c[1], LO1, HI1);
 }
 
+/* The largest lane of x (no NaN in it), by halving. */
+static inline TARGET float F(hmax)(VF x) {
+#define HALVE(...) x = F(select)(__builtin_shufflevector(x, x, __VA_ARGS__) > x, __builtin_shufflevector(x, x, __VA_ARGS__), x)
+#if VW == 16
+    HALVE(8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    HALVE(4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    HALVE(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    HALVE(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#elif VW == 8
+    HALVE(4, 5, 6, 7, 0, 1, 2, 3);
+    HALVE(2, 3, 0, 1, 6, 7, 4, 5);
+    HALVE(1, 0, 3, 2, 5, 4, 7, 6);
+#else
+    HALVE(2, 3, 0, 1);
+    HALVE(1, 0, 3, 2);
+#endif
+#undef HALVE
+    return x[0];
+}
+
 /* Where a block is prefetched: lines [0, k_lines) of k at pk, then v's at pv. */
 struct F(ahead) { const char *pk, *pv; int64_t k_lines; };
 
@@ -127,44 +149,82 @@ static inline TARGET void F(prefetch)(const struct F(ahead) *a, int64_t x) {
     __builtin_prefetch(x < a->k_lines ? a->pk + 64 * x : a->pv + 64 * (x - a->k_lines), 0, DECODE_LOC);
 }
 
-/* The scores of two query rows q0, q1 (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp items of
- * type ELEM read, LOAD(x) the VW at x as floats), VW / 2 keys at a time: each vector of keys loaded (and
- * converted) once for both rows. Lines [x, x1) of `pf` are prefetched along the way, a few per step. */
-#define DOTS2(NAME, ELEM, LOAD)                                                                                \
-    static inline TARGET void F(NAME)(const float *restrict q0, const float *restrict q1, const ELEM *restrict k, \
-                                      int64_t ldk, int64_t dp, const struct F(ahead) *pf, int64_t x, int64_t x1, \
-                                      VF *s0, VF *s1) {                                                        \
-        enum { HALF = VW / 2 };                                                                                \
-        VF c0[VW], c1[VW];                                                                                     \
-        const int64_t each = ((x1 - x) * HALF + dp - 1) / dp; /* lines per step (2 dp / VW steps) */           \
-        for (int h = 0; h < VW; h += HALF) {                                                                   \
-            VF a0[HALF], a1[HALF];                                                                             \
-            for (int u = 0; u < HALF; u++) a0[u] = a1[u] = (VF){};                                             \
+/* The scores of NR (1, 2 or 4) query rows q[i] (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp items
+ * of type ELEM read, LOAD(x) the VW at x as floats), DK keys at a time: each vector of keys loaded (and converted)
+ * once for the NR rows (NR DK accumulators, NR query vectors and a key vector in registers). Lines [x, x1) of `pf`
+ * are prefetched along the way, a few per step. */
+#define DKS (VW == 16 ? 16 : 8) /* accumulators: NR DK of them */
+/* x stays in a register: without it GCC folds each query load into every FMA that uses it (NR + DK loads per
+ * step become NR DK + DK: the load ports, not the FMAs, then bound the step) */
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define KEEP(x) __asm__("" : "+v"(x)) /* any vector register (AVX-512: 32 of them) */
+#else
+#define KEEP(x) (void)0
+#endif
+#define DOTSN(NAME, NR, ELEM, LOAD)                                                                            \
+    static inline TARGET void F(NAME)(const float *const *qs, const ELEM *restrict k, int64_t ldk, int64_t dp,  \
+                                      const struct F(ahead) *pf, int64_t x, int64_t x1, VF *const *out) {       \
+        enum { DK = DKS / NR < VW ? DKS / NR : VW };                                                           \
+        VF c[NR][VW];                                                                                          \
+        const int64_t each = ((x1 - x) * DK + dp - 1) / dp; /* lines per step (dp / DK steps) */               \
+        for (int h = 0; h < VW; h += DK) {                                                                     \
+            VF a[NR][DK];                                                                                      \
+            for (int i = 0; i < NR; i++)                                                                       \
+                for (int u = 0; u < DK; u++) a[i][u] = (VF){};                                                 \
             for (int64_t t = 0; t < dp; t += VW) {                                                             \
                 for (int64_t y = 0; y < each && x < x1; y++, x++) F(prefetch)(pf, x);                          \
-                const VF b0 = *(const VF *)(q0 + t), b1 = *(const VF *)(q1 + t);                               \
-                for (int u = 0; u < HALF; u++) {                                                               \
+                VF b[NR];                                                                                      \
+                for (int i = 0; i < NR; i++) {                                                                 \
+                    b[i] = *(const VF *)(qs[i] + t);                                                           \
+                    KEEP(b[i]);                                                                                \
+                }                                                                                              \
+                for (int u = 0; u < DK; u++) {                                                                 \
                     const VF kk = LOAD(k + (h + u) * ldk + t);                                                 \
-                    a0[u] += b0 * kk, a1[u] += b1 * kk;                                                        \
+                    for (int i = 0; i < NR; i++) a[i][u] += b[i] * kk;                                         \
                 }                                                                                              \
             }                                                                                                  \
-            for (int u = 0; u < HALF; u++) c0[h + u] = a0[u], c1[h + u] = a1[u];                               \
+            for (int i = 0; i < NR; i++)                                                                       \
+                for (int u = 0; u < DK; u++) c[i][h + u] = a[i][u];                                            \
         }                                                                                                      \
         for (; x < x1; x++) F(prefetch)(pf, x);                                                                \
-        *s0 = F(fold)(c0);                                                                                     \
-        *s1 = F(fold)(c1);                                                                                     \
+        for (int i = 0; i < NR; i++) *out[i] = F(fold)(c[i]);                                                  \
     }
+#define DOTS(T, ELEM, LOAD) DOTSN(CAT(dots1, T), 1, ELEM, LOAD) DOTSN(CAT(dots2, T), 2, ELEM, LOAD) DOTSN(CAT(dots4, T), 4, ELEM, LOAD)
 #define LOAD_F32(x) (*(const VFU *)(x))
 #define LOAD_BF16(x) F(bf16v)(x)
 #define LOAD_F16(x) CVTPH(x)
 #define LOAD_I8(x) F(i8v)(x)
 #define LOAD_F8(x) F(f8v)(x)
-DOTS2(dots2, float, LOAD_F32)
-DOTS2(dots2b, int8_t, LOAD_I8)
-DOTS2(dots2f8, uint8_t, LOAD_F8)
-DOTS2(dots2bf, uint16_t, LOAD_BF16)
-DOTS2(dots2h, uint16_t, LOAD_F16)
-#undef DOTS2
+DOTS(f32, float, LOAD_F32)
+DOTS(i8, int8_t, LOAD_I8)
+DOTS(f8, uint8_t, LOAD_F8)
+DOTS(bf16, uint16_t, LOAD_BF16)
+DOTS(f16, uint16_t, LOAD_F16)
+#undef DOTS
+#undef DOTSN
+#undef DKS
+#undef KEEP
+
+/* The scores of nr (1, 2 or 4) rows against a block of keys stored as `type` */
+static inline TARGET void F(dots_rows)(int type, int64_t nr, const float *const *qs, const void *k, int64_t ldk, int64_t dp,
+                                       const struct F(ahead) *pf, int64_t x, int64_t x1, VF *const *out) {
+#define DOTS_CASE(T, ELEM)                                                                                     \
+    if (nr == 4) F(CAT(dots4, T))(qs, (const ELEM *)k, ldk, dp, pf, x, x1, out);                               \
+    else if (nr == 2) F(CAT(dots2, T))(qs, (const ELEM *)k, ldk, dp, pf, x, x1, out);                          \
+    else F(CAT(dots1, T))(qs, (const ELEM *)k, ldk, dp, pf, x, x1, out);
+    if (type == DT_F32) {
+        DOTS_CASE(f32, float)
+    } else if (type == DT_BF16) {
+        DOTS_CASE(bf16, uint16_t)
+    } else if (type == DT_I8) {
+        DOTS_CASE(i8, int8_t)
+    } else if (type == DT_F8) {
+        DOTS_CASE(f8, uint8_t)
+    } else {
+        DOTS_CASE(f16, uint16_t)
+    }
+#undef DOTS_CASE
+}
 
 /* acc[r][dvp] += sum over keys u in [a, z) of p[r][u] v[u] for NR rows (p's rows VW apart, acc's dvp,
  * v's ldv items of type ELEM, LOAD(x) the VW values at x as floats): each row of v loaded (and converted)

@@ -13,12 +13,12 @@
 #if VW == 16
 #define EV 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define OD 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
-#define QK 4 /* keys at a time in the scores: 4 rows x QK accumulators (32 registers) */
+#define QK 4 /* keys at a time in 4 rows' scores (4 QK / NR for NR rows): 4 x QK accumulators (32 registers) */
 #define QC 2 /* chunks of 2 VW channels at a time in p v: 4 rows x 2 QC accumulators */
 #elif VW == 8
 #define EV 0, 2, 4, 6, 8, 10, 12, 14
 #define OD 1, 3, 5, 7, 9, 11, 13, 15
-#define QK 2 /* 16 registers: 8 accumulators, the two halves of a key's codes, a query vector */
+#define QK 2 /* 16 registers: 8 accumulators, the two halves of a key's codes, a query vector (4 rows) */
 #define QC 1
 #else
 #define EV 0, 2, 4, 6
@@ -73,31 +73,37 @@ static TARGET void F(q4_order)(const float *restrict q, int64_t rows, int64_t dp
         }
 }
 
-/* The scores of four rows (qs[i]: dp floats in nibble order; rows may repeat) against the nk <= VW keys of a
- * block of int4 codes k (rows ldk bytes apart, d channels), folded into one vector per row (0 past nk). */
-static inline TARGET void F(dotsq)(const float *const qs[4], const uint8_t *restrict k, int64_t ldk, int64_t d,
-                                   int64_t nk, VF *const out[4]) {
-    VF c[4][VW];
-    for (int u0 = 0; u0 < VW; u0 += QK) {
-        VF a[4][QK];
-        for (int r = 0; r < 4; r++)
-            for (int u = 0; u < QK; u++) a[r][u] = (VF){};
-        if (u0 < nk) {
-            const uint8_t *row[QK];
-            for (int u = 0; u < QK; u++) row[u] = k + (u0 + u < nk ? u0 + u : nk - 1) * ldk; /* past nk: unused */
-            for (int64_t t = 0; t < d; t += 2 * VW)
-                for (int u = 0; u < QK; u++) {
-                    VF lo, hi;
-                    F(nibbles)(row[u] + t / 2, &lo, &hi);
-                    for (int r = 0; r < 4; r++) /* two FMAs (one expression would be a product, an FMA and a sum) */
-                        a[r][u] += *(const VF *)(qs[r] + t) * lo, a[r][u] += *(const VF *)(qs[r] + t + VW) * hi;
-                }
-        }
-        for (int r = 0; r < 4; r++)
-            for (int u = 0; u < QK; u++) c[r][u0 + u] = u0 + u < nk ? a[r][u] : (VF){};
+/* The scores of NR (1, 2 or 4) rows (qs[i]: dp floats in nibble order) against the nk <= VW keys of a block of int4
+ * codes k (rows ldk bytes apart, d channels), folded into one vector per row (0 past nk); NR QK accumulators. */
+#define DOTSQ(NAME, NR)                                                                                        \
+    static inline TARGET void F(NAME)(const float *const *qs, const uint8_t *restrict k, int64_t ldk, int64_t d, \
+                                      int64_t nk, VF *const *out) {                                            \
+        enum { KQ = 4 * QK / NR < VW ? 4 * QK / NR : VW };                                                     \
+        VF c[NR][VW];                                                                                          \
+        for (int u0 = 0; u0 < VW; u0 += KQ) {                                                                  \
+            VF a[NR][KQ];                                                                                      \
+            for (int r = 0; r < NR; r++)                                                                       \
+                for (int u = 0; u < KQ; u++) a[r][u] = (VF){};                                                 \
+            if (u0 < nk) {                                                                                     \
+                const uint8_t *row[KQ];                                                                        \
+                for (int u = 0; u < KQ; u++) row[u] = k + (u0 + u < nk ? u0 + u : nk - 1) * ldk; /* past nk: unused */ \
+                for (int64_t t = 0; t < d; t += 2 * VW)                                                        \
+                    for (int u = 0; u < KQ; u++) {                                                             \
+                        VF lo, hi;                                                                             \
+                        F(nibbles)(row[u] + t / 2, &lo, &hi);                                                  \
+                        for (int r = 0; r < NR; r++) /* two FMAs (one expression: a product, an FMA and a sum) */ \
+                            a[r][u] += *(const VF *)(qs[r] + t) * lo, a[r][u] += *(const VF *)(qs[r] + t + VW) * hi; \
+                    }                                                                                          \
+            }                                                                                                  \
+            for (int r = 0; r < NR; r++)                                                                       \
+                for (int u = 0; u < KQ; u++) c[r][u0 + u] = u0 + u < nk ? a[r][u] : (VF){};                    \
+        }                                                                                                      \
+        for (int r = 0; r < NR; r++) *out[r] = F(fold)(c[r]);                                                  \
     }
-    for (int r = 0; r < 4; r++) *out[r] = F(fold)(c[r]);
-}
+DOTSQ(dotsq4, 4)
+DOTSQ(dotsq2, 2)
+DOTSQ(dotsq1, 1)
+#undef DOTSQ
 
 /* acc[r] (dvp floats in nibble order) += sum over keys u in [a, z) of w[r][c / 32][u] code[u][c], NR rows (w's
  * rows ng VW apart, a group's VW weights together), NC chunks of 2 VW channels at a time in registers. */
@@ -152,8 +158,38 @@ static inline TARGET void F(pvq_rows)(int64_t nr, const float *w, int64_t ng, in
 /* A block of int4 values' weights: w[r][g] = p[r] * the nk keys' scales of group g (0 past nk), and each row's
  * zero-point share zs[r][g] += p[r] * their zero points (lanes summed in q4_finish). s and z: the block's first
  * value row's scales and zero points (ng groups each), rows ls and lz floats apart. */
+#if VW == 8
+/* The 8 x 4 floats at x (token u's 4 groups at x + 4u) as 4 vectors, group g's 8 tokens in out[g]: 8 shuffles in
+ * registers (the lane-by-lane gather is 32 scalar loads and inserts, about 6 % of an int4 pass). */
+static inline TARGET void F(t8x4)(const float *restrict x, VF out[4]) {
+    const VF a0 = *(const VFU *)x, a1 = *(const VFU *)(x + 8), a2 = *(const VFU *)(x + 16), a3 = *(const VFU *)(x + 24);
+    const VF b0 = __builtin_shufflevector(a0, a1, 0, 4, 8, 12, 1, 5, 9, 13); /* tokens 0-3: groups 0, 1 */
+    const VF b1 = __builtin_shufflevector(a0, a1, 2, 6, 10, 14, 3, 7, 11, 15); /* groups 2, 3 */
+    const VF c0 = __builtin_shufflevector(a2, a3, 0, 4, 8, 12, 1, 5, 9, 13); /* tokens 4-7 */
+    const VF c1 = __builtin_shufflevector(a2, a3, 2, 6, 10, 14, 3, 7, 11, 15);
+    out[0] = __builtin_shufflevector(b0, c0, 0, 1, 2, 3, 8, 9, 10, 11);
+    out[1] = __builtin_shufflevector(b0, c0, 4, 5, 6, 7, 12, 13, 14, 15);
+    out[2] = __builtin_shufflevector(b1, c1, 0, 1, 2, 3, 8, 9, 10, 11);
+    out[3] = __builtin_shufflevector(b1, c1, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+#endif
+
 static TARGET void F(q4_weights)(const float *restrict p, int64_t rows, int64_t nk, const float *restrict s, int64_t ls,
                                  const float *restrict z, int64_t lz, int64_t ng, float *restrict w, float *restrict zs) {
+#if VW == 8
+    if (ng == 4 && ls == 4 && lz == 4 && nk == VW) { /* D = 128, a whole block: its scales and zero points transposed */
+        VF sv[4], zv[4];
+        F(t8x4)(s, sv), F(t8x4)(z, zv);
+        for (int64_t r = 0; r < rows; r++) {
+            const VF pr = *(const VF *)(p + r * VW);
+            for (int g = 0; g < 4; g++) {
+                *(VF *)(w + (r * 4 + g) * VW) = pr * sv[g];
+                *(VF *)(zs + (r * 4 + g) * VW) += pr * zv[g];
+            }
+        }
+        return;
+    }
+#endif
     for (int64_t g = 0; g < ng; g++) {
         VF sv = {}, zv = {};
         for (int64_t u = 0; u < nk; u++) sv[u] = s[u * ls + g], zv[u] = z[u * lz + g];
