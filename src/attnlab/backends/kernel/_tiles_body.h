@@ -254,7 +254,9 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
     lo -= lo % VW; /* panels start at multiples of VW */
     const float *kp = pr->kp + b * pr->tkp * d;
     const float *v = pr->vp ? pr->vp + b * pr->tkp * dvp : pr->v + b * tk * dv;
-    const int64_t ldv = pr->vp ? dvp : dv;
+#if !VPW
+    const int64_t ldv = pr->vp ? dvp : dv; /* with VPW the panels' own stride is used */
+#endif
 
     for (int64_t j0 = lo; j0 < hi; j0 += bk) {
         const int64_t nc = (j0 + bk < hi ? j0 + bk : hi) - j0, ncp = (nc + VW - 1) / VW * VW;
