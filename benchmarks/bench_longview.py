@@ -116,7 +116,9 @@ def overviews(long, repeat: int, all_heads: int | None, tiles_too: bool = False)
 
 
 def served(lm, words: str, long_tokens: int, repeat: int) -> dict:
-    """A 256 × 256 tile and a row's top keys through the server's app (its workers, JSON, gzip)."""
+    """Through the server's app (its workers, JSON, gzip): the capture (/api/long/info), the first overview of one
+    head (/api/long/overview, 512 cells: computed on request, as a user's first look at a head), a 256 × 256
+    tile, a row's top keys and a column (who attends to one key)."""
     from fastapi.testclient import TestClient
 
     from attnlab.web.server import create_app
@@ -126,6 +128,12 @@ def served(lm, words: str, long_tokens: int, repeat: int) -> dict:
         assert c.post("/api/long/info", json={"text": words}).status_code == 200
         first = time.perf_counter() - t
         mid = long_tokens // 2
+        overview_s = []
+        for head in range(min(repeat, lm.num_heads)):  # a head not yet shown each time: nothing cached
+            t = time.perf_counter()
+            assert c.post("/api/long/overview", json={"text": words, "layer": 1 % lm.num_layers,
+                                                       "head": head}).status_code == 200
+            overview_s.append(time.perf_counter() - t)
         body = {"text": words, "layer": 3 % lm.num_layers, "head": 1, "rows": [mid, mid + 256], "cols": [mid - 128, mid + 128]}
 
         def tile():
@@ -134,10 +142,14 @@ def served(lm, words: str, long_tokens: int, repeat: int) -> dict:
         def row():
             assert c.post("/api/long/row", json={"text": words, "layer": 0, "head": 0, "query": long_tokens - 1,
                                                   "top": 10}).status_code == 200
+        def column():
+            assert c.post("/api/long/column", json={"text": words, "layer": 0, "head": 0, "key": 0}).status_code == 200
         tile_s, tile_runs, _ = timed(tile, repeat)
         row_s, row_runs, _ = timed(row, repeat)
-    return {"capture_through_server_s": first, "tile_256_s": tile_s, "tile_runs": tile_runs, "row_top_s": row_s,
-            "row_runs": row_runs}
+        column_s, column_runs, _ = timed(column, repeat)
+    return {"capture_through_server_s": first, "first_overview_s": statistics.median(overview_s),
+            "first_overview_runs": overview_s, "tile_256_s": tile_s, "tile_runs": tile_runs, "row_top_s": row_s,
+            "row_runs": row_runs, "column_s": column_s, "column_runs": column_runs}
 
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

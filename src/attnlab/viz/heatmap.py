@@ -21,6 +21,7 @@ CELL_INCHES = 0.42
 ANNOTATE_POINTS = 8  # cell numbers: 12 px at the report's 110 dpi, readable when the figure fits the page
 HIGHLIGHT = "#c0392b"  # the row a figure is about (the viewer's accent colour)
 PAGE_INCHES = 1150 / 110  # the report's page (1150 px) at its 110 dpi: a wider figure is shrunk, and its text with it
+LABEL_INCHES = 1.1  # a panel's title, its rotated column labels and its axis label, below and above the cells
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,11 @@ def heatmap_grid(panels: list[dict], ncols: int | None = None, title: str | None
     bar, shared_bar = (0, 0.9) if shared_scale else (0.9, 0)  # inches of colour scale per panel / for all
     side = max(3.2, CELL_INCHES * max(max(np.shape(p["weights"])) for p in panels) + 1.6)
     side = min(side, (PAGE_INCHES - shared_bar) / ncols - bar)
-    fig = Figure(figsize=(ncols * (side + bar) + shared_bar, nrows * side + (0.4 if title else 0)),
+    # a wide map (heads down, positions across) is drawn with square cells: its row of panels only as tall as
+    # the map, its title and its labels, not as tall as wide (rows of blank space between the layers)
+    aspect = max(np.shape(p["weights"])[0] / max(1, np.shape(p["weights"])[1]) for p in panels)
+    height = min(side, (side - 0.6) * aspect + LABEL_INCHES)
+    fig = Figure(figsize=(ncols * (side + bar) + shared_bar, nrows * height + (0.4 if title else 0)),
                  layout="constrained")
     axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
     vmax = (max(float(np.abs(p["weights"]).max()) for p in panels) if cells.signed else 1.0) if shared_scale else None
