@@ -79,3 +79,17 @@ def test_the_two_passes_agree_with_sinks():
         np.testing.assert_allclose(a[name], b[name], rtol=2e-6, atol=1e-5, err_msg=name)
     np.testing.assert_allclose(received_a, received_b, rtol=2e-6, atol=1e-5)
     assert b["sink_share"][-1] / t > b["sink_share"][0] / t  # a larger logit, a larger share
+
+
+def test_the_stats_command_shows_the_sink_share(oss, tmp_path, capsys):
+    import json
+
+    from attnlab.cli.app import main
+
+    f = tmp_path / "long.txt"
+    f.write_text(TEXT)
+    assert main(["stats", str(f), "--model", str(oss), "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["means"]["sink_share"]) == 2 and len(out["means"]["sink_share"][0]) == 4
+    assert main(["stats", str(f), "--model", str(oss)]) == 0
+    assert "sink" in capsys.readouterr().out  # the "sink share" column (its title may wrap)
