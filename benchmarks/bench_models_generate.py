@@ -2,13 +2,14 @@
 on the models of 2025: a gpt-oss-shaped and a DeepSeek-V3-shaped (MLA) model with the same random weights.
 
     .venv/bin/python benchmarks/bench_models_generate.py [--lengths 2048,16384] [--new 8] [--rounds 3]
-        [--threads 2] [--max-eager-gib 6] [--json benchmarks/results/models_generate.json]
+        [--long-rounds 1] [--threads 2] [--max-eager-gib 6] [--families gpt_oss,deepseek_v3] [--update]
+        [--json benchmarks/results/models_generate.json]
 
 The models are :mod:`bench_models`'s (float32, transformers' weights converted by attnlab's loader), the
 gpt-oss one with 8 layers here (d = 512, window 128 alternating with full layers, 8 query heads over 2 k/v
 heads of 64, learned sinks, 8 experts with 2 per token), the DeepSeek-V3 one as there (4 layers, MLA latent
 128 + rotary 32). Per prompt length (random ids): one untimed generation of each first, then ``--rounds``
-rounds, the runs in alternating order, of a greedy ``generate`` of ``--new`` tokens each: transformers'
+rounds (``--long-rounds`` past 4,096 tokens, where one prefill takes tens of seconds), the runs in alternating order, of a greedy ``generate`` of ``--new`` tokens each: transformers'
 (``model.generate``, its ``eager`` attention for gpt-oss, which has no SDPA path there, ``sdpa`` for
 DeepSeek-V3; each token's arrival seen by a streamer) and attnlab's (``Transformer.generate`` with its default
 backend, ``auto``; arrivals by ``on_token``). Time to first token: the prefill and the first choice; time per
@@ -18,7 +19,8 @@ attnlab / transformers. The greedy ids of the two are compared (every round's).
 transformers' eager attention materialises each layer's scores, (H, T, T + 1) float32 with its sinks, and
 makes about four such tensors (scores, the scores with the sink column, the softmax, its cast): where that
 estimate passes ``--max-eager-gib`` (at 16,384 tokens: 8 · 16,384 · 16,385 · 4 B · 4 ≈ 32 GiB) transformers
-is not run and attnlab is reported alone, saying so.
+is not run and attnlab is reported alone, saying so. ``--update`` keeps the JSON file's other entries (each
+entry holds the load average it was measured under), so that lengths may be measured in separate calls.
 """
 
 from __future__ import annotations
@@ -135,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="2048,16384", help="prompt lengths, comma-separated")
     ap.add_argument("--new", type=int, default=8, help="new tokens per generation (at least 2)")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds, the order alternating (medians)")
+    ap.add_argument("--long-rounds", type=int, default=1, help="timed rounds for prompts past 4,096 tokens")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--families", default="gpt_oss,deepseek_v3")
     ap.add_argument("--max-eager-gib", type=float, default=6.0,
                     help="skip transformers' gpt-oss where its eager scores would pass this (GiB)")
+    ap.add_argument("--update", action="store_true", help="keep the JSON file's entries of other lengths")
     ap.add_argument("--json", default=str(Path(__file__).resolve().parent / "results" / "models_generate.json"))
     args = ap.parse_args(argv)
     if args.new < 2:
@@ -147,17 +151,22 @@ def main(argv: list[str] | None = None) -> int:
     lengths = sorted(int(x) for x in args.lengths.split(","))
     result = {"machine": {"threads": args.threads, "python": platform.python_version(), "torch": torch.__version__,
                           "cpu": platform.processor() or platform.machine(), "load_average": os.getloadavg()},
-              "dtype": "float32", "greedy": True, "new_tokens": args.new, "rounds": args.rounds, "runs": {}}
+              "dtype": "float32", "greedy": True, "new_tokens": args.new, "runs": {}}
     for family in args.families.split(","):
         layers = {"num_hidden_layers": GPT_OSS_LAYERS} if family == "gpt_oss" else {}
         hf, ours = models(family, **layers)
         result[f"shape_{family}"] = {**(GPT_OSS if family == "gpt_oss" else MLA), **layers}
         for T in lengths:
-            r = result["runs"][f"{family}/{T}"] = at_length(family, hf, ours, T, args.new, args.rounds,
+            rounds = args.rounds if T <= 4096 else args.long_rounds
+            r = result["runs"][f"{family}/{T}"] = at_length(family, hf, ours, T, args.new, rounds,
                                                             args.max_eager_gib * 2**30)
+            r["rounds"], r["load_average"] = rounds, os.getloadavg()
             print(line(family, T, r), flush=True)
         del hf, ours
     result["machine"]["load_average_after"] = os.getloadavg()
+    if args.update and Path(args.json).is_file():
+        old = json.loads(Path(args.json).read_text())
+        result = {**old, **{k: v for k, v in result.items() if k != "runs"}, "runs": {**old.get("runs", {}), **result["runs"]}}
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.json}")
     return 0
