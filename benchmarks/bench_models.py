@@ -48,8 +48,9 @@ MLA = dict(vocab_size=4096, hidden_size=512, intermediate_size=1024, moe_interme
            n_shared_experts=1, first_k_dense_replace=1, max_position_embeddings=32768)
 
 
-def models(family: str):
-    """(transformers' model, attnlab's Transformer) with the same random weights."""
+def models(family: str, **overrides):
+    """(transformers' model, attnlab's Transformer) with the same random weights (``overrides``: config keys
+    changed from the shape above, e.g. ``num_hidden_layers``)."""
     import torch
     import transformers
 
@@ -59,7 +60,7 @@ def models(family: str):
     torch.manual_seed(0)
     cls, shape = (transformers.GptOssConfig, GPT_OSS) if family == "gpt_oss" else (transformers.DeepseekV3Config, MLA)
     attn = "eager" if family == "gpt_oss" else "sdpa"  # transformers' gpt-oss has no SDPA path (its sinks)
-    cfg = cls(**shape, attn_implementation=attn, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    cfg = cls(**{**shape, **overrides}, attn_implementation=attn, eos_token_id=None, bos_token_id=None, pad_token_id=None)
     hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():  # transformers' init leaves some at zero (sinks, router biases)

@@ -192,3 +192,44 @@ def test_auto_takes_the_backend_measured_fastest_for_decoding(cache):
     calibrate.cache_path().write_text(json.dumps({"machine": calibrate.machine_facts(), "profiles": profiles}))
     choice = explain(r)
     assert choice.backend == "kernel" and choice.measured
+
+
+def test_calls_with_learned_sinks_have_profiles_of_their_own():
+    """gpt-oss's calls (sink logits) are measured, with sinks, in a table apart from the same call without."""
+    q, k = torch.ones(1, 8, 1, 64), torch.ones(1, 2, 16384, 64)
+    plain = calibrate.profile(request(q, k, k, causal=True))
+    sinks = calibrate.profile(request(q, k, k, causal=True, sink_logits=torch.zeros(8)))
+    assert sinks is not None and sinks.sinks and not plain.sinks
+    assert sinks.key() == plain.key() + "/sinks"
+    x = torch.ones(1, 8, 1024, 64)
+    assert calibrate.profile(request(x, x, x, causal=True, sink_logits=torch.zeros(8))).key().endswith("/fwd/sinks")
+
+
+def test_auto_takes_the_backend_measured_fastest_for_decoding_with_sinks(cache, monkeypatch):
+    """A 16k decoding step with sinks (gpt-oss's full layers) is ranked by the table measured here, among
+    the backends that serve sinks (not SDPA), not by the priors."""
+    q, k = torch.randn(1, 8, 1, 64), torch.randn(1, 2, 16384, 64)
+    r = request(q, k, k, causal=True, sink_logits=torch.zeros(8))
+    fake = {"torch": [[2**13, 2e-3], [2**19, 8e-2]], "blockwise": [[2**13, 5e-3], [2**19, 2e-1]],
+            "kernel": [[2**13, 1e-4], [2**19, 4e-3]]}
+    profiles = {calibrate.profile(r).key(): fake}
+    calibrate.cache_path().write_text(json.dumps({"machine": calibrate.machine_facts(), "profiles": profiles}))
+    choice = explain(r)
+    assert choice.backend == "kernel" and choice.measured and set(choice.seconds) == set(fake)
+    fake["blockwise"], fake["kernel"] = fake["kernel"], fake["blockwise"]  # a table that says otherwise
+    calibrate.cache_path().write_text(json.dumps({"machine": calibrate.machine_facts(), "profiles": profiles}))
+    monkeypatch.setattr(calibrate, "_TABLE", None)
+    assert explain(r).backend == "blockwise"
+
+
+def test_a_profile_with_sinks_is_measured_with_sink_logits(cache, monkeypatch):
+    monkeypatch.setattr(calibrate, "DECODE_KEYS", (64, 128))
+    monkeypatch.setattr(calibrate, "MIN_SCORES", 1)
+    monkeypatch.setattr(calibrate, "REPEATS", 1)
+    seen = []
+    real = dispatch._run_for_calibration
+    monkeypatch.setattr(dispatch, "_run_for_calibration", lambda *a: seen.append((a[0], a[3])) or real(*a))
+    q, k = torch.randn(1, 8, 1, 64), torch.randn(1, 2, 128, 64)
+    choice = explain(request(q, k, k, causal=True, sink_logits=torch.zeros(8)))
+    assert choice.measured and {n for n, _ in seen} == {"torch", "blockwise", "kernel"}
+    assert all(s is not None and tuple(s.shape) == (8,) for _, s in seen)

@@ -148,9 +148,10 @@ def test_a_generations_maps_keep_the_share_of_attnlabs_transformer(oss, tmp_path
     assert np.array_equal(back.self_attention.sink_share[0], share)
 
 
-def test_the_long_view_keeps_the_sinks_and_head_stats_refuses_them(oss):
+def test_the_long_view_and_head_stats_keep_the_sinks(oss):
     """capture_long through transformers hands the sinks to the kernel, whose LSE includes them: each query's
-    sink share equals capture()'s; head_stats, whose entropy would need the sink as an outcome, refuses."""
+    sink share equals capture()'s, and so does head_stats' mean share (its other statistics:
+    tests/interventions/test_stats_sinks.py)."""
     import attnlab
     from attnlab.analysis import longview
     from attnlab.hf.capture_long import capture_long
@@ -161,5 +162,5 @@ def test_the_long_view_keeps_the_sinks_and_head_stats_refuses_them(oss):
     for layer, head in ((0, 0), (1, 3)):
         np.testing.assert_allclose(longview.sink_share(long, layer, head), maps.self_attention.sink_share[0][layer, head],
                                    atol=1e-5)
-    with pytest.raises(ValueError, match="head_stats does not serve models with learned sinks"):
-        attnlab.head_stats([SENTENCES[0]], str(oss))
+    found = attnlab.head_stats([SENTENCES[0]], str(oss))
+    np.testing.assert_allclose(found.sink_share, maps.self_attention.sink_share[0].mean(-1), atol=1e-5)

@@ -75,10 +75,11 @@ class Profile:
     grad: bool
     tq: int = 0  # decoding: the query rows (0: self-attention, Tq = Tk)
     groups: int = 1  # decoding: query heads per key/value head
+    sinks: bool = False  # learned sink logits (gpt-oss): measured with them, as only the backends that serve them
 
     def key(self) -> str:
         key = f"{self.library}/{self.dtype}/d{self.d}/h{self.heads}/{'causal' if self.causal else 'full'}/{'grad' if self.grad else 'fwd'}"
-        return key + (f"/decode-tq{self.tq}-g{self.groups}" if self.tq else "")
+        return key + (f"/decode-tq{self.tq}-g{self.groups}" if self.tq else "") + ("/sinks" if self.sinks else "")
 
     def sizes(self) -> tuple[int, ...]:
         """The key lengths measured (:func:`sizes` for self-attention; cache lengths for decoding)."""
@@ -98,19 +99,21 @@ def enabled() -> bool:
 
 def profile(r: Request) -> Profile | None:
     """The profile of ``r``, or None where auto uses the priors (small, masked, windowed, GPU calls; padded
-    ones other than decoding's, whose cache lengths are about its Tk)."""
+    ones other than decoding's, whose cache lengths are about its Tk). Learned sinks have profiles of their
+    own, measured with sinks: the backends that serve them differ (not SDPA) and so may their ranking."""
     p = r.problem
     if (r.scores < MIN_SCORES or r.device != "cpu" or r.mask or r.bias or p.d != p.dv or r.structure or r.mask_mod
-            or r.score_mod or r.alibi or r.sinks):
+            or r.score_mod or r.alibi):
         return None  # a window's (a document's, …) cost depends on its width, which no table holds
     d = min(HEAD_DIMS, key=lambda h: abs(math.log(h / p.d)))
     heads = min(int(np.prod(p.batch, dtype=np.int64)), MAX_HEADS)
     if p.tq <= DECODE_TQ < p.tk:
         heads = max(p.groups, heads // p.groups * p.groups)
-        return Profile(r.library, r.dtype, d, heads, r.causal, r.grad, 1 << (p.tq - 1).bit_length(), p.groups)
+        return Profile(r.library, r.dtype, d, heads, r.causal, r.grad, 1 << (p.tq - 1).bit_length(), p.groups,
+                       r.sinks)
     if r.lengths or p.groups != 1 or (r.causal and p.tq != p.tk):
         return None
-    return Profile(r.library, r.dtype, d, heads, r.causal, r.grad)
+    return Profile(r.library, r.dtype, d, heads, r.causal, r.grad, sinks=r.sinks)
 
 
 def sizes(heads: int) -> tuple[int, ...]:
@@ -245,21 +248,35 @@ def _inputs(prof: Profile, n: int) -> tuple[Any, Any, Any]:
     return tuple(qkv)
 
 
+def _sink_logits(prof: Profile) -> Any:
+    """The profile's learned sink logits, one per query head (H,) in its library and dtype, or None."""
+    if not prof.sinks:
+        return None
+    sinks = np.random.default_rng(1).standard_normal(prof.heads).astype("float32" if prof.dtype == "bfloat16" else prof.dtype)
+    if prof.library == "torch":
+        import torch
+
+        return torch.from_numpy(sinks).to(getattr(torch, prof.dtype))
+    return sinks
+
+
 def measure(prof: Profile, names: list[str], run: Callable[[str, tuple, bool], Any]) -> dict[str, list[list[float]]]:
     """Time each backend of ``names`` on the profile's sizes (interleaved per size, pruned as they fall behind).
 
-    ``run(name, (q, k, v), causal)`` makes one call (the dispatcher passes its own).
+    ``run(name, (q, k, v), causal, sink_logits)`` makes one call (the dispatcher passes its own; the sink
+    logits are None but for a profile with sinks).
     """
     points: dict[str, list[list[float]]] = {name: [] for name in names}
     alive = list(names)
     ns = prof.sizes()
+    sinks = _sink_logits(prof)
     for n in ns:
         q, k, v = _inputs(prof, n)
         scores = prof.scores(n)
 
         def call(name: str) -> Callable[[], Any]:
             def go() -> None:
-                out = run(name, (q, k, v), prof.causal)
+                out = run(name, (q, k, v), prof.causal, sinks)
                 if prof.grad:
                     out.sum().backward()
             return go

@@ -78,8 +78,8 @@ def _listing(reasons: dict[str, list[str]]) -> str:
     return "".join(f"\n  {n}: {'; '.join(why) or 'can serve it'}" for n, why in reasons.items())
 
 
-def _run_for_calibration(name: str, qkv: tuple, causal: bool) -> Any:
-    call = prepare(*qkv, Options(causal=causal))
+def _run_for_calibration(name: str, qkv: tuple, causal: bool, sinks: Any = None) -> Any:
+    call = prepare(*qkv, Options(causal=causal, sink_logits=sinks))
     return BACKENDS[name].run(call)[0]
 
 

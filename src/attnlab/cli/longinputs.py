@@ -14,7 +14,7 @@ from attnlab.cli.common import console, err, json_option, model_option, out_file
 
 STAT_TITLES = {
     "prev": "previous", "self": "itself", "next": "next", "first": "first token", "distance": "mean distance",
-    "entropy": "entropy (nats)", "entropy_norm": "entropy / log n",
+    "entropy": "entropy (nats)", "entropy_norm": "entropy / log n", "sink_share": "sink share",
 }
 
 
@@ -52,13 +52,14 @@ def stats(
                   f"{layers} layers × {heads} heads{' (causal)' if found.causal else ''}", highlight=False)
     table = Table(title="mean over rows, per head (layer, head 1-based)")
     table.add_column("head")
-    for name in ROW_STATS:
+    names = ROW_STATS + (("sink_share",) if found.sink_share is not None else ())  # learned sinks: their share
+    for name in names:
         table.add_column(STAT_TITLES[name], justify="right")
     for l in range(layers):
         for h in range(heads):
             table.add_row(f"{l + 1}.{h + 1}", *(
                 f"{found.means[n][l, h]:.3f}" if n.startswith("entropy") or n == "distance"
-                else f"{100 * found.means[n][l, h]:.0f} %" for n in ROW_STATS))
+                else f"{100 * found.means[n][l, h]:.0f} %" for n in names))
     console.print(table)
     for i in range(len(found.tokens)):
         named = ", ".join(f"{tok!r} @{j} ({r:.1f})" for j, tok, r in found.top_received(i, top))

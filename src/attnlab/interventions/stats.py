@@ -9,6 +9,13 @@ same q and k then recomputes the exact weights, α_ij = exp(s_ij − LSE_i), and
     distance                  Σ_j α_ij |i − j|, mean over rows
     entropy                   −Σ_j α_ij log α_ij = LSE_i − Σ_j α_ij s_ij, nats, mean over rows
     entropy_norm              entropy / log(keys row i sees), mean over rows that see more than one key
+    sink_share                with learned sinks (gpt-oss): s_i = exp(sink − LSE_i), the rest of the row's 1
+                              (docs/design.md's sink share), mean over rows; None without sinks
+
+With learned sinks the LSE includes the sink's logit, so α are the weights the model uses (a row adds up to
+1 − s_i), and, as the sink share rule says, the sink is one more outcome of the entropy, −Σ_j α_ij log α_ij
+− s_i log s_i, normalised by log(keys row i sees + 1) over the rows that see at least one key; the other
+statistics take the weights as they are (the share is given to no key).
     received                  Σ_i α_ij: the attention each token receives, [L, H, T] per text
 
 Memory grows as L · H · T, never T². The pass is compiled beside the kernel
@@ -50,6 +57,11 @@ class HeadStats:
     causal: bool
 
     @property
+    def sink_share(self) -> np.ndarray | None:
+        """[L, H] each head's mean sink share over its rows (a model with learned sinks), else None."""
+        return self.means.get("sink_share")
+
+    @property
     def num_tokens(self) -> int:
         return sum(len(t) for t in self.tokens)
 
@@ -84,12 +96,9 @@ class _Accumulator:
 
     def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None,
                  softcap: float | None = None, sinks: Any = None) -> None:
-        if sinks is not None:  # the statistics' entropy and weights would need the sink as one more outcome
-            raise ValueError("head_stats does not serve models with learned sinks (gpt-oss) yet; take the long view "
-                             "(attnlab.capture_long), which keeps each row's sink share")
         stats = compiled_layer_stats if kernel.isa() is not None else layer_stats
         sums, counts, received = stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window,
-                                       softcap=softcap, block_rows=self.block_rows)
+                                       softcap=softcap, block_rows=self.block_rows, sinks=sinks)
         self.sums.append(sums)
         self.counts.append(counts)
         self.received.append(received)
@@ -154,35 +163,61 @@ def _block_keys(spans: tuple | None, t: int, i0: int, i1: int) -> tuple[int, int
     return int(np.where(live, lo, t).min()), int(np.where(live, hi, 0).max())
 
 
-def _counts(t: int, spans: tuple | None) -> dict[str, int]:
-    """The rows each statistic is a mean over: all, but prev and next (t − 1), entropy_norm (rows seeing > 1 key)."""
+def _counts(t: int, spans: tuple | None, sinks: bool = False) -> dict[str, int]:
+    """The rows each statistic is a mean over: all, but prev and next (t − 1), entropy_norm (rows with more
+    than one outcome: keys seen, and the sink); with sinks, the sink share's (all rows)."""
     counts = {name: t for name in ROW_STATS}
     counts["prev"] = counts["next"] = t - 1
-    counts["entropy_norm"] = int((_seen(t, spans) > 1).sum())
+    counts["entropy_norm"] = int((_seen(t, spans) + sinks > 1).sum())
+    if sinks:
+        counts["sink_share"] = t
     return counts
 
 
+def _sink_terms(lse: Any, sinks: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's sink share s = exp(sink − LSE) and entropy term −s ln s, (H, T) float64 each."""
+    import torch
+
+    x = torch.as_tensor(sinks).double().reshape(-1, 1) - torch.as_tensor(lse).double()  # (H, T) ln s
+    x = torch.where(torch.isfinite(x), x, torch.full_like(x, -math.inf))
+    share = x.exp()
+    return share.numpy(), torch.where(share > 0, -share * x, torch.zeros_like(x)).numpy()
+
+
 def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
-                         softcap: float | None = None, block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+                         softcap: float | None = None, block_rows: int | None = None,
+                         sinks: Any = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
     """:func:`layer_stats` by the compiled pass (:func:`attnlab.backends.kernel.stats`); ``block_rows``
     the query rows per tile (None: the kernel's)."""
     h, t, d = q.shape
     hkv = k.shape[0]
     sums, received = kernel.stats(q.reshape(hkv, h // hkv, t, d), k, lse.reshape(hkv, h // hkv, t), scale=scale,
                                   mask=visibility(causal, window), softcap=softcap,
-                                  block_size=None if block_rows is None else (block_rows, 512))
+                                  block_size=None if block_rows is None else (block_rows, 512),
+                                  sinks=None if sinks is None else _f32_heads(sinks, h).reshape(hkv, h // hkv))
     sums = sums.reshape(h, len(kernel.STATS))
-    return ({name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}, _counts(t, _spans(t, causal, window)),
-            received.reshape(h, t).astype(np.float32))
+    out = {name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}
+    if sinks is not None:
+        out["sink_share"] = _sink_terms(lse, sinks)[0].sum(-1)
+    return out, _counts(t, _spans(t, causal, window), sinks is not None), received.reshape(h, t).astype(np.float32)
+
+
+def _f32_heads(sinks: Any, h: int) -> np.ndarray:
+    """The sink logits as float32 (H,)."""
+    import torch
+
+    return torch.as_tensor(sinks).detach().float().cpu().reshape(h).numpy()
 
 
 def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None = None,
-                softcap: float | None = None, block_rows: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+                softcap: float | None = None, block_rows: int | None = None,
+                sinks: Any = None) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
     """One layer's row-statistic sums (name → (H,), float64), their row counts, and the attention
     each key receives (H, T), from q (H, T, D), k (H_kv, T, D) and the rows' LSE (H, T) (torch tensors).
 
     ``window`` (left, right) as attnlab.attention's band; with ``causal`` right is 0; ``softcap`` c: the
-    scores are c·tanh(s / c) (Gemma-2), as attention applies it.
+    scores are c·tanh(s / c) (Gemma-2), as attention applies it; ``sinks`` (H,) learned sink logits, which
+    the LSE includes (the module docstring says how the statistics count the sink).
     """
     import torch
 
@@ -195,6 +230,8 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
     rows_per = block_rows or _block_rows(h, t)
     sums = {name: torch.zeros(h, dtype=torch.float64) for name in ROW_STATS}
     received = torch.zeros(h, t, dtype=torch.float64)
+    if sinks is not None:
+        share, sink_ent = _sink_terms(lse, sinks)  # (H, T) each
     # Two buffers for the block's scores and weights, reused: a fresh block-sized allocation each time
     # would be mapped and faulted in page by page.
     size = h * min(rows_per, t) * t
@@ -223,13 +260,17 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
         received[:, j0:j1] += torch.matmul(torch.ones(h, 1, b), a)[:, 0]  # column sums as a product: one pass
         # Σ α |i − j| with positions counted from the block's first row, so local heads sum small numbers
         rel = (cols - i0).float()
-        if causal:  # every key at or before the row: |i − j| = i − j
-            dist = (rows - i0).float() - torch.matmul(a, rel)
+        if causal:  # every key at or before the row: |i − j| = i − j (Σ_j α = 1 − the sink share, with sinks)
+            here = (rows - i0).float() if sinks is None else (rows - i0).float() * a.sum(-1)
+            dist = here - torch.matmul(a, rel)
         else:
             dist = (a * (cols[None, :] - rows[:, None]).abs().float()).sum(-1)
         # −Σ α log α term by term (LSE − Σ α s would cancel badly for sharp rows); x is not needed after
         ent = -x.mul_(a).sum(-1)
         seen = seen_all[i0:i1]  # (b,): keys each row sees
+        if sinks is not None:  # the sink: one more outcome (its term −s ln s, one more in the count)
+            ent = ent + torch.from_numpy(sink_ent[:, i0:i1]).float()
+            seen = seen + 1
         many = seen > 1
         sums["entropy"] += ent.sum(-1, dtype=torch.float64)
         sums["entropy_norm"] += (ent[:, many] / torch.log(seen[many])).sum(-1, dtype=torch.float64)
@@ -240,7 +281,10 @@ def layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool, window:
             sums[name] += a[:, ok.nonzero()[:, 0], (j[ok] - j0)].sum(-1, dtype=torch.float64)
         if j0 == 0:
             sums["first"] += a[:, :, 0].sum(-1, dtype=torch.float64)
-    return {n: v.numpy() for n, v in sums.items()}, _counts(t, spans), received.float().numpy()
+    out = {n: v.numpy() for n, v in sums.items()}
+    if sinks is not None:
+        out["sink_share"] = share.sum(-1)
+    return out, _counts(t, spans, sinks is not None), received.float().numpy()
 
 
 def head_stats(
@@ -278,10 +322,11 @@ def head_stats(
     first = sum(len(env.shard_items(items, r, world)) for r in range(rank))
     part = env.on_every_rank(lambda: _head_stats(env.shard_items(items, rank, world), first, model, revision,
                                                  max_tokens, block_rows, progress), "head_stats", group)
-    totals = env.all_reduce_sum([part.totals[n] for n in ROW_STATS] + [[part.counts[n] for n in ROW_STATS]], group)
-    counts = dict(zip(ROW_STATS, totals.pop()))
+    names = list(part.totals)  # ROW_STATS, and sink_share with learned sinks (the same model on every rank)
+    totals = env.all_reduce_sum([part.totals[n] for n in names] + [[part.counts[n] for n in names]], group)
+    counts = dict(zip(names, totals.pop()))
     shares = env.all_gather_objects((part.stats.received, part.stats.tokens), group)
-    return replace(part.stats, means={n: s / max(counts[n], 1) for n, s in zip(ROW_STATS, totals)},
+    return replace(part.stats, means={n: s / max(counts[n], 1) for n, s in zip(names, totals)},
                    received=[r for rec, _ in shares for r in rec], tokens=[t for _, tok in shares for t in tok])
 
 
@@ -312,6 +357,7 @@ def _head_stats(items: list[str], first: int, model: Any, revision: str | None, 
     totals: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     received, tokens = [], []
+    names = ROW_STATS
     for n, text in enumerate(items):
         # verbose=False: the length is checked just below with attnlab's error, so transformers' own
         # "Token indices sequence length is longer than …" warning would only say it first
@@ -325,19 +371,20 @@ def _head_stats(items: list[str], first: int, model: Any, revision: str | None, 
             lm.model(input_ids=x, attention_mask=torch.ones_like(x))
         if len(acc.sums) != lm.num_layers:
             raise RuntimeError(f"model {lm.model_id!r} made {len(acc.sums)} attention calls for {lm.num_layers} layers")
-        for name in ROW_STATS:
-            layer = np.stack([s[name] for s in acc.sums])  # (L, H)
+        names = ROW_STATS + (("sink_share",) if any("sink_share" in s for s in acc.sums) else ())  # learned sinks
+        for name in names:
+            layer = np.stack([s.get(name, np.zeros(lm.num_heads)) for s in acc.sums])  # (L, H); no sinks: share 0
             totals[name] = totals.get(name, 0) + layer
-            counts[name] = counts.get(name, 0) + acc.counts[0][name]
+            counts[name] = counts.get(name, 0) + acc.counts[0].get(name, len(ids))
         received.append(np.stack(acc.received))  # (L, H, T)
         tokens.append(lm.tokenizer.convert_ids_to_tokens(ids))
         if progress is not None:
             progress(n + 1, len(items))
-    means = {name: totals.get(name, 0) / max(counts.get(name, 0), 1) for name in ROW_STATS}
+    means = {name: totals.get(name, 0) / max(counts.get(name, 0), 1) for name in names}
     found = HeadStats(means=means, received=received, tokens=tokens, model_id=lm.model_id, revision=lm.revision,
                       causal=_is_causal(lm))
-    return _Part(found, {n: np.asarray(totals.get(n, np.zeros((lm.num_layers, lm.num_heads)))) for n in ROW_STATS},
-                 {n: counts.get(n, 0) for n in ROW_STATS})
+    return _Part(found, {n: np.asarray(totals.get(n, np.zeros((lm.num_layers, lm.num_heads)))) for n in names},
+                 {n: counts.get(n, 0) for n in names})
 
 
 def _is_causal(lm: Any) -> bool:

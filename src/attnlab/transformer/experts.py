@@ -62,14 +62,17 @@ def run_each(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, exper
     flat, w, e = x.reshape(B * T, d), weights.reshape(-1), chosen.reshape(-1)  # (N, d), (N·k,), (N·k,)
     order = e.argsort(stable=True)  # (N·k,)
     counts = torch.bincount(e, minlength=experts).tolist()
-    out, start = torch.zeros_like(flat), 0  # (N, d)
+    parts, start = [], 0
     for expert_id, n in enumerate(counts):
         if n:
-            pairs = order[start:start + n]  # (n,) this expert's pairs
-            rows = pairs // k  # (n,) their tokens
-            out.index_add_(0, rows, expert(expert_id, flat[rows]) * w[pairs, None].to(flat.dtype))  # (n, d)
+            parts.append(expert(expert_id, flat[order[start:start + n] // k]))  # (n, d): this expert on its tokens
         start += n
-    return out.view(B, T, d)
+    # back to (token, choice) order by the inverse permutation (a gather: torch's index_add_ on the CPU took
+    # milliseconds even for the one row of a decoding step), weighed, and each token's k outputs summed
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    out = torch.cat(parts)[back] * w[:, None].to(flat.dtype)  # (N·k, d)
+    return out.view(B, T, k, d).sum(2)
 
 
 def check_chosen(chosen: torch.Tensor, experts: int, at: str) -> None:

@@ -167,7 +167,7 @@ STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")
 
 
 def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, softcap: float | None = None,
-          block_size: Any = None, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+          block_size: Any = None, threads: int | None = None, sinks: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """Statistics of self-attention's weights, compiled: ``(sums, received)``, float64.
 
     q (B, G, T, D), k (B, T, D) and the rows' LSE (B, G, T) as :func:`forward` gave it; ``mask`` which keys
@@ -176,6 +176,9 @@ def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, s
     softcap(scale q·k), are recomputed from the forward's own scores and, in the cache, summed into ``sums`` (B, G, 7): per head, over its rows, each of :data:`STATS` (the
     weight on key i − 1, i, i + 1 and 0; Σ_j w |i − j|; the entropy −Σ_j w ln w in nats; that entropy over
     ln(keys the row sees), for rows that see more than one), and ``received`` (B, G, T), the column sums.
+    ``sinks`` (B, G) learned sink logits, which the LSE includes: the sink is one more outcome of a row's
+    entropy, −s ln s with its share s = exp(sink − LSE), and of the count the entropy is normalised by
+    (ln(keys seen + 1), rows that see at least one key), as docs/design.md's sink share rule says.
     No T × T buffer; the same bits for any ``threads``. Raises ValueError where the kernel was not built.
     """
     if _tiles is None:
@@ -184,7 +187,7 @@ def stats(q: Any, k: Any, lse: Any, *, scale: float, mask: Mask | None = None, s
     block_q, block_k = BLOCK if block_size is None else block_sizes(1, t, block_size)
     q, k, lse = _buffers(q, k, lse)
     sums, received = np.empty((b, g, len(STATS))), np.empty((b, g, t))
-    kw = vis_args(describe(mask, t, t, (b, g)), None)
+    kw = vis_args(describe(mask, t, t, (b, g)), None if sinks is None else np.broadcast_to(_f32(sinks), (b, g)))
     if softcap is not None:
         kw["softcap"] = softcap
     _tiles.stats(q, k, lse, sums, received, scale, block_q, block_k, threads or 0, **kw)

@@ -217,11 +217,13 @@ static PyMethodDef methods[] = {
      "positive weights ends with its first keys of weight 0). Visibility as forward's. The same checks as forward;\n"
      "the same bits for any threads."},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_VARARGS | METH_KEYWORDS,
-     "stats(q, k, lse, sums, received, scale, block_q, block_k, threads, *, spans=None, heads=1, softcap=0.0)\n\n"
+     "stats(q, k, lse, sums, received, scale, block_q, block_k, threads, *, spans=None, heads=1, softcap=0.0,\n"
+     "sinks=None)\n\n"
      "Statistics of self-attention's weights exp(scale q.k - lse), recomputed tile by tile: float32 q (B, G, T, D),\n"
      "k (B, T, D) and forward's lse (B, G, T); into float64 sums (B, G, 7) (per head, summed over rows: the\n"
      "weight on key i - 1, i, i + 1 and 0, sum_j w |i - j|, the entropy -sum_j w ln w and the entropy over\n"
-     "ln(keys seen) where more than one) and received (B, G, T) (column sums). spans and softcap as forward's.\n"
+     "ln(keys seen) where more than one) and received (B, G, T) (column sums). spans and softcap as forward's;\n"
+     "sinks (B|1, G|1) float32 learned sink logits (lse includes them): the sink one more outcome of the entropy.\n"
      "The same checks as forward; the same bits for any threads."},
     {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
     {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},

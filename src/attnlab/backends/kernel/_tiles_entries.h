@@ -106,7 +106,7 @@ done:
 
 static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "lse", "sums", "received", "scale", "block_q", "block_k", "threads", "spans",
-                             "heads", "softcap", NULL};
+                             "heads", "softcap", "sinks", NULL};
     PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None};
     Py_buffer view[9] = {{0}};
     struct sproblem pr = {0};
@@ -119,8 +119,8 @@ static PyObject *stats(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwar
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
     dim['S'] = NSTATS;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OLd:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
-                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &heads, &softcap))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOfLLi|$OLdO:stats", kwlist, &obj[0], &obj[1], &obj[2], &obj[3],
+                                     &obj[4], &pr.scale, &bq, &bk, &threads, &vobj[0], &heads, &softcap, &vobj[3]))
         return NULL;
     static const char *names[] = {"q", "k", "lse", "sums", "received"};
     static const char *dims[] = {"BGTD", "BTD", "BGT", "BGS", "BGT"};

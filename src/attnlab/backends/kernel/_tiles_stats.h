@@ -4,7 +4,8 @@
  * recomputed from the very scores the forward summed (q times scale log2 e, LSE in base 2 as
  * hi + lo, as the backward does). From each tile, while it is in the L2 cache, one pass adds
  * every row's weight-weighted distance and entropy terms, its weights on keys i - 1, i, i + 1 and
- * 0, and every key's column sum (the attention it receives). A head is one work item, its query
+ * 0, and every key's column sum (the attention it receives). With learned sinks (the LSE holds them) the
+ * sink is one more outcome of the entropy, share exp(sink - LSE), and of the count it is normalised by. A head is one work item, its query
  * blocks in order: its sums and column sums are written by one thread in one order, so the result
  * is the same for any thread count. Memory: the outputs (per head NSTATS sums and T column sums)
  * and one tile per thread. */
@@ -57,6 +58,7 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
     const int64_t d = pr->d, t = pr->t, bq = pr->bq, bk = pr->bk, bqp = pr->bqp, b = bg / pr->g;
     const float mul = pr->scale * 1.4426950408889634f; /* the forward's factor, rounded the same way */
     const float *kp = pr->kp + b * pr->tkp * d;
+    const float sink2 = vis_sink(pr->vis, bg); /* the head's learned sink logit, base 2 (-inf: none) */
     double *restrict sums = pr->sums + bg * NSTATS, *restrict recv = pr->received + bg * t;
     float *restrict q = sc->q, *restrict s = sc->s, *restrict col = sc->col;
     for (int i = 0; i < NSTATS; i++) sums[i] = 0.0;
@@ -115,10 +117,15 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
             int64_t iv[4]; /* the keys row i sees: how many */
             vis_row(pr->vis, bg, pos, iv);
             const int64_t seen = (iv[1] > iv[0] ? iv[1] - iv[0] : 0) + (iv[3] > iv[2] ? iv[3] - iv[2] : 0);
-            const double entropy = -acc[1] * 0.69314718055994531; /* -sum w log w, log w = x ln 2 */
+            double entropy = -acc[1] * 0.69314718055994531; /* -sum w log w, log w = x ln 2 */
+            int64_t outcomes = seen;
+            if (sink2 != -INFINITY && sc->lse2[r] != -INFINITY) { /* the sink: one more outcome, share 2^x */
+                const double x = ((double)sink2 - sc->lse2[r]) - sc->lse2lo[r];
+                entropy -= exp2(x) * x * 0.69314718055994531, outcomes += 1;
+            }
             sums[0] += acc[2], sums[1] += acc[3], sums[2] += acc[4], sums[3] += acc[5];
             sums[4] += acc[0], sums[5] += entropy;
-            if (seen > 1) sums[6] += entropy / log((double)seen);
+            if (outcomes > 1) sums[6] += entropy / log((double)outcomes);
         }
     }
 }
