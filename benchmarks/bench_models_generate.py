@@ -33,6 +33,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench_decoder import Arrivals  # transformers' streamer: each new token's arrival
 from bench_models import GPT_OSS, MLA, models
 
 GPT_OSS_LAYERS = 8
@@ -42,22 +43,6 @@ EAGER_COPIES = 4  # score-sized tensors transformers' eager attention holds at o
 def eager_bytes(T: int) -> int:
     """Bytes of transformers' eager attention scores for one gpt-oss layer's prefill of T tokens."""
     return EAGER_COPIES * GPT_OSS["num_attention_heads"] * T * (T + 1) * 4
-
-
-class Arrivals:
-    """transformers' streamer: the first put() is the prompt, each later one a new token."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.prompt_seen = False
-
-    def put(self, value) -> None:  # noqa: ANN001
-        if self.prompt_seen:
-            self.times.append(time.perf_counter())
-        self.prompt_seen = True
-
-    def end(self) -> None:
-        pass
 
 
 def runners(hf, ours, ids, new: int) -> dict:  # noqa: ANN001
