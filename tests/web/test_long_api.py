@@ -101,3 +101,27 @@ def test_text_past_the_positions_and_past_the_characters(long_client, llama):
     res = long_client.post("/api/maps", json={"sentences": ["x" * 4001]})
     assert res.status_code == 422 and "goes to the long view" in res.json()["detail"][0]["msg"]
     assert long_client.get("/api/info").json()["long_max_chars"] == 262_144
+
+
+def test_a_long_view_outlives_the_payloads_made_from_it(llama, monkeypatch):
+    """A long text's queries and keys can outweigh the whole maps cache (0.7 GB at 32,768 tokens of 64 heads):
+    kept apart, the payloads computed from them never push them out (each overview captured its text again), and
+    the long views themselves are bounded by the bytes given, the newest kept."""
+    import attnlab.hf.capture_long as capture_long_module
+    from attnlab.web.work import MapsCache
+
+    calls = []
+    real = capture_long_module.capture_long
+    monkeypatch.setattr(capture_long_module, "capture_long", lambda text, *a, **k: calls.append(text) or real(text, *a, **k))
+    cache = MapsCache(llama, None, max_mb=1e-6)  # smaller than any long view and any payload
+    first = cache.get_long(TEXT, 2**30)
+    for head in range(3):
+        cache.computed(("long-overview", TEXT, 0, head), lambda: b"x" * 1000)
+        assert cache.get_long(TEXT, 2**30) is first
+    assert calls == [TEXT]
+    other = TEXT.replace("cat", "fox")
+    room = int(1.5 * first.nbytes)  # room for one of the two texts, not both: the older goes
+    cache.get_long(other, room)
+    assert list(cache.long) == [other]
+    cache.get_long(other, room)
+    assert calls == [TEXT, other]

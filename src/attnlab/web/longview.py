@@ -25,7 +25,7 @@ from attnlab.maps.long import LongMaps, size_text
 LONG_MAX_CHARS = 262_144  # per text of the long view: room for 32,768 tokens at up to 8 characters each
 MAX_TILE = 512  # side of the largest tile served at full resolution (262,144 weights)
 MAX_TOP = 100  # a row's top keys, at most
-SERVER_LONG_BYTES = 4 * 2**30  # one text's queries and keys the server may hold (32,768 tokens of 8 × 8 heads of 64: 0.7 GB)
+SERVER_LONG_BYTES = 4 * 2**30  # the long views' queries and keys the server holds, one text or several (32,768 tokens of 8 × 8 heads of 64: 0.7 GB)
 
 
 def floats(x: np.ndarray) -> str:

@@ -46,6 +46,7 @@ class MapsCache:
         self.lock = threading.RLock()
         self.entries: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()  # key -> (value, bytes)
         self.total = 0
+        self.long: OrderedDict[str, Any] = OrderedDict()  # text -> its long view (LongMaps), apart: see get_long
         self._loaded: Any = None
 
     @property
@@ -110,15 +111,20 @@ class MapsCache:
 
     def get_long(self, text: str, max_bytes: int) -> Any:
         """The long view of one text (:func:`attnlab.hf.capture_long.capture_long`: queries, keys and row
-        LSEs, refused past ``max_bytes``), captured once and kept like the maps."""
+        LSEs, refused past ``max_bytes``), captured once. Long views are kept apart from the maps and payloads,
+        at most ``max_bytes`` of them in all, least recently used out first (the newest always kept): 32,768
+        tokens of a 64-head model hold 0.7 GB, more than the whole maps cache, so in it each overview's
+        payload pushed its own text out and the next request captured it again (80 s instead of 20 ms)."""
         from attnlab.hf.capture_long import capture_long
 
-        key = ("long", text)
         with self.lock:
-            found = self._lookup(key)
+            found = self.long.get(text)
             if found is None:
                 found = capture_long(text, self.loaded(), max_bytes=max_bytes)
-                self.put(key, found)
+                self.long[text] = found
+                while sum(nbytes(v) for v in self.long.values()) > max_bytes and len(self.long) > 1:
+                    self.long.popitem(last=False)
+            self.long.move_to_end(text)
             return found
 
     def computed(self, key: tuple, make: Callable[[], bytes]) -> bytes:
