@@ -42,6 +42,18 @@ static inline TARGET VF F(select)(VI mask, VF a, VF b) { /* mask ? a : b, lane b
     return a;
 }
 
+/* 2^f for f in [-1/2, 1/2]: the degree-6 polynomial both exps below share (relative error about 1e-7). */
+static inline TARGET __attribute__((always_inline)) VF F(exp2frac)(VF f) {
+    VF p = (VF){} + 1.5353362e-4f;
+    p = p * f + 1.3398874e-3f;
+    p = p * f + 9.6180149e-3f;
+    p = p * f + 5.5503406e-2f;
+    p = p * f + 2.4022652e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    return p;
+}
+
 /* 2^x, for x <= 0 (a score minus its row's maximum): exactly 0 below -126, for -inf and NaN
  * (an overflowed score); x above 64 is taken as 64 (it cannot occur; the cap keeps n's
  * conversion to int32 defined). x = n + f, n = round(x), f in [-1/2, 1/2]; 2^f from a degree-6
@@ -53,13 +65,7 @@ static inline TARGET __attribute__((always_inline)) VF F(exp2v)(VF x) {
     x = F(select)(x > 64.0f, (VF){} + 64.0f, x);
     const VF n = (x + 12582912.0f) - 12582912.0f; /* round to nearest: adding 1.5 * 2^23 drops the fraction */
     const VF f = x - n;
-    VF p = (VF){} + 1.5353362e-4f;
-    p = p * f + 1.3398874e-3f;
-    p = p * f + 9.6180149e-3f;
-    p = p * f + 5.5503406e-2f;
-    p = p * f + 2.4022652e-1f;
-    p = p * f + 6.9314718e-1f;
-    p = p * f + 1.0f;
+    VF p = F(exp2frac)(f);
     VU bits;
     __builtin_memcpy(&bits, &p, sizeof bits);
     bits += (VU)__builtin_convertvector(n, VI) << 23;
@@ -75,13 +81,7 @@ static inline TARGET VF F(exp2n)(VF x) {
     const VI live = (VI)(x >= -126.0f); /* NaN compares false: dead */
     x = F(select)(live, x, (VF){} - 126.0f);
     const VF t = x + 12582912.0f, n = t - 12582912.0f, f = x - n;
-    VF p = (VF){} + 1.5353362e-4f;
-    p = p * f + 1.3398874e-3f;
-    p = p * f + 9.6180149e-3f;
-    p = p * f + 5.5503406e-2f;
-    p = p * f + 2.4022652e-1f;
-    p = p * f + 6.9314718e-1f;
-    p = p * f + 1.0f;
+    VF p = F(exp2frac)(f);
     VU bits, tb;
     __builtin_memcpy(&bits, &p, sizeof bits);
     __builtin_memcpy(&tb, &t, sizeof tb);
