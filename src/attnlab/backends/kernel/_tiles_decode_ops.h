@@ -105,10 +105,6 @@ static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, f
 #elif VW == 8
 #define LO4 0, 1, 2, 3, 8, 9, 10, 11
 #define HI4 4, 5, 6, 7, 12, 13, 14, 15
-#define LO2 0, 1, 4, 5, 8, 9, 12, 13
-#define HI2 2, 3, 6, 7, 10, 11, 14, 15
-#define LO1 0, 2, 4, 6, 8, 10, 12, 14
-#define HI1 1, 3, 5, 7, 9, 11, 13, 15
 #else
 #define LO2 0, 1, 4, 5
 #define HI2 2, 3, 6, 7
@@ -117,14 +113,29 @@ static TARGET void F(stage)(const void *src, int type, int64_t n, int64_t len, f
 #endif
 
 static inline TARGET __attribute__((always_inline)) VF F(fold)(VF *c) {
+#if VW == 8
+    /* AVX2: the same sums with shuffles that stay within 128-bit lanes (unpck, shufps; one 1-cycle instruction each)
+     * until the last level, where the order-keeping patterns above took lane-crossing permutes and blends
+     * (vpermd: two or three instructions per shuffle): pairs of lanes (0, 2) (1, 3), then (0, 1), then the halves. */
+#define UL 0, 8, 1, 9, 4, 12, 5, 13
+#define UH 2, 10, 3, 11, 6, 14, 7, 15
+#define S44 0, 1, 8, 9, 4, 5, 12, 13
+#define SEE 2, 3, 10, 11, 6, 7, 14, 15
+    for (int m = 0; m < 4; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], UL, UH);
+    for (int m = 0; m < 2; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], S44, SEE);
+#undef UL
+#undef UH
+#undef S44
+#undef SEE
+    return COMB(c[0], c[1], LO4, HI4);
+#else
 #if VW == 16
     for (int m = 0; m < 8; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO8, HI8);
-#endif
-#if VW >= 8
     for (int m = 0; m < 4; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO4, HI4);
 #endif
     for (int m = 0; m < 2; m++) c[m] = COMB(c[2 * m], c[2 * m + 1], LO2, HI2);
     return COMB(c[0], c[1], LO1, HI1);
+#endif
 }
 
 /* The largest lane of x (no NaN in it), by halving. */
