@@ -108,11 +108,28 @@ def lr_at(step: int, steps: int, lr: float) -> float:
     return lr * (0.1 + 0.9 * scale)
 
 
+def repeated(window, gen, spans: int = 1, shortest: int = 16, longest: int = 256):
+    """``window`` with ``spans`` stretches of it written again further on: each a span of ``shortest``–``longest``
+    tokens copied over a later place at any distance the window allows (all drawn from ``gen``). Source code repeats
+    itself this way (a name, a call, a line pasted again) but rarely enough that a small model learns to read
+    only its last few hundred tokens; a window with a certain repeat rewards looking back to any distance."""
+    import torch
+
+    n, out = len(window), window.clone()
+    for _ in range(spans):
+        span = int(torch.randint(shortest, longest + 1, (1,), generator=gen))
+        src = int(torch.randint(0, n - 2 * span, (1,), generator=gen))
+        dst = int(torch.randint(src + span, n - span + 1, (1,), generator=gen))
+        out[dst:dst + span] = out[src:src + span].clone()
+    return out
+
+
 def fit(model, stream, *, steps: int, batch: int, context: int, lr: float, seed: int, log=print,
         until: int | None = None, minutes: float | None = None, every: int = 100, checkpoint=None,
-        checkpoint_s: float | None = None) -> dict:
+        checkpoint_s: float | None = None, repeat: float = 0.0, spans: int = 1) -> dict:
     """AdamW on windows of ``context`` tokens drawn at random (one seeded generator) from ``stream``, the
-    learning rate scheduled to ``steps``. It stops after ``until`` steps (default ``steps``) or when
+    learning rate scheduled to ``steps``; a share ``repeat`` of the windows carries ``spans`` stretches twice
+    (:func:`repeated`). It stops after ``until`` steps (default ``steps``) or when
     ``minutes`` of wall time have passed, whichever is first; ``checkpoint(step)`` runs every
     ``checkpoint_s`` seconds. Returns what ran: {"steps": done, "seconds": wall time}."""
     import torch
@@ -128,8 +145,11 @@ def fit(model, stream, *, steps: int, batch: int, context: int, lr: float, seed:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr)
         at = torch.randint(0, len(stream) - context - 1, (batch,), generator=gen)  # (batch,)
-        x = torch.stack([stream[i:i + context] for i in at.tolist()])  # (batch, context)
-        y = torch.stack([stream[i + 1:i + context + 1] for i in at.tolist()])
+        seqs = [stream[i:i + context + 1] for i in at.tolist()]  # (context + 1,) each: inputs and targets
+        if repeat > 0:
+            draws = torch.rand(batch, generator=gen).tolist()
+            seqs = [repeated(s, gen, spans) if u < repeat else s for s, u in zip(seqs, draws)]
+        x, y = torch.stack([s[:-1] for s in seqs]), torch.stack([s[1:] for s in seqs])  # (batch, context)
         loss = loss_of(model, x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -161,12 +161,13 @@ def run(args, log=print) -> None:
     params = sum(p.numel() for p in model.parameters())
     log(f"size {args.size}: {params / 1e6:.2f} M parameters, {args.threads} thread(s), backend {args.backend}")
     report = {**facts, "size": args.size, "parameters": params, "seed": args.seed, "schedule_steps": args.steps,
-              "batch": args.batch, "context": CONTEXT, "lr": args.lr, "threads": args.threads,
+              "batch": args.batch, "repeat": args.repeat, "spans": args.spans, "context": CONTEXT, "lr": args.lr, "threads": args.threads,
               "backend": args.backend, "cpu": cpu(), "torch": torch.__version__}
     earlier = before["tokens_seen"] if before else 0
     if before:  # a second phase: what the first ran, and its command's numbers
         report["continued_from"] = {k: before[k] for k in ("seed", "schedule_steps", "steps", "lr", "tokens_seen",
-                                                           "train_seconds", "threads", "held_out_nats_by_position", "continued_from")
+                                                           "train_seconds", "threads", "repeat", "spans", "held_out_nats_by_position",
+                                                           "continued_from")
                                      if k in before}
 
     def checkpoint(done: int) -> None:
@@ -176,7 +177,7 @@ def run(args, log=print) -> None:
 
     ran = shared.fit(model, train_ids, steps=args.steps, batch=args.batch, context=CONTEXT, lr=args.lr,
                      seed=args.seed, log=log, until=args.until, minutes=args.minutes, every=10,
-                     checkpoint=checkpoint, checkpoint_s=60 * args.checkpoint_minutes)
+                     checkpoint=checkpoint, checkpoint_s=60 * args.checkpoint_minutes, repeat=args.repeat, spans=args.spans)
     model.eval()
     report.update(steps=ran["steps"], tokens_seen=earlier + ran["steps"] * args.batch * CONTEXT, train_seconds=ran["seconds"],
                   tokens_per_second=round(ran["steps"] * args.batch * CONTEXT / max(ran["seconds"], 1e-9), 1))
@@ -231,6 +232,9 @@ def main() -> None:
     ap.add_argument("--checkpoint-minutes", type=float, default=5.0)
     ap.add_argument("--batch", type=int, default=2, help="windows of 2,048 tokens per step")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--repeat", type=float, default=0.0, help="the share of windows in which one stretch of 16-256 "
+                    "tokens is written again further on (decoder_training.repeated): rewards reading far back")
+    ap.add_argument("--spans", type=int, default=1, help="stretches written again in each such window")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backend", default="sdpa", help="attnlab attention backend for training (sdpa: torch's fused CPU "
                     "kernel, ~4x the torch backend's speed at 2,048 tokens in the pilot)")
@@ -240,9 +244,11 @@ def main() -> None:
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out figures (a pilot)")
     ap.add_argument("--evaluate", type=Path, default=None, help="only add the held-out figures to this saved folder")
     args = ap.parse_args()
-    for name in ("steps", "batch", "threads"):
+    for name in ("steps", "batch", "threads", "spans"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.repeat <= 1:
+        ap.error(f"--repeat is a share of windows, from 0 to 1, got {args.repeat}")
     log = lambda line: print(line, flush=True)
     if args.evaluate is not None:
         evaluate(args.evaluate, args.threads, log)

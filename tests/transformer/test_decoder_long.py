@@ -140,3 +140,18 @@ def test_its_cached_decoding_past_128_tokens_is_its_full_forward(long_decoder):
     with torch.no_grad():
         full = long_decoder.run_with_hooks(seq[:, :-1])  # (1, prompt + 3, V)
     torch.testing.assert_close(out.logits[0], full[0, prompt - 1:], atol=1e-4, rtol=0)
+
+
+def test_a_repeated_window_carries_each_stretch_again_further_on_and_nothing_else_changes(script):
+    import torch
+
+    shared = sys.modules["decoder_training"]  # imported by the training script
+    window = torch.arange(1000, 3049)  # distinct ids: where each token came from can be read off
+    out = shared.repeated(window, torch.Generator().manual_seed(0), spans=1)
+    changed = (out != window).nonzero().flatten()
+    assert 16 <= len(changed) <= 256 and int(changed[-1] - changed[0]) + 1 == len(changed)  # one contiguous stretch
+    src = int(out[changed[0]] - 1000)
+    assert src + len(changed) <= int(changed[0])  # copied from before it, whole
+    assert torch.equal(out[changed], window[src:src + len(changed)])
+    again = shared.repeated(window, torch.Generator().manual_seed(0), spans=1)
+    assert torch.equal(out, again) and out.shape == window.shape  # seeded: the same window each time
