@@ -28,7 +28,7 @@ def lean_calls(monkeypatch):
     calls = [0]
     run = step.LeanStep.__call__
 
-    def counted(self, ids):  # noqa: ANN001, ANN202
+    def counted(self, ids):
         calls[0] += 1
         return run(self, ids)
 

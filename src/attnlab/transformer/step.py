@@ -42,6 +42,7 @@ from attnlab.backends.request import CHEAP_BOUND_OK, checked_bound, prepare_read
 from attnlab.reference.validate import check_scale
 from attnlab.transformer import linear as linear_mod
 from attnlab.transformer.attend import Pass, _call_kwargs, attend
+from attnlab.transformer.cache import _finite_norm
 from attnlab.transformer.evict_cache import POLICIES
 from attnlab.transformer.hooks import Hooks
 from attnlab.transformer.layer_cache import Step
@@ -72,11 +73,59 @@ class _Product:
         self.rows, (self.out_features, self.in_features) = batch, w.shape
         self.out = torch.empty(batch, self.out_features)
         self.out_np = self.out.numpy()
+        self.into = torch.empty(batch, self.in_features)  # an input buffer, for a caller that writes its x there
+        self.into_np = self.into.numpy()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        linear_mod._matvec.linear(self.w_np, x.contiguous().numpy(), self.b_np, self.out_np, self.rows,
-                                  self.out_features, self.in_features)
+    def __call__(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        """The product of ``x``, or of :attr:`into` as the caller left it."""
+        x_np = self.into_np if x is None else x.contiguous().numpy()
+        linear_mod._matvec.linear(self.w_np, x_np, self.b_np, self.out_np, self.rows, self.out_features,
+                                  self.in_features)
         return self.out
+
+
+class _Layer:
+    """One block's step: its weights stacked (:class:`_Product`), its norms' functions and the views of the
+    products' buffers, all made once."""
+
+    def __init__(self, index: int, block: nn.Module, c: Any, batch: int, cache: Any):
+        a, f, B, H, Hkv, Dh = block.attn, block.ffn, batch, c.num_heads, c.heads_kv, c.head_dim
+        self.index, self.cache, self.H = index, cache, H
+        self.norm1, self.norm2 = _norm(block.norm1), _norm(block.norm2)
+        self.qkv, self.out = _Product([a.q, a.k, a.v], B), _Product([a.o], B)
+        y = self.qkv.out  # (B, (H + 2 Hkv) Dh): the query heads, the key heads, then the value heads
+        self.qk, self.v = y[:, : (H + Hkv) * Dh].view(B, H + Hkv, 1, Dh), y[:, (H + Hkv) * Dh:].view(B, Hkv, 1, Dh)
+        self.qk_norm = None if a.q_norm is None else (a.q_norm, a.k_norm)
+        self.sinks, self.act = a.sinks, f.act
+        self.up = _Product([f.gate, f.up], B) if f.gate is not None else _Product([f.up], B)
+        self.down = _Product([f.down], B)
+        g, width = self.up.out, self.down.in_features
+        self.gate_up = (g[:, :width], g[:, width:]) if f.gate is not None else None  # act(gate x) ⊙ up x
+
+    def __call__(self, x: torch.Tensor, step: Step, rope: Any, attend_read: Any) -> torch.Tensor:
+        """x (B, d) → x (B, d) after the block, its keys and values written."""
+        self.qkv(self.norm1(x))
+        qk, H = self.qk, self.H
+        if self.qk_norm is not None:
+            qk = torch.cat((self.qk_norm[0](qk[:, :H]), self.qk_norm[1](qk[:, H:])), dim=1)
+        if rope is not None:  # elementwise: q and k turned in one pass are turned as each alone
+            qk = rotate(qk, rope)
+        q, k = qk[:, :H], qk[:, H:]
+        z = attend_read(self, q, self._write(step, k, q.dtype))  # (B, H, 1, Dh)
+        x = x + self.out(z.reshape(z.shape[0], -1))
+        g = self.up(self.norm2(x))
+        if self.gate_up is None:
+            return x + self.down(self.act(g))
+        torch.mul(self.act(self.gate_up[0]), self.gate_up[1], out=self.down.into)
+        return x + self.down()
+
+    def _write(self, step: Step, k: torch.Tensor, dtype: torch.dtype) -> Any:
+        """The new keys and values into the cache, checked as :meth:`KVCache.update` checks them; what the step reads."""
+        lc, v = self.cache.layers[self.index], self.v
+        if lc.k.dtype != dtype:  # a narrower or quantized cache: its update casts (or quantizes) and checks
+            return self.cache.update(self.index, step, k, v, dtype)
+        lc.k_norm = max(lc.k_norm, _finite_norm(k, v, self.index))  # the model's own tensors: their shapes hold
+        return lc.update(step, k, v, dtype)
 
 
 def _fits(model: Any, kv: Any, hooks: Hooks, maps: bool) -> bool:
@@ -105,13 +154,8 @@ class LeanStep:
         self.ones = torch.ones(B, dtype=torch.long, device=kv.lengths.device)
         self.scale, self.gqa = check_scale(c.attn_scale, c.head_dim), c.num_heads > c.heads_kv
         self.chosen: dict[tuple, str] = {}  # (layer, length bucket) → the backend auto chose for a plain read
-        self.layers = []
-        for i, block in enumerate(model.blocks):
-            a, f = block.attn, block.ffn
-            ffn = [_Product([f.gate, f.up], B) if f.gate is not None else _Product([f.up], B), _Product([f.down], B)]
-            self.layers.append((i, _norm(block.norm1), _Product([a.q, a.k, a.v], B),
-                                None if a.q_norm is None else (a.q_norm, a.k_norm), a.sinks,
-                                _Product([a.o], B), _norm(block.norm2), ffn, f.act, f.gate is not None))
+        self.layers = [_Layer(i, block, c, B, kv) for i, block in enumerate(model.blocks)]
+        self.known: dict = {}  # what each step's Step would compute from the lengths: even, and the longest
         self.final = _norm(model.final_norm)
         head = model.tok_emb.weight if model.lm_head is None else model.lm_head.weight
         self.head = head.detach()
@@ -127,8 +171,7 @@ class LeanStep:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         c, kv, m = self.c, self.kv, self.model
-        B, H, Hkv, Dh = kv.batch, c.num_heads, c.heads_kv, c.head_dim
-        step = Step(kv.lengths.clone(), self.ones, 1, True)  # what kv.begin says of one new token per sequence
+        step = self._step()
         x = m.tok_emb.weight[ids[:, 0]]  # (B, d)
         if c.embed_scale:
             x = x * torch.tensor(c.d_model ** 0.5, dtype=x.dtype)
@@ -137,33 +180,32 @@ class LeanStep:
             rope = (self.cos[step.start][:, None, None], self.sin[step.start][:, None, None])  # (B, 1, 1, Dh) each
         else:
             x = x + m.pos_emb.weight[step.start]
-        for layer, norm1, qkv, qk_norm, sinks, out, norm2, (up, down), act, gated in self.layers:
-            y = qkv(norm1(x))  # (B, (H + 2 Hkv) Dh)
-            qk = y[:, : (H + Hkv) * Dh].view(B, H + Hkv, 1, Dh)  # the query heads, then the key heads
-            v = y[:, (H + Hkv) * Dh:].view(B, Hkv, 1, Dh)
-            if qk_norm is not None:
-                qk = torch.cat((qk_norm[0](qk[:, :H]), qk_norm[1](qk[:, H:])), dim=1)
-            if rope is not None:  # elementwise: q and k turned in one pass are turned as each alone
-                qk = rotate(qk, rope)
-            q, k = qk[:, :H], qk[:, H:]
-            z = self._attend(layer, q, kv.update(layer, step, k, v, q.dtype), sinks)  # (B, H, 1, Dh)
-            x = x + out(z.reshape(B, H * Dh))
-            g = up(norm2(x))
-            f = g.shape[1] // 2
-            h = act(g[:, :f]) * g[:, f:] if gated else act(g)
-            x = x + down(h)
+        for layer in self.layers:
+            x = layer(x, step, rope, self._attend)
         kv.commit(step)
         x = self.final(x)
-        logits = torch.empty(B, self.head.shape[0])
-        linear_mod._matvec.linear(self.head_np, x.contiguous().numpy(), None, logits.numpy(), B, *self.head.shape)
+        logits = torch.empty(kv.batch, self.head.shape[0])
+        linear_mod._matvec.linear(self.head_np, x.contiguous().numpy(), None, logits.numpy(), kv.batch, *self.head.shape)
         return logits if c.final_softcap is None else c.final_softcap * torch.tanh(logits / c.final_softcap)
 
-    def _attend(self, layer: int, q: torch.Tensor, read: Any, sinks: Any) -> torch.Tensor:
+    def _step(self) -> Step:
+        """What ``kv.begin`` says of one new token per sequence; whether the sequences start alike (they stay so
+        while each gets one token a step) and the longest, known without reading the lengths again."""
+        kv, known = self.kv, self.known
+        step = Step(kv.lengths.clone(), self.ones, 1, True)
+        if not known:
+            known.update(even=step.even, longest=step.longest)
+        else:
+            known["longest"] += 1
+            vars(step).update(known)  # Step's cached properties, set as they would compute
+        return step
+
+    def _attend(self, layer: _Layer, q: torch.Tensor, read: Any) -> torch.Tensor:
         """The layer's attention over the cache's read, z (B, H, 1, Dh): as :func:`attend` computes it. A plain read
         (every key seen, keys as checked, no sinks) asks auto once per length bucket, as attention() would
         (:func:`dispatch.choose`); where that is SDPA, the rest of the bucket calls it directly, while the score
         bound (q's norm times the cache's largest key length) is below what any backend refuses."""
-        kw = read.kwargs()
+        kw, sinks = read.kwargs(), layer.sinks
         if sinks is not None:
             kw["sink_logits"] = sinks
         plain = (read.mask is None and read.lengths is None and sinks is None and read.k_norm is not None
@@ -171,7 +213,7 @@ class LeanStep:
                  and self.pass_.backend != "numpy")
         if not plain:
             return attend(q, read.k, read.v, self.pass_, kw)[0]
-        key = (layer, bucket(read.k.shape[2]))
+        key = (layer.index, bucket(read.k.shape[2]))
         if self.chosen.get(key) == "sdpa" and checked_bound(q, None, self.scale, read.k_norm) <= CHEAP_BOUND_OK:
             return F.scaled_dot_product_attention(q, read.k, read.v, scale=self.scale, enable_gqa=self.gqa)
         call = prepare_read(q, read.k, read.v, Options.of(_call_kwargs(self.pass_, kw)))  # attention_read's steps
