@@ -246,6 +246,7 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
     done = torch.zeros(B, dtype=torch.bool, device=device)
     lengths = torch.zeros(B, dtype=torch.long, device=device)
     chosen, logits_seen, attention = [], [], [[] for _ in range(B)]
+    stopped = False  # some sequence has stopped (done.any())
     for t in range(n):
         with torch.no_grad():
             if lean is not None and lean.serves(ids, real):  # nothing watches: the same step, its fixed costs cut
@@ -253,20 +254,24 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
             else:
                 last = model._decode_step(ids, real, kv, backend=backend, hooks=hooks)  # (B, V)
         nxt = rule.choose(last, gen)  # (B,)
-        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-        logits_seen.append(torch.where(done[:, None], torch.zeros_like(last), last))
+        if stopped:  # a stopped sequence gets the pad id and zero logits (none stopped: nothing to change)
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            last = torch.where(done[:, None], torch.zeros_like(last), last)
+        logits_seen.append(last)
         if maps:
             for b in range(B):
                 if not done[b]:
                     attention[b].append(_row(hooks.kept, model.config.num_layers, b, start[b] + t))
-        lengths += (~done).long()
+        lengths += (~done).long() if stopped else 1
         chosen.append(nxt)
-        done = done | torch.isin(nxt, stops)
+        if len(stops):  # without stop ids no sequence stops before n
+            done = done | torch.isin(nxt, stops)
+            stopped = bool(done.any())
         if on_token is not None:
             on_token(t, nxt)
-        if bool(done.all()):
+        if stopped and bool(done.all()):
             break
-        ids, real = nxt[:, None], ((~done)[:, None] if bool(done.any()) else None)  # a stopped sequence writes no more
+        ids, real = nxt[:, None], ((~done)[:, None] if stopped else None)  # a stopped sequence writes no more
     new = torch.stack(chosen, dim=1)  # (B, N)
     seqs = [p + new[b, : int(lengths[b])].tolist() for b, p in enumerate(prompts)]
     text = None
