@@ -186,6 +186,7 @@ def _parts() -> Parts:
     parts.wrap(step, "choose", "  of which: choosing the backend")
     parts.wrap(F, "scaled_dot_product_attention", RUN)  # the lean step's direct call (inside SDPA's run: nested)
     parts.wrap(step._Product, "__call__", "linear layers")
+    parts.wrap(step._Layer, "_write", "cache update (checks, write, read)")
     parts.wrap(F, "rms_norm", "norms")
     parts.wrap(F, "layer_norm", "norms")
     parts.wrap(step, "rotate", "rotary")

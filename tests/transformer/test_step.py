@@ -117,3 +117,16 @@ def test_a_non_finite_value_is_refused_as_the_cache_refuses_it(decoder_folder):
         assert lean is not None and lean.serves(torch.tensor([[7]]), None)
         with pytest.raises(ValueError, match=r"k for layer 0 must be finite"):
             lean(torch.tensor([[7]]))
+
+
+def test_continuing_from_a_cache_passed_back_in(decoder_folder, lean_calls):
+    import torch
+
+    m = _model(decoder_folder, "llama")
+    runs = []
+    for hooks in ({}, {"fwd_hooks": WATCH}):
+        first = m.generate([PROMPT], 10, stop_at_eos=False, **hooks)
+        again = m.generate(first.ids[:, -1:], 10, stop_at_eos=False, kv_cache=first.kv_cache, **hooks)
+        runs.append(torch.cat((first.logits, again.logits), dim=1))
+    assert lean_calls[0] == 9 + 9  # the second call's first step is its prompt's (one token, through the forward)
+    assert torch.equal(runs[0], runs[1])
