@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.backends.dispatch import bucket, choose
+from attnlab.backends.dispatch import BACKENDS, bucket, choose
 from attnlab.backends.options import Options
 from attnlab.backends.request import CHEAP_BOUND_OK, checked_bound, prepare_read
 from attnlab.reference.validate import check_scale
@@ -202,9 +202,10 @@ class LeanStep:
 
     def _attend(self, layer: _Layer, q: torch.Tensor, read: Any) -> torch.Tensor:
         """The layer's attention over the cache's read, z (B, H, 1, Dh): as :func:`attend` computes it. A plain read
-        (every key seen, keys as checked, no sinks) asks auto once per length bucket, as attention() would
-        (:func:`dispatch.choose`); where that is SDPA, the rest of the bucket calls it directly, while the score
-        bound (q's norm times the cache's largest key length) is below what any backend refuses."""
+        (every key seen, keys as checked, no sinks) asks :func:`dispatch.choose` once per layer and length bucket,
+        as attention() would, and keeps its answer for the bucket (a backend that refuses the very call is passed
+        over for it alone, as there); where that is SDPA, the rest of the bucket calls it directly while the score
+        bound (q's norm times the cache's largest key length) is below any backend's overflow refusal."""
         kw, sinks = read.kwargs(), layer.sinks
         if sinks is not None:
             kw["sink_logits"] = sinks
@@ -214,9 +215,13 @@ class LeanStep:
         if not plain:
             return attend(q, read.k, read.v, self.pass_, kw)[0]
         key = (layer.index, bucket(read.k.shape[2]))
-        if self.chosen.get(key) == "sdpa" and checked_bound(q, None, self.scale, read.k_norm) <= CHEAP_BOUND_OK:
+        name = self.chosen.get(key)
+        if name == "sdpa" and checked_bound(q, None, self.scale, read.k_norm) <= CHEAP_BOUND_OK:
             return F.scaled_dot_product_attention(q, read.k, read.v, scale=self.scale, enable_gqa=self.gqa)
         call = prepare_read(q, read.k, read.v, Options.of(_call_kwargs(self.pass_, kw)))  # attention_read's steps
-        served = choose(call.request, self.pass_.backend)
-        self.chosen[key] = served.name
+        served = None if name is None else BACKENDS[name]
+        if served is None or served.refusals(call.request):
+            served = choose(call.request, self.pass_.backend)
+            if name is None and call.request.score_bound <= CHEAP_BOUND_OK:  # no overflow refusal: the bucket's choice
+                self.chosen[key] = served.name
         return served.run(call)[0]
