@@ -6,7 +6,8 @@ the ``attnlab generate`` command, where a step spends its time, idle and under a
 
 Library: ``Transformer.generate`` on a prompt of 16 ids, ``--new`` new tokens, greedy, no stop ids and
 ``stop_at_eos=False``; transformers: ``LlamaForCausalLM.generate`` from the same folder (``eos_token_id=None``,
-``min_new_tokens``), SDPA attention. Tokens per second after the first token, from each token's arrival
+``min_new_tokens``), SDPA attention; and the library's ``generate`` with a hook that changes nothing watching,
+so every step takes the model's forward (the path before the lean step). Tokens per second after the first token, from each token's arrival
 (``on_token``, a streamer), medians of ``--rounds`` rounds, the order alternating. CLI: ``attnlab generate
 "Return the value of" --max-new-tokens 32 --no-stop-at-eos --json -`` in a fresh process per round, its
 own tokens/s figure. ``--loaded``: everything again while ``benchmarks/load.py`` (a 2-thread NumPy matrix
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+WATCH = [("blocks.0.hook_resid_pre", lambda x, name: None)]  # a hook that changes nothing: every step the forward
 CLI_RUN = ["generate", "Return the value of", "--max-new-tokens", "32", "--no-stop-at-eos", "--json", "-"]
 
 
@@ -80,9 +82,9 @@ def library(ours, theirs, new: int, rounds: int) -> dict:  # noqa: ANN001
 
     ids = torch.arange(1, 17)[None]  # a prompt of 16 ids
 
-    def mine() -> float:
+    def mine(**hooks) -> float:  # noqa: ANN003
         times: list[float] = []
-        ours.generate(ids, new, **go_on(ours), on_token=lambda s, t: times.append(time.perf_counter()))
+        ours.generate(ids, new, **go_on(ours), **hooks, on_token=lambda s, t: times.append(time.perf_counter()))
         return rate(times)
 
     def hf() -> float:
@@ -92,7 +94,9 @@ def library(ours, theirs, new: int, rounds: int) -> dict:  # noqa: ANN001
                             pad_token_id=0, streamer=arr, attention_mask=torch.ones_like(ids))
         return rate(arr.times)
 
-    runs = {"attnlab": mine, "transformers": hf}
+    # attnlab_forward: the model's forward at every step (a hook that changes nothing watching), the path before
+    # the lean step, in the same run
+    runs = {"attnlab": mine, "attnlab_forward": functools.partial(mine, fwd_hooks=WATCH), "transformers": hf}
     for f in runs.values():
         f()  # first-call costs (and auto's measuring) stay out
     got: dict[str, list[float]] = {n: [] for n in runs}
@@ -101,6 +105,7 @@ def library(ours, theirs, new: int, rounds: int) -> dict:  # noqa: ANN001
             got[name].append(runs[name]())
     out = {n: {"tokens_per_second": statistics.median(v), "runs": v} for n, v in got.items()}
     out["ratio_attnlab_to_transformers"] = out["attnlab"]["tokens_per_second"] / out["transformers"]["tokens_per_second"]
+    out["ratio_attnlab_to_forward"] = out["attnlab"]["tokens_per_second"] / out["attnlab_forward"]["tokens_per_second"]
     return out
 
 
@@ -113,9 +118,6 @@ def cli(rounds: int) -> dict:
         done = subprocess.run([str(exe), *run], capture_output=True, text=True, check=True)
         rates.append(json.loads(done.stdout)["speed"]["tokens_per_second"])
     return {"command": "attnlab " + " ".join(CLI_RUN), "tokens_per_second": statistics.median(rates), "runs": rates}
-
-
-WATCH = [("blocks.0.hook_resid_pre", lambda x, name: None)]  # a hook that changes nothing: every step the forward
 
 
 class Parts:
@@ -275,7 +277,8 @@ def main() -> None:
 def show(label: str, r: dict) -> None:
     lib = r["library"]
     print(f"{label}: library attnlab {lib['attnlab']['tokens_per_second']:.0f} tokens/s, transformers "
-          f"{lib['transformers']['tokens_per_second']:.0f} ({lib['ratio_attnlab_to_transformers']:.2f}x); "
+          f"{lib['transformers']['tokens_per_second']:.0f} ({lib['ratio_attnlab_to_transformers']:.2f}x), the forward "
+          f"at every step {lib['attnlab_forward']['tokens_per_second']:.0f} ({lib['ratio_attnlab_to_forward']:.2f}x); "
           f"CLI {r['cli']['tokens_per_second']:.0f} tokens/s", flush=True)
 
 

@@ -166,7 +166,7 @@ class LeanStep:
                                         c.rope_attention_factor)
 
     def serves(self, ids: torch.Tensor, real: Any) -> bool:
-        """One new token for every sequence (no stopped one), within the positions the table holds."""
+        """One new token for every sequence, none stopped (the rotary table holds every position the call reaches)."""
         return real is None and ids.shape == (self.kv.batch, 1)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
