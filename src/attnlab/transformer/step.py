@@ -1,5 +1,5 @@
 """A decoding step without Python overhead: what :func:`~attnlab.transformer.generate.generate` runs for each new
-token when nothing watches the step, a lean copy of nothing.
+token when nothing watches the step, with the model's own weights, modules and cache classes.
 
 A step of a small model (the bundled decoder: 4 layers, d = 128) is almost all fixed cost: module calls,
 hook look-ups, the per-call checks of every linear layer and attention call, a Pass and rotary angles built
@@ -13,11 +13,13 @@ the same arithmetic in the same order with that cost taken out:
 - the norms as their modules compute them (``F.rms_norm`` and ``F.layer_norm`` are what ``nn.RMSNorm`` and
   ``nn.LayerNorm`` call), without the module call;
 - rotary cos and sin looked up in a table of every position the generation reaches, built once by
-  :func:`~attnlab.transformer.rotary.angles` (elementwise, so a row of it is what a step computes);
-- the cache's own :meth:`~attnlab.transformer.cache.KVCache.update` (the new keys and values checked finite as
-  they are written) and the layer's attention through :func:`~attnlab.transformer.attend.attend`, as the
-  model calls it: the read's checks once per write, auto's choice once per length bucket
-  (:mod:`attnlab.backends.dispatch`).
+  :func:`~attnlab.transformer.rotary.angles` (elementwise, so a row of it is what a step computes), q and k
+  turned in one call of :func:`~attnlab.transformer.rotary.rotate`;
+- the new keys and values checked finite as :meth:`KVCache.update` checks them (the largest key length kept)
+  and written by the layer cache's own ``update`` (a narrower or quantized cache: by ``KVCache.update`` itself);
+- the layer's attention as :func:`~attnlab.transformer.attend.attend` computes it, auto's choice kept per
+  layer and length bucket, and SDPA called directly for a plain read where auto chose it
+  (:meth:`LeanStep._attend`).
 
 It serves float32 models on the CPU whose step reads under ``threads.SMALL_STEP_BYTES`` (where fixed costs
 rule; larger steps are memory reads and keep the general path), pre-norm decoders with dense or gated
