@@ -64,6 +64,7 @@ def _same(m, prompts, new, lean_calls, **kw):
     ("qwen2", "torch", [PROMPT], {}),
     ("qwen3", "auto", [PROMPT], {"sample": True, "seed": 5}),  # QK-norm
     ("gpt2", "auto", RAGGED, {}),  # learned positions, LayerNorm, biases, a GELU MLP
+    ("gpt2", "auto", [PROMPT, PROMPT[::-1]], {}),
 ])
 def test_lean_steps_equal_the_forward_bit_for_bit(decoder_folder, lean_calls, family, backend, prompts, kw):
     m = _model(decoder_folder, family, backend)

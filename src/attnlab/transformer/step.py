@@ -177,11 +177,13 @@ class LeanStep:
         x = m.tok_emb.weight[ids[:, 0]]  # (B, d)
         if c.embed_scale:
             x = x * torch.tensor(c.d_model ** 0.5, dtype=x.dtype)
+        # every sequence at one position (an even step): that row, broadcast; else each sequence's (B, 1, 1, ·)
+        at = self.known["longest"] - 1 if self.known["even"] else step.start[:, None, None]
         rope = None
         if self.cos is not None:
-            rope = (self.cos[step.start][:, None, None], self.sin[step.start][:, None, None])  # (B, 1, 1, Dh) each
+            rope = (self.cos[at], self.sin[at])  # (Dh,) or (B, 1, 1, Dh) each
         else:
-            x = x + m.pos_emb.weight[step.start]
+            x = x + m.pos_emb.weight[at].view(-1, c.d_model)  # (1 or B, d)
         for layer in self.layers:
             x = layer(x, step, rope, self._attend)
         kv.commit(step)
