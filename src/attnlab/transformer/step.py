@@ -155,6 +155,7 @@ class LeanStep:
         self.pass_ = Pass(c, backend or model.backend, True, None, Hooks(), kv=kv)
         self.ones = torch.ones(B, dtype=torch.long, device=kv.lengths.device)
         self.scale, self.gqa = check_scale(c.attn_scale, c.head_dim), c.num_heads > c.heads_kv
+        self.plain = c.attn_softcap is None and self.pass_.backend != "numpy"  # what a plain read needs of the model
         self.chosen: dict[tuple, str] = {}  # (layer, length bucket) → the backend auto chose for a plain read
         self.layers = [_Layer(i, block, c, B, kv) for i, block in enumerate(model.blocks)]
         self.known: dict = {}  # what each step's Step would compute from the lengths: even, and the longest
@@ -210,18 +211,18 @@ class LeanStep:
         as attention() would, and keeps its answer for the bucket (a backend that refuses the very call is passed
         over for it alone, as there); where that is SDPA, the rest of the bucket calls it directly while the score
         bound (q's norm times the cache's largest key length) is below any backend's overflow refusal."""
-        kw, sinks = read.kwargs(), layer.sinks
-        if sinks is not None:
-            kw["sink_logits"] = sinks
-        plain = (read.mask is None and read.lengths is None and sinks is None and read.k_norm is not None
-                 and isinstance(read.k, torch.Tensor) and read.k.dtype == q.dtype and self.c.attn_softcap is None
-                 and self.pass_.backend != "numpy")
+        plain = (self.plain and layer.sinks is None and read.mask is None and read.lengths is None
+                 and read.k_norm is not None and isinstance(read.k, torch.Tensor) and read.k.dtype == q.dtype)
         if not plain:
+            kw = read.kwargs()
+            if layer.sinks is not None:
+                kw["sink_logits"] = layer.sinks
             return attend(q, read.k, read.v, self.pass_, kw)[0]
         key = (layer.index, bucket(read.k.shape[2]))
         name = self.chosen.get(key)
         if name == "sdpa" and checked_bound(q, None, self.scale, read.k_norm) <= CHEAP_BOUND_OK:
             return F.scaled_dot_product_attention(q, read.k, read.v, scale=self.scale, enable_gqa=self.gqa)
+        kw = read.kwargs()
         call = prepare_read(q, read.k, read.v, Options.of(_call_kwargs(self.pass_, kw)))  # attention_read's steps
         served = None if name is None else BACKENDS[name]
         if served is None or served.refusals(call.request):
