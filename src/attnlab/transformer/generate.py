@@ -26,6 +26,7 @@ from attnlab.transformer.evict_cache import check_budget
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
 from attnlab.transformer.quant_cache import cache_dtype_of, check_backend
 from attnlab.transformer.sampling import Sampling
+from attnlab.transformer.step import plan
 from attnlab.transformer.threads import step_threads
 
 
@@ -230,12 +231,13 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
                                        dtype=kv_dtype, device=device, budget=cache_budget, seed=seed or 0,
                                        rotate=rotate, model_dtype=weights_dtype)
+    lean = plan(model, kv, hooks, maps, backend, offset + longest + n)  # None: the model's forward serves each step
     with step_threads(model, kv):
-        return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks)
+        return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks, lean)
 
 
 def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: torch.Tensor, pad: int, kv: KVCache,
-          maps: bool, on_token: Any, backend: str | None, hooks: Hooks) -> Generation:
+          maps: bool, on_token: Any, backend: str | None, hooks: Hooks, lean: Any = None) -> Generation:
     """Prefill, then one token per sequence per step until ``n`` or every sequence has stopped."""
     B, device = len(prompts), kv.lengths.device
     start = [int(x) + len(p) for x, p in zip(kv.lengths, prompts)]  # each prompt's end: its first new token's position
@@ -244,24 +246,32 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
     done = torch.zeros(B, dtype=torch.bool, device=device)
     lengths = torch.zeros(B, dtype=torch.long, device=device)
     chosen, logits_seen, attention = [], [], [[] for _ in range(B)]
+    stopped = False  # some sequence has stopped (done.any())
     for t in range(n):
         with torch.no_grad():
-            last = model._decode_step(ids, real, kv, backend=backend, hooks=hooks)  # (B, V)
+            if lean is not None and lean.serves(ids, real):  # nothing watches: the same step, its fixed costs cut
+                last = lean(ids)  # (B, V)
+            else:
+                last = model._decode_step(ids, real, kv, backend=backend, hooks=hooks)  # (B, V)
         nxt = rule.choose(last, gen)  # (B,)
-        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-        logits_seen.append(torch.where(done[:, None], torch.zeros_like(last), last))
+        if stopped:  # a stopped sequence gets the pad id and zero logits (none stopped: nothing to change)
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            last = torch.where(done[:, None], torch.zeros_like(last), last)
+        logits_seen.append(last)
         if maps:
             for b in range(B):
                 if not done[b]:
                     attention[b].append(_row(hooks.kept, model.config.num_layers, b, start[b] + t))
-        lengths += (~done).long()
+        lengths += (~done).long() if stopped else 1
         chosen.append(nxt)
-        done = done | torch.isin(nxt, stops)
+        if len(stops):  # without stop ids no sequence stops before n
+            done = done | torch.isin(nxt, stops)
+            stopped = bool(done.any())
         if on_token is not None:
             on_token(t, nxt)
-        if bool(done.all()):
+        if stopped and bool(done.all()):
             break
-        ids, real = nxt[:, None], ((~done)[:, None] if bool(done.any()) else None)  # a stopped sequence writes no more
+        ids, real = nxt[:, None], ((~done)[:, None] if stopped else None)  # a stopped sequence writes no more
     new = torch.stack(chosen, dim=1)  # (B, N)
     seqs = [p + new[b, : int(lengths[b])].tolist() for b, p in enumerate(prompts)]
     text = None
