@@ -245,3 +245,5 @@ static TARGET int F(srun)(struct sproblem *pr) {
     free(kp);
     return failed ? -1 : 0;
 }
+
+#include "_tiles_fstats.h"
