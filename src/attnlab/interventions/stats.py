@@ -1,9 +1,9 @@
 """Per-head statistics of the full attention of long inputs, without any T × T array.
 
 The model's forward runs with attnlab's attention observed (:func:`attnlab.hf.capture_attention.observing`):
-each layer's attention goes through the compiled blockwise kernel, which keeps each row's
-log-sum-exp (LSE), and hands over the queries and keys it was given. A second tiled pass over the
-same q and k then recomputes the exact weights, α_ij = exp(s_ij − LSE_i), and accumulates:
+each layer's attention goes through the compiled blockwise kernel, whose forward takes the statistics of
+the exact weights, α_ij = exp(s_ij − LSE_i), in the same pass (:mod:`attnlab.backends.kernel.fused`:
+each query block's tiles of weights kept until its rows' LSE is known), and accumulates:
 
     prev, self, next, first   the weight on key i − 1, i, i + 1 and 0 (mean over the rows that have it)
     distance                  Σ_j α_ij |i − j|, mean over rows
@@ -18,10 +18,11 @@ With learned sinks the LSE includes the sink's logit, so α are the weights the 
 statistics take the weights as they are (the share is given to no key).
     received                  Σ_i α_ij: the attention each token receives, [L, H, T] per text
 
-Memory grows as L · H · T, never T². The pass is compiled beside the kernel
-(:func:`attnlab.backends.kernel.stats`: one cache-sized tile at a time, every statistic from it in
-one sweep); where the kernel was not built, :func:`layer_stats` does the same in PyTorch, a block
-of rows × every key at a time (the masks touch only the columns near the band's edges).
+Memory grows as L · H · T, never T² (the kept tiles: a query block's rows × T per thread). Where they would
+exceed ``fused.KEPT_BYTES``, or the build has no such pass, the forward hands over q, k and the LSE and a
+second pass recomputes the weights (:func:`attnlab.backends.kernel.stats`: one cache-sized tile at a time,
+every statistic from it in one sweep); where the kernel was not built, :func:`layer_stats` does the same in
+PyTorch, a block of rows × every key at a time (the masks touch only the columns near the band's edges).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def forward_stats(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, sinks
     block_q, block_k = BLOCK if block_size is None else block_sizes(1, t, block_size)
     q, k, v = _buffers(q, k, v)
     out, lse = np.empty((b, g, t, v.shape[-1]), np.float32), np.empty((b, g, t), np.float32)
-    sums, received = np.empty((b, g, len(STATS))), np.empty((b, g, t))
+    sums, received = np.zeros((b, g, len(STATS))), np.empty((b, g, t))  # T = 0: no rows, sums 0
     kw = vis_args(tiling.visible, sinks)
     kw.pop("qpos", None)
     if kw.pop("slopes", None) is not None:
@@ -55,8 +55,7 @@ def forward_stats(q: Any, k: Any, v: Any, tiling: Tiling, *, scale: float, sinks
     return out, lse, sums, received
 
 
-def attention_stats(query: Any, key: Any, value: Any, *, block_size: Any = None,
-                    **options: Any) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+def attention_stats(query: Any, key: Any, value: Any, **options: Any) -> tuple[Any, Any, np.ndarray, np.ndarray]:
     """``attnlab.attention(query, key, value, backend="kernel", return_lse=True, **options)`` of self-attention (its
     checks, its refusals, its result: out (..., T, Dv) and LSE (..., T) in the call's dtype and library) and
     :func:`forward_stats`' sums (B_kv, G, 7) and received (B_kv, G, T) of its weights, in one pass."""
@@ -69,7 +68,7 @@ def attention_stats(query: Any, key: Any, value: Any, *, block_size: Any = None,
     choose(call.request, "kernel")  # raises, saying why, where the kernel cannot serve the call
     c, p = canonical(call), call.problem
     out, lse, sums, received = forward_stats(c.q, c.k, c.v, c.tiling, scale=p.scale, sinks=c.sinks,
-                                             block_size=block_size)
+                                             block_size=call.options.block_size)
     if c.torch:
         import torch
 
