@@ -97,7 +97,7 @@ def _observed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     # forward and the callback's pass both read as they are, instead of each making its own.
     query, key = query.contiguous(), key.contiguous()
     softcap = None if softcap is None else float(softcap)  # Gemma-2's cap: the kernel applies it in its tiles
-    attend = getattr(callback, "attend", None)  # a callback that computes the attention itself, or may
+    attend = getattr(callback, "attend", None)  # the callback may compute the attention itself (None: it leaves it)
     out = None if attend is None else attend(query, key, value, scale=scale, causal=causal, window=window,
                                              softcap=softcap, sinks=sinks)
     if out is None:

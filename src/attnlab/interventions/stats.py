@@ -106,7 +106,8 @@ class _Accumulator:
         """The layer's attention output, its statistics taken in the same pass (kernel.fused), or None where that
         pass is not there (no kernel, a build without it) or its kept tiles would exceed fused.KEPT_BYTES: then
         the observer runs the forward and calls this object with the LSE (the statistics pass after it)."""
-        if getattr(kernel._tiles, "forward_stats", None) is None or fused.kept_bytes(self.t, self.block_rows) > fused.KEPT_BYTES:
+        built = getattr(kernel._tiles, "forward_stats", None) is not None
+        if not built or fused.kept_bytes(self.t, self.block_rows) > fused.KEPT_BYTES:
             return None
         out, lse, sums, received = fused.attention_stats(
             query, key, value, causal=causal, window=window, scale=scale, softcap=softcap, sink_logits=sinks,
