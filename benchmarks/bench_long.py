@@ -9,10 +9,13 @@ the process's resident memory after loading the model (``base``) is reported bes
     .venv/bin/python benchmarks/bench_long.py --tokens 4096,8192,16384,32768 --modes stats --json ...
     .venv/bin/python benchmarks/bench_long.py --tokens 2048 --modes capture,sdpa --json ...
 
-Modes: ``stats`` (attnlab.head_stats: kernel forward with LSE + the tiled statistics pass),
+Modes: ``stats`` (attnlab.head_stats: the kernel's forward taking the statistics in the same pass),
 ``sdpa`` (AutoModel with attn_implementation="sdpa", no weights), ``capture`` (attnlab.capture: every
 weight, [L, H, T, T]), ``ratio`` (head_stats and the SDPA forward alternated in one process for
-three rounds, the median of each: on a loaded machine the fairest time ratio). Dense maps of T
+three rounds, the median of each: on a loaded machine the fairest time ratio; head_stats with its two passes
+too, the forward and then the statistics pass, as where the one pass's kept tiles would not fit), ``kernel``
+(one layer's attention alone, random q, k, v of the model's shapes: the kernel's forward, with the statistics
+in the same pass, and followed by the statistics pass, alternated five times: medians). Dense maps of T
 tokens would need L · H · T² · 4 bytes.
 
 ``--before SO`` (ratio mode): also time head_stats with the compiled kernel loaded from SO, a build of
@@ -89,6 +92,8 @@ def measure(mode: str, folder: Path, tokens: int, before: str | None = None) -> 
 
     from attnlab.hf.loading import load_model
 
+    if mode == "kernel":
+        return kernel_passes(tokens)
     words = text(tokens)
     if mode == "ratio":
         return ratio(folder, words, tokens, before=before)
@@ -139,24 +144,65 @@ def ratio(folder: Path, words: str, tokens: int, rounds: int = 3, before: str | 
     ids = lm.tokenizer(words, return_tensors="pt")["input_ids"]
     from attnlab.backends import kernel
 
+    from attnlab.backends.kernel import fused
+
     builds = {"stats": kernel._tiles} | ({"stats_before": _kernel_from(before)} if before else {})
-    times: dict[str, list[float]] = {"sdpa": [], **{name: [] for name in builds}}
+    kept = fused.KEPT_BYTES
+    runs = {name: (build, kept) for name, build in builds.items()} | {"two_passes": (kernel._tiles, 0)}
+    times: dict[str, list[float]] = {"sdpa": [], **{name: [] for name in runs}}
     for _ in range(rounds):
         start = time.perf_counter()
         with torch.inference_mode():
             net(input_ids=ids)
         times["sdpa"].append(time.perf_counter() - start)
-        for name, build in builds.items():
-            kernel._tiles = build
+        for name, (build, fits) in runs.items():  # two_passes: nothing fits, the statistics pass after the forward
+            kernel._tiles, fused.KEPT_BYTES = build, fits
             start = time.perf_counter()
             head_stats(words, lm)
             times[name].append(time.perf_counter() - start)
-        kernel._tiles = builds["stats"]
+        kernel._tiles, fused.KEPT_BYTES = builds["stats"], kept
     med = {k: statistics.median(v) for k, v in times.items()}
     extra = {"before_seconds": med["stats_before"], "before_ratio": med["stats_before"] / med["sdpa"]} if before else {}
+    extra |= {"two_passes_seconds": med["two_passes"], "two_passes_ratio": med["two_passes"] / med["sdpa"]}
     return {"mode": "ratio", "tokens": tokens, "seconds": med["stats"], "sdpa_seconds": med["sdpa"],
             "ratio": med["stats"] / med["sdpa"], **extra, "rounds": times, "peak_mib": float("nan"), "base_mib": float("nan"),
             "dense_maps_gb": LAYERS * HEADS * tokens**2 * 4 / 1e9, "threads": torch.get_num_threads()}
+
+
+def kernel_passes(tokens: int, rounds: int = 5) -> dict:
+    """The attention alone at the model's shapes (8 query heads over 4 key/value heads, D = 32, causal, random
+    q, k, v): the kernel's forward, the forward then the statistics pass, and the forward taking the statistics
+    in the same pass (kernel.fused), alternated ``rounds`` times in this process: medians."""
+    import statistics
+
+    import numpy as np
+
+    from attnlab import masks
+    from attnlab.backends import kernel
+    from attnlab.backends.kernel import fused
+    from attnlab.backends.tiling import Tiling
+    from attnlab.backends.visible import describe
+
+    rng = np.random.default_rng(0)
+    g, d = HEADS // KV_HEADS, HIDDEN // HEADS
+    q = rng.standard_normal((KV_HEADS, g, tokens, d), dtype=np.float32)
+    k, v = (rng.standard_normal((KV_HEADS, tokens, d), dtype=np.float32) for _ in range(2))
+    tiling, scale = Tiling(tokens, tokens, describe(masks.causal(), tokens, tokens, (KV_HEADS, g))), d**-0.5
+    times: dict[str, list[float]] = {"forward": [], "two_passes": [], "one_pass": []}
+    for _ in range(rounds):
+        start = time.perf_counter()
+        _, lse = kernel.forward(q, k, v, tiling, scale=scale)
+        times["forward"].append(time.perf_counter() - start)
+        kernel.stats(q, k, lse, scale=scale, mask=masks.causal())
+        times["two_passes"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        fused.forward_stats(q, k, v, tiling, scale=scale)
+        times["one_pass"].append(time.perf_counter() - start)
+    med = {name: statistics.median(x) for name, x in times.items()}
+    return {"mode": "kernel", "tokens": tokens, "seconds": med["one_pass"], "forward_seconds": med["forward"],
+            "two_passes_seconds": med["two_passes"], "one_pass_ratio": med["one_pass"] / med["forward"],
+            "two_passes_ratio": med["two_passes"] / med["forward"], "rounds": times, "peak_mib": float("nan"),
+            "base_mib": float("nan"), "dense_maps_gb": LAYERS * HEADS * tokens**2 * 4 / 1e9, "threads": None}
 
 
 def cpu_flags() -> str:
@@ -170,7 +216,7 @@ def cpu_flags() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="32768", help="comma-separated input lengths")
-    ap.add_argument("--modes", default="stats,sdpa", help="comma-separated: stats, sdpa, capture")
+    ap.add_argument("--modes", default="stats,sdpa", help="comma-separated: stats, sdpa, capture, ratio, kernel")
     ap.add_argument("--folder", default="/tmp/attnlab-bench-long-llama", help="where the tiny model is built")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--before", default=None, metavar="SO", help="ratio mode: also head_stats with this kernel build")
@@ -197,9 +243,16 @@ def main() -> None:
             if mode == "ratio":
                 print(f"ratio    T={tokens:6}  head_stats {r['seconds']:.2f} s / SDPA forward {r['sdpa_seconds']:.2f} s "
                       f"= {r['ratio']:.2f} (medians of 3 alternated rounds)", flush=True)
+                print(f"         two passes (the forward, then the statistics pass): head_stats "
+                      f"{r['two_passes_seconds']:.2f} s = {r['two_passes_ratio']:.2f} the SDPA forward", flush=True)
                 if "before_ratio" in r:
                     print(f"         before ({args.before}): head_stats {r['before_seconds']:.2f} s "
                           f"= {r['before_ratio']:.2f} the SDPA forward", flush=True)
+                continue
+            if mode == "kernel":
+                print(f"kernel   T={tokens:6}  attention of one layer: forward {r['forward_seconds']:.3f} s; with the "
+                      f"statistics in the same pass {r['one_pass_ratio']:.2f}x it, then the statistics pass "
+                      f"{r['two_passes_ratio']:.2f}x it (medians of 5 alternated rounds)", flush=True)
                 continue
             print(f"{mode:8} T={tokens:6}  {r['seconds']:8.2f} s  peak {r['peak_mib']:8.0f} MiB "
                   f"(after loading {r['base_mib']:6.0f} MiB)  dense maps would be {r['dense_maps_gb']:.1f} GB", flush=True)

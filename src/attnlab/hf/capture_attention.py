@@ -71,7 +71,10 @@ def observing(callback: Callable[..., None]) -> Iterator[None]:
     mask, each attention call goes through attnlab's compiled blockwise kernel (causal and sliding
     windows as bands, the LSE kept) and then calls ``callback(query (B, H, T, D), key (B, H_kv, T, D),
     lse (B, H, T), scale=, causal=, window=, softcap=, sinks=)``, ``sinks`` the learned sink logits (H,) that the
-    LSE includes, or None; no weights come out. One unpadded sequence per call."""
+    LSE includes, or None; no weights come out. One unpadded sequence per call. A callback with a method
+    ``attend(query, key, value, scale=, causal=, window=, softcap=, sinks=)`` is asked first: the output
+    (B, H, T, Dv) it returns (the attention and what it observes computed together) is the layer's; where it
+    returns None, the kernel's forward runs and the callback is called as above."""
     token = _OBSERVE.set(callback)
     try:
         yield
@@ -94,9 +97,13 @@ def _observed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     # forward and the callback's pass both read as they are, instead of each making its own.
     query, key = query.contiguous(), key.contiguous()
     softcap = None if softcap is None else float(softcap)  # Gemma-2's cap: the kernel applies it in its tiles
-    out, lse = attention(query, key, value, causal=causal, window=window, scale=scale, softcap=softcap, return_lse=True,
-                         sink_logits=sinks, backend="kernel")
-    callback(query, key, lse, scale=scale, causal=causal, window=window, softcap=softcap, sinks=sinks)
+    attend = getattr(callback, "attend", None)  # the callback may compute the attention itself (None: it leaves it)
+    out = None if attend is None else attend(query, key, value, scale=scale, causal=causal, window=window,
+                                             softcap=softcap, sinks=sinks)
+    if out is None:
+        out, lse = attention(query, key, value, causal=causal, window=window, scale=scale, softcap=softcap,
+                             return_lse=True, sink_logits=sinks, backend="kernel")
+        callback(query, key, lse, scale=scale, causal=causal, window=window, softcap=softcap, sinks=sinks)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -1,9 +1,9 @@
 """Per-head statistics of the full attention of long inputs, without any T × T array.
 
 The model's forward runs with attnlab's attention observed (:func:`attnlab.hf.capture_attention.observing`):
-each layer's attention goes through the compiled blockwise kernel, which keeps each row's
-log-sum-exp (LSE), and hands over the queries and keys it was given. A second tiled pass over the
-same q and k then recomputes the exact weights, α_ij = exp(s_ij − LSE_i), and accumulates:
+each layer's attention goes through the compiled blockwise kernel, whose forward takes the statistics of
+the exact weights, α_ij = exp(s_ij − LSE_i), in the same pass (:mod:`attnlab.backends.kernel.fused`:
+each query block's tiles of weights kept until its rows' LSE is known), and accumulates:
 
     prev, self, next, first   the weight on key i − 1, i, i + 1 and 0 (mean over the rows that have it)
     distance                  Σ_j α_ij |i − j|, mean over rows
@@ -18,16 +18,15 @@ With learned sinks the LSE includes the sink's logit, so α are the weights the 
 statistics take the weights as they are (the share is given to no key).
     received                  Σ_i α_ij: the attention each token receives, [L, H, T] per text
 
-Memory grows as L · H · T, never T². The pass is compiled beside the kernel
-(:func:`attnlab.backends.kernel.stats`: one cache-sized tile at a time, every statistic from it in
-one sweep); where the kernel was not built, :func:`layer_stats` does the same in PyTorch, a block
-of rows × every key at a time (the masks touch only the columns near the band's edges).
+Memory grows as L · H · T, never T² (the kept tiles: a query block's rows × T per thread). Where they would
+exceed ``fused.KEPT_BYTES``, or the build has no such pass, the forward hands over q, k and the LSE and a
+second pass recomputes the weights (:func:`attnlab.backends.kernel.stats`: one cache-sized tile at a time,
+every statistic from it in one sweep); where the kernel was not built, :func:`layer_stats` does the same in
+PyTorch, a block of rows × every key at a time (the masks touch only the columns near the band's edges).
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,8 @@ import numpy as np
 from attnlab import masks
 from attnlab.masks.intervals import contains
 from attnlab.backends import kernel
+from attnlab.backends.kernel import fused
+from attnlab.interventions.heap import release_free_memory
 
 ROW_STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")
 BLOCK_BYTES = 16 * 2**20  # the scores of one block of rows, all heads together: bounds the pass's memory
@@ -97,33 +98,28 @@ class _Accumulator:
     def __call__(self, query: Any, key: Any, lse: Any, *, scale: float, causal: bool, window: tuple | None,
                  softcap: float | None = None, sinks: Any = None) -> None:
         stats = compiled_layer_stats if kernel.isa() is not None else layer_stats
-        sums, counts, received = stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window,
-                                       softcap=softcap, block_rows=self.block_rows, sinks=sinks)
+        self._add(*stats(query[0], key[0], lse[0], scale=scale, causal=causal, window=window, softcap=softcap,
+                         block_rows=self.block_rows, sinks=sinks))
+
+    def attend(self, query: Any, key: Any, value: Any, *, scale: float, causal: bool, window: tuple | None,
+               softcap: float | None = None, sinks: Any = None) -> Any:
+        """The layer's attention output, its statistics taken in the same pass (kernel.fused), or None where that
+        pass is not there (no kernel, a build without it) or its kept tiles would exceed fused.KEPT_BYTES: then
+        the observer runs the forward and calls this object with the LSE (the statistics pass after it)."""
+        built = getattr(kernel._tiles, "forward_stats", None) is not None
+        if not built or fused.kept_bytes(self.t, self.block_rows) > fused.KEPT_BYTES:
+            return None
+        out, lse, sums, received = fused.attention_stats(
+            query, key, value, causal=causal, window=window, scale=scale, softcap=softcap, sink_logits=sinks,
+            block_size=None if self.block_rows is None else (self.block_rows, kernel.BLOCK[1]))
+        self._add(*_kernel_sums(sums, received, lse[0], causal, window, sinks))
+        return out
+
+    def _add(self, sums: dict[str, np.ndarray], counts: dict[str, int], received: np.ndarray) -> None:
         self.sums.append(sums)
         self.counts.append(counts)
         self.received.append(received)
         release_free_memory()
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc
-    except (OSError, AttributeError, TypeError):  # another C library, or Windows
-        return None
-
-
-def release_free_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
-
-    glibc keeps freed chunks below its mmap threshold (which rises to 32 MiB as large blocks are
-    freed) in the heap, so a long input's per-layer tensors of 16–32 MiB, freed after one layer,
-    stay resident under the next layer's: the process's peak then depends on the order of frees
-    and differs between identical runs. Trimmed after each layer, the peak is what one layer needs.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def _block_rows(h: int, t: int) -> int:
@@ -195,6 +191,13 @@ def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool
                                   mask=visibility(causal, window), softcap=softcap,
                                   block_size=None if block_rows is None else (block_rows, 512),
                                   sinks=None if sinks is None else _f32_heads(sinks, h).reshape(hkv, h // hkv))
+    return _kernel_sums(sums, received, lse, causal, window, sinks)
+
+
+def _kernel_sums(sums: np.ndarray, received: np.ndarray, lse: Any, causal: bool, window: tuple | None,
+                 sinks: Any) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray]:
+    """A compiled pass's sums (B_kv, G, 7) and received (B_kv, G, T) as :func:`layer_stats` gives them; lse (H, T)."""
+    h, t = received.shape[0] * received.shape[1], received.shape[-1]
     sums = sums.reshape(h, len(kernel.STATS))
     out = {name: sums[:, kernel.STATS.index(name)] for name in ROW_STATS}
     if sinks is not None:

@@ -85,12 +85,13 @@ static const struct {
     int (*srun)(struct sproblem *);
     int (*drun)(struct dproblem *);
     int (*prun)(struct pproblem *);
+    int (*fsrun)(struct problem *);
 } isas[] = {
 #ifdef X86_VARIANTS
-    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512, srun_avx512, drun_avx512, prun_avx512},
-    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2, srun_avx2, drun_avx2, prun_avx2},
+    {"AVX-512", AVX512_TARGET, run_avx512, brun_avx512, srun_avx512, drun_avx512, prun_avx512, fsrun_avx512},
+    {"AVX2", AVX2_TARGET, run_avx2, brun_avx2, srun_avx2, drun_avx2, prun_avx2, fsrun_avx2},
 #endif
-    {"128-bit vectors", "", run_base, brun_base, srun_base, drun_base, prun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
+    {"128-bit vectors", "", run_base, brun_base, srun_base, drun_base, prun_base, fsrun_base}, /* SSE2 on x86-64, NEON on arm64: every CPU of those runs it */
 };
 #define NISAS ((int)(sizeof isas / sizeof isas[0]))
 static int supported[NISAS];
@@ -162,6 +163,7 @@ static PyObject *build_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)
 #include "_tiles_args.h"
 
 #include "_tiles_entries.h"
+#include "_tiles_fentry.h"
 
 static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
 #ifdef _OPENMP
@@ -225,6 +227,13 @@ static PyMethodDef methods[] = {
      "ln(keys seen) where more than one) and received (B, G, T) (column sums). spans and softcap as forward's;\n"
      "sinks (B|1, G|1) float32 learned sink logits (lse includes them): the sink one more outcome of the entropy.\n"
      "The same checks as forward; the same bits for any threads."},
+    {"forward_stats", (PyCFunction)(void (*)(void))forward_stats, METH_VARARGS | METH_KEYWORDS,
+     "forward_stats(q, k, v, out, lse, sums, received, scale, block_q, block_k, threads, *, spans=None, heads=1,\n"
+     "softcap=0.0, sinks=None)\n\n"
+     "forward() of self-attention (k (B, T, D), v (B, T, Dv): one length) and stats() of its weights in one pass: out,\n"
+     "lse as forward's (the same bits), float64 sums (B, G, 7) and received (B, G, T) as stats' (each tile's weights\n"
+     "kept for the block's sweep once its rows' LSE is known, not recomputed). Needs bq x T floats per thread beside\n"
+     "the forward's scratch. The same checks as both; the same bits for any threads."},
     {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
     {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},
     {NULL, NULL, 0, NULL},

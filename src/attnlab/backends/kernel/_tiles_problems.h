@@ -7,6 +7,7 @@ struct vis;
 struct problem {
     const float *q, *k, *v;       /* (B, G, Tq, D), (B, Tk, D), (B, Tk, Dv), contiguous */
     float *out, *lse;             /* (B, G, Tq, Dv), (B, G, Tq) */
+    double *sums, *received;      /* forward_stats: (B, G, NSTATS), (B, G, Tq); else NULL */
     const struct vis *vis;        /* which keys each row sees, ALiBi, sinks */
     const float *kp, *vp;         /* packed keys, padded values (or NULL: v as it is) */
     int64_t b, g, tq, tk, d, dv;

@@ -53,6 +53,67 @@ static inline TARGET __attribute__((always_inline)) void F(srow)(const float *re
     for (int u = 0; u < VW; u++) acc[0] += dist[u], acc[1] += ent[u];
 }
 
+/* RQ rows of a tile that see each of its columns, all before the rows (mode 1) or all after them (mode 2), and
+ * none of keys i - 1, i, i + 1: np (1 or 2) panels of keys from column c. The scores stay in registers (qk2's
+ * loop, the same sums), and from them, as srow does and in its order (so the same bits): each weight
+ * 2^(s - LSE), the column sums (rows in order), each row's distance and entropy terms into dist[r] and ent[r];
+ * with `first` the weight on column 0 (key 0) into acc[5] of each row. Nothing goes through the tile in memory. */
+static inline TARGET __attribute__((always_inline)) void F(sfast)(const float *restrict q, int64_t d,
+                                                                  const float *restrict k0, const float *restrict k1,
+                                                                  int np, int64_t c, const struct sscratch *sc,
+                                                                  const float *restrict here, float *restrict col,
+                                                                  VF *restrict dist, VF *restrict ent, int first,
+                                                                  double *restrict acc, int mode) {
+    VF a[RQ][2];
+    for (int r = 0; r < RQ; r++) a[r][0] = a[r][1] = (VF){};
+    for (int64_t t = 0; t < d; t++) {
+        const VF b0 = *(const VF *)(k0 + t * VW), b1 = np == 2 ? *(const VF *)(k1 + t * VW) : (VF){};
+        for (int r = 0; r < RQ; r++) {
+            const float x = q[r * d + t];
+            a[r][0] += x * b0;
+            if (np == 2) a[r][1] += x * b1;
+        }
+    }
+    VF lanef;
+    for (int u = 0; u < VW; u++) lanef[u] = (float)u;
+    for (int u = 0; u < np; u++) {
+        VF cs = *(const VF *)(col + c + u * VW);
+        const VF at = lanef + (float)(c + u * VW);
+        for (int r = 0; r < RQ; r++) {
+            const VF x = (a[r][u] - sc->lse2[r]) - sc->lse2lo[r];
+            const VF w = F(exp2n)(x); /* exp2v's bits: x <= 0 here (but for rounding) */
+            const VF far = mode == 1 ? here[r] - at : at - here[r];
+            dist[r] += w * far;
+            ent[r] += w * x;
+            cs += w;
+            if (first && u == 0) acc[r * NROW + 5] += w[0];
+        }
+        *(VF *)(col + c + u * VW) = cs;
+    }
+}
+
+/* Rows r0..r0+RQ-1 of a tile (columns c4 of each in cs, their positions pos0 + r) on the fast path: the tile's
+ * panels through sfast, then each row's terms added to its accumulators as srow adds them. */
+static inline TARGET __attribute__((always_inline)) void F(sstrip)(const struct sproblem *pr, const struct sscratch *sc,
+                                                                   const float *kp, int64_t r0, int64_t pos0,
+                                                                   int64_t j0, int64_t ncp, int mode) {
+    const int64_t d = pr->d;
+    VF dist[RQ], ent[RQ];
+    float here[RQ];
+    for (int r = 0; r < RQ; r++) dist[r] = ent[r] = (VF){}, here[r] = (float)(pos0 + r - j0);
+    const struct sscratch rs = {NULL, NULL, NULL, sc->lse2 + r0, sc->lse2lo + r0, NULL};
+    const float *q = sc->q + r0 * d;
+    double *acc = sc->row + r0 * NROW;
+    const int first = j0 == 0;
+    int64_t c = 0;
+    for (; c + 2 * VW <= ncp; c += 2 * VW)
+        F(sfast)(q, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, 2, c, &rs, here, sc->col, dist, ent, first && c == 0,
+                 acc, mode);
+    if (c < ncp) F(sfast)(q, d, kp + (j0 + c) * d, NULL, 1, c, &rs, here, sc->col, dist, ent, first && c == 0, acc, mode);
+    for (int r = 0; r < RQ; r++)
+        for (int u = 0; u < VW; u++) acc[r * NROW] += dist[r][u], acc[r * NROW + 1] += ent[r][u];
+}
+
 /* One head (b, g): every query block against every key it may see. */
 static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr, const struct sscratch *sc, int64_t bg) {
     const int64_t d = pr->d, t = pr->t, bq = pr->bq, bk = pr->bk, bqp = pr->bqp, b = bg / pr->g;
@@ -83,31 +144,48 @@ static TARGET __attribute__((noinline)) void F(shead)(const struct sproblem *pr,
         for (int64_t j0 = lo; j0 < hi; j0 += bk) {
             const int64_t nc = (j0 + bk < hi ? j0 + bk : hi) - j0, ncp = (nc + VW - 1) / VW * VW;
             if (!vis_meets(pr->vis, bg, i0, i0 + nr, j0, j0 + nc)) continue; /* no row sees it: not read */
-            for (int64_t r = 0; r < bqp; r += RQ) { /* scores (base 2) */
-                int64_t c = 0;
-                for (; c + 2 * VW <= ncp; c += 2 * VW)
-                    F(qk2)(q + r * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r * bk + c, bk, NULL);
-                if (c < ncp) F(qk1)(q + r * d, d, d, kp + (j0 + c) * d, s + r * bk + c, bk, NULL);
-            }
             memset(col, 0, sizeof(float) * ncp);
-            for (int64_t r = 0; r < nr; r++) {
-                float *restrict p = s + r * bk;
-                double *restrict acc = sc->row + r * NROW;
-                const int64_t pos = i0 + r;
-                int64_t iv[4], c4[4]; /* the row sees columns c4[0]..c4[1]-1 and c4[2]..c4[3]-1 of this tile */
-                vis_row(pr->vis, bg, pos, iv);
-                vis_cols(iv, j0, nc, c4);
-                if (c4[1] <= c4[0] || sc->lse2[r] == -INFINITY) continue;
-                if (pr->vis->cap > 0.0f) F(softcap)(p, ncp, pr->vis->cap, NULL); /* Gemma-2's scores, as the forward's */
-                const int whole = c4[0] == 0 && c4[1] == ncp; /* every column seen, none padding */
-                if (whole && pos >= j0 + nc - 1) F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 1);
-                else if (whole && pos <= j0) F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 2);
-                else F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 0);
-                for (int o = -1; o <= 1; o++) { /* the weights on keys i - 1, i, i + 1 */
-                    const int64_t c = pos + o - j0;
-                    if ((c >= c4[0] && c < c4[1]) || (c >= c4[2] && c < c4[3])) acc[3 + o] += F(sweight)(p[c], sc, r);
+            for (int64_t r0 = 0; r0 < nr; r0 += RQ) { /* a strip of RQ rows */
+                int64_t c4s[RQ][4];
+                int mode = pr->vis->cap > 0.0f || r0 + RQ > nr || nc != ncp ? 0 : -1; /* -1: not yet known */
+                for (int64_t r = r0; r < r0 + RQ && r < nr; r++) {
+                    const int64_t pos = i0 + r;
+                    int64_t iv[4];
+                    vis_row(pr->vis, bg, pos, iv);
+                    vis_cols(iv, j0, nc, c4s[r - r0]);
+                    if (mode == 0) continue;
+                    const int whole = c4s[r - r0][0] == 0 && c4s[r - r0][1] == ncp && sc->lse2[r] != -INFINITY;
+                    const int m = !whole ? 0 : pos > j0 + nc ? 1 : pos + 1 < j0 ? 2 : 0; /* keys i - 1, i, i + 1 outside */
+                    mode = mode == -1 || mode == m ? m : 0;
                 }
-                if (j0 == 0 && c4[0] == 0) acc[5] += F(sweight)(p[0], sc, r);
+                if (mode == 1) {
+                    F(sstrip)(pr, sc, kp, r0, i0 + r0, j0, ncp, 1);
+                    continue;
+                }
+                if (mode == 2) {
+                    F(sstrip)(pr, sc, kp, r0, i0 + r0, j0, ncp, 2);
+                    continue;
+                }
+                int64_t c = 0; /* scores (base 2) of the strip, then row by row */
+                for (; c + 2 * VW <= ncp; c += 2 * VW)
+                    F(qk2)(q + r0 * d, d, d, kp + (j0 + c) * d, kp + (j0 + c + VW) * d, s + r0 * bk + c, bk, NULL);
+                if (c < ncp) F(qk1)(q + r0 * d, d, d, kp + (j0 + c) * d, s + r0 * bk + c, bk, NULL);
+                for (int64_t r = r0; r < r0 + RQ && r < nr; r++) {
+                    float *restrict p = s + r * bk;
+                    double *restrict acc = sc->row + r * NROW;
+                    const int64_t pos = i0 + r, *c4 = c4s[r - r0];
+                    if (c4[1] <= c4[0] || sc->lse2[r] == -INFINITY) continue;
+                    if (pr->vis->cap > 0.0f) F(softcap)(p, ncp, pr->vis->cap, NULL); /* Gemma-2's scores, as the forward's */
+                    const int whole = c4[0] == 0 && c4[1] == ncp; /* every column seen, none padding */
+                    if (whole && pos >= j0 + nc - 1) F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 1);
+                    else if (whole && pos <= j0) F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 2);
+                    else F(srow)(p, col, ncp, sc->lse2[r], sc->lse2lo[r], pos - j0, acc, c4, 0);
+                    for (int o = -1; o <= 1; o++) { /* the weights on keys i - 1, i, i + 1 */
+                        const int64_t cc = pos + o - j0;
+                        if ((cc >= c4[0] && cc < c4[1]) || (cc >= c4[2] && cc < c4[3])) acc[3 + o] += F(sweight)(p[cc], sc, r);
+                    }
+                    if (j0 == 0 && c4[0] == 0) acc[5] += F(sweight)(p[0], sc, r);
+                }
             }
             for (int64_t c = 0; c < nc; c++) recv[j0 + c] += col[c];
         }
@@ -167,3 +245,5 @@ static TARGET int F(srun)(struct sproblem *pr) {
     free(kp);
     return failed ? -1 : 0;
 }
+
+#include "_tiles_fstats.h"
