@@ -233,3 +233,18 @@ def test_a_profile_with_sinks_is_measured_with_sink_logits(cache, monkeypatch):
     choice = explain(request(q, k, k, causal=True, sink_logits=torch.zeros(8)))
     assert choice.measured and {n for n, _ in seen} == {"torch", "blockwise", "kernel"}
     assert all(s is not None and tuple(s.shape) == (8,) for _, s in seen)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_switched_off_auto_decodes_a_long_cache_by_the_decode_pass(cache, monkeypatch, kv_dtype):
+    """Without measurements a decoding step is ranked by the read it is (base.read_seconds), not by its scores:
+    SDPA and the Python loop read grouped keys once per query head in float32, the decode pass once as stored."""
+    from attnlab.backends import kernel
+
+    if kernel.isa() is None:
+        pytest.skip("the compiled kernel is not built here")
+    monkeypatch.setenv(calibrate.ENV_SWITCH, "0")
+    dtype = getattr(torch, kv_dtype)
+    q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 8192, 128).to(dtype)
+    choice = explain(request(q, k, k, causal=True, lengths=torch.tensor([8000])))
+    assert choice.backend == "kernel" and not choice.measured

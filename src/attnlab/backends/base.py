@@ -125,6 +125,18 @@ class Backend:
 
 
 TORCH_IMPORT_S = 1.5  # about what importing torch costs a NumPy-only session: the prior weighs it in
+PRIOR_READ_BYTES_PER_S = 20e9  # where nothing was measured: bytes of keys and values a call reads per second
+
+
+def read_seconds(r: Request, item: int, per_query_head: bool) -> float:
+    """A prior's floor: the time to read the keys and values once, ``item`` bytes per element, once per k/v head
+    (the kernel's decode pass) or once per query head (the torch and NumPy paths, which repeat grouped keys and
+    compute in float32 or float64). A call with few query rows (a decoding step) is this read, whatever its
+    scores cost: without it the per-score priors rank SDPA or the Python loop first for a long cache, 4 to 10
+    times slower than the decode pass."""
+    p = r.problem
+    heads = int(np.prod(p.batch, dtype=np.int64)) // (1 if per_query_head else p.groups)
+    return heads * p.tk * (p.d + p.dv) * item * r.visible / PRIOR_READ_BYTES_PER_S
 
 
 def torch_refusals(r: Request) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.backends import online
-from attnlab.backends.base import Backend, Supports, torch_overhead
+from attnlab.backends.base import Backend, Supports, read_seconds, torch_overhead
 from attnlab.backends.quantized import Tiles, rotated_q
 from attnlab.backends.request import Call, Request
 from attnlab.backends.tiling import Tiling
@@ -181,7 +181,8 @@ class BlockwiseBackend(Backend):
 
     def estimate(self, r: Request) -> float:
         extra = torch_overhead(r) if r.library == "torch" else 0.0
-        return extra + PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible
+        return extra + PRIOR_OVERHEAD_S + max(PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible,
+                                              read_seconds(r, 4, per_query_head=True))
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
         return run_blockwise(call, online.forward)

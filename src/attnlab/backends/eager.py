@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
+from attnlab.backends.base import Backend, Supports, as_torch, like_input, read_seconds, torch_overhead, torch_refusals
 from attnlab.backends.quantized import rotated_q
 from attnlab.backends.request import Call, Request, dense_mask, repeat_groups
 from attnlab.masks.frame import split_batch
@@ -40,7 +40,8 @@ class TorchBackend(Backend):
         return torch_refusals(r)
 
     def estimate(self, r: Request) -> float:
-        return torch_overhead(r) + PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores
+        return torch_overhead(r) + PRIOR_OVERHEAD_S + max(PRIOR_NS_PER_SCORE * 1e-9 * r.scores,
+                                                            read_seconds(r, 4, per_query_head=True))
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
         q, k, v = (x if isinstance(x, QuantizedKV) else as_torch(x) for x in (call.q, call.k, call.v))

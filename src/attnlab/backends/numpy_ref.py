@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnlab.backends.base import Backend, Supports
+from attnlab.backends.base import Backend, Supports, read_seconds
 from attnlab.backends.request import Call, Request, repeat_groups
 from attnlab.reference import attention as reference
 
@@ -28,7 +28,7 @@ class NumpyBackend(Backend):
         return "float64"  # the reference computes in float64 and returns the inputs' dtype
 
     def estimate(self, r: Request) -> float:
-        return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores
+        return PRIOR_OVERHEAD_S + max(PRIOR_NS_PER_SCORE * 1e-9 * r.scores, read_seconds(r, 8, per_query_head=True))
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
         g, k, v = call.problem.groups, call.k, call.v

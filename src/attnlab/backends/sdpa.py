@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attnlab.backends.base import Backend, Supports, as_torch, like_input, torch_overhead, torch_refusals
+from attnlab.backends.base import Backend, Supports, as_torch, like_input, read_seconds, torch_overhead, torch_refusals
 from attnlab.backends.request import Call, Request, dense_mask
 from attnlab.reference.validate import FLOAT_DTYPES
 
@@ -60,7 +60,7 @@ class SdpaBackend(Backend):
             ns = PRIOR_NS_PER_SCORE_MASKED
         elif r.band:  # causal: a fraction of the scores
             ns *= PRIOR_CAUSAL_FRACTION
-        return torch_overhead(r) + PRIOR_OVERHEAD_S + ns * 1e-9 * r.scores
+        return torch_overhead(r) + PRIOR_OVERHEAD_S + max(ns * 1e-9 * r.scores, read_seconds(r, 4, per_query_head=True))
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
         import torch

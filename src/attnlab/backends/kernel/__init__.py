@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from attnlab import masks
-from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports
+from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports, read_seconds
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
 from attnlab.backends.kernel.buffers import buffers as _buffers
 from attnlab.backends.kernel.buffers import quantized as _quantized
@@ -67,7 +67,6 @@ BLOCK = (96, 512)
 BACKWARD_BLOCK = (96, 256)  # P and dS tiles of 96 x 256 (192 kB together), the key block's dK, dV beside them
 PRIOR_NS_PER_SCORE = 1.5  # a rough prior for auto where nothing was measured, per visited score
 PRIOR_OVERHEAD_S = 5e-5
-PRIOR_DECODE_BYTES_PER_S = 20e9  # the decode pass's prior: bytes of k and v (as stored) read per second
 
 
 def isa() -> str | None:
@@ -374,8 +373,7 @@ class KernelBackend(Backend):
         p = r.problem
         if p.tq <= DECODE_MAX_TQ and not r.grad:  # the decode pass: a read of the keys and values
             item = 1 if r.quantized else 2 if p.kv_dtype in ("float16", "bfloat16") else 4
-            heads = int(np.prod(p.batch, dtype=np.int64)) // p.groups
-            return PRIOR_OVERHEAD_S + heads * p.tk * (p.d + p.dv) * item * r.visible / PRIOR_DECODE_BYTES_PER_S
+            return PRIOR_OVERHEAD_S + read_seconds(r, item, per_query_head=False)
         return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
