@@ -24,18 +24,6 @@ if kernel.isa() is None:
         pytest.fail("attnlab.backends.kernel._tiles was not built (see pyproject.toml's ext-modules)", pytrace=False)
     pytest.skip("the compiled kernel was not built here", allow_module_level=True)
 
-ISAS = kernel._tiles.isas()
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    """Once per instruction set compiled in that this CPU runs (AVX-512, AVX2, 128-bit vectors)."""
-    best = kernel._tiles.isa()
-    kernel._tiles.isa(request.param)
-    yield request.param
-    kernel._tiles.isa(best)
-
-
 def _cache(name, b=2, h=8, hkv=2, tq=1, tk=97, d=64, dv=None):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     q = rng.standard_normal((b, h, tq, d)).astype(np.float32)

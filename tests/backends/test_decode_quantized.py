@@ -15,14 +15,6 @@ if kernel.isa() is None:
     pytest.skip("the compiled kernel was not built here", allow_module_level=True)
 
 
-@pytest.fixture(params=kernel._tiles.isas())
-def isa(request):
-    best = kernel._tiles.isa()
-    kernel._tiles.isa(request.param)
-    yield request.param
-    kernel._tiles.isa(best)
-
-
 def _int8(x):
     """Symmetric int8 with one scale per row (the quantized cache's "int8"): codes, scales, dequantized float64."""
     scale = (np.abs(x).max(-1) / 127).astype(np.float32)

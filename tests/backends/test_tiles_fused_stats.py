@@ -17,19 +17,8 @@ from attnlab.backends.kernel import fused
 from attnlab.backends.tiling import Tiling
 from attnlab.backends.visible import describe
 
-if kernel._tiles is None:
+if kernel.isa() is None:
     pytest.skip("the compiled kernel was not built here", allow_module_level=True)
-
-ISAS = kernel._tiles.isas()
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    best = kernel._tiles.isa()
-    kernel._tiles.isa(request.param)
-    yield request.param
-    kernel._tiles.isa(best)
-
 
 CASES = {
     "causal-gqa": dict(b=2, g=3, t=300, d=32, dv=32, mask=masks.causal()),

@@ -17,17 +17,6 @@ from attnlab.reference import attention as reference
 if kernel.isa() is None:
     pytest.skip("the compiled kernel was not built here", allow_module_level=True)
 
-ISAS = kernel._tiles.isas()
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    best = kernel._tiles.isa()
-    assert kernel._tiles.isa(request.param) == request.param
-    yield request.param
-    kernel._tiles.isa(best)
-
-
 def _dense_pool(q, k, lse, scale, seen, block, softcap=None, slope=0.0):
     """(sums, maxes) (B, G, N, N) by definition, in float64, from dense [T, T] weights."""
     b, g, t, _ = q.shape
