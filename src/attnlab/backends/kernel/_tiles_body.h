@@ -334,23 +334,32 @@ static TARGET __attribute__((noinline)) void F(item)(const struct problem *pr, c
     }
 }
 
-/* The whole call: pack the keys, then every (head, query block) on the threads, the costliest first. */
-static TARGET int F(run)(struct problem *pr) {
+/* What every forward-shaped call does first: the tile sizes rounded to whole vectors and rows, and buffers for the
+ * packed keys (*kp, also pr->kp) and, where they are packed, values (*vp, also pr->vp; else NULL). -1 where memory
+ * runs out (then nothing is left allocated). */
+static TARGET int F(packs)(struct problem *pr, float **kp, float **vp) {
     pr->bqp = (pr->bq + ROWS - 1) / ROWS * ROWS;
     pr->bk = (pr->bk + VW - 1) / VW * VW;
     pr->tkp = (pr->tk + VW - 1) / VW * VW;
     pr->dvp = (pr->dv + VW - 1) / VW * VW;
-    const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, items = pr->b * pr->g * qblocks;
     const int pack_v = VPW || pr->dv % VW != 0;
-    float *kp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->d));
-    float *vp = pack_v ? aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->dvp)) : NULL;
-    if (!kp || (pack_v && !vp)) {
-        free(kp);
-        free(vp);
+    *kp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->d));
+    *vp = pack_v ? aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->dvp)) : NULL;
+    if (!*kp || (pack_v && !*vp)) {
+        free(*kp);
+        free(*vp);
         return -1;
     }
-    pr->kp = kp;
-    pr->vp = vp;
+    pr->kp = *kp;
+    pr->vp = *vp;
+    return 0;
+}
+
+/* The whole call: pack the keys, then every (head, query block) on the threads, the costliest first. */
+static TARGET int F(run)(struct problem *pr) {
+    float *kp, *vp;
+    if (F(packs)(pr, &kp, &vp) != 0) return -1;
+    const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, items = pr->b * pr->g * qblocks;
     int64_t next = 0;
     int failed = 0;
     const int64_t qn = (pr->bqp * pr->d + 15) / 16 * 16; /* every scratch buffer starts on a 64-byte line */

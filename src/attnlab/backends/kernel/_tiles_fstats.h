@@ -201,22 +201,10 @@ static TARGET __attribute__((noinline)) void F(fssweep)(const struct problem *pr
 
 /* The whole call: pack k and v, then every head on the threads, its query blocks in order. */
 static TARGET int F(fsrun)(struct problem *pr) {
-    pr->bqp = (pr->bq + ROWS - 1) / ROWS * ROWS;
-    pr->bk = (pr->bk + VW - 1) / VW * VW;
-    pr->tkp = (pr->tk + VW - 1) / VW * VW;
-    pr->dvp = (pr->dv + VW - 1) / VW * VW;
+    float *kp, *vp;
+    if (F(packs)(pr, &kp, &vp) != 0) return -1;
     const int64_t heads = pr->b * pr->g, lde = (pr->tkp + 15) / 16 * 16 + 16; /* e's rows apart by more than 4 KiB steps */
     const int64_t ntiles = (pr->tkp + pr->bk - 1) / pr->bk + 1;
-    const int pack_v = VPW || pr->dv % VW != 0;
-    float *kp = aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->d));
-    float *vp = pack_v ? aligned_alloc(64, round64(sizeof(float) * pr->b * pr->tkp * pr->dvp)) : NULL;
-    if (!kp || (pack_v && !vp)) {
-        free(kp);
-        free(vp);
-        return -1;
-    }
-    pr->kp = kp;
-    pr->vp = vp;
     int64_t next = 0;
     int failed = 0;
     const int64_t qn = (pr->bqp * pr->d + 15) / 16 * 16, sn = (pr->bqp * (pr->bk + pr->dvp) + 2 * pr->bqp + 15) / 16 * 16;
