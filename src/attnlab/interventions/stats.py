@@ -189,7 +189,7 @@ def compiled_layer_stats(q: Any, k: Any, lse: Any, *, scale: float, causal: bool
     hkv = k.shape[0]
     sums, received = kernel.stats(q.reshape(hkv, h // hkv, t, d), k, lse.reshape(hkv, h // hkv, t), scale=scale,
                                   mask=visibility(causal, window), softcap=softcap,
-                                  block_size=None if block_rows is None else (block_rows, 512),
+                                  block_size=None if block_rows is None else (block_rows, kernel.BLOCK[1]),
                                   sinks=None if sinks is None else _f32_heads(sinks, h).reshape(hkv, h // hkv))
     return _kernel_sums(sums, received, lse, causal, window, sinks)
 
