@@ -124,12 +124,48 @@ def repeated(window, gen, spans: int = 1, shortest: int = 16, longest: int = 256
     return out
 
 
+def planted(window, gen, vocab: int, kind: str = "pairs", spans: int = 1):
+    """(``window`` with stretches of random token ids written into it, ``scored`` (len - 1,) bool: the targets
+    the loss counts). No text predicts a random id, so only a model that reads back can lower the loss on a
+    stretch's second copy: the signal that forms an induction head, which text alone (even with
+    :func:`repeated`) did not give this small model in its budget. The first copy's targets are not scored
+    (nothing can predict them; scoring them only teaches the model to hedge).
+
+    ``kind="periodic"``: one stretch of 4-32 random ids, written again and again from a random start in the
+    window's first quarter to its end (short windows: many scored copies, the curriculum's first phase).
+    ``kind="pairs"``: ``spans`` stretches of 8-64 random ids, each written twice, the second copy at any
+    distance the window allows (long windows: reading back to any distance; a later stretch may overwrite an
+    earlier one). Ids are drawn from 1 to ``vocab`` - 1 (0 is EOS)."""
+    import torch
+
+    n, out = len(window), window.clone()
+    scored = torch.ones(n - 1, dtype=torch.bool)  # target j is out[j + 1]
+    if kind == "periodic":
+        period = int(torch.randint(4, 33, (1,), generator=gen))
+        start = int(torch.randint(1, max(2, n // 4), (1,), generator=gen))
+        copies = (n - start) // period
+        out[start:start + copies * period] = torch.randint(1, vocab, (period,), generator=gen).repeat(copies)
+        scored[start - 1:start + period - 1] = False
+        return out, scored
+    if kind != "pairs":
+        raise ValueError(f"kind must be 'pairs' or 'periodic', got {kind!r}")
+    for _ in range(spans):
+        length = int(torch.randint(8, 65, (1,), generator=gen))
+        src = int(torch.randint(1, n - 2 * length, (1,), generator=gen))
+        dst = int(torch.randint(src + length, n - length + 1, (1,), generator=gen))
+        out[src:src + length] = out[dst:dst + length] = torch.randint(1, vocab, (length,), generator=gen)
+        scored[src - 1:src + length - 1] = False
+    return out, scored
+
+
 def fit(model, stream, *, steps: int, batch: int, context: int, lr: float, seed: int, log=print,
         until: int | None = None, minutes: float | None = None, every: int = 100, checkpoint=None,
-        checkpoint_s: float | None = None, repeat: float = 0.0, spans: int = 1) -> dict:
+        checkpoint_s: float | None = None, repeat: float = 0.0, spans: int = 1, plant: float = 0.0,
+        plant_kind: str = "pairs") -> dict:
     """AdamW on windows of ``context`` tokens drawn at random (one seeded generator) from ``stream``, the
     learning rate scheduled to ``steps``; a share ``repeat`` of the windows carries ``spans`` stretches twice
-    (:func:`repeated`). It stops after ``until`` steps (default ``steps``) or when
+    (:func:`repeated`), and a share ``plant`` carries random stretches of ``plant_kind`` (:func:`planted`, ``spans``
+    of them for pairs), whose first copies the loss leaves out. It stops after ``until`` steps (default ``steps``) or when
     ``minutes`` of wall time have passed, whichever is first; ``checkpoint(step)`` runs every
     ``checkpoint_s`` seconds. Returns what ran: {"steps": done, "seconds": wall time}."""
     import torch
@@ -149,8 +185,19 @@ def fit(model, stream, *, steps: int, batch: int, context: int, lr: float, seed:
         if repeat > 0:
             draws = torch.rand(batch, generator=gen).tolist()
             seqs = [repeated(s, gen, spans) if u < repeat else s for s, u in zip(seqs, draws)]
+        scored = [None] * batch
+        if plant > 0:
+            draws = torch.rand(batch, generator=gen).tolist()
+            vocab = model.config.vocab_size
+            for i, u in enumerate(draws):
+                if u < plant:
+                    seqs[i], scored[i] = planted(seqs[i], gen, vocab, plant_kind, spans)
         x, y = torch.stack([s[:-1] for s in seqs]), torch.stack([s[1:] for s in seqs])  # (batch, context)
-        loss = loss_of(model, x, y)
+        if plant > 0:
+            keep = torch.stack([torch.ones(context, dtype=torch.bool) if m is None else m for m in scored])
+            loss = token_losses(model, x, y)[keep].mean()
+        else:
+            loss = loss_of(model, x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -2,7 +2,8 @@
 tokens, trained at that length on the source files of Python's standard library.
 
     PYTHONPATH=src python scripts/train_decoder_long.py [--out src/attnlab/transformer/decoder_long]
-        [--steps N] [--until K] [--minutes M] [--threads T] [--size NAME]
+        [--steps N] [--until K] [--minutes M] [--threads T] [--size NAME] [--init FOLDER]
+        [--context N] [--plant SHARE --plant-kind periodic|pairs] [--repeat SHARE] [--spans N]
 
 Why this corpus: every machine that runs attnlab has it (no download), and source code has what a
 long context is for: identifiers defined near the top of a file and used thousands of tokens later.
@@ -18,6 +19,13 @@ one file into the next, as in pretraining). The held-out figures cut the held-ou
 same way, into windows that start every 256 tokens (so each token is scored at 8 positions of a window),
 and report the loss at every position: a model that uses its context loses less at position 1,500 than at
 position 50 on the same tokens.
+
+Reading far back has to be taught: trained on the text alone (7.5 M tokens, then 6 M more; with stretches of
+its own text written again, ``--repeat``), this small model learned to use about its last 256 tokens and no
+more. A curriculum forms an induction head first: ``--context 128 --plant 0.5 --plant-kind periodic`` (half the
+windows carry a stretch of random ids written again and again: only reading back predicts them), then
+``--context 2048 --plant 0.5 --plant-kind pairs`` (random stretches written twice at any distance, among the
+text) carries it to 2,048 tokens (``decoder_training.planted``; the commands are in docs/generation.md).
 
 Budget: ``--steps`` sets the learning-rate schedule (warmup, then a cosine to the last step);
 ``--minutes`` stops a run early when the wall clock says so, and ``training.json`` records the steps
@@ -130,7 +138,31 @@ def figures(model, train_ids, held_ids, chars_per_token: float) -> dict:
         "held_out_bits_per_char": bpc(nats), "unigram_bits_per_char": bpc(uni),
         "held_out_nats_by_position": {f"{a}-{b - 1}": round(float(by_pos[a:b].mean()), 4) for a, b in BUCKETS},
         "held_out_nats_per_128_positions": [round(float(by_pos[a:a + 128].mean()), 4) for a in range(0, CONTEXT, 128)],
+        "held_out_copy_nats": copying(model, held_ids),
     }
+
+
+def copying(model, held_ids, distances=(100, 400, 1500), length: int = 48, samples: int = 16) -> dict:
+    """Does the model read back? ``samples`` stretches of ``length`` held-out tokens, each written again
+    ``distance`` tokens after it (over the text that was there): the mean loss (nats per token, the
+    stretch's first token left out) of the first copy and of the second, per distance. A model that copies
+    (an induction head) pays far less for the second; one that reads only nearby text pays about the same,
+    or more, since the second copy breaks the text before it."""
+    import torch
+
+    out = {}
+    with torch.no_grad():
+        for distance in distances:
+            gen, first, second = torch.Generator().manual_seed(123), 0.0, 0.0
+            for _ in range(samples):
+                at = int(torch.randint(0, len(held_ids) - distance - length - 200, (1,), generator=gen))
+                x = held_ids[at:at + 64 + distance + length].clone()  # 64 tokens of context, then the stretch
+                x[64 + distance:] = held_ids[at + 64:at + 64 + length]
+                nats = shared.token_losses(model, x[None, :-1], x[None, 1:])[0]
+                first += float(nats[64:64 + length - 1].mean())
+                second += float(nats[64 + distance:].mean())
+            out[str(distance)] = {"first": round(first / samples, 3), "second": round(second / samples, 3)}
+    return out
 
 
 def cpu() -> str:
@@ -161,26 +193,28 @@ def run(args, log=print) -> None:
     params = sum(p.numel() for p in model.parameters())
     log(f"size {args.size}: {params / 1e6:.2f} M parameters, {args.threads} thread(s), backend {args.backend}")
     report = {**facts, "size": args.size, "parameters": params, "seed": args.seed, "schedule_steps": args.steps,
-              "batch": args.batch, "repeat": args.repeat, "spans": args.spans, "context": CONTEXT, "lr": args.lr, "threads": args.threads,
+              "batch": args.batch, "repeat": args.repeat, "spans": args.spans, "plant": args.plant,
+              "plant_kind": args.plant_kind, "context": args.context, "lr": args.lr, "threads": args.threads,
               "backend": args.backend, "cpu": cpu(), "torch": torch.__version__}
     earlier = before["tokens_seen"] if before else 0
     if before:  # a second phase: what the first ran, and its command's numbers
-        report["continued_from"] = {k: before[k] for k in ("seed", "schedule_steps", "steps", "lr", "tokens_seen",
-                                                           "train_seconds", "threads", "repeat", "spans", "held_out_nats_by_position",
-                                                           "continued_from")
-                                     if k in before}
+        kept = ("seed", "schedule_steps", "steps", "lr", "tokens_seen", "train_seconds", "threads", "batch", "context",
+                "repeat", "spans", "plant", "plant_kind", "held_out_nats_by_position", "held_out_copy_nats", "continued_from")
+        report["continued_from"] = {k: before[k] for k in kept if k in before}
 
     def checkpoint(done: int) -> None:
-        shared.save(model, tok, {**report, "steps": done, "tokens_seen": earlier + done * args.batch * CONTEXT,
+        shared.save(model, tok, {**report, "steps": done, "tokens_seen": earlier + done * args.batch * args.context,
                                  "checkpoint": True}, args.out)
         log(f"checkpoint at step {done} in {args.out}")
 
-    ran = shared.fit(model, train_ids, steps=args.steps, batch=args.batch, context=CONTEXT, lr=args.lr,
+    ran = shared.fit(model, train_ids, steps=args.steps, batch=args.batch, context=args.context, lr=args.lr,
                      seed=args.seed, log=log, until=args.until, minutes=args.minutes, every=10,
-                     checkpoint=checkpoint, checkpoint_s=60 * args.checkpoint_minutes, repeat=args.repeat, spans=args.spans)
+                     checkpoint=checkpoint, checkpoint_s=60 * args.checkpoint_minutes, repeat=args.repeat, spans=args.spans,
+                     plant=args.plant, plant_kind=args.plant_kind)
     model.eval()
-    report.update(steps=ran["steps"], tokens_seen=earlier + ran["steps"] * args.batch * CONTEXT, train_seconds=ran["seconds"],
-                  tokens_per_second=round(ran["steps"] * args.batch * CONTEXT / max(ran["seconds"], 1e-9), 1))
+    seen = ran["steps"] * args.batch * args.context
+    report.update(steps=ran["steps"], tokens_seen=earlier + seen, train_seconds=ran["seconds"],
+                  tokens_per_second=round(seen / max(ran["seconds"], 1e-9), 1))
     if ran["steps"] < args.steps:
         report["stopped"] = (f"after {ran['steps']} of {args.steps} scheduled steps (--minutes {args.minutes}); "
                              f"reproduce with --steps {args.steps} --until {ran['steps']}")
@@ -230,11 +264,17 @@ def main() -> None:
     ap.add_argument("--until", type=int, default=None, help="stop after this many steps (default: --steps)")
     ap.add_argument("--minutes", type=float, default=None, help="stop when this much wall time has passed")
     ap.add_argument("--checkpoint-minutes", type=float, default=5.0)
-    ap.add_argument("--batch", type=int, default=2, help="windows of 2,048 tokens per step")
+    ap.add_argument("--batch", type=int, default=2, help="windows per step")
+    ap.add_argument("--context", type=int, default=CONTEXT, help="tokens per training window (the model and its "
+                    "held-out figures keep 2,048: a shorter window is a curriculum phase)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--repeat", type=float, default=0.0, help="the share of windows in which one stretch of 16-256 "
                     "tokens is written again further on (decoder_training.repeated): rewards reading far back")
     ap.add_argument("--spans", type=int, default=1, help="stretches written again in each such window")
+    ap.add_argument("--plant", type=float, default=0.0, help="the share of windows carrying random-token stretches "
+                    "written again (decoder_training.planted): forms an induction head")
+    ap.add_argument("--plant-kind", choices=("pairs", "periodic"), default="pairs",
+                    help="periodic: one stretch repeated to the window's end; pairs: --spans stretches, each twice")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backend", default="sdpa", help="attnlab attention backend for training (sdpa: torch's fused CPU "
                     "kernel, ~4x the torch backend's speed at 2,048 tokens in the pilot)")
@@ -247,8 +287,13 @@ def main() -> None:
     for name in ("steps", "batch", "threads", "spans"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if not 0 <= args.repeat <= 1:
-        ap.error(f"--repeat is a share of windows, from 0 to 1, got {args.repeat}")
+    for name in ("repeat", "plant"):
+        if not 0 <= getattr(args, name) <= 1:
+            ap.error(f"--{name} is a share of windows, from 0 to 1, got {getattr(args, name)}")
+    if not 128 <= args.context <= CONTEXT:
+        ap.error(f"--context must be from 128 to {CONTEXT} tokens, got {args.context}")
+    if args.plant and args.plant_kind == "pairs" and args.context < 160:
+        ap.error(f"--plant-kind pairs writes stretches of up to 64 tokens twice: --context must be at least 160, got {args.context}")
     log = lambda line: print(line, flush=True)
     if args.evaluate is not None:
         evaluate(args.evaluate, args.threads, log)
