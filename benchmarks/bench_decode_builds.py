@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         builds = {"before": load(str(build(args.before, Path(tmp)))), "after": kernel._tiles}
+        if kernel._tiles.isa() in builds["before"].isas():  # ATTNLAB_KERNEL_ISA picks both builds' variant
+            builds["before"].isa(kernel._tiles.isa())
         llc = llc_bytes()
         bandwidth = read_bandwidth(llc)
         rows = []
