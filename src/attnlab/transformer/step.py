@@ -118,7 +118,10 @@ class _Layer:
         g = self.up(self.norm2(x))
         if self.gate_up is None:
             return x + self.down(self.act(g))
-        torch.mul(self.act(self.gate_up[0]), self.gate_up[1], out=self.down.into)
+        # the gate's half made contiguous first: the forward's activation runs over one contiguous (B, d_ff) tensor,
+        # and torch's vectorized loop over a strided one ends each row with a scalar tail whose exp may round
+        # otherwise (AVX-512: 16 lanes; a row of 24 is 16 + 8), so the same bits need the same layout
+        torch.mul(self.act(self.gate_up[0].contiguous()), self.gate_up[1], out=self.down.into)
         return x + self.down()
 
     def _write(self, step: Step, k: torch.Tensor, dtype: torch.dtype) -> Any:
