@@ -207,19 +207,17 @@ static TARGET int F(fsrun)(struct problem *pr) {
     const int64_t ntiles = (pr->tkp + pr->bk - 1) / pr->bk + 1;
     int64_t next = 0;
     int failed = 0;
-    const int64_t qn = (pr->bqp * pr->d + 15) / 16 * 16, sn = (pr->bqp * (pr->bk + pr->dvp) + 2 * pr->bqp + 15) / 16 * 16;
+    const int64_t qn = F(qfloats)(pr), sn = (pr->bqp * (pr->bk + pr->dvp) + 2 * pr->bqp + 15) / 16 * 16;
     const int64_t en = pr->bqp * lde, mn = (ntiles * pr->bqp + pr->bqp + 15) / 16 * 16, cn = (pr->bk + 15) / 16 * 16;
     const size_t per_thread = sizeof(float) * (qn + sn + en + mn + cn) + sizeof(double) * pr->bqp * NROW;
 #pragma omp parallel num_threads(pr->threads)
     {
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < pr->b; b++) F(pack)(pr, b, kp + b * pr->tkp * pr->d, vp ? vp + b * pr->tkp * pr->dvp : NULL);
+        F(pack_all)(pr, kp, vp);
         float *mem = aligned_alloc(64, round64(per_thread));
         if (!mem) {
             __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         } else {
-            const struct scratch sc = {mem, mem + qn, mem + qn + pr->bqp * pr->bk, mem + qn + pr->bqp * (pr->bk + pr->dvp),
-                                       mem + qn + pr->bqp * (pr->bk + pr->dvp + 1)};
+            const struct scratch sc = F(scratch_at)(pr, mem);
             float *e = mem + qn + sn, *mt = e + en, *hs = mt + ntiles * pr->bqp, *col = mt + mn;
             double *racc = (double *)(col + cn);
             for (;;) {

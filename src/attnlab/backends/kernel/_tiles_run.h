@@ -22,6 +22,22 @@ static TARGET int F(packs)(struct problem *pr, float **kp, float **vp) {
     return 0;
 }
 
+/* A thread's scratch floats for q: a whole number of 64-byte lines, so every buffer after it starts on one. */
+static inline int64_t F(qfloats)(const struct problem *pr) { return (pr->bqp * pr->d + 15) / 16 * 16; }
+
+/* Inside a parallel region: every sequence's k and v packed, the threads sharing the sequences (a barrier after). */
+static TARGET void F(pack_all)(struct problem *pr, float *kp, float *vp) {
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < pr->b; b++) F(pack)(pr, b, kp + b * pr->tkp * pr->d, vp ? vp + b * pr->tkp * pr->dvp : NULL);
+}
+
+/* The forward's item scratch laid out from mem: q, scores, the output block, the rows' maxima and sums. */
+static inline struct scratch F(scratch_at)(const struct problem *pr, float *mem) {
+    const int64_t qn = F(qfloats)(pr);
+    return (struct scratch){mem, mem + qn, mem + qn + pr->bqp * pr->bk, mem + qn + pr->bqp * (pr->bk + pr->dvp),
+                            mem + qn + pr->bqp * (pr->bk + pr->dvp + 1)};
+}
+
 /* The whole call: pack the keys, then every (head, query block) on the threads, the costliest first. */
 static TARGET int F(run)(struct problem *pr) {
     float *kp, *vp;
@@ -29,18 +45,15 @@ static TARGET int F(run)(struct problem *pr) {
     const int64_t qblocks = (pr->tq + pr->bq - 1) / pr->bq, items = pr->b * pr->g * qblocks;
     int64_t next = 0;
     int failed = 0;
-    const int64_t qn = (pr->bqp * pr->d + 15) / 16 * 16; /* every scratch buffer starts on a 64-byte line */
-    const size_t per_thread = sizeof(float) * (qn + pr->bqp * (pr->bk + pr->dvp) + 2 * pr->bqp);
+    const size_t per_thread = sizeof(float) * (F(qfloats)(pr) + pr->bqp * (pr->bk + pr->dvp) + 2 * pr->bqp);
 #pragma omp parallel num_threads(pr->threads)
     {
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < pr->b; b++) F(pack)(pr, b, kp + b * pr->tkp * pr->d, vp ? vp + b * pr->tkp * pr->dvp : NULL);
+        F(pack_all)(pr, kp, vp);
         float *mem = aligned_alloc(64, round64(per_thread));
         if (!mem) {
             __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         } else {
-            const struct scratch sc = {mem, mem + qn, mem + qn + pr->bqp * pr->bk,
-                                       mem + qn + pr->bqp * (pr->bk + pr->dvp), mem + qn + pr->bqp * (pr->bk + pr->dvp + 1)};
+            const struct scratch sc = F(scratch_at)(pr, mem);
             for (;;) {
                 const int64_t it = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
                 if (it >= items) break;
