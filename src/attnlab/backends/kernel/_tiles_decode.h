@@ -9,8 +9,8 @@
  * ring as _tiles_decode_q4.h says): each vector of keys once for four rows, each vector of
  * values once for PV_ROWS rows (a block is staged in L1 only where its rows are not whole vectors).
  * Scores: for each row, VW dot products over D folded into one vector of VW scores by a tree of
- * shuffles. The block DECODE_AHEAD blocks on is prefetched a few lines per step of the score loops: a
- * core's one stream of keys and values was latency-bound without it. While reading, the pass notes
+ * shuffles. The block DECODE_AHEAD blocks on is prefetched a few lines per step, its values in p v's loops where
+ * that measured faster (a core's one stream of keys and values was latency-bound without it). While reading, the pass notes
  * its scores' largest |value| and whether one was not finite (a NaN or Inf in a key read): the check
  * of a plain call's k (its output, of v), with no read of its own. Each item keeps
  * its rows' running maxima, sums and unnormalised outputs (FlashDecoding's partial results); after
@@ -117,15 +117,18 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             vb = vsrc, ldv = dv, vtype = vst;
         else
             F(stage)(vsrc, vst, nk, dv, vf, dvp);
-        /* the block DECODE_AHEAD ahead, prefetched a few lines at a time as the rows' scores are computed (one
-         * stream per core is latency-bound without it; all at once, the prefetches queue behind each other) */
+        /* the block DECODE_AHEAD ahead, prefetched a few lines at a time: lines [0, split) as the rows' scores are
+         * computed, [split, lines) as p v is: its keys, then its values, where a vector of keys as stored is at least
+         * SPLIT_BYTES (else, and for int4, all during the scores). One stream per core is latency-bound
+         * without it; all at once the prefetches queue behind each other for the core's line-fill buffers. */
         const int ahead = j + (DECODE_AHEAD + 1) * VW <= j1;
         const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * krow, vh + (j + DECODE_AHEAD * VW) * vrow,
                                     ahead ? VW * krow / 64 : 0};
         const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0;
+        const int64_t split = !i4 && item * VW >= SPLIT_BYTES ? pf.k_lines : lines;
         if (kq4) { /* int4 keys: the group's scaled queries, then the rows' scores */
             if (j / 32 != kg) kg = j / 32, F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
-            for (int64_t x = 0; x < lines; x++) F(prefetch)(&pf, x);
+            for (int64_t x = 0; x < split; x++) __builtin_prefetch(F(ahead_at)(&pf, x), 0, DECODE_LOC);
             for (int64_t r = 0; r < rows;) { /* four rows at a time (then 2, 1) */
                 const int64_t nr = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
                 const float *qq[4];
@@ -139,7 +142,7 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         }
         for (int64_t r = 0; r < rows && !kq4;) { /* every row's scores into p[r], four rows at a time (then 2, 1) */
             const int64_t nr = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
-            const int64_t x0 = lines * r / rows, x1 = lines * (r + nr) / rows;
+            const int64_t x0 = split * r / rows, x1 = split * (r + nr) / rows;
             const float *qq[4];
             VF *ss[4];
             for (int i = 0; i < nr; i++) qq[i] = q + (r + i) * dp, ss[i] = (VF *)(p + (r + i) * VW);
@@ -191,13 +194,17 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         if (vq4) F(q4_weights)(p, rows, nk, v4s + j * V4->sr, V4->sr, v4z + j * V4->zr, V4->zr, ng, w4, zs);
         for (int64_t r = 0; r < rows; r += PV_ROWS) { /* acc += p v, PV_ROWS rows sharing each row of v */
             const int64_t nr = rows - r < PV_ROWS ? rows - r : PV_ROWS;
+            const int64_t y0 = split + (lines - split) * r / rows, y1 = split + (lines - split) * (r + nr) / rows;
             int64_t a = whole ? 0 : nk, z = whole ? nk : 0; /* the keys some row of them sees */
             for (int64_t x = r; x < r + nr && !whole; x++) {
                 int64_t c[4];
                 F(seen_in)(bound + 4 * x, j, nk, c);
                 if (c[1] > c[0]) a = c[0] < a ? c[0] : a, z = c[3] > z ? c[3] : z;
             }
-            if (z <= a) continue;
+            if (z <= a) {
+                for (int64_t x = y0; x < y1; x++) __builtin_prefetch(F(ahead_at)(&pf, x), 0, DECODE_LOC);
+                continue;
+            }
             for (int64_t x = r; x < r + nr && vq4;) { /* int4 values: 4, 2 or 1 rows at a time */
                 const int64_t n = r + nr - x >= 4 ? 4 : r + nr - x >= 2 ? 2 : 1;
                 F(pvq_rows)(n, w4 + x * ng * VW, ng, a, z, (const uint8_t *)vb, ldv, dv, acc4 + x * dvp, dvp);
@@ -205,11 +212,11 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             }
             if (vq4) continue;
             if (nr == PV_ROWS) {
-                F(pv_rows)(vtype, nr, p + r * VW, a, z, vb, ldv, dvp, acc + r * dvp);
+                F(pv_rows)(vtype, nr, p + r * VW, a, z, vb, ldv, dvp, acc + r * dvp, &pf, y0, y1);
                 continue;
             }
-            for (int64_t x = r; x < r + nr; x += 2)
-                F(pv_rows)(vtype, r + nr - x >= 2 ? 2 : 1, p + x * VW, a, z, vb, ldv, dvp, acc + x * dvp);
+            for (int64_t x = r; x < r + nr; x += 2) /* the first call prefetches the group's lines */
+                F(pv_rows)(vtype, r + nr - x >= 2 ? 2 : 1, p + x * VW, a, z, vb, ldv, dvp, acc + x * dvp, &pf, x == r ? y0 : y1, y1);
         }
     }
     for (int64_t r = 0; r < rows; r++)
@@ -296,6 +303,7 @@ static TARGET int F(drun)(struct dproblem *pr) {
 }
 
 #undef COMB
+#undef SPLIT_BYTES
 #undef LO8
 #undef HI8
 #undef LO4

@@ -6,8 +6,21 @@
                       * programs on both cores, one thread at 32,768 keys: 1 and 2 blocks 5-7 % faster than 4, 8 and 16
                       * slower: data fetched far ahead is evicted before it is read) */
 #define DECODE_AHEAD 2
-#define DECODE_LOC 3 /* __builtin_prefetch's locality: into L1 */
+/* __builtin_prefetch's locality: 2 (prefetcht1: into L2, whose queue is deeper than L1's line-fill buffers; the
+ * load that follows hits L2) where a cache line holds at most two vectors of keys as stored (AVX-512: float32 and
+ * 16-bit; AVX2: float32), 3 (into L1) where more (a pass busy widening 8-bit codes, or 16-bit ones on AVX2, wants
+ * them in L1). Measured on the AVX-512 Xeon, values prefetched during p v, T1 against T0 at 8,192 and 32,768 keys:
+ * float32 13 % faster (AVX2 forced: 8 %), 16-bit 2-9 % faster (AVX2: 3-6 % slower), int8 and float8 3-5 % slower.
+ * AMD documents T1 as T0 before Zen 4 and as into L2 from Zen 4; not measured there. */
+#define DECODE_LOC 3
+#define DECODE_LOC_WIDE 2
 #endif
+/* The narrowest vector of keys as stored (bytes) whose block's values are prefetched during p v, not with its keys
+ * during the scores (which then leave the line-fill buffers idle through p v), per instruction set. With the
+ * localities above, against prefetching everything into L1 during the scores (bench_decode_builds.py, the Xeon,
+ * 8,192 and 32,768 keys): AVX-512 float32 16-17 % faster, 16-bit 10-16 %, int8 and float8 4-8 %, int4 (its own
+ * loops, unchanged) 0-3 %; AVX2 forced: float32 16-18 % faster, 16-bit and int8 3-6 % slower split, so not split. */
+#define SPLIT_BYTES (VW == 16 ? 16 : 32)
 #ifndef DECODE_BURST /* a block's lines per group of keys issued together before the group where at most this many (AVX2
                       * EPYC, one thread, 2,048 keys: int8 7 %, fp8 4 %, bfloat16 5 % faster than a few per step;
                       * float32's 32 lines per group at once 7 % slower) */
@@ -161,9 +174,12 @@ static inline TARGET float F(hmax)(VF x) {
 /* Where a block is prefetched: lines [0, k_lines) of k at pk, then v's at pv. */
 struct F(ahead) { const char *pk, *pv; int64_t k_lines; };
 
-static inline TARGET void F(prefetch)(const struct F(ahead) *a, int64_t x) {
-    __builtin_prefetch(x < a->k_lines ? a->pk + 64 * x : a->pv + 64 * (x - a->k_lines), 0, DECODE_LOC);
+static inline TARGET const char *F(ahead_at)(const struct F(ahead) *a, int64_t x) {
+    return x < a->k_lines ? a->pk + 64 * x : a->pv + 64 * (x - a->k_lines);
 }
+
+/* Line x of a block of items of ITEM bytes (DECODE_LOC_WIDE where a line holds at most two vectors of them). */
+#define PREFETCH(a, x, ITEM) __builtin_prefetch(F(ahead_at)(a, x), 0, (ITEM) * VW >= 32 ? DECODE_LOC_WIDE : DECODE_LOC)
 
 /* The scores of NR (1, 2 or 4) query rows q[i] (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp items
  * of type ELEM read, LOAD(x) the VW at x as floats), DK keys at a time: each vector of keys loaded (and converted)
@@ -187,12 +203,12 @@ static inline TARGET void F(prefetch)(const struct F(ahead) *a, int64_t x) {
         const int64_t group = ((x1 - x) * DK + VW - 1) / VW; /* lines per group of DK keys (VW / DK groups) */ \
         const int burst = group <= DECODE_BURST; /* few: issued before each group, not a few per step */       \
         for (int h = 0; h < VW; h += DK) {                                                                     \
-            for (int64_t y = 0; y < group && x < x1 && burst; y++, x++) F(prefetch)(pf, x);                    \
+            for (int64_t y = 0; y < group && x < x1 && burst; y++, x++) PREFETCH(pf, x, sizeof(ELEM));         \
             VF a[NR][DK];                                                                                      \
             for (int i = 0; i < NR; i++)                                                                       \
                 for (int u = 0; u < DK; u++) a[i][u] = (VF){};                                                 \
             for (int64_t t = 0; t < dp; t += VW) {                                                             \
-                for (int64_t y = 0; y < each && x < x1 && !burst; y++, x++) F(prefetch)(pf, x);                \
+                for (int64_t y = 0; y < each && x < x1 && !burst; y++, x++) PREFETCH(pf, x, sizeof(ELEM));     \
                 VF b[NR];                                                                                      \
                 for (int i = 0; i < NR; i++) {                                                                 \
                     b[i] = *(const VF *)(qs[i] + t);                                                           \
@@ -206,7 +222,7 @@ static inline TARGET void F(prefetch)(const struct F(ahead) *a, int64_t x) {
             for (int i = 0; i < NR; i++)                                                                       \
                 for (int u = 0; u < DK; u++) c[i][h + u] = a[i][u];                                            \
         }                                                                                                      \
-        for (; x < x1; x++) F(prefetch)(pf, x);                                                                \
+        for (; x < x1; x++) PREFETCH(pf, x, sizeof(ELEM));                                                     \
         for (int i = 0; i < NR; i++) *out[i] = F(fold)(c[i]);                                                  \
     }
 #define DOTS(T, ELEM, LOAD) DOTSN(CAT(dots1, T), 1, ELEM, LOAD) DOTSN(CAT(dots2, T), 2, ELEM, LOAD) DOTSN(CAT(dots4, T), 4, ELEM, LOAD)
@@ -248,16 +264,21 @@ static inline TARGET void F(dots_rows)(int type, int64_t nr, const float *const 
 
 /* acc[r][dvp] += sum over keys u in [a, z) of p[r][u] v[u] for NR rows (p's rows VW apart, acc's dvp,
  * v's ldv items of type ELEM, LOAD(x) the VW values at x as floats): each row of v loaded (and converted)
- * once for the NR rows, NC vectors of columns at a time (NR NC accumulators in registers). */
+ * once for the NR rows, NC vectors of columns at a time (NR NC accumulators in registers). Lines [x, x1) of
+ * `pf` are prefetched along the way, a few per key. */
 #define PVG(NAME, NR, NC, ELEM, LOAD)                                                                          \
     static inline TARGET void F(NAME)(const float *restrict p, int64_t a, int64_t z, const ELEM *restrict v,   \
-                                      int64_t ldv, int64_t dvp, float *restrict acc) {                         \
+                                      int64_t ldv, int64_t dvp, float *restrict acc,                           \
+                                      const struct F(ahead) *pf, int64_t x, int64_t x1) {                      \
         int64_t t = 0;                                                                                         \
+        enum { PF = sizeof(ELEM) * VW >= SPLIT_BYTES }; /* values prefetched here (else with the keys) */          \
+        const int64_t each = PF && z > a ? ((x1 - x) * NC * VW + (z - a) * dvp - 1) / ((z - a) * dvp) : 0; /* per key */ \
         for (; t + NC * VW <= dvp; t += NC * VW) {                                                             \
             VF c[NR][NC];                                                                                      \
             for (int r = 0; r < NR; r++)                                                                       \
                 for (int i = 0; i < NC; i++) c[r][i] = *(const VF *)(acc + r * dvp + t + i * VW);              \
             for (int64_t u = a; u < z; u++) {                                                                  \
+                for (int64_t y = 0; y < each && x < x1; y++, x++) PREFETCH(pf, x, sizeof(ELEM));                   \
                 const ELEM *row = v + u * ldv + t;                                                             \
                 VF b[NC];                                                                                      \
                 for (int i = 0; i < NC; i++) b[i] = LOAD(row + i * VW);                                        \
@@ -278,6 +299,7 @@ static inline TARGET void F(dots_rows)(int type, int64_t nr, const float *const 
             }                                                                                                  \
             for (int r = 0; r < NR; r++) *(VF *)(acc + r * dvp + t) = c[r];                                    \
         }                                                                                                      \
+        for (; x < x1; x++) PREFETCH(pf, x, sizeof(ELEM));                                                     \
     }
 #define PVGS(T, ELEM, LOAD) PVG(CAT(pv1, T), 1, 4, ELEM, LOAD) PVG(CAT(pv2, T), 2, 4, ELEM, LOAD) PVG4(CAT(pv4, T), ELEM, LOAD)
 #if VW == 16 /* 16 accumulators: AVX-512 has the registers */
@@ -295,13 +317,13 @@ PVGS(f8, uint8_t, LOAD_F8)
 
 /* pv for nr (1, 2 or PV_ROWS) rows of v stored as `type` */
 static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64_t a, int64_t z, const void *v,
-                                     int64_t ldv, int64_t dvp, float *acc) {
+                                     int64_t ldv, int64_t dvp, float *acc, const struct F(ahead) *pf, int64_t x, int64_t x1) {
 #define PV_CASE(T, ELEM)                                                                                       \
-    if (nr == 1) F(CAT(pv1, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);                                      \
-    else if (nr == 2) F(CAT(pv2, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);                                 \
+    if (nr == 1) F(CAT(pv1, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc, pf, x, x1);                                      \
+    else if (nr == 2) F(CAT(pv2, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc, pf, x, x1);                                 \
     else PV4_CALL(T, ELEM)
 #if PV_ROWS == 4
-#define PV4_CALL(T, ELEM) F(CAT(pv4, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc);
+#define PV4_CALL(T, ELEM) F(CAT(pv4, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc, pf, x, x1);
 #else
 #define PV4_CALL(T, ELEM) {}
 #endif
@@ -327,4 +349,5 @@ static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64
 #undef LOAD_F16
 #undef LOAD_I8
 #undef LOAD_F8
+#undef PREFETCH
 
