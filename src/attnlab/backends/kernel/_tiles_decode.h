@@ -9,10 +9,10 @@
  * ring as _tiles_decode_q4.h says): each vector of keys once for four rows, each vector of
  * values once for PV_ROWS rows (a block is staged in L1 only where its rows are not whole vectors).
  * Scores: for each row, VW dot products over D folded into one vector of VW scores by a tree of
- * shuffles. The block DECODE_AHEAD blocks on is prefetched a few lines per step, its values in p v's loops where
- * that measured faster (a core's one stream of keys and values was latency-bound without it). While reading, the pass notes
- * its scores' largest |value| and whether one was not finite (a NaN or Inf in a key read): the check
- * of a plain call's k (its output, of v), with no read of its own. Each item keeps
+ * shuffles. The block DECODE_AHEAD blocks on is prefetched a few lines per step, its values in p v's loops
+ * where that measured faster (a core's one stream of keys and values was latency-bound without it). While
+ * reading, the pass notes its scores' largest |value| and whether one was not finite (a NaN or Inf in a key
+ * read): the check of a plain call's k (its output, of v), with no read of its own. Each item keeps
  * its rows' running maxima, sums and unnormalised outputs (FlashDecoding's partial results); after
  * every item is done each row merges its chunks by their log-sum-exp, in chunk order. Chunks come
  * from the shapes and the visibility (decode_chunk), never from the thread count: the same bits for
@@ -118,14 +118,14 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         else
             F(stage)(vsrc, vst, nk, dv, vf, dvp);
         /* the block DECODE_AHEAD ahead, prefetched a few lines at a time: lines [0, split) as the rows' scores are
-         * computed, [split, lines) as p v is: its keys, then its values, where a vector of keys as stored is at least
-         * SPLIT_BYTES (else, and for int4, all during the scores). One stream per core is latency-bound
+         * computed, [split, lines) as p v is: its keys, then its values, where SPLITS says (else, and for int4, all
+         * during the scores). One stream per core is latency-bound
          * without it; all at once the prefetches queue behind each other for the core's line-fill buffers. */
         const int ahead = j + (DECODE_AHEAD + 1) * VW <= j1;
         const struct F(ahead) pf = {kh + (j + DECODE_AHEAD * VW) * krow, vh + (j + DECODE_AHEAD * VW) * vrow,
                                     ahead ? VW * krow / 64 : 0};
         const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0;
-        const int64_t split = !i4 && item * VW >= SPLIT_BYTES ? pf.k_lines : lines;
+        const int64_t split = !i4 && SPLITS(item) ? pf.k_lines : lines;
         if (kq4) { /* int4 keys: the group's scaled queries, then the rows' scores */
             if (j / 32 != kg) kg = j / 32, F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
             for (int64_t x = 0; x < split; x++) __builtin_prefetch(F(ahead_at)(&pf, x), 0, DECODE_LOC);
@@ -303,7 +303,7 @@ static TARGET int F(drun)(struct dproblem *pr) {
 }
 
 #undef COMB
-#undef SPLIT_BYTES
+#undef SPLITS
 #undef LO8
 #undef HI8
 #undef LO4

@@ -15,12 +15,11 @@
 #define DECODE_LOC 3
 #define DECODE_LOC_WIDE 2
 #endif
-/* The narrowest vector of keys as stored (bytes) whose block's values are prefetched during p v, not with its keys
- * during the scores (which then leave the line-fill buffers idle through p v), per instruction set. With the
+/* Whether a block of items of ITEM bytes has its values prefetched during p v, not with its keys during the scores (which then leave the line-fill buffers idle through p v), per instruction set. With the
  * localities above, against prefetching everything into L1 during the scores (bench_decode_builds.py, the Xeon,
  * 8,192 and 32,768 keys): AVX-512 float32 16-17 % faster, 16-bit 10-16 %, int8 and float8 4-8 %, int4 (its own
  * loops, unchanged) 0-3 %; AVX2 forced: float32 16-18 % faster, 16-bit and int8 3-6 % slower split, so not split. */
-#define SPLIT_BYTES (VW == 16 ? 16 : 32)
+#define SPLITS(ITEM) ((ITEM) * VW >= (VW == 16 ? 16 : 32)) /* vectors of at least 16 (AVX2: 32) bytes */
 #ifndef DECODE_BURST /* a block's lines per group of keys issued together before the group where at most this many (AVX2
                       * EPYC, one thread, 2,048 keys: int8 7 %, fp8 4 %, bfloat16 5 % faster than a few per step;
                       * float32's 32 lines per group at once 7 % slower) */
@@ -195,8 +194,8 @@ static inline TARGET const char *F(ahead_at)(const struct F(ahead) *a, int64_t x
 #define KEEP(x) (void)0
 #endif
 #define DOTSN(NAME, NR, ELEM, LOAD)                                                                            \
-    static inline TARGET void F(NAME)(const float *const *qs, const ELEM *restrict k, int64_t ldk, int64_t dp,  \
-                                      const struct F(ahead) *pf, int64_t x, int64_t x1, VF *const *out) {       \
+    static inline TARGET void F(NAME)(const float *const *qs, const ELEM *restrict k, int64_t ldk, int64_t dp, \
+                                      const struct F(ahead) *pf, int64_t x, int64_t x1, VF *const *out) {      \
         enum { DK = DKS / NR < VW ? DKS / NR : VW };                                                           \
         VF c[NR][VW];                                                                                          \
         const int64_t each = ((x1 - x) * DK + dp - 1) / dp; /* lines per step (dp / DK steps) */               \
@@ -271,14 +270,15 @@ static inline TARGET void F(dots_rows)(int type, int64_t nr, const float *const 
                                       int64_t ldv, int64_t dvp, float *restrict acc,                           \
                                       const struct F(ahead) *pf, int64_t x, int64_t x1) {                      \
         int64_t t = 0;                                                                                         \
-        enum { PF = sizeof(ELEM) * VW >= SPLIT_BYTES }; /* values prefetched here (else with the keys) */          \
-        const int64_t each = PF && z > a ? ((x1 - x) * NC * VW + (z - a) * dvp - 1) / ((z - a) * dvp) : 0; /* per key */ \
+        enum { PF = SPLITS(sizeof(ELEM)) }; /* values prefetched here (else with the keys) */                  \
+        const int64_t each = /* lines per key and chunk of columns */                                          \
+            PF && z > a ? ((x1 - x) * NC * VW + (z - a) * dvp - 1) / ((z - a) * dvp) : 0;                      \
         for (; t + NC * VW <= dvp; t += NC * VW) {                                                             \
             VF c[NR][NC];                                                                                      \
             for (int r = 0; r < NR; r++)                                                                       \
                 for (int i = 0; i < NC; i++) c[r][i] = *(const VF *)(acc + r * dvp + t + i * VW);              \
             for (int64_t u = a; u < z; u++) {                                                                  \
-                for (int64_t y = 0; y < each && x < x1; y++, x++) PREFETCH(pf, x, sizeof(ELEM));                   \
+                for (int64_t y = 0; y < each && x < x1; y++, x++) PREFETCH(pf, x, sizeof(ELEM));               \
                 const ELEM *row = v + u * ldv + t;                                                             \
                 VF b[NC];                                                                                      \
                 for (int i = 0; i < NC; i++) b[i] = LOAD(row + i * VW);                                        \
@@ -319,8 +319,8 @@ PVGS(f8, uint8_t, LOAD_F8)
 static inline TARGET void F(pv_rows)(int type, int64_t nr, const float *p, int64_t a, int64_t z, const void *v,
                                      int64_t ldv, int64_t dvp, float *acc, const struct F(ahead) *pf, int64_t x, int64_t x1) {
 #define PV_CASE(T, ELEM)                                                                                       \
-    if (nr == 1) F(CAT(pv1, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc, pf, x, x1);                                      \
-    else if (nr == 2) F(CAT(pv2, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc, pf, x, x1);                                 \
+    if (nr == 1) F(CAT(pv1, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc, pf, x, x1);                           \
+    else if (nr == 2) F(CAT(pv2, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc, pf, x, x1);                      \
     else PV4_CALL(T, ELEM)
 #if PV_ROWS == 4
 #define PV4_CALL(T, ELEM) F(CAT(pv4, T))(p, a, z, (const ELEM *)v, ldv, dvp, acc, pf, x, x1);
