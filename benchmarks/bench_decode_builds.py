@@ -64,8 +64,10 @@ def stored(dtype: str, k, v) -> tuple:
     """float32 k and v (1, 8, n, 128) as a ``dtype`` cache holds them: (k, v, bytes stored)."""
     import torch
 
+    from attnlab.bench.decode import cache_like
+
     if dtype not in QUANTIZED:
-        k, v = (x.to(getattr(torch, dtype)) for x in (k, v))
+        k, v = (cache_like(x, getattr(torch, dtype)) for x in (k, v))  # as the model's cache holds them
         return *((x.view(torch.int16) if dtype == "bfloat16" else x).numpy() for x in (k, v)), k.nbytes + v.nbytes
     from attnlab.transformer.layer_cache import Step
     from attnlab.transformer.quantize import Store

@@ -38,10 +38,12 @@ def caches(length: int) -> dict:
     from attnlab.transformer.layer_cache import Step
     from attnlab.transformer.quantize import Store
 
-    g = torch.Generator().manual_seed(0)
-    k, v = torch.randn(1, HKV, length, D, generator=g), torch.randn(1, HKV, length, D, generator=g)
+    from attnlab.bench.decode import cache_like
+
+    g = torch.Generator().manual_seed(0)  # every cache as the model's holds it (Store's codes too: on huge pages)
+    k, v = (cache_like(torch.randn(1, HKV, length, D, generator=g), torch.float32) for _ in "kv")
     out = {"float32": (k, v, "auto", k.nbytes + v.nbytes), "float32 blockwise": (k, v, "blockwise", k.nbytes + v.nbytes)}
-    kb, vb = k.bfloat16(), v.bfloat16()
+    kb, vb = cache_like(k, torch.bfloat16), cache_like(v, torch.bfloat16)
     out["bfloat16"] = (kb, vb, "auto", kb.nbytes + vb.nbytes)
     step = Step(torch.zeros(1, dtype=torch.long), torch.tensor([length]), length)
     for kind in ("int8", "fp8", "int4"):

@@ -153,9 +153,17 @@ def _caches(cfg: DecodeConfig, dtype: str, n: int, count: int) -> list[tuple]:
     out = []
     for _ in range(count):
         q = torch.randn(cfg.batch, cfg.heads, 1, cfg.d, generator=gen).to(dt)  # (B, H, 1, D)
-        k, v = (torch.randn(cfg.batch, cfg.kv_heads, n + 1, cfg.d, generator=gen).to(dt)[:, :, :n] for _ in "kv")
+        k, v = (cache_like(torch.randn(cfg.batch, cfg.kv_heads, n + 1, cfg.d, generator=gen), dt)[:, :, :n] for _ in "kv")
         out.append((q, q.float(), k, v))  # k, v (B, H_kv, n, D) views
     return out
+
+
+def cache_like(x: Any, dtype: Any) -> Any:
+    """``x`` in ``dtype``, held as attnlab's KV cache holds its keys and values (on huge pages where the OS
+    lends them: :mod:`attnlab.backends.pages`)."""
+    from attnlab.backends import pages
+
+    return pages.zeros(tuple(x.shape), dtype).copy_(x)
 
 
 def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from attnlab import masks
+from attnlab.backends import pages
 from attnlab.reference.validate import CACHE_DTYPES
 
 SINK_DEFAULT = 4  # StreamingLLM's choice: four initial tokens carry the attention sink
@@ -136,8 +137,8 @@ class LayerCache:
     def __init__(self, batch: int, heads: int, dim: int, capacity: int, dtype: torch.dtype, device: Any,
                  window: int | None = None):
         self.window = window  # W: keys a token sees, itself included (None: all before it)
-        self.k = torch.zeros(batch, heads, capacity, dim, dtype=dtype, device=device)  # (B, H_kv, C, D)
-        self.v = torch.zeros_like(self.k)
+        self.k = pages.zeros((batch, heads, capacity, dim), dtype, device)  # (B, H_kv, C, D), on huge pages
+        self.v = pages.zeros(self.k.shape, dtype, device)
         self.slot_positions = torch.full((batch, capacity), -1, dtype=torch.long, device=device)  # (B, C)
         self.k_norm = 0.0  # the largest ‖k_j‖ ever appended (an upper bound of the keys held)
 
@@ -172,7 +173,7 @@ class LayerCache:
         B, H, C, D = self.k.shape
         for name in ("k", "v"):
             old = getattr(self, name)
-            grown = old.new_zeros(B, H, size, D)  # (B, H_kv, size, D)
+            grown = pages.zeros((B, H, size, D), old.dtype, old.device)  # (B, H_kv, size, D)
             grown[:, :, :C] = old
             setattr(self, name, grown)
         pos = self.slot_positions.new_full((B, size), -1)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from attnlab.backends import pages
 from attnlab.reference.quantized import FP8_MAX, GROUP, RESIDUAL, QuantizedKV, hadamard
 from attnlab.transformer.layer_cache import Step
 
@@ -60,13 +61,13 @@ class Store:
         cap = -(-capacity // GROUP) * GROUP if kind == "int4" else capacity
         self.zero = self.residual = self.quantized = None
         if kind == "int8":
-            self.codes = torch.zeros(B, H, cap, dim, dtype=torch.int8, device=device)
+            self.codes = pages.zeros((B, H, cap, dim), torch.int8, device)
             self.scale = torch.zeros(B, H, cap, device=device)  # (B, H, C) per token
         elif kind == "fp8":
-            self.codes = torch.zeros(B, H, cap, dim, dtype=torch.float8_e4m3fn, device=device)
+            self.codes = pages.zeros((B, H, cap, dim), torch.float8_e4m3fn, device)
             self.scale = torch.zeros(B, H, device=device)  # (B, H): set by the first nonzero write
         else:
-            self.codes = torch.zeros(B, H, cap, dim // 2, dtype=torch.uint8, device=device)
+            self.codes = pages.zeros((B, H, cap, dim // 2), torch.uint8, device)
             groups = (B, H, cap // GROUP, dim) if grouping == "channel" else (B, H, cap, dim // GROUP)
             self.scale = torch.zeros(groups, device=device)
             self.zero = torch.zeros(groups, device=device)
@@ -98,7 +99,7 @@ class Store:
         for name in names:
             old = getattr(self, name)
             per = GROUP if self.kind == "int4" and self.grouping == "channel" and name != "codes" else 1
-            new = old.new_zeros((*old.shape[:2], size // per, *old.shape[3:]))  # (B, H, size[/32], ...)
+            new = pages.zeros((*old.shape[:2], size // per, *old.shape[3:]), old.dtype, old.device)  # (B, H, size[/32], ...)
             new[:, :, : old.shape[2]] = old
             setattr(self, name, new)
         if self.residual is not None and self.residual.shape[2] < min(RESIDUAL + GROUP, size):
