@@ -45,7 +45,7 @@ def test_a_large_buffer_is_advised_and_a_small_one_left_alone():
     assert pages.advise(big)
     assert "hg" in _vm_flags(_inside(big))
     small = torch.zeros(1000)
-    assert not pages.advise(small)  # smaller than two huge pages: nothing to ask for
+    assert not pages.advise(small)  # no whole huge page inside: nothing to ask for
 
 
 @linux

@@ -33,7 +33,7 @@ def zeros(shape: tuple[int, ...], dtype: Any, device: Any = "cpu") -> Any:
 def advise(x: Any) -> bool:
     """Ask Linux for huge pages under the whole 2 MiB pages inside tensor ``x``'s memory (before it is first
     written: pages already touched stay as they are until the kernel's khugepaged merges them). True where
-    the advice was taken; False elsewhere (not Linux, not the CPU, smaller than two huge pages)."""
+    the advice was taken; False elsewhere (not Linux, not the CPU, no whole huge page inside)."""
     if not sys.platform.startswith("linux") or x.device.type != "cpu":
         return False
     start = x.untyped_storage().data_ptr()
