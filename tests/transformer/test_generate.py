@@ -398,11 +398,16 @@ def test_the_compiled_decode_pass_generates_what_torch_does(decoder_folder, fami
 
 def test_generate_leaves_each_steps_backend_to_auto(decoder_folder, monkeypatch):
     """Not told a backend, every attention call of generate() is auto's (which measures decoding on this machine)."""
+    from attnlab.backends import reads
     from attnlab.transformer import Transformer, attend
 
     asked = []
-    real, read = attend.attention, attend.attention_read
-    monkeypatch.setattr(attend, "attention", lambda *a, **kw: asked.append(kw["backend"]) or real(*a, **kw))
-    monkeypatch.setattr(attend, "attention_read", lambda q, k, v, o, backend: asked.append(backend) or read(q, k, v, o, backend))
+    for module in (attend, reads):  # the prompt's calls, and each step's read (its choice kept per length bucket)
+        real, read = module.attention, module.attention_read
+        monkeypatch.setattr(module, "attention", lambda *a, real=real, **kw: asked.append(kw["backend"]) or real(*a, **kw))
+        monkeypatch.setattr(module, "attention_read",
+                            lambda q, k, v, o, backend, read=read: asked.append(backend) or read(q, k, v, o, backend))
+    choose = reads.choose
+    monkeypatch.setattr(reads, "choose", lambda request, backend: asked.append(backend) or choose(request, backend))
     Transformer.from_pretrained(decoder_folder("llama")).generate([PROMPT], 5)
     assert asked and set(asked) == {"auto"}

@@ -105,6 +105,7 @@ def test_float64_models_keep_the_forward(decoder_folder, lean_calls):
 def test_a_non_finite_value_is_refused_as_the_cache_refuses_it(decoder_folder):
     import torch
 
+    from attnlab.backends.reads import Reads
     from attnlab.transformer.cache import KVCache
     from attnlab.transformer.hooks import Hooks
     from attnlab.transformer.step import plan
@@ -114,7 +115,7 @@ def test_a_non_finite_value_is_refused_as_the_cache_refuses_it(decoder_folder):
         m.tok_emb.weight[7] = float("nan")  # a token the prompt does not hold
         kv = KVCache.for_model(m.config, 1, capacity=32)
         m(torch.tensor([PROMPT]), kv_cache=kv)
-        lean = plan(m, kv, Hooks(), False, None, 32)
+        lean = plan(m, kv, Hooks(), False, Reads(m.backend), 32)
         assert lean is not None and lean.serves(torch.tensor([[7]]), None)
         with pytest.raises(ValueError, match=r"k for layer 0 must be finite"):
             lean(torch.tensor([[7]]))
@@ -131,3 +132,33 @@ def test_continuing_from_a_cache_passed_back_in(decoder_folder, lean_calls):
         runs.append(torch.cat((first.logits, again.logits), dim=1))
     assert lean_calls[0] == 9 + 9  # the second call's first step is its prompt's (one token, through the forward)
     assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("backend, cache_dtype", [("kernel", None), ("kernel", "bfloat16"), ("auto", None),
+                                                  ("sdpa", None)])
+def test_a_generations_reads_equal_the_models_forward_over_the_same_cache(decoder_folder, backend, cache_dtype,
+                                                                          monkeypatch):
+    """generate() reads its cache by Reads (the kernel's decode pass or SDPA called directly); a manual greedy loop
+    through the model's forward with kv_cache= reads it by attention_read: the same logits, bit for bit, across
+    the length buckets 16, 32 and 64 (the prompt's row: generate's logits of its last row alone, the loop's of
+    every row, so a different matrix product's rounding)."""
+    import torch
+
+    from attnlab.backends import reads
+    from attnlab.transformer.cache import KVCache
+
+    direct = []
+    for kind in (reads._KernelRead, reads._SdpaRead):
+        monkeypatch.setattr(kind, "__call__", lambda self, *a, run=kind.__call__: direct.append(self) or run(self, *a))
+    m = _model(decoder_folder, "llama", backend=backend)
+    g = m.generate([PROMPT], 40, stop_at_eos=False, cache_dtype=cache_dtype)
+    kv = KVCache.for_model(m.config, 1, capacity=64, dtype=getattr(torch, cache_dtype or "float32"))
+    ids, rows = torch.tensor([PROMPT]), []
+    with torch.no_grad():
+        for _ in range(40):
+            rows.append(m.run_with_hooks(ids, kv_cache=kv)[:, -1])
+            ids = rows[-1].argmax(-1, keepdim=True)
+    assert len(direct) > 2 * 30 and (backend == "auto" or {type(d).__name__ for d in direct} == {
+        "_KernelRead" if backend == "kernel" else "_SdpaRead"})  # two layers, most steps called directly
+    loop = torch.stack(rows, dim=1)
+    assert torch.equal(g.logits[:, 1:], loop[:, 1:]) and torch.allclose(g.logits[:, 0], loop[:, 0], atol=1e-5)

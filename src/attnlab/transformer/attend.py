@@ -15,6 +15,7 @@ from attnlab import masks
 from attnlab.backends.api import attention, attention_read
 from attnlab.backends.eager import eager_scores, eager_weights, weighted_values
 from attnlab.backends.options import Options
+from attnlab.backends.reads import Reads
 from attnlab.backends.request import prepare, repeat_groups
 from attnlab.reference.quantized import QuantizedKV
 from attnlab.transformer.cache import KVCache
@@ -39,6 +40,7 @@ class Pass:
     rope_local: Any = None  # the same for the layers with their own local base (Gemma-3's sliding ones), else None
     kv: KVCache | None = None  # decoding: the cache the new tokens are appended to ...
     step: Step | None = None  # ... and what this call appends
+    reads: Reads | None = None  # a generation's reads of that cache (choices and direct calls kept), else None
 
     def visibility(self, window: masks.Mask | None) -> dict:
         """attention()'s keywords for a layer of the plain pass with its sliding window (a Mask, or None):
@@ -56,9 +58,11 @@ class Pass:
         return {"causal": self.causal, "mask": mask}
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict, last: bool = False) -> tuple:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict, last: bool = False,
+           slot: Any = None) -> tuple:
     """attnlab.attention on torch tensors (the float64 NumPy reference gets NumPy copies, no gradients):
-    z (B, H, Tq, Dh) and, with ``last``, the newest query's weights (B, H, Tk) (recomputed from the LSE)."""
+    z (B, H, Tq, Dh) and, with ``last``, the newest query's weights (B, H, Tk) (recomputed from the LSE).
+    A generation's read of its cache by the layer ``slot`` goes through the pass's :class:`Reads`."""
     kw = _call_kwargs(p, kw)
     if last:
         kw["weights_rows"] = [q.shape[2] - 1]
@@ -71,6 +75,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict,
         kw = {n: (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
         out = attention(*arrays, backend="numpy", **kw)
         out = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in (out if isinstance(out, tuple) else (out,))]
+    elif p.reads is not None and slot is not None and not last:  # the same call, what stays fixed kept per layer
+        return p.reads(slot, q, k, v, kw), None
     elif p.kv is not None and kw.get("kv_checked"):  # a read of the cache, which checked its keys: no second check
         out = list(attention_read(q, k, v, Options.of(kw), p.backend))
     else:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnlab.backends.reads import Reads
 from attnlab.transformer.cache import KINDS, KVCache, layer_kinds
 from attnlab.transformer.evict_cache import check_budget
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks, build
@@ -231,13 +232,14 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, *, attention_mask:
     kv = kv_cache or KVCache.for_model(c, B, kind=cache, window=window, sink=sink, capacity=longest + n - 1,
                                        dtype=kv_dtype, device=device, budget=cache_budget, seed=seed or 0,
                                        rotate=rotate, model_dtype=weights_dtype)
-    lean = plan(model, kv, hooks, maps, backend, offset + longest + n)  # None: the model's forward serves each step
+    reads = Reads(backend or model.backend)  # how each layer reads the cache: kept from step to step
+    lean = plan(model, kv, hooks, maps, reads, offset + longest + n)  # None: the model's forward serves each step
     with step_threads(model, kv):
-        return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks, lean)
+        return _loop(model, prompts, n, rule, stops.to(device), pad, kv, maps, on_token, backend, hooks, reads, lean)
 
 
 def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: torch.Tensor, pad: int, kv: KVCache,
-          maps: bool, on_token: Any, backend: str | None, hooks: Hooks, lean: Any = None) -> Generation:
+          maps: bool, on_token: Any, backend: str | None, hooks: Hooks, reads: Reads, lean: Any = None) -> Generation:
     """Prefill, then one token per sequence per step until ``n`` or every sequence has stopped."""
     B, device = len(prompts), kv.lengths.device
     start = [int(x) + len(p) for x, p in zip(kv.lengths, prompts)]  # each prompt's end: its first new token's position
@@ -252,7 +254,7 @@ def _loop(model: Any, prompts: list[list[int]], n: int, rule: Sampling, stops: t
             if lean is not None and lean.serves(ids, real):  # nothing watches: the same step, its fixed costs cut
                 last = lean(ids)  # (B, V)
             else:
-                last = model._decode_step(ids, real, kv, backend=backend, hooks=hooks)  # (B, V)
+                last = model._decode_step(ids, real, kv, backend=backend, hooks=hooks, reads=reads)  # (B, V)
         nxt = rule.choose(last, gen)  # (B,)
         if stopped:  # a stopped sequence gets the pad id and zero logits (none stopped: nothing to change)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.backends.reads import Reads
 from attnlab.transformer.attend import Pass, attend, attend_eager, received
 from attnlab.transformer.cache import KVCache
 from attnlab.transformer.config import TransformerConfig
@@ -98,7 +99,7 @@ class Attention(nn.Module):
         if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
             z, row = attend_eager(q, k, v, p, at, kw, last)
         else:
-            z, row = attend(q, k, v, p, kw, last)
+            z, row = attend(q, k, v, p, kw, last, slot=self.layer)
         if read is not None and read.observe is not None:  # an evicting cache ranks (and cuts) by this attention
             read.observe(lambda rows: received(q, k, v, p, kw, rows))
         if last:  # the newest query's weights, in key-position order (a ring's slots are not)
@@ -239,7 +240,7 @@ class Transformer(nn.Module):
         return self.logits(hidden) if self.config.causal else hidden
 
     def _forward(self, input_ids: Any, attention_mask: Any, backend: str | None, hooks: Hooks,
-                 kv_cache: KVCache | None = None, documents: Any = None) -> torch.Tensor:
+                 kv_cache: KVCache | None = None, documents: Any = None, reads: Reads | None = None) -> torch.Tensor:
         ids = torch.as_tensor(input_ids, device=self.device)
         if ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(ids.shape)}")
@@ -256,7 +257,7 @@ class Transformer(nn.Module):
         if documents is not None:
             raise ValueError("documents= packs sequences into one row of a plain forward; with kv_cache= each row is "
                              "one sequence (pass them as a batch)")
-        return self._cached(ids, mask, backend, hooks, kv_cache)
+        return self._cached(ids, mask, backend, hooks, kv_cache, reads)
 
     def _plain_pass(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, documents: Any = None) -> Pass:
         c, (B, T) = self.config, ids.shape
@@ -281,7 +282,8 @@ class Transformer(nn.Module):
         return Pass(c, backend, c.causal, pos, hooks, lengths=lengths, key_mask=key_mask, documents=documents,
                     **self._rope(pos))
 
-    def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache) -> torch.Tensor:
+    def _cached(self, ids: torch.Tensor, mask: Any, backend: str, hooks: Hooks, kv: KVCache,
+                reads: Reads | None = None) -> torch.Tensor:
         """Decoding: the real tokens of each row right-aligned (a stable sort puts padding first), one
         step of the cache, positions each sequence's own; the hidden states go back to the rows' order."""
         c, (B, T) = self.config, ids.shape
@@ -298,7 +300,7 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids: the cache holds {int(kv.lengths.max())} tokens; {T} more pass the model's "
                              f"{c.max_positions} learned positions")
         pos = step.positions.clamp(min=0)  # (B, T)
-        p = Pass(c, backend, True, pos, hooks, kv=kv, step=step, **self._rope(pos))
+        p = Pass(c, backend, True, pos, hooks, kv=kv, step=step, reads=reads, **self._rope(pos))
         x = self._body(ids, p)
         kv.commit(step)
         return x.scatter(1, order[..., None].expand_as(x), x)  # (B, T, d) in the rows' own order
@@ -339,10 +341,11 @@ class Transformer(nn.Module):
         out = linear(hidden, self.tok_emb.weight) if self.lm_head is None else self.lm_head(hidden)
         return out if c.final_softcap is None else c.final_softcap * torch.tanh(out / c.final_softcap)
 
-    def _decode_step(self, ids: torch.Tensor, real: Any, kv: KVCache, *, backend: str | None, hooks: Hooks) -> torch.Tensor:
+    def _decode_step(self, ids: torch.Tensor, real: Any, kv: KVCache, *, backend: str | None, hooks: Hooks,
+                     reads: Reads | None = None) -> torch.Tensor:
         """One step of :func:`~attnlab.transformer.generate.generate`: the logits of each row's last column (B, V)
-        (its maps are the hooks' ``hook_last_pattern``)."""
-        return self.logits(self._forward(ids, real, backend, hooks, kv)[:, -1])
+        (its maps are the hooks' ``hook_last_pattern``), the cache read by the generation's ``reads``."""
+        return self.logits(self._forward(ids, real, backend, hooks, kv, reads=reads)[:, -1])
 
     def embed(self, sentences: list[str] | str, batch_size: int = 32) -> torch.Tensor:
         """Sentence embeddings [N, d]: the mean of the last hidden state over real tokens, L2-normalised

@@ -17,9 +17,9 @@ the same arithmetic in the same order with that cost taken out:
   turned in one call of :func:`~attnlab.transformer.rotary.rotate`;
 - the new keys and values checked finite as :meth:`KVCache.update` checks them (the largest key length kept)
   and written by the layer cache's own ``update`` (a narrower or quantized cache: by ``KVCache.update`` itself);
-- the layer's attention as :func:`~attnlab.transformer.attend.attend` computes it, auto's choice kept per
-  layer and length bucket, and SDPA called directly for a plain read where auto chose it
-  (:meth:`LeanStep._attend`).
+- the layer's attention as :func:`~attnlab.transformer.attend.attend` computes it, by the generation's
+  :class:`~attnlab.backends.reads.Reads` (auto's choice kept per layer and length bucket; the kernel's decode
+  pass or SDPA called directly for a plain read), as the model's forward reads it in ``generate``.
 
 It serves float32 models on the CPU whose step reads under ``threads.SMALL_STEP_BYTES`` (where fixed costs
 rule; larger steps are memory reads and keep the general path), pre-norm decoders with dense or gated
@@ -38,12 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.backends.dispatch import BACKENDS, bucket, choose
-from attnlab.backends.options import Options
-from attnlab.backends.request import CHEAP_BOUND_OK, checked_bound, prepare_read
-from attnlab.reference.validate import check_scale
+from attnlab.backends.reads import Reads
 from attnlab.transformer import linear as linear_mod
-from attnlab.transformer.attend import Pass, _call_kwargs, attend
+from attnlab.transformer.attend import Pass, attend
 from attnlab.transformer.cache import _finite_norm
 from attnlab.transformer.evict_cache import POLICIES
 from attnlab.transformer.hooks import Hooks
@@ -143,23 +140,20 @@ def _fits(model: Any, kv: Any, hooks: Hooks, maps: bool) -> bool:
             and step_bytes(model, kv) < SMALL_STEP_BYTES)
 
 
-def plan(model: Any, kv: Any, hooks: Hooks, maps: bool, backend: str | None, positions: int) -> LeanStep | None:
-    """The lean step of a generation that reaches ``positions`` positions, or None where the model's forward
-    serves every step (see the module's docstring)."""
-    return LeanStep(model, kv, backend, positions) if _fits(model, kv, hooks, maps) else None
+def plan(model: Any, kv: Any, hooks: Hooks, maps: bool, reads: Reads, positions: int) -> LeanStep | None:
+    """The lean step of a generation that reaches ``positions`` positions and reads its cache by ``reads``,
+    or None where the model's forward serves every step (see the module's docstring)."""
+    return LeanStep(model, kv, reads, positions) if _fits(model, kv, hooks, maps) else None
 
 
 class LeanStep:
     """One decoding step of ``model`` with ``kv``: ids (B, 1) → the logits (B, V), the cache written."""
 
-    def __init__(self, model: Any, kv: Any, backend: str | None, positions: int):
+    def __init__(self, model: Any, kv: Any, reads: Reads, positions: int):
         c, B = model.config, kv.batch
         self.model, self.kv, self.c = model, kv, c
-        self.pass_ = Pass(c, backend or model.backend, True, None, Hooks(), kv=kv)
+        self.pass_ = Pass(c, reads.backend, True, None, Hooks(), kv=kv, reads=reads)
         self.ones = torch.ones(B, dtype=torch.long, device=kv.lengths.device)
-        self.scale, self.gqa = check_scale(c.attn_scale, c.head_dim), c.num_heads > c.heads_kv
-        self.plain = c.attn_softcap is None and self.pass_.backend != "numpy"  # what a plain read needs of the model
-        self.chosen: dict[tuple, str] = {}  # (layer, length bucket) → the backend auto chose for a plain read
         self.layers = [_Layer(i, block, c, B, kv) for i, block in enumerate(model.blocks)]
         self.known: dict = {}  # what each step's Step would compute from the lengths: even, and the longest
         self.final = _norm(model.final_norm)
@@ -209,27 +203,10 @@ class LeanStep:
         return step
 
     def _attend(self, layer: _Layer, q: torch.Tensor, read: Any) -> torch.Tensor:
-        """The layer's attention over the cache's read, z (B, H, 1, Dh): as :func:`attend` computes it. A plain read
-        (every key seen, keys as checked, no sinks) asks :func:`dispatch.choose` once per layer and length bucket,
-        as attention() would, and keeps its answer for the bucket (a backend that refuses the very call is passed
-        over for it alone, as there); where that is SDPA, the rest of the bucket calls it directly while the score
-        bound (q's norm times the cache's largest key length) is below any backend's overflow refusal."""
-        plain = (self.plain and layer.sinks is None and read.mask is None and read.lengths is None
-                 and read.k_norm is not None and isinstance(read.k, torch.Tensor) and read.k.dtype == q.dtype)
-        if not plain:
-            kw = read.kwargs()
-            if layer.sinks is not None:
-                kw["sink_logits"] = layer.sinks
-            return attend(q, read.k, read.v, self.pass_, kw)[0]
-        key = (layer.index, bucket(read.k.shape[2]))
-        name = self.chosen.get(key)
-        if name == "sdpa" and checked_bound(q, None, self.scale, read.k_norm) <= CHEAP_BOUND_OK:
-            return F.scaled_dot_product_attention(q, read.k, read.v, scale=self.scale, enable_gqa=self.gqa)
+        """The layer's attention over the cache's read, z (B, H, 1, Dh): as :func:`attend` computes it, a
+        plain read through the generation's :class:`~attnlab.backends.reads.Reads` (auto's choice kept per
+        layer and length bucket, the kernel's decode pass or SDPA called directly)."""
         kw = read.kwargs()
-        call = prepare_read(q, read.k, read.v, Options.of(_call_kwargs(self.pass_, kw)))  # attention_read's steps
-        served = None if name is None else BACKENDS[name]
-        if served is None or served.refusals(call.request):
-            served = choose(call.request, self.pass_.backend)
-            if name is None and call.request.score_bound <= CHEAP_BOUND_OK:  # no overflow refusal: the bucket's choice
-                self.chosen[key] = served.name
-        return served.run(call)[0]
+        if layer.sinks is not None:
+            kw["sink_logits"] = layer.sinks
+        return attend(q, read.k, read.v, self.pass_, kw, slot=layer.index)[0]

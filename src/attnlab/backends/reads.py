@@ -1,0 +1,109 @@
+"""A generation's reads of its KV cache: :func:`attnlab.backends.api.attention_read` step after step, with
+what does not change between steps worked out once.
+
+A decoding step over a long cache is a read of memory, and that read evicts everything else from the CPU's
+caches: the next step's Python (checks, auto's choice, the backend's wrapper) runs cold, at several hundred
+microseconds per layer (``benchmarks/README.md`` measures it). :class:`Reads` keeps, per slot (a layer)
+and length bucket, what auto chose for a plain read (one query row per head, every key seen, keys checked
+when written) and, where that is the kernel's decode pass or SDPA, calls it directly while the score bound
+(q's largest norm times the cache's largest key length) is below any backend's overflow refusal: the
+same call with the same inputs, so the same bits. Anything else goes through ``attention_read`` as before.
+Internal to the transformer's decoding (and the decode benchmark, which times what ``generate`` calls).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnlab.backends import kernel
+from attnlab.backends.api import attention, attention_read
+from attnlab.backends.dispatch import BACKENDS, bucket, choose
+from attnlab.backends.options import Options
+from attnlab.backends.request import CHEAP_BOUND_OK, Call, checked_bound, prepare_read
+
+# what a plain read's keywords may hold (read.kwargs() and the model's own): anything else takes attention_read
+PLAIN = {"mask": None, "lengths": None, "softcap": None}
+KNOWN = frozenset(PLAIN) | {"causal", "kv_checked", "k_norm", "scale", "sink_logits"}
+
+
+class Reads:
+    """``reads(slot, q, k, v, kw)`` → the attention output (B, H, Tq, Dv) of a cache's read (torch tensors),
+    as ``attention_read(q, k, v, Options.of(kw), backend)[0]`` computes it (``attention(q, k, v, backend=,
+    **kw)`` where ``kw`` does not say the keys were checked); ``slot`` names the caller's layer (its choice
+    and its prepared call are its own)."""
+
+    def __init__(self, backend: str = "auto"):
+        self.backend = backend
+        self.kept: dict[tuple, Any] = {}  # (slot, length bucket) → (backend name, its direct call or None)
+
+    def __call__(self, slot: Any, q: Any, k: Any, v: Any, kw: dict) -> Any:
+        if not _plain(q, k, kw):
+            if not kw.get("kv_checked"):  # keys the cache did not check (a lossy read): attention()'s own checks
+                return attention(q, k, v, backend=self.backend, **kw)
+            return attention_read(q, k, v, Options.of(kw), self.backend)[0]
+        key = (slot, bucket(k.shape[2]))
+        name, direct = self.kept.get(key, (None, None))
+        if (direct is not None and kw.get("sink_logits") is direct.sinks
+                and checked_bound(q, None, direct.scale, kw["k_norm"]) <= CHEAP_BOUND_OK):
+            return direct(q, k, v)
+        call = prepare_read(q, k, v, Options.of(kw))  # attention_read's steps, the choice kept per bucket
+        served = None if name is None else BACKENDS[name]
+        if served is None or served.refusals(call.request):  # refused for this very call alone: auto's next choice
+            served = choose(call.request, self.backend)
+            if name is None and call.request.score_bound <= CHEAP_BOUND_OK:
+                self.kept[key] = (served.name, _direct(served.name, call))
+        return served.run(call)[0]
+
+
+def _plain(q: Any, k: Any, kw: dict) -> bool:
+    """One query row per head over every key of a cache that checked them, nothing else said."""
+    return (kw.get("kv_checked") is True and kw.get("k_norm") is not None and q.ndim == 4 and q.shape[2] == 1
+            and hasattr(k, "stride") and all(kw.get(n) is None for n in PLAIN) and KNOWN.issuperset(kw))
+
+
+def _direct(name: str, call: Call) -> Any:
+    """The chosen backend's own call for this bucket's plain reads, or None (it runs through its ``run``)."""
+    r = call.request
+    if name == "kernel" and kernel._decodes(call) and not r.quantized and call.visible.spans is None:
+        return _KernelRead(call)
+    if name == "sdpa" and not r.sinks and r.dtype == call.problem.kv_dtype:
+        return _SdpaRead(call)
+    return None
+
+
+class _KernelRead:
+    """The decode pass on a plain read: ``_tiles.decode`` as :func:`kernel.decode` calls it (no visibility
+    but the sinks, q read as float32, k and v as stored), the result in q's dtype."""
+
+    def __init__(self, call: Call):
+        p = call.problem
+        self.scale, self.stored, self.dtype = p.scale, p.kv_dtype, p.dtype
+        self.sinks, self.kw = call.options.sink_logits, {}  # the layer's own logits: kept as decode passes them
+        if self.sinks is not None:
+            sinks = np.broadcast_to(kernel._f32(call.visible.sinks), p.batch[:2])
+            self.kw = {"sinks": kernel.vis_args(call.visible, sinks)["sinks"]}
+
+    def __call__(self, q: Any, k: Any, v: Any) -> Any:
+        import torch
+
+        b, h, tq, _ = q.shape
+        out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
+        kernel._tiles.decode(kernel._buffers(q)[0], kernel._stored(k), kernel._stored(v), out, lse, self.stored,
+                             self.scale, 0, **self.kw)
+        z = torch.from_numpy(out)
+        return z if self.dtype == "float32" else z.to(getattr(torch, self.dtype))
+
+
+class _SdpaRead:
+    """SDPA on a plain read of a cache in q's dtype, as the sdpa backend calls it for one (grouped) row."""
+
+    def __init__(self, call: Call):
+        self.scale, self.gqa, self.sinks = call.problem.scale, call.problem.groups > 1, None
+
+    def __call__(self, q: Any, k: Any, v: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=self.gqa)
+
