@@ -10,8 +10,9 @@ torch's threads), then per cache: the median time of one step, GB/s of K and V a
 of the bandwidth, and the ratios to SDPA (``enable_gqa``, or k/v repeated to 32 heads beforehand,
 untimed: the faster) and to the compiled kernel's many-row tiles path. Two rows are attnlab's:
 ``attention`` is a plain ``attnlab.attention(q, k, v, causal=True, backend="kernel")`` call;
-``generate`` is the call ``Transformer.generate`` makes at each step (the cache's lengths, auto's
-backend, which the table names). Short caches are rotated (several whose total is at least twice the
+``generate`` is the read ``Transformer.generate`` makes at each step, through the same
+``Reads`` (auto's backend, which the table names, chosen once per length bucket and then called
+directly). Short caches are rotated (several whose total is at least twice the
 last-level cache), so every figure is a read from memory. ``--quick``: caches of 256 and 1,024 keys,
 2 rounds (a smoke run; its figures mean nothing).
 """

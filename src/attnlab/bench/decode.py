@@ -8,10 +8,11 @@ in the same run (:func:`read_bandwidth`). The methods:
 
 - ``attention``: ``attnlab.attention(q, k, v, causal=True, backend="kernel")``, a plain call (it
   checks q for NaN/Inf first, and k and v in the decode pass that reads them);
-- ``generate``: the call attnlab's ``generate`` makes at each step (:data:`GENERATE_KWARGS`: causal,
-  the entries checked when written and the largest key length, no lengths as every sequence holds
-  all n keys; k, v the
-  filled prefix of a cache one slot longer), ``backend="auto"``;
+- ``generate``: the read attnlab's ``generate`` makes at each step, through the same
+  :class:`~attnlab.backends.reads.Reads` (auto's choice kept per length bucket, the chosen decode
+  pass called directly) with the keywords of the cache's read (:data:`GENERATE_KWARGS`: causal, the
+  entries checked when written and the largest key length, no lengths as every sequence holds all
+  n keys; k, v the filled prefix of a cache one slot longer), ``backend="auto"``;
 - ``tiles``: the kernel's many-row path (``block_size=kernel.BLOCK`` forces it; a float32 copy of a
   16-bit cache);
 - ``sdpa-gqa``: ``torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)``;
@@ -172,7 +173,9 @@ def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) 
 
     from attnlab.backends import kernel
     from attnlab.backends.api import attention
+    from attnlab.backends.reads import Reads
 
+    reads = Reads("auto")  # one layer's reads, as generate() keeps them
     g = cfg.heads // cfg.kv_heads
     step = _generate_kwargs(caches[0][2])
     repeated = [(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)) for q, _, k, v in caches] if repeated_fits else []
@@ -187,7 +190,7 @@ def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) 
 
     calls = {
         "attention": lambda q, k, v: attention(q, k, v, causal=True, backend="kernel"),
-        "generate": lambda q, k, v: attention(q, k, v, backend="auto", **step),
+        "generate": lambda q, k, v: reads(0, q, k, v, step),
         "tiles": lambda q, k, v: attention(q, k, v, causal=True, backend="kernel", block_size=kernel.BLOCK),
         "sdpa-gqa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         "sdpa-repeated": F.scaled_dot_product_attention,
