@@ -120,3 +120,23 @@ def test_a_large_bound_or_a_non_finite_query_leaves_the_direct_call():
     bad[0, 3, 0, 7] = math.nan
     with pytest.raises(ValueError, match=r"\bq\b.*finite"):
         reads(0, bad, k[:, :, :50], v[:, :, :50], kw)
+
+
+@pytest.mark.needs("kernel")
+def test_the_kernels_max_norm_is_the_bounds_query_norm():
+    """_tiles.max_norm (the kernel read's bound, no torch call): request.max_norm's value, NaN and inf carried,
+    0 when empty, anything but float32 refused."""
+    import numpy as np
+
+    from attnlab.backends.kernel import _tiles
+    from attnlab.backends.request import max_norm
+
+    x = np.random.default_rng(0).standard_normal((2, 8, 3, 64)).astype(np.float32)
+    assert _tiles.max_norm(x) == pytest.approx(max_norm(x), rel=1e-6)
+    assert _tiles.max_norm(np.zeros((0, 4), np.float32)) == 0.0
+    for bad, want in ((np.nan, np.isnan), (np.inf, np.isinf)):
+        y = x.copy()
+        y[1, 7, 2, 5] = bad
+        assert want(_tiles.max_norm(y))
+    with pytest.raises(TypeError, match="float32 C-contiguous"):
+        _tiles.max_norm(x.astype(np.float64))

@@ -218,6 +218,19 @@ def test_the_decode_benchmark_calls_attention_as_generate_does():
             assert kw["lengths"] is GENERATE_KWARGS["lengths"] is None
 
 
+@pytest.mark.needs("kernel")
+def test_the_decode_benchmarks_pass_row_computes_what_generate_reads():
+    """"pass" times the kernel's decode pass alone: its output is generate's read, bit for bit."""
+    import torch
+
+    from attnlab.bench.decode import DecodeConfig, _calls, _caches
+
+    for dtype in ("float32", "bfloat16"):
+        cfg = DecodeConfig(lengths=(300,), dtypes=(dtype,), methods=("generate", "pass"))
+        calls = _calls(cfg, _caches(cfg, dtype, 300, 1), 300, False)
+        assert torch.equal(torch.from_numpy(calls["pass"]()), calls["generate"]())
+
+
 def test_cli_bench_decode_reports_bytes_read_over_time(capsys):
     from attnlab.bench.decode import DECODE_METHODS, STORED, DecodeConfig
 

@@ -45,9 +45,10 @@ class Reads:
             return attention_read(q, k, v, Options.of(kw), self.backend)[0]
         key = (slot, bucket(k.shape[2]))
         name, direct = self.kept.get(key, (None, None))
-        if (direct is not None and kw.get("sink_logits") is direct.sinks
-                and checked_bound(q, None, direct.scale, kw["k_norm"]) <= CHEAP_BOUND_OK):
-            return direct(q, k, v)
+        if direct is not None and kw.get("sink_logits") is direct.sinks:
+            out = direct(q, k, v, kw["k_norm"])  # None: the score bound is past CHEAP_BOUND_OK (or q not finite)
+            if out is not None:
+                return out
         call = prepare_read(q, k, v, Options.of(kw))  # attention_read's steps, the choice kept per bucket
         served = None if name is None else BACKENDS[name]
         if served is None or served.refusals(call.request):  # refused for this very call alone: auto's next choice
@@ -85,13 +86,16 @@ class _KernelRead:
             sinks = np.broadcast_to(kernel._f32(call.visible.sinks), p.batch[:2])
             self.kw = {"sinks": kernel.vis_args(call.visible, sinks)["sinks"]}
 
-    def __call__(self, q: Any, k: Any, v: Any) -> Any:
+    def __call__(self, q: Any, k: Any, v: Any, k_norm: float) -> Any:
         import torch
 
+        x = q.detach()
+        qb = x.numpy() if x.dtype == torch.float32 and x.is_contiguous() else kernel._buffers(x)[0]
+        if not abs(self.scale) * kernel._tiles.max_norm(qb) * k_norm <= CHEAP_BOUND_OK:  # request.checked_bound's
+            return None
         b, h, tq, _ = q.shape
         out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
-        kernel._tiles.decode(kernel._buffers(q)[0], kernel._stored(k), kernel._stored(v), out, lse, self.stored,
-                             self.scale, 0, **self.kw)
+        kernel._tiles.decode(qb, kernel._stored(k), kernel._stored(v), out, lse, self.stored, self.scale, 0, **self.kw)
         z = torch.from_numpy(out)
         return z if self.dtype == "float32" else z.to(getattr(torch, self.dtype))
 
@@ -102,8 +106,10 @@ class _SdpaRead:
     def __init__(self, call: Call):
         self.scale, self.gqa, self.sinks = call.problem.scale, call.problem.groups > 1, None
 
-    def __call__(self, q: Any, k: Any, v: Any) -> Any:
+    def __call__(self, q: Any, k: Any, v: Any, k_norm: float) -> Any:
         import torch.nn.functional as F
 
+        if not checked_bound(q, None, self.scale, k_norm) <= CHEAP_BOUND_OK:
+            return None
         return F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=self.gqa)
 

@@ -13,6 +13,9 @@ in the same run (:func:`read_bandwidth`). The methods:
   pass called directly) with the keywords of the cache's read (:data:`GENERATE_KWARGS`: causal, the
   entries checked when written and the largest key length, no lengths as every sequence holds all
   n keys; k, v the filled prefix of a cache one slot longer), ``backend="auto"``;
+- ``pass``: the kernel's decode pass alone (``_tiles.decode`` on arguments prepared before the
+  rounds: q as float32, k and v as stored, the output buffers), so ``generate`` minus ``pass`` is
+  what attnlab's Python costs a step, cold, as a step meets it;
 - ``tiles``: the kernel's many-row path (``block_size=kernel.BLOCK`` forces it; a float32 copy of a
   16-bit cache);
 - ``sdpa-gqa``: ``torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)``;
@@ -33,7 +36,7 @@ from typing import Any
 from attnlab.bench.sweep import machine, memory_available
 from attnlab.bench.timing import interleaved, torch_threads
 
-DECODE_METHODS = ("attention", "generate", "tiles", "sdpa-gqa", "sdpa-repeated")
+DECODE_METHODS = ("attention", "generate", "pass", "tiles", "sdpa-gqa", "sdpa-repeated")
 # with k_norm=: cache.Read.kwargs() of a step where every sequence holds the n keys read (no lengths needed)
 GENERATE_KWARGS = {"lengths": None, "causal": True, "mask": None, "kv_checked": True}
 STORED = ("float32", "bfloat16", "float16")
@@ -167,6 +170,17 @@ def cache_like(x: Any, dtype: Any) -> Any:
     return pages.zeros(tuple(x.shape), dtype).copy_(x)
 
 
+def _pass_args(q: Any, k: Any, v: Any) -> tuple:
+    """``_tiles.decode``'s first five arguments for (q, k, v): q as float32, k and v as stored, out and lse."""
+    import numpy as np
+
+    from attnlab.backends import kernel
+
+    b, h, tq, _ = q.shape
+    out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
+    return kernel._buffers(q)[0], kernel._stored(k), kernel._stored(v), out, lse
+
+
 def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) -> dict[str, Any]:
     """Each method's call, cycling through the caches (SDPA's over q in the cache's dtype)."""
     import torch.nn.functional as F
@@ -174,8 +188,10 @@ def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) 
     from attnlab.backends import kernel
     from attnlab.backends.api import attention
     from attnlab.backends.reads import Reads
+    from attnlab.reference.validate import dtype_name
 
     reads = Reads("auto")  # one layer's reads, as generate() keeps them
+    stored = dtype_name(caches[0][2])
     g = cfg.heads // cfg.kv_heads
     step = _generate_kwargs(caches[0][2])
     repeated = [(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)) for q, _, k, v in caches] if repeated_fits else []
@@ -191,11 +207,13 @@ def _calls(cfg: DecodeConfig, caches: list[tuple], n: int, repeated_fits: bool) 
     calls = {
         "attention": lambda q, k, v: attention(q, k, v, causal=True, backend="kernel"),
         "generate": lambda q, k, v: reads(0, q, k, v, step),
+        "pass": lambda *args: (kernel._tiles.decode(*args, stored, cfg.d ** -0.5, 0), args[3])[1],  # out
         "tiles": lambda q, k, v: attention(q, k, v, causal=True, backend="kernel", block_size=kernel.BLOCK),
         "sdpa-gqa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         "sdpa-repeated": F.scaled_dot_product_attention,
     }
-    sets = {"sdpa-gqa": theirs, "sdpa-repeated": repeated}
+    bare = [_pass_args(*c) for c in ours] if "pass" in cfg.methods else []
+    sets = {"sdpa-gqa": theirs, "sdpa-repeated": repeated, "pass": bare}
     return {m: cycling(fn, sets.get(m, ours)) for m, fn in calls.items()
             if m in cfg.methods and (m != "sdpa-repeated" or repeated_fits)}
 

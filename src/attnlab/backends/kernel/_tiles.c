@@ -165,6 +165,29 @@ static PyObject *build_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)
 #include "_tiles_entries.h"
 #include "_tiles_fentry.h"
 
+/* The largest row length of a float32 C-contiguous array (rows along its last axis), in float64: a query's
+ * norm for the score bound of a read whose keys were checked when written, without a torch call. */
+static PyObject *max_norm(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (kind_of(&view) != 'f' || view.ndim < 1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "max_norm(x): x must be a float32 C-contiguous array of at least one axis");
+        return NULL;
+    }
+    const float *x = (const float *)view.buf;
+    const Py_ssize_t d = view.shape[view.ndim - 1], rows = d ? view.len / 4 / d : 0;
+    double best = 0.0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        double sum = 0.0;
+        for (Py_ssize_t j = 0; j < d; j++) sum += (double)x[r * d + j] * x[r * d + j];
+        if (!(sum <= best)) best = sum; /* NaN stays (no later row compares above it) */
+        if (isnan(best)) break;
+    }
+    PyBuffer_Release(&view);
+    return PyFloat_FromDouble(sqrt(best));
+}
+
 static PyObject *default_threads(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
 #ifdef _OPENMP
     return PyLong_FromLong(omp_get_max_threads());
@@ -190,6 +213,8 @@ static PyMethodDef methods[] = {
      "(B,) int64 from k_residual (v_residual) (B, Hkv, R, D) stored as residual_dtype, at slot position % R).\n"
      "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads. Returns the largest\n"
      "|scale q.k| it computed (0.0 where none), NaN where one of them was not finite (a NaN or Inf in a key read)."},
+    {"max_norm", max_norm, METH_O, "max_norm(x) -> the largest row length ||x_i|| (last axis) of a float32 C-contiguous\n"
+     "array, summed in float64 (0.0 when empty; NaN where a row holds a NaN, inf where one overflows)."},
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},
     {"backward", (PyCFunction)(void (*)(void))backward, METH_VARARGS | METH_KEYWORDS,
      "backward(q, k, v, out, lse, dout, dlse, dq, dk, dv, scale, block_q, block_k, threads, *, spans=None, qpos=None,\n"
