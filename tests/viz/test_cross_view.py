@@ -94,7 +94,8 @@ def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     page.click(f'#head-words .word[data-index="{query}"]')
     page.wait_for_selector("#head-query")
     assert page.inner_text("#head-query") == f'"{maps.target.tokens[0][query]}" looks at'
-    page.wait_for_function(f"window.attnlab.head.drawn().every((d) => d[0] === {query})")
+    page.wait_for_function(f"(d => d.length === {want.shape[1]} && d.every((x) => x[0] === {query}))"
+                           "(window.attnlab.head.drawn())")
     drawn = np.array(page.evaluate("window.attnlab.head.drawn()"))
     np.testing.assert_array_equal(drawn[:, 1], np.arange(want.shape[1]))
     np.testing.assert_allclose(drawn[:, 2], want[query], atol=QUANTUM)
@@ -117,7 +118,8 @@ def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     page.wait_for_selector("#head-lines")
     assert page.locator("#head-keys").count() == 0  # self-attention: one strip, rows and columns alike
     page.click(f'#head-words .word[data-index="{query}"]')
-    page.wait_for_function(f"window.attnlab.head.drawn().every((d) => d[0] === {query})")
+    keys = maps.decoder.weights[0].shape[-1]  # drawn once the query's row of this strip is (not before: a race)
+    page.wait_for_function(f"(d => d.length === {keys} && d.every((x) => x[0] === {query}))(window.attnlab.head.drawn())")
     drawn = np.array(page.evaluate("window.attnlab.head.drawn()"))
     np.testing.assert_allclose(drawn[:, 2], maps.decoder.weights[0][layer - 1, head - 1, query], atol=QUANTUM)
     assert np.all(drawn[drawn[:, 1] > query, 2] == 0)  # causal: nothing after the query
