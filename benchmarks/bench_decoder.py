@@ -180,12 +180,23 @@ def _parts() -> Parts:
     parts.wrap(linear, "linear", "linear layers")
     parts.wrap(model, "normed", "norms")
     parts.wrap(model, "rotate", "rotary")
+    try:  # a generation's reads (every step's, lean or not): its choice, and its direct calls of the decode pass
+        import attnlab.backends.reads as reads
+        from attnlab.backends import kernel
+
+        parts.wrap(reads.Reads, "__call__", "attention call")
+        parts.wrap(reads, "choose", "  of which: choosing the backend")
+        if kernel._tiles is not None:
+            parts.wrap(kernel._tiles, "decode", RUN)
+    except ImportError:
+        pass
     try:
         import attnlab.transformer.step as step
     except ImportError:  # before the lean step
         return parts
     parts.wrap(step.LeanStep, "_attend", "attention call")
-    parts.wrap(step, "choose", "  of which: choosing the backend")
+    if hasattr(step, "choose"):  # before a generation's Reads: the lean step chose, and called SDPA, itself
+        parts.wrap(step, "choose", "  of which: choosing the backend")
     parts.wrap(F, "scaled_dot_product_attention", RUN)  # the lean step's direct call (inside SDPA's run: nested)
     parts.wrap(step._Product, "__call__", "linear layers")
     parts.wrap(step._Layer, "_write", "cache update (checks, write, read)")
