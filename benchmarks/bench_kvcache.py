@@ -12,7 +12,9 @@ decode pass (codes dequantized in registers, int4's residual in the same pass), 
 dequantized at a time); the printout says which auto takes. The rounds are
 interleaved (every cache once per round), the median is reported. Per cache: the bytes it stores (codes, scales,
 zero points, residual), GB/s of them, GFLOP/s (4·H·Tk·D per step: q·k and p·v), and the time as a multiple of the
-float32 step's (auto). ``--quick``: 2,048 positions, 2 rounds (a smoke run; its figures mean nothing).
+float32 step's (auto); then the same read as ``generate`` makes it, through its ``attnlab.backends.reads.Reads``
+(the backend's decode pass called directly once chosen; a float cache's keys checked when written), timed in the
+same rounds, as a multiple of float32's read the same way. ``--quick``: 2,048 positions, 2 rounds (a smoke run; its figures mean nothing).
 ``--bound``: also the compiled pass's CPU time per (position, k/v head) on one thread (``time.process_time``, so
 other programs' share of the core is not counted) at ``--length`` and at 2,048 positions (every cache then fits in
 the last-level cache): a kind whose cost per position is the same in and out of cache is bound by its arithmetic
@@ -70,18 +72,25 @@ def measure(length: int, repeats: int) -> list[dict]:
     import attnlab
     from attnlab.backends.blockwise import QUANTIZED_DECODE_KEYS
     from attnlab.backends.dispatch import choose
+    from attnlab.backends.reads import Reads
     from attnlab.backends.request import prepare
 
     q = torch.randn(1, H, 1, D, generator=torch.Generator().manual_seed(1))
     cs = caches(length)
     blocks = {"float32 blockwise": (1, QUANTIZED_DECODE_KEYS)}  # like for like: the key blocks of the quantized reads
     times: dict[str, list[float]] = {n: [] for n in cs}
+    reads = {n: (Reads(backend), _read_kwargs(k)) for n, (k, _, backend, _) in cs.items() if n not in blocks}
+    steps: dict[str, list[float]] = {n: [] for n in reads}
     for _ in range(repeats + 1):  # the first round warms up (imports, auto's choice), not counted
         for name, (k, v, backend, _) in cs.items():
             t0 = time.perf_counter()
             attnlab.attention(q, k, v, causal=True, backend=backend, block_size=blocks.get(name))
             times[name].append(time.perf_counter() - t0)
-    base = statistics.median(times["float32"][1:])
+            if name in reads:  # the same read as generate() makes it (its Reads: the decode pass called directly)
+                t0 = time.perf_counter()
+                reads[name][0](0, q, k, v, reads[name][1])
+                steps[name].append(time.perf_counter() - t0)
+    base, step_base = statistics.median(times["float32"][1:]), statistics.median(steps["float32"][1:])
     flops = 4.0 * H * length * D
     rows = []
     for name, (k, v, backend, nbytes) in cs.items():
@@ -90,7 +99,19 @@ def measure(length: int, repeats: int) -> list[dict]:
         rows.append({"cache": name, "backend": served, "auto": choose(prepare(q, k, v).request).name, "ms": 1e3 * t, "x_float32": t / base, "stored_mb": nbytes / 1e6,
                      "stored_gb_s": nbytes / t / 1e9, "gflop_s": flops / t / 1e9,
                      "spread_ms": [1e3 * min(times[name][1:]), 1e3 * max(times[name][1:])]})
+        if name in steps:
+            ts = statistics.median(steps[name][1:])
+            rows[-1].update({"generate_ms": 1e3 * ts, "generate_x_float32": ts / step_base,
+                             "generate_stored_gb_s": nbytes / ts / 1e9})
     return rows
+
+
+def _read_kwargs(k) -> dict:  # noqa: ANN001
+    """The keywords of generate()'s read of a cache holding ``k`` (every key seen; a float cache's checked)."""
+    from attnlab.bench.decode import _generate_kwargs
+    from attnlab.reference.quantized import QuantizedKV
+
+    return {"causal": True, "mask": None, "lengths": None} if isinstance(k, QuantizedKV) else _generate_kwargs(k)
 
 
 def bound(length: int) -> dict:
@@ -131,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(length, repeats)
     print(f"decode step, B=1, H={H} over H_kv={HKV}, D={D}, {length} cached positions, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'cache':<18}{'backend':<11}{'auto':<11}{'ms':>9}{'x f32':>8}{'MB':>9}{'GB/s':>8}{'GFLOP/s':>9}")
+    print(f"{'cache':<18}{'backend':<11}{'auto':<11}{'ms':>9}{'x f32':>8}{'MB':>9}{'GB/s':>8}{'GFLOP/s':>9}"
+          f"{'generate ms':>13}{'x f32':>8}")
     for r in rows:
+        step = f"{r['generate_ms']:>13.2f}{r['generate_x_float32']:>8.2f}" if "generate_ms" in r else ""
         print(f"{r['cache']:<18}{r['backend']:<11}{r['auto']:<11}{r['ms']:>9.2f}{r['x_float32']:>8.2f}{r['stored_mb']:>9.1f}"
-              f"{r['stored_gb_s']:>8.2f}{r['gflop_s']:>9.2f}")
+              f"{r['stored_gb_s']:>8.2f}{r['gflop_s']:>9.2f}{step}")
     cpu = bound(length) if args.bound else None
     for name, by_n in (cpu or {}).items():
         print(f"kernel {name:<9} CPU ns per position and k/v head, one thread: " +

@@ -134,13 +134,14 @@ def test_continuing_from_a_cache_passed_back_in(decoder_folder, lean_calls):
     assert torch.equal(runs[0], runs[1])
 
 
-@pytest.mark.parametrize("backend, cache_dtype", [("kernel", None), ("kernel", "bfloat16"), ("auto", None),
-                                                  ("sdpa", None)])
+@pytest.mark.parametrize("backend, cache_dtype, rotate", [
+    ("kernel", None, False), ("kernel", "bfloat16", False), ("auto", None, False), ("sdpa", None, False),
+    ("kernel", "int8", False)])
 def test_a_generations_reads_equal_the_models_forward_over_the_same_cache(decoder_folder, backend, cache_dtype,
-                                                                          monkeypatch):
-    """generate() reads its cache by Reads (the kernel's decode pass or SDPA called directly); a manual greedy loop
-    through the model's forward with kv_cache= reads it by attention_read: the same logits, bit for bit, across
-    the length buckets 16, 32 and 64 (the prompt's row: generate's logits of its last row alone, the loop's of
+                                                                          rotate, monkeypatch):
+    """generate() reads its cache by Reads (the kernel's decode pass or SDPA called directly; a quantized cache's
+    codes by kernel.decode); a manual greedy loop through the model's forward with kv_cache= reads it by
+    attention_read or attention(): the same logits, bit for bit, across the length buckets 16, 32 and 64 (the prompt's row: generate's logits of its last row alone, the loop's of
     every row, so a different matrix product's rounding)."""
     import torch
 
@@ -148,17 +149,41 @@ def test_a_generations_reads_equal_the_models_forward_over_the_same_cache(decode
     from attnlab.transformer.cache import KVCache
 
     direct = []
-    for kind in (reads._KernelRead, reads._SdpaRead):
+    for kind in (reads._KernelRead, reads._SdpaRead, reads._QuantizedRead):
         monkeypatch.setattr(kind, "__call__", lambda self, *a, run=kind.__call__: direct.append(self) or run(self, *a))
     m = _model(decoder_folder, "llama", backend=backend)
-    g = m.generate([PROMPT], 40, stop_at_eos=False, cache_dtype=cache_dtype)
-    kv = KVCache.for_model(m.config, 1, capacity=64, dtype=getattr(torch, cache_dtype or "float32"))
+    g = m.generate([PROMPT], 40, stop_at_eos=False, cache_dtype=cache_dtype, rotate=rotate)
+    stored = cache_dtype if cache_dtype in ("int8", "int4", "fp8") else getattr(torch, cache_dtype or "float32")
+    kv = KVCache.for_model(m.config, 1, capacity=64, dtype=stored, rotate=rotate)
     ids, rows = torch.tensor([PROMPT]), []
     with torch.no_grad():
         for _ in range(40):
             rows.append(m.run_with_hooks(ids, kv_cache=kv)[:, -1])
             ids = rows[-1].argmax(-1, keepdim=True)
-    assert len(direct) > 2 * 30 and (backend == "auto" or {type(d).__name__ for d in direct} == {
-        "_KernelRead" if backend == "kernel" else "_SdpaRead"})  # two layers, most steps called directly
+    kinds = {type(d).__name__ for d in direct}  # two layers, most steps called directly
+    assert len(direct) > 2 * 30 and (backend == "auto" and cache_dtype is None or kinds == {
+        "_QuantizedRead" if rotate or cache_dtype in ("int8", "int4") else "_KernelRead" if backend == "kernel"
+        else "_SdpaRead"})
     loop = torch.stack(rows, dim=1)
     assert torch.equal(g.logits[:, 1:], loop[:, 1:]) and torch.allclose(g.logits[:, 0], loop[:, 0], atol=1e-5)
+
+
+@pytest.mark.needs("kernel")
+@pytest.mark.parametrize("cache_dtype, rotate", [("int8", False), ("int4", False), ("fp8", True), ("int4", True)])
+def test_a_quantized_caches_direct_reads_equal_its_reads_through_attention(cache_dtype, rotate, monkeypatch):
+    """The bundled decoder (head width 32: int4's group) with a quantized cache: the steps that Reads serves by
+    kernel.decode directly give the logits of the same generation with every read through attention()."""
+    import torch
+
+    from attnlab.backends import reads
+    from attnlab.transformer import Transformer
+
+    m = Transformer.from_pretrained("attnlab:decoder", backend="kernel")
+    direct = []
+    monkeypatch.setattr(reads._QuantizedRead, "__call__",
+                        lambda self, *a, run=reads._QuantizedRead.__call__: direct.append(self) or run(self, *a))
+    g = m.generate([PROMPT], 40, stop_at_eos=False, cache_dtype=cache_dtype, rotate=rotate)
+    assert len(direct) > m.config.num_layers * 30
+    monkeypatch.setattr(reads, "_direct", lambda name, call: None)  # nothing kept: attention() at every step
+    w = m.generate([PROMPT], 40, stop_at_eos=False, cache_dtype=cache_dtype, rotate=rotate)
+    assert torch.equal(g.ids, w.ids) and torch.equal(g.logits, w.logits)

@@ -8,7 +8,9 @@ and length bucket, what auto chose for a plain read (one query row per head, eve
 when written) and, where that is the kernel's decode pass or SDPA, calls it directly while the score bound
 (q's largest norm times the cache's largest key length) is below any backend's overflow refusal: the
 same call with the same inputs, so the same bits. Anything else goes through ``attention_read`` as before.
-Internal to the transformer's decoding (and the decode benchmark, which times what ``generate`` calls).
+A quantized cache's plain read (its codes finite by construction, their bound stored) calls
+:func:`kernel.decode` directly the same way, where auto chose the kernel. Internal to the transformer's
+decoding (and the decode benchmark, which times what ``generate`` calls).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import numpy as np
 from attnlab.backends import kernel
 from attnlab.backends.api import attention, attention_read
 from attnlab.backends.dispatch import BACKENDS, bucket, choose
+from attnlab.backends.blockwise import as_result
 from attnlab.backends.options import Options
+from attnlab.backends.quantized import rotated_q
 from attnlab.backends.request import CHEAP_BOUND_OK, Call, checked_bound, prepare_read
+from attnlab.reference.quantized import QuantizedKV
 
 # what a plain read's keywords may hold (read.kwargs() and the model's own): anything else takes attention_read
 PLAIN = {"mask": None, "lengths": None, "softcap": None}
@@ -40,13 +45,13 @@ class Reads:
 
     def __call__(self, slot: Any, q: Any, k: Any, v: Any, kw: dict) -> Any:
         if not _plain(q, k, kw):
-            if not kw.get("kv_checked"):  # keys the cache did not check (a lossy read): attention()'s own checks
+            if not kw.get("kv_checked") and not isinstance(k, QuantizedKV):  # keys the cache did not check (a lossy read): attention()'s own checks
                 return attention(q, k, v, backend=self.backend, **kw)
             return attention_read(q, k, v, Options.of(kw), self.backend)[0]
         key = (slot, bucket(k.shape[2]))
         name, direct = self.kept.get(key, (None, None))
         if direct is not None and kw.get("sink_logits") is direct.sinks:
-            out = direct(q, k, v, kw["k_norm"])  # None: the score bound is past CHEAP_BOUND_OK (or q not finite)
+            out = direct(q, k, v, k.norm if isinstance(k, QuantizedKV) else kw["k_norm"])  # None: the bound is large
             if out is not None:
                 return out
         call = prepare_read(q, k, v, Options.of(kw))  # attention_read's steps, the choice kept per bucket
@@ -59,19 +64,35 @@ class Reads:
 
 
 def _plain(q: Any, k: Any, kw: dict) -> bool:
-    """One query row per head over every key of a cache that checked them, nothing else said."""
-    return (kw.get("kv_checked") is True and kw.get("k_norm") is not None and q.ndim == 4 and q.shape[2] == 1
-            and hasattr(k, "stride") and all(kw.get(n) is None for n in PLAIN) and KNOWN.issuperset(kw))
+    """One query row per head over every key of a cache that checked them (or holds them as codes, finite by
+    construction, with their bound), nothing else said."""
+    checked = kw.get("kv_checked") is True and kw.get("k_norm") is not None and hasattr(k, "stride")
+    return ((checked or isinstance(k, QuantizedKV)) and q.ndim == 4 and q.shape[2] == 1
+            and all(kw.get(n) is None for n in PLAIN) and KNOWN.issuperset(kw))
 
 
 def _direct(name: str, call: Call) -> Any:
     """The chosen backend's own call for this bucket's plain reads, or None (it runs through its ``run``)."""
     r = call.request
-    if name == "kernel" and kernel._decodes(call) and not r.quantized and call.visible.spans is None:
-        return _KernelRead(call)
+    if name == "kernel" and kernel._decodes(call) and call.visible.spans is None:
+        return _QuantizedRead(call) if r.quantized else _KernelRead(call)
     if name == "sdpa" and not r.sinks and r.dtype == call.problem.kv_dtype:
         return _SdpaRead(call)
     return None
+
+
+def _q32(q: Any) -> np.ndarray:
+    """q (torch) as the kernel reads it: float32, C-contiguous (a view where it is one already)."""
+    import torch
+
+    x = q.detach()
+    return x.numpy() if x.dtype == torch.float32 and x.is_contiguous() else kernel._buffers(x)[0]
+
+
+def _cheap(q32: np.ndarray, scale: float, k_norm: float) -> bool:
+    """request.checked_bound(q, None, scale, k_norm) <= CHEAP_BOUND_OK, q's norm by the kernel (no torch call:
+    33-50 µs cold); False for a q that is not finite."""
+    return abs(scale) * kernel._tiles.max_norm(q32) * k_norm <= CHEAP_BOUND_OK
 
 
 class _KernelRead:
@@ -89,15 +110,30 @@ class _KernelRead:
     def __call__(self, q: Any, k: Any, v: Any, k_norm: float) -> Any:
         import torch
 
-        x = q.detach()
-        qb = x.numpy() if x.dtype == torch.float32 and x.is_contiguous() else kernel._buffers(x)[0]
-        if not abs(self.scale) * kernel._tiles.max_norm(qb) * k_norm <= CHEAP_BOUND_OK:  # request.checked_bound's
+        qb = _q32(q)
+        if not _cheap(qb, self.scale, k_norm):
             return None
         b, h, tq, _ = q.shape
         out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
         kernel._tiles.decode(qb, kernel._stored(k), kernel._stored(v), out, lse, self.stored, self.scale, 0, **self.kw)
         z = torch.from_numpy(out)
         return z if self.dtype == "float32" else z.to(getattr(torch, self.dtype))
+
+
+class _QuantizedRead:
+    """The decode pass on a plain read of a quantized cache: :func:`kernel.decode` as the kernel backend calls it
+    (q turned as the keys were stored, the call's visibility: every key, the sinks), the codes read as stored."""
+
+    def __init__(self, call: Call):
+        self.scale, self.visible, self.dtype = call.problem.scale, call.visible, call.problem.dtype
+        self.sinks = call.options.sink_logits
+
+    def __call__(self, q: Any, k: Any, v: Any, k_norm: float) -> Any:
+        if not _cheap(_q32(q), self.scale, k_norm):
+            return None
+        out, _ = kernel.decode(rotated_q(q, k), k, v, scale=self.scale, visible=self.visible, sinks=self.visible.sinks,
+                               check=False)
+        return as_result(out, self.dtype, True)
 
 
 class _SdpaRead:
