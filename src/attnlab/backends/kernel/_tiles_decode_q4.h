@@ -37,8 +37,16 @@ static inline TARGET VU F(u8v)(const uint8_t *p) { /* VW bytes as uint32 lanes *
 
 static inline TARGET void F(nibbles)(const uint8_t *p, VF *lo, VF *hi) { /* 2 VW codes: even, odd channels */
     const VU x = F(u8v)(p);
+#if VW == 16
+    /* AVX-512: each code's float looked up in a register of 0..15 (vpermps takes an index's low 4 bits: no mask),
+     * the same values as the conversion, off the port that the multiply-adds use */
+    const VF codes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    *lo = (VF)_mm512_permutexvar_ps((__m512i)x, (__m512)codes);
+    *hi = (VF)_mm512_permutexvar_ps((__m512i)(x >> 4), (__m512)codes);
+#else
     *lo = __builtin_convertvector((VI)(x & 15u), VF);
     *hi = __builtin_convertvector((VI)(x >> 4), VF);
+#endif
 }
 
 /* A key group's scaled queries qs (rows, dp) in nibble order and constants cz (rows): qs = q * s, cz = q . z, from
@@ -172,14 +180,36 @@ static inline TARGET void F(t8x4)(const float *restrict x, VF out[4]) {
     out[2] = __builtin_shufflevector(b1, c1, 0, 1, 2, 3, 8, 9, 10, 11);
     out[3] = __builtin_shufflevector(b1, c1, 4, 5, 6, 7, 12, 13, 14, 15);
 }
+#elif VW == 16
+/* The 16 x 4 floats at x (token u's 4 groups at x + 4u) as 4 vectors, group g's 16 tokens in out[g]: 8 two-source
+ * shuffles in registers instead of 64 scalar loads and inserts. */
+static inline TARGET void F(t16x4)(const float *restrict x, VF out[4]) {
+    const VF a0 = *(const VFU *)x, a1 = *(const VFU *)(x + 16), a2 = *(const VFU *)(x + 32), a3 = *(const VFU *)(x + 48);
+#define G01 0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29 /* 8 tokens' groups 0, then 1 */
+#define G23 2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31
+    const VF b0 = __builtin_shufflevector(a0, a1, G01), b1 = __builtin_shufflevector(a0, a1, G23); /* tokens 0-7 */
+    const VF c0 = __builtin_shufflevector(a2, a3, G01), c1 = __builtin_shufflevector(a2, a3, G23); /* tokens 8-15 */
+#undef G01
+#undef G23
+#define FIRST 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define SECOND 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+    out[0] = __builtin_shufflevector(b0, c0, FIRST), out[1] = __builtin_shufflevector(b0, c0, SECOND);
+    out[2] = __builtin_shufflevector(b1, c1, FIRST), out[3] = __builtin_shufflevector(b1, c1, SECOND);
+#undef FIRST
+#undef SECOND
+}
+#define T4 F(t16x4)
+#endif
+#if VW == 8
+#define T4 F(t8x4)
 #endif
 
 static TARGET void F(q4_weights)(const float *restrict p, int64_t rows, int64_t nk, const float *restrict s, int64_t ls,
                                  const float *restrict z, int64_t lz, int64_t ng, float *restrict w, float *restrict zs) {
-#if VW == 8
+#ifdef T4
     if (ng == 4 && ls == 4 && lz == 4 && nk == VW) { /* D = 128, a whole block: its scales and zero points transposed */
         VF sv[4], zv[4];
-        F(t8x4)(s, sv), F(t8x4)(z, zv);
+        T4(s, sv), T4(z, zv);
         for (int64_t r = 0; r < rows; r++) {
             const VF pr = *(const VF *)(p + r * VW);
             for (int g = 0; g < 4; g++) {
@@ -215,6 +245,7 @@ static TARGET void F(q4_finish)(float *restrict acc, const float *restrict acc4,
         }
 }
 
+#undef T4
 #undef EV
 #undef OD
 #undef QK
