@@ -14,7 +14,9 @@ interleaved (every cache once per round), the median is reported. Per cache: the
 zero points, residual), GB/s of them, GFLOP/s (4·H·Tk·D per step: q·k and p·v), and the time as a multiple of the
 float32 step's (auto); then the same read as ``generate`` makes it, through its ``attnlab.backends.reads.Reads``
 (the backend's decode pass called directly once chosen; a float cache's keys checked when written), timed in the
-same rounds, as a multiple of float32's read the same way. ``--quick``: 2,048 positions, 2 rounds (a smoke run; its figures mean nothing).
+same rounds after every cache's ``attention()`` call (none read twice in a row), as a multiple of float32's read
+the same way. ``--quick``: 2,048 positions, 2 rounds (a smoke run;
+its figures mean nothing).
 ``--bound``: also the compiled pass's CPU time per (position, k/v head) on one thread (``time.process_time``, so
 other programs' share of the core is not counted) at ``--length`` and at 2,048 positions (every cache then fits in
 the last-level cache): a kind whose cost per position is the same in and out of cache is bound by its arithmetic

@@ -141,8 +141,9 @@ def test_a_generations_reads_equal_the_models_forward_over_the_same_cache(decode
                                                                           rotate, monkeypatch):
     """generate() reads its cache by Reads (the kernel's decode pass or SDPA called directly; a quantized cache's
     codes by kernel.decode); a manual greedy loop through the model's forward with kv_cache= reads it by
-    attention_read or attention(): the same logits, bit for bit, across the length buckets 16, 32 and 64 (the prompt's row: generate's logits of its last row alone, the loop's of
-    every row, so a different matrix product's rounding)."""
+    attention_read or attention(): the same logits, bit for bit, across the length buckets 16, 32 and 64 (the
+    prompt's row: generate's logits of its last row alone, the loop's of every row, so a different matrix
+    product's rounding)."""
     import torch
 
     from attnlab.backends import reads

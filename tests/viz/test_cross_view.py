@@ -119,7 +119,8 @@ def test_browser_cross_view_draws_the_cross_weights(t5_maps, page, tmp_path):
     assert page.locator("#head-keys").count() == 0  # self-attention: one strip, rows and columns alike
     page.click(f'#head-words .word[data-index="{query}"]')
     keys = maps.decoder.weights[0].shape[-1]  # drawn once the query's row of this strip is (not before: a race)
-    page.wait_for_function(f"(d => d.length === {keys} && d.every((x) => x[0] === {query}))(window.attnlab.head.drawn())")
+    page.wait_for_function(f"(d => d.length === {keys} && d.every((x) => x[0] === {query}))"
+                           "(window.attnlab.head.drawn())")
     drawn = np.array(page.evaluate("window.attnlab.head.drawn()"))
     np.testing.assert_allclose(drawn[:, 2], maps.decoder.weights[0][layer - 1, head - 1, query], atol=QUANTUM)
     assert np.all(drawn[drawn[:, 1] > query, 2] == 0)  # causal: nothing after the query

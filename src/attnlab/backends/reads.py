@@ -21,8 +21,8 @@ import numpy as np
 
 from attnlab.backends import kernel
 from attnlab.backends.api import attention, attention_read
-from attnlab.backends.dispatch import BACKENDS, bucket, choose
 from attnlab.backends.blockwise import as_result
+from attnlab.backends.dispatch import BACKENDS, bucket, choose
 from attnlab.backends.options import Options
 from attnlab.backends.quantized import rotated_q
 from attnlab.backends.request import CHEAP_BOUND_OK, Call, checked_bound, prepare_read
@@ -45,8 +45,8 @@ class Reads:
 
     def __call__(self, slot: Any, q: Any, k: Any, v: Any, kw: dict) -> Any:
         if not _plain(q, k, kw):
-            if not kw.get("kv_checked") and not isinstance(k, QuantizedKV):  # keys the cache did not check (a lossy read): attention()'s own checks
-                return attention(q, k, v, backend=self.backend, **kw)
+            if not kw.get("kv_checked") and not isinstance(k, QuantizedKV):  # keys the cache did not check
+                return attention(q, k, v, backend=self.backend, **kw)  # (a lossy read): attention()'s own checks
             return attention_read(q, k, v, Options.of(kw), self.backend)[0]
         key = (slot, bucket(k.shape[2]))
         name, direct = self.kept.get(key, (None, None))
