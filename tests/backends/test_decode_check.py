@@ -1,9 +1,9 @@
-"""A plain ``attention`` call's NaN/Inf check of k and v folded into the compiled decode pass (no second read).
+"""A plain ``attention`` call's NaN/Inf check of q, k and v folded into the compiled decode pass (no second read).
 
-prepare(defer_kv=True) leaves k and v to the backend that reads them where it says it checks them
-(Backend.checks_kv: the kernel's decode pass); the pass notes a score that is not finite (a NaN or Inf in
-a key; q is checked first) and the call checks its output (a value), and the call then raises the error
-that names k or v, as a check before the pass did. Any other backend gets k and v checked first.
+prepare(defer_kv=True) leaves q, k and v to the backend that reads them where it says it checks them
+(Backend.checks_kv: the kernel's decode pass); the pass notes a NaN or Inf in q and a score that is not
+finite (a NaN or Inf in a key), the call checks its output (a value), and the call then raises the error
+that names q, k or v, as a check before the pass did. Any other backend gets them checked first.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_a_non_finite_entry_anywhere_in_a_long_cache_is_refused_naming_it(cache,
 
 
 def test_the_decode_call_reads_k_and_v_once_and_others_check_them_first(cache, monkeypatch):
-    """Served by the decode pass, k and v are not scanned before it (q is); the tiles path and a call beyond
+    """Served by the decode pass, q, k and v are not scanned before it; the tiles path and a call beyond
     DEFER_MAX_TQ rows check all three first, as before."""
     q, k, v = cache
     scanned = []
@@ -62,12 +62,28 @@ def test_the_decode_call_reads_k_and_v_once_and_others_check_them_first(cache, m
     assert scanned == ["q", "k", "v"]
     scanned.clear()
     got = attnlab.attention(q, k, v, causal=True, backend="kernel")
-    assert scanned == ["q"]
+    assert scanned == []
     np.testing.assert_allclose(got, want, atol=2e-6)
     scanned.clear()
     rows = np.repeat(q, DEFER_MAX_TQ + 1, axis=2)
     attnlab.attention(rows, k[:, :, :100], v[:, :, :100], causal=True, backend="kernel")
     assert scanned == ["q", "k", "v"]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_query_is_refused_naming_it_even_where_its_row_sees_no_key(cache, bad):
+    """q's NaN or Inf, in a row that scores keys and in a sequence of length 0 (no score computed): the error
+    that names q, by auto and by the kernel; kernel.decode(check=True) raises Unchecked for the caller to check."""
+    q, k, v = (x[:, :, :300].copy() if x.shape[2] > 1 else x.copy() for x in cache)
+    for head in (0, 3):
+        q[0, head, 0, 5] = bad
+        for lengths in (None, np.array([0])):
+            for backend in ("auto", "kernel"):
+                with pytest.raises(ValueError, match="^q contains NaN or Inf; attention needs finite inputs"):
+                    attnlab.attention(q, k, v, causal=True, lengths=lengths, backend=backend)
+            with pytest.raises(Unchecked):
+                kernel.decode(q, k, v, lengths, scale=0.25, causal=True, check=True)
+        q[0, head, 0, 5] = 0.0
 
 
 def test_the_kernel_checks_what_it_reads_and_leaves_keys_no_row_sees(cache):

@@ -113,7 +113,7 @@ class Backend:
         return dtype
 
     def checks_kv(self, call: Call) -> bool:
-        """Whether run() checks k and v for NaN/Inf as it reads them (a pending call, Call.kv_pending: it raises
+        """Whether run() checks q, k and v for NaN/Inf as it reads them (a pending call, Call.kv_pending: it raises
         request.Unchecked where it met a value it cannot vouch for); else they are checked before run()."""
         return False
 

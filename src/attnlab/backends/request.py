@@ -71,8 +71,9 @@ class Call:
     visible: vis.Visible  # which keys each query sees and how scores change: the one description
     rows: np.ndarray | None  # query rows whose weights are wanted
     request: Request
-    # k and v not yet read for NaN/Inf (prepare(defer_kv=True)): the backend that serves the call checks them
-    # while it reads them (Backend.checks_kv), or checked() reads them first; request.score_bound is then q's alone
+    # q, k and v not yet read for NaN/Inf (prepare(defer_kv=True)): the backend that serves the call checks them
+    # while it reads them (Backend.checks_kv), or checked() reads them first; request.score_bound is then the
+    # bias's alone
     kv_pending: bool = False
 
     @property
@@ -172,8 +173,9 @@ DEFER_MAX_TQ = 32
 
 def prepare(q: Any, k: Any, v: Any, options: Options | None = None, *, defer_kv: bool = False) -> Call:
     """Check q, k, v against ``options`` (default: none given); errors name the argument, what it got and
-    what was expected. k and v are read for NaN/Inf (and their magnitude) unless ``options.kv_checked``,
-    or, with ``defer_kv`` and at most DEFER_MAX_TQ query rows, later (Call.kv_pending, :func:`checked`)."""
+    what was expected. q, k and v are read for NaN/Inf (and their magnitude) (k and v not where
+    ``options.kv_checked``), or, with ``defer_kv`` and at most DEFER_MAX_TQ query rows, later, all three
+    (Call.kv_pending, :func:`checked`)."""
     o = Options() if options is None else options
     if not isinstance(o, Options):
         raise TypeError(f"options must be an attnlab.backends.options.Options, got {type(o).__name__}")
@@ -249,27 +251,26 @@ def _request(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, seen: vis.
 
 
 def checked(call: Call) -> Call:
-    """A pending call (Call.kv_pending) with k and v checked now: the same errors and score bound as prepare's."""
+    """A pending call (Call.kv_pending) with q, k and v checked now: the same errors (q's first) and score bound
+    as prepare's."""
     if not call.kv_pending:
         return call
     q, k, o = call.q, call.k, call.options
-    k_max, _ = (validate.check_finite(name, x) for name, x in (("k", k), ("v", call.v)))
-    q_max = 0.0 if not q.shape or not math.prod(q.shape) else float(  # q: checked by prepare
-        q.detach().abs().max() if validate.is_torch(q) else np.abs(q).max())
+    q_max, k_max, _ = (validate.check_finite(name, x) for name, x in (("q", q), ("k", k), ("v", call.v)))
     bound = score_bound(q, k, o.bias, call.problem.scale, q_max, k_max)
     return replace(call, request=replace(call.request, score_bound=bound), kv_pending=False)
 
 
 def _bound(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, pending: bool) -> float:
-    """The call's score bound, after the finite checks: of q, k and v, or of q alone where k and v were checked
-    (or are pending: the backend that reads them checks them)."""
+    """The call's score bound, after the finite checks: of q, k and v, or of q alone where k and v were checked;
+    of the bias alone where the three are pending (the backend that reads them checks them, q with them)."""
+    if pending:
+        return _bias_max(o.bias)
     q_max = validate.check_finite("q", q)
     if isinstance(k, QuantizedKV):  # finite by construction; its rows' bound is stored
         return checked_bound(q, o.bias, p.scale, k.norm)
     if o.kv_checked:
         return checked_bound(q, o.bias, p.scale, o.k_norm)
-    if pending:
-        return _bias_max(o.bias)
     k_max, _ = (validate.check_finite(name, x) for name, x in (("k", k), ("v", v)))
     return score_bound(q, k, o.bias, p.scale, q_max, k_max)
 

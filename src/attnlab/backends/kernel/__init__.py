@@ -261,10 +261,11 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     scaled once per group, one constant added), values by groups of 32 channels per token (the weights
     scaled, the zero points' share summed apart); Tk keys; D and Dv multiples of 32.
 
-    ``check``: k and v are checked as the pass reads them, not before: a score that is not finite (a NaN or
-    Inf in a key read; q is finite), one beyond float32's safe range (base.OVERFLOW_LIMIT) or an output that
-    is not finite (a NaN or Inf in a value read) raises request.Unchecked, for the caller to check k and v
-    itself (attention() does: the error names k or v). Keys no row sees are not read, so not checked.
+    ``check``: q, k and v are checked as the pass reads them, not before: a NaN or Inf in q, a score that is
+    not finite (a NaN or Inf in a key read), one beyond float32's safe range (base.OVERFLOW_LIMIT) or an
+    output that is not finite (a NaN or Inf in a value read) raises request.Unchecked, for the caller to
+    check them itself (attention() does: the error names q, k or v). Keys no row sees are not read, so not
+    checked.
     """
     if _tiles is None:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
@@ -290,20 +291,29 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     if visible is None:
         n = None if lengths is None else lengths.cpu().numpy() if is_torch(lengths) else np.asarray(lengths)
         visible = describe(masks.from_keywords(mask, causal, window, n), tq, k.shape[2], (b, h))
-    if sinks is not None:
-        sinks = np.broadcast_to(_f32(sinks), (b, h))
-    out, lse = np.empty((b, h, tq, v.shape[-1] * (2 if kw4 else 1)), np.float32), np.empty((b, h, tq), np.float32)
-    kw = vis_args(visible, sinks)
-    kw.pop("heads", None)
-    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw, **scales,
-                            **kw4)
+    return _pass(q, k, v, stored, scale, visible, sinks, threads, check, v.shape[-1] * (2 if kw4 else 1),
+                 {**scales, **kw4})
+
+
+def _pass(q: Any, k: Any, v: Any, stored: str, scale: float, visible: Visible, sinks: Any, threads: int | None,
+          check: bool, dv: int, codes: dict[str, Any], lse_wanted: bool = True) -> tuple[Any, Any]:
+    """``_tiles.decode`` on arguments :func:`decode` checked (or a prepared call's): out, LSE (None where not
+    wanted) as q's library."""
+    b, h, tq, _ = q.shape
+    out, lse = np.empty((b, h, tq, dv), np.float32), np.empty((b, h, tq), np.float32)
+    if sinks is None and visible.spans is None and visible.score_mod is None and visible.softcap is None:
+        kw = {}  # every key seen, scores as they are: nothing to say (the common decoding step)
+    else:
+        kw = vis_args(visible, None if sinks is None else np.broadcast_to(_f32(sinks), (b, h)))
+        kw.pop("heads", None)
+    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw, **codes)
     if check and not (largest <= OVERFLOW_LIMIT["float32"] and np.isfinite(out).all()):
         raise Unchecked
-    if torch_in:
+    if is_torch(q):
         import torch
 
-        return torch.from_numpy(out), torch.from_numpy(lse)
-    return out, lse
+        return torch.from_numpy(out), torch.from_numpy(lse) if lse_wanted else None
+    return out, lse if lse_wanted else None
 
 
 def _rows_contiguous(x: Any) -> bool:
@@ -332,10 +342,15 @@ def _decodes(call: Call) -> bool:
 
 def _run_decode(call: Call) -> tuple[Any, Any, Any]:
     p = call.problem  # a quantized cache's codes and scales are read in place; q turned as the keys were stored
-    out, lse = decode(rotated_q(call.q, call.k), call.k, call.v, scale=p.scale, visible=call.visible,
-                      sinks=call.visible.sinks, check=call.kv_pending)
+    if call.request.quantized:
+        out, lse = decode(rotated_q(call.q, call.k), call.k, call.v, scale=p.scale, visible=call.visible,
+                          sinks=call.visible.sinks, check=call.kv_pending)
+    else:  # what decode() would check, prepare() did (_decodes: the layout it reads)
+        out, lse = _pass(call.q, call.k, call.v, p.kv_dtype, p.scale, call.visible, call.visible.sinks, None,
+                         call.kv_pending, p.dv, {}, call.request.lse)
     torch_in = call.request.library == "torch"
-    return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
+    z = out if p.dtype == "float32" else as_result(out, p.dtype, torch_in)
+    return z, None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
 
 
 class KernelBackend(Backend):

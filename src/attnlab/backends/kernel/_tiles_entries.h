@@ -356,7 +356,15 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.h * pr.tq == 0 ? 0 : isas[chosen].drun(&pr);
     Py_END_ALLOW_THREADS
-    result = status != 0 ? PyErr_NoMemory() : PyFloat_FromDouble(pr.largest); /* what the pass saw of k */
+    double largest = pr.largest; /* what the pass saw of k; NaN where q holds a NaN or Inf (a row that sees no key
+                                  * computes no score: q is scanned, a few thousand floats) */
+    const float *qf = (const float *)view[0].buf;
+    for (Py_ssize_t i = 0, n = view[0].len / 4; status == 0 && i < n; i++)
+        if (!isfinite(qf[i])) {
+            largest = NAN;
+            break;
+        }
+    result = status != 0 ? PyErr_NoMemory() : PyFloat_FromDouble(largest);
 done:
     release(view, 19);
     return result;
