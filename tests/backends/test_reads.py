@@ -1,7 +1,7 @@
 """A generation's reads (attnlab.backends.reads.Reads) give what attention_read gives, bit for bit, step after
-step across length buckets: float32 and 16-bit caches, GQA, learned sinks, every backend; the direct calls
-are taken where auto (or the named backend) chose the kernel's decode pass or SDPA, and stood aside from where
-the score bound is large, q is not finite, or the read says more than a plain one."""
+step across length buckets: float32 and 16-bit caches, GQA, learned sinks, ragged batches, every backend; the
+direct calls are taken where auto (or the named backend) chose the kernel's decode pass or SDPA, and stood aside
+from where the score bound is large, q is not finite, or the read says more than a plain one."""
 
 from __future__ import annotations
 
@@ -78,10 +78,43 @@ def test_a_read_with_more_to_say_goes_through_attention_read():
 
     from attnlab import masks
 
-    reads = _steps("auto", "float32", [40, 50, 60], lengths=torch.tensor([37]))
-    assert not reads.kept
     reads = _steps("auto", "float32", [40, 50, 60], mask=masks.sliding_window(8))
     assert not reads.kept
+    from attnlab.backends.reads import Reads
+
+    q, k, v = _cache("float32")
+    reads = Reads("auto")
+    with pytest.raises(ValueError, match="lengths"):  # not one per sequence: attention_read's refusal
+        reads(0, q, k, v, _kw(k, lengths=torch.tensor([37, 40])))
+    assert not reads.kept
+
+
+@pytest.mark.parametrize("backend, dtype", [("kernel", "float32"), ("kernel", "bfloat16"), ("auto", "float16"),
+                                            ("torch", "float32"), ("sdpa", "float32")])
+def test_a_ragged_batchs_steps_equal_attention_read_bit_for_bit(backend, dtype):
+    """Three sequences of their own lengths (one empty at first, one stopped), the cache as long as the longest:
+    the decode pass called directly with each row's keys [0, lengths[b]) gives attention_read's bits."""
+    import torch
+
+    from attnlab.backends.api import attention_read
+    from attnlab.backends.options import Options
+    from attnlab.backends.reads import Reads
+
+    if backend == "kernel":
+        pytest.importorskip("attnlab.backends.kernel._tiles")
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 8, 1, 32, generator=g)
+    k, v = (torch.randn(3, 2, 300, 32, generator=g).to(getattr(torch, dtype)) for _ in range(2))
+    reads = Reads(backend)
+    for i, n in enumerate(LENGTHS):
+        lengths = torch.tensor([n, max(n - 20, 0), min(n, 33)])
+        kw = _kw(k, lengths=lengths)
+        qi, ki, vi = q * (1 + i / 10), k[:, :, :n], v[:, :, :n]
+        got = reads(0, qi, ki, vi, kw)
+        assert torch.equal(got, attention_read(qi, ki, vi, Options.of(kw), backend)[0])
+    kinds = {type(direct).__name__ for _, direct in reads.kept.values()}
+    want = {"kernel": {"_KernelRead"}, "torch": {"NoneType"}, "sdpa": {"NoneType"}}.get(backend)  # auto: its choice
+    assert reads.kept and (want is None or kinds == want)
 
 
 def test_a_read_of_keys_not_checked_is_attention_itself():

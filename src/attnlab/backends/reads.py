@@ -29,8 +29,8 @@ from attnlab.backends.request import CHEAP_BOUND_OK, Call, checked_bound, prepar
 from attnlab.reference.quantized import QuantizedKV
 
 # what a plain read's keywords may hold (read.kwargs() and the model's own): anything else takes attention_read
-PLAIN = {"mask": None, "lengths": None, "softcap": None}
-KNOWN = frozenset(PLAIN) | {"causal", "kv_checked", "k_norm", "scale", "sink_logits"}
+PLAIN = {"mask": None, "softcap": None}
+KNOWN = frozenset(PLAIN) | {"causal", "lengths", "kv_checked", "k_norm", "scale", "sink_logits"}
 
 
 class Reads:
@@ -48,10 +48,11 @@ class Reads:
             if not kw.get("kv_checked") and not isinstance(k, QuantizedKV):  # keys the cache did not check
                 return attention(q, k, v, backend=self.backend, **kw)  # (a lossy read): attention()'s own checks
             return attention_read(q, k, v, Options.of(kw), self.backend)[0]
-        key = (slot, bucket(k.shape[2]))
+        lengths = kw.get("lengths")  # a ragged batch's: each row sees its sequence's keys [0, lengths[b])
+        key = (slot, bucket(k.shape[2]), lengths is None)
         name, direct = self.kept.get(key, (None, None))
         if direct is not None and kw.get("sink_logits") is direct.sinks:
-            out = direct(q, k, v, k.norm if isinstance(k, QuantizedKV) else kw["k_norm"])  # None: the bound is large
+            out = direct(q, k, v, k.norm if isinstance(k, QuantizedKV) else kw["k_norm"], lengths)  # None: large bound
             if out is not None:
                 return out
         call = prepare_read(q, k, v, Options.of(kw))  # attention_read's steps, the choice kept per bucket
@@ -64,19 +65,22 @@ class Reads:
 
 
 def _plain(q: Any, k: Any, kw: dict) -> bool:
-    """One query row per head over every key of a cache that checked them (or holds them as codes, finite by
-    construction, with their bound), nothing else said."""
+    """One query row per head over every key of its sequence (all of them, or each sequence's ``lengths``) of a
+    cache that checked them (or holds them as codes, finite by construction, with their bound), causal, nothing
+    else said."""
     checked = kw.get("kv_checked") is True and kw.get("k_norm") is not None and hasattr(k, "stride")
-    return ((checked or isinstance(k, QuantizedKV)) and q.ndim == 4 and q.shape[2] == 1
+    lengths = kw.get("lengths")
+    return ((checked or isinstance(k, QuantizedKV)) and q.ndim == 4 and q.shape[2] == 1 and kw.get("causal") is True
+            and (lengths is None or (hasattr(lengths, "stride") and tuple(lengths.shape) == (q.shape[0],)))
             and all(kw.get(n) is None for n in PLAIN) and KNOWN.issuperset(kw))
 
 
 def _direct(name: str, call: Call) -> Any:
     """The chosen backend's own call for this bucket's plain reads, or None (it runs through its ``run``)."""
-    r = call.request
-    if name == "kernel" and kernel._decodes(call) and call.visible.spans is None:
+    r, ragged = call.request, call.options.lengths is not None
+    if name == "kernel" and kernel._decodes(call) and (call.visible.spans is None or ragged and not r.quantized):
         return _QuantizedRead(call) if r.quantized else _KernelRead(call)
-    if name == "sdpa" and not r.sinks and r.dtype == call.problem.kv_dtype:
+    if name == "sdpa" and not r.sinks and r.dtype == call.problem.kv_dtype and not ragged:
         return _SdpaRead(call)
     return None
 
@@ -107,7 +111,7 @@ class _KernelRead:
             sinks = np.broadcast_to(kernel._f32(call.visible.sinks), p.batch[:2])
             self.kw = {"sinks": kernel.vis_args(call.visible, sinks)["sinks"]}
 
-    def __call__(self, q: Any, k: Any, v: Any, k_norm: float) -> Any:
+    def __call__(self, q: Any, k: Any, v: Any, k_norm: float, lengths: Any = None) -> Any:
         import torch
 
         qb = _q32(q)
@@ -115,7 +119,12 @@ class _KernelRead:
             return None
         b, h, tq, _ = q.shape
         out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
-        kernel._tiles.decode(qb, kernel._stored(k), kernel._stored(v), out, lse, self.stored, self.scale, 0, **self.kw)
+        kw = self.kw
+        if lengths is not None:  # row b's keys [0, lengths[b]) as spans, as describe() gives them for this read
+            spans = np.zeros((b, 1, 1, 4), np.int64)
+            spans[:, 0, 0, 1] = np.minimum(lengths.numpy(), k.shape[2])
+            kw = {**kw, "spans": spans}
+        kernel._tiles.decode(qb, kernel._stored(k), kernel._stored(v), out, lse, self.stored, self.scale, 0, **kw)
         z = torch.from_numpy(out)
         return z if self.dtype == "float32" else z.to(getattr(torch, self.dtype))
 
@@ -128,8 +137,8 @@ class _QuantizedRead:
         self.scale, self.visible, self.dtype = call.problem.scale, call.visible, call.problem.dtype
         self.sinks = call.options.sink_logits
 
-    def __call__(self, q: Any, k: Any, v: Any, k_norm: float) -> Any:
-        if not _cheap(_q32(q), self.scale, k_norm):
+    def __call__(self, q: Any, k: Any, v: Any, k_norm: float, lengths: Any = None) -> Any:
+        if not _cheap(_q32(q), self.scale, k_norm):  # (lengths: always None, a ragged read is not kept here)
             return None
         out, _ = kernel.decode(rotated_q(q, k), k, v, scale=self.scale, visible=self.visible, sinks=self.visible.sinks,
                                check=False)
@@ -142,8 +151,8 @@ class _SdpaRead:
     def __init__(self, call: Call):
         self.scale, self.gqa, self.sinks = call.problem.scale, call.problem.groups > 1, None
 
-    def __call__(self, q: Any, k: Any, v: Any, k_norm: float) -> Any:
-        import torch.nn.functional as F
+    def __call__(self, q: Any, k: Any, v: Any, k_norm: float, lengths: Any = None) -> Any:
+        import torch.nn.functional as F  # (lengths: always None, a ragged read is not kept here)
 
         if not checked_bound(q, None, self.scale, k_norm) <= CHEAP_BOUND_OK:
             return None
