@@ -4,8 +4,9 @@ what does not change between steps worked out once.
 A decoding step over a long cache is a read of memory, and that read evicts everything else from the CPU's
 caches: the next step's Python (checks, auto's choice, the backend's wrapper) runs cold, at several hundred
 microseconds per layer (``benchmarks/README.md`` measures it). :class:`Reads` keeps, per slot (a layer)
-and length bucket, what auto chose for a plain read (one query row per head, every key seen, keys checked
-when written) and, where that is the kernel's decode pass or SDPA, calls it directly while the score bound
+and length bucket, what auto chose for a plain read (one query row per head, every key of its sequence seen,
+a ragged batch's rows by their lengths, keys checked when written) and, where that is the kernel's decode
+pass or SDPA, calls it directly while the score bound
 (q's largest norm times the cache's largest key length) is below any backend's overflow refusal: the
 same call with the same inputs, so the same bits. Anything else goes through ``attention_read`` as before.
 A quantized cache's plain read (its codes finite by construction, their bound stored) calls
