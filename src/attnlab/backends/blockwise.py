@@ -152,7 +152,8 @@ def as_result(x: Any, dtype: str, torch_in: bool) -> Any:
     if torch_in:
         import torch
 
-        return x.to(getattr(torch, dtype))
+        want = getattr(torch, dtype)
+        return x if x.dtype == want else x.to(want)  # (a decoding step's float32 result: no call at all)
     return x.astype(dtype, copy=False)
 
 

@@ -118,16 +118,13 @@ class _KernelRead:
         qb = _q32(q)
         if not _cheap(qb, self.scale, k_norm):
             return None
-        b, h, tq, _ = q.shape
-        out, lse = np.empty((b, h, tq, v.shape[-1]), np.float32), np.empty((b, h, tq), np.float32)
         kw = self.kw
         if lengths is not None:  # row b's keys [0, lengths[b]) as spans, as describe() gives them for this read
-            spans = np.zeros((b, 1, 1, 4), np.int64)
+            spans = np.zeros((q.shape[0], 1, 1, 4), np.int64)
             spans[:, 0, 0, 1] = np.minimum(lengths.numpy(), k.shape[2])
             kw = {**kw, "spans": spans}
-        kernel._tiles.decode(qb, kernel._stored(k), kernel._stored(v), out, lse, self.stored, self.scale, 0, **kw)
-        z = torch.from_numpy(out)
-        return z if self.dtype == "float32" else z.to(getattr(torch, self.dtype))
+        out, _, _ = kernel.decode_into(qb, k, v, self.stored, self.scale, None, v.shape[-1], kw)
+        return as_result(torch.from_numpy(out), self.dtype, True)
 
 
 class _QuantizedRead:

@@ -295,18 +295,26 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
                  {**scales, **kw4})
 
 
+def decode_into(q32: np.ndarray, k: Any, v: Any, stored: str, scale: float, threads: int | None, dv: int,
+                kw: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, float]:
+    """``_tiles.decode`` itself: q32 float32 C-contiguous, k and v as stored, ``kw`` its visibility and codes
+    keywords; new float32 out (B, H, Tq, dv) and LSE, and the largest score it computed (NaN: not finite)."""
+    b, h, tq, _ = q32.shape
+    out, lse = np.empty((b, h, tq, dv), np.float32), np.empty((b, h, tq), np.float32)
+    return out, lse, _tiles.decode(q32, _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw)
+
+
 def _pass(q: Any, k: Any, v: Any, stored: str, scale: float, visible: Visible, sinks: Any, threads: int | None,
           check: bool, dv: int, codes: dict[str, Any], lse_wanted: bool = True) -> tuple[Any, Any]:
     """``_tiles.decode`` on arguments :func:`decode` checked (or a prepared call's): out, LSE (None where not
     wanted) as q's library."""
-    b, h, tq, _ = q.shape
-    out, lse = np.empty((b, h, tq, dv), np.float32), np.empty((b, h, tq), np.float32)
+    b, h, _, _ = q.shape
     if sinks is None and visible.spans is None and visible.score_mod is None and visible.softcap is None:
         kw = {}  # every key seen, scores as they are: nothing to say (the common decoding step)
     else:
         kw = vis_args(visible, None if sinks is None else np.broadcast_to(_f32(sinks), (b, h)))
         kw.pop("heads", None)
-    largest = _tiles.decode(_buffers(q)[0], _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw, **codes)
+    out, lse, largest = decode_into(_buffers(q)[0], k, v, stored, scale, threads, dv, {**kw, **codes})
     if check and not (largest <= OVERFLOW_LIMIT["float32"] and np.isfinite(out).all()):
         raise Unchecked
     if is_torch(q):
@@ -349,8 +357,7 @@ def _run_decode(call: Call) -> tuple[Any, Any, Any]:
         out, lse = _pass(call.q, call.k, call.v, p.kv_dtype, p.scale, call.visible, call.visible.sinks, None,
                          call.kv_pending, p.dv, {}, call.request.lse)
     torch_in = call.request.library == "torch"
-    z = out if p.dtype == "float32" else as_result(out, p.dtype, torch_in)
-    return z, None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
+    return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
 
 
 class KernelBackend(Backend):
