@@ -20,10 +20,14 @@
  * 8,192 and 32,768 keys): AVX-512 float32 16-17 % faster, 16-bit 10-16 %, int8 and float8 4-8 %, int4 (its own
  * loops, unchanged) 0-3 %; AVX2 forced: float32 16-18 % faster, 16-bit and int8 3-6 % slower split, so not split. */
 #define SPLITS(ITEM) ((ITEM) * VW >= (VW == 16 ? 16 : 32)) /* vectors of at least 16 (AVX2: 32) bytes */
-#ifndef DECODE_BURST /* a block's lines per group of keys issued together before the group where at most this many (AVX2
-                      * EPYC, one thread, 2,048 keys: int8 7 %, fp8 4 %, bfloat16 5 % faster than a few per step;
-                      * float32's 32 lines per group at once 7 % slower) */
-#define DECODE_BURST 16
+#ifndef DECODE_BURST /* a block's lines per group of keys issued together before the group where at most this many, per
+                      * instruction set (bench_decode_builds.py). AVX2: 16 (AVX2 EPYC, one thread, 2,048 keys: int8 7 %,
+                      * fp8 4 %, bfloat16 5 % faster than a few per step, float32's 32 lines per group at once 7 %
+                      * slower; AVX2 forced on the AVX-512 Xeon, 8,192 and 32,768 keys: 16-bit and int8 3-7 % faster).
+                      * AVX-512: none, always a few per step (the Xeon, 8,192-131,072 keys: bfloat16 9-12 % faster, at
+                      * 89-94 % of the read bandwidth; float16 4-9 % (one run of three: 2 % slower); float32 unchanged,
+                      * its groups being 32 lines; int8, fp8 and int4 within 2 %). Measured, not explained. */
+#define DECODE_BURST (VW == 16 ? 0 : 16)
 #endif
 typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
 #define VH F(vh)
