@@ -21,13 +21,13 @@
  * loops, unchanged) 0-3 %; AVX2 forced: float32 16-18 % faster, 16-bit and int8 3-6 % slower split, so not split. */
 #define SPLITS(ITEM) ((ITEM) * VW >= (VW == 16 ? 16 : 32)) /* vectors of at least 16 (AVX2: 32) bytes */
 #ifndef DECODE_BURST /* a block's lines per group of keys issued together before the group where at most this many, per
-                      * instruction set (bench_decode_builds.py). AVX2: 16 (AVX2 EPYC, one thread, 2,048 keys: int8 7 %,
-                      * fp8 4 %, bfloat16 5 % faster than a few per step, float32's 32 lines per group at once 7 %
-                      * slower; AVX2 forced on the AVX-512 Xeon, 8,192 and 32,768 keys: 16-bit and int8 3-7 % faster).
-                      * AVX-512: none, always a few per step (the Xeon, 8,192-131,072 keys: bfloat16 9-12 % faster, at
-                      * 89-94 % of the read bandwidth; float16 4-9 % (one run of three: 2 % slower); float32 unchanged,
-                      * its groups being 32 lines; int8, fp8 and int4 within 2 %). Measured, not explained. */
-#define DECODE_BURST (VW == 16 ? 0 : 16)
+                      * instruction set and item size (bench_decode_builds.py). AVX2: 16 (AVX2 EPYC, one thread, 2,048
+                      * keys: int8 7 %, fp8 4 %, bfloat16 5 % faster than a few per step, float32's 32 lines per group at
+                      * once 7 % slower; AVX2 forced on the AVX-512 Xeon, 8,192 and 32,768 keys: 16-bit and int8 3-7 %
+                      * faster). AVX-512: 16 for 8-bit codes, none for 16-bit values, always a few per step (the Xeon,
+                      * 8,192-131,072 keys, none against 16: bfloat16 8-12 % faster, float16 4-12 %, int8 3-5 % slower
+                      * in two runs of three, fp8 within 2 %; float32's groups are 32 lines). Measured, not explained. */
+#define DECODE_BURST(ITEM) (VW == 16 && (ITEM) == 2 ? 0 : 16)
 #endif
 typedef uint16_t F(vh) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
 #define VH F(vh)
@@ -187,7 +187,7 @@ static inline TARGET const char *F(ahead_at)(const struct F(ahead) *a, int64_t x
 /* The scores of NR (1, 2 or 4) query rows q[i] (dp floats, aligned) against VW keys k[u] (rows ldk apart, dp items
  * of type ELEM read, LOAD(x) the VW at x as floats), DK keys at a time: each vector of keys loaded (and converted)
  * once for the NR rows (NR DK accumulators, NR query vectors and a key vector in registers). Lines [x, x1) of `pf`
- * are prefetched along the way: up to DECODE_BURST lines per group of DK keys together before the group (the loop
+ * are prefetched along the way: up to DECODE_BURST(item) lines per group of DK keys together before the group (the loop
  * over D then has no prefetch branches), more a few per step. */
 #define DKS (VW == 16 ? 16 : 8) /* accumulators: NR DK of them */
 /* x stays in a register: without it GCC folds each query load into every FMA that uses it (NR + DK loads per
@@ -204,7 +204,7 @@ static inline TARGET const char *F(ahead_at)(const struct F(ahead) *a, int64_t x
         VF c[NR][VW];                                                                                          \
         const int64_t each = ((x1 - x) * DK + dp - 1) / dp; /* lines per step (dp / DK steps) */               \
         const int64_t group = ((x1 - x) * DK + VW - 1) / VW; /* lines per group of DK keys (VW / DK groups) */ \
-        const int burst = group <= DECODE_BURST; /* few: issued before each group, not a few per step */       \
+        const int burst = group <= DECODE_BURST(sizeof(ELEM)); /* few: before each group, not a few per step */ \
         for (int h = 0; h < VW; h += DK) {                                                                     \
             for (int64_t y = 0; y < group && x < x1 && burst; y++, x++) PREFETCH(pf, x, sizeof(ELEM));         \
             VF a[NR][DK];                                                                                      \
