@@ -166,10 +166,17 @@ def _qkv(tq=3, tk=4, d=2, dv=2):
     return rng.standard_normal((tq, d)), rng.standard_normal((tk, d)), rng.standard_normal((tk, dv))
 
 
+class _UnhashableDtype:
+    """An array-like whose dtype cannot be a dict key (validate.dtype_name remembers the names of those that can)."""
+
+    shape, ndim, dtype = (4, 2), 2, ["float32"]
+
+
 @pytest.mark.parametrize(
     "change, error, message",
     [
         (lambda q, k, v: (q, k[:, :1], v), ValueError, r"k must have the same last dim D as q: q has D=2"),
+        (lambda q, k, v: (q, _UnhashableDtype(), v), TypeError, r"k must have a floating dtype .* got \['float32'\]"),
         (lambda q, k, v: (q, k, v[:3]), ValueError, r"v must have as many rows as k \(Tk\): k has Tk=4"),
         (lambda q, k, v: (q, k[:0], v[:0]), ValueError, r"at least one key \(Tk >= 1\), got Tk=0"),
         (lambda q, k, v: (q.astype(int), k, v), TypeError, r"q must have a floating dtype .* got int64"),

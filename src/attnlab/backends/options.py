@@ -125,7 +125,7 @@ class Options:
     @classmethod
     def of(cls, options: dict[str, Any], *, caller: str = "attention()") -> Options:
         """Options from keywords; an unknown one is a TypeError that lists them all."""
-        unknown = sorted(set(options) - set(NAMES))
+        unknown = sorted(options.keys() - _NAME_SET)
         if unknown:
             raise TypeError(f"{caller} got an unknown keyword {unknown[0]!r}; its options are {', '.join(NAMES)}")
         return cls(**options)
@@ -137,6 +137,7 @@ class Options:
 
 
 NAMES: tuple[str, ...] = tuple(f.name for f in fields(Options))
+_NAME_SET = frozenset(NAMES)
 
 
 def defaults() -> str:

@@ -17,9 +17,19 @@ import numpy as np
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
+_DTYPE_NAMES: dict[Any, str] = {}  # each dtype's name, worked out once (every call asks for q's, k's and v's, often)
+
+
 def dtype_name(x: Any) -> str:
     """'float32' for np.float32 and torch.float32 alike."""
-    return str(x.dtype).removeprefix("torch.")
+    dtype = x.dtype
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        return name
+    except TypeError:  # an unhashable dtype (not NumPy's or torch's): named, for the error that refuses it
+        return str(dtype).removeprefix("torch.")
 
 
 def is_torch(x: Any) -> bool:
@@ -27,6 +37,8 @@ def is_torch(x: Any) -> bool:
 
 
 def broadcast_shapes(name_a: str, a: tuple, name_b: str, b: tuple) -> tuple:
+    if a == b:
+        return a
     try:
         return tuple(np.broadcast_shapes(a, b))
     except ValueError:

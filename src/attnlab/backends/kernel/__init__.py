@@ -298,7 +298,8 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
 def decode_into(q32: np.ndarray, k: Any, v: Any, stored: str, scale: float, threads: int | None, dv: int,
                 kw: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, float]:
     """``_tiles.decode`` itself: q32 float32 C-contiguous, k and v as stored, ``kw`` its visibility and codes
-    keywords; new float32 out (B, H, Tq, dv) and LSE, and the largest score it computed (NaN: not finite)."""
+    keywords; new float32 out (B, H, Tq, dv) and LSE, and the largest score it computed (NaN where a score, q or
+    the output is not finite)."""
     b, h, tq, _ = q32.shape
     out, lse = np.empty((b, h, tq, dv), np.float32), np.empty((b, h, tq), np.float32)
     return out, lse, _tiles.decode(q32, _stored(k), _stored(v), out, lse, stored, scale, threads or 0, **kw)
@@ -315,7 +316,7 @@ def _pass(q: Any, k: Any, v: Any, stored: str, scale: float, visible: Visible, s
         kw = vis_args(visible, None if sinks is None else np.broadcast_to(_f32(sinks), (b, h)))
         kw.pop("heads", None)
     out, lse, largest = decode_into(_buffers(q)[0], k, v, stored, scale, threads, dv, {**kw, **codes})
-    if check and not (largest <= OVERFLOW_LIMIT["float32"] and np.isfinite(out).all()):
+    if check and not largest <= OVERFLOW_LIMIT["float32"]:  # NaN: a score, q or the output not finite
         raise Unchecked
     if is_torch(q):
         import torch
@@ -399,6 +400,6 @@ class KernelBackend(Backend):
         return PRIOR_OVERHEAD_S + PRIOR_NS_PER_SCORE * 1e-9 * r.scores * r.visible
 
     def run(self, call: Call) -> tuple[Any, Any, Any]:
-        if _decodes(call):
+        if call.kv_pending or _decodes(call):  # a pending call comes here only where checks_kv said it decodes
             return _run_decode(call)
         return run_blockwise(call, forward, backward)

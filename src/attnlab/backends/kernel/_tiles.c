@@ -213,7 +213,7 @@ static PyMethodDef methods[] = {
      "(B,) int64 from k_residual (v_residual) (B, Hkv, R, D) stored as residual_dtype, at slot position % R).\n"
      "Writes float32 out (B, H, Tq, Dv) and lse (B, H, Tq); the same bits for any threads. Returns the largest\n"
      "|scale q.k| it computed (0.0 where none), NaN where one of them was not finite (a NaN or Inf in a key read) or\n"
-     "q holds a NaN or Inf."},
+     "q or the output holds a NaN or Inf (in the output: from a value read)."},
     {"max_norm", max_norm, METH_O, "max_norm(x) -> the largest row length ||x_i|| (last axis) of a float32 C-contiguous\n"
      "array, summed in float64 (0.0 when empty; NaN where a row holds a NaN, inf where one overflows)."},
     {"default_threads", default_threads, METH_NOARGS, "default_threads() -> the threads a call with threads=0 uses (OpenMP's default)."},

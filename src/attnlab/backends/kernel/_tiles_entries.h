@@ -356,14 +356,17 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.h * pr.tq == 0 ? 0 : isas[chosen].drun(&pr);
     Py_END_ALLOW_THREADS
-    double largest = pr.largest; /* what the pass saw of k; NaN where q holds a NaN or Inf (a row that sees no key
-                                  * computes no score: q is scanned, a few thousand floats) */
-    const float *qf = (const float *)view[0].buf;
-    for (Py_ssize_t i = 0, n = view[0].len / 4; status == 0 && i < n; i++)
-        if (!isfinite(qf[i])) {
-            largest = NAN;
-            break;
-        }
+    /* what the pass saw of k; NaN where q or the output holds a NaN or Inf (a row that sees no key computes no
+     * score, so q is scanned; a NaN or Inf in a value read shows in the output): a few thousand floats each */
+    double largest = pr.largest;
+    for (int x = 0; x < 4 && status == 0 && largest == largest; x += 3) { /* view 0 (q), then 3 (out) */
+        const float *f = (const float *)view[x].buf;
+        for (Py_ssize_t i = 0, n = view[x].len / 4; i < n; i++)
+            if (!isfinite(f[i])) {
+                largest = NAN;
+                break;
+            }
+    }
     result = status != 0 ? PyErr_NoMemory() : PyFloat_FromDouble(largest);
 done:
     release(view, 19);
