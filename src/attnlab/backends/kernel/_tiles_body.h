@@ -42,6 +42,12 @@ static inline TARGET VF F(select)(VI mask, VF a, VF b) { /* mask ? a : b, lane b
     return a;
 }
 
+#if defined(X86_VARIANTS) && VW == 16
+static inline TARGET int F(any)(VI mask) { /* some lane of mask set */
+    return _mm512_test_epi32_mask((__m512i)mask, (__m512i)mask) != 0;
+}
+#endif
+
 /* 2^f for f in [-1/2, 1/2]: the degree-6 polynomial both exps below share (relative error about 1e-7). */
 static inline TARGET __attribute__((always_inline)) VF F(exp2frac)(VF f) {
     VF p = (VF){} + 1.5353362e-4f;
