@@ -32,12 +32,14 @@ from attnlab import masks
 from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports, read_seconds
 from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
 from attnlab.backends.kernel.buffers import buffers as _buffers
+from attnlab.backends.kernel.buffers import f32 as _f32
 from attnlab.backends.kernel.buffers import quantized as _quantized
 from attnlab.backends.kernel.buffers import scales as _scales
 from attnlab.backends.kernel.buffers import stored as _stored
+from attnlab.backends.kernel.buffers import vis_args
 from attnlab.backends.quantized import rotated_q
 from attnlab.backends.request import Call, Request, Unchecked
-from attnlab.backends.tiling import LOG2E, Tiling, block_sizes
+from attnlab.backends.tiling import Tiling, block_sizes
 from attnlab.backends.visible import Visible, describe
 from attnlab.masks import Mask
 from attnlab.reference.quantized import QuantizedKV
@@ -134,32 +136,6 @@ def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, t
 
         return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)
     return dq, dk, dv
-
-
-def vis_args(v: Visible | None, sinks: Any) -> dict[str, Any]:
-    """The compiled passes' visibility keywords: each row's key intervals as stored (spans, two per row),
-    ALiBi's query positions and base-2 slopes, the sink logits, all in the masks' (B, H) space."""
-    if v is None:
-        return {} if sinks is None else {"sinks": _f32(sinks).reshape(-1, 1), "heads": 1}
-    heads = v.frame.bh[1]
-    kw: dict[str, Any] = {"heads": heads}
-    if v.spans is not None:
-        lo, hi = v.spans
-        if lo.shape[-1] < 2:  # the kernel reads two intervals per row: the second empty
-            lo, hi = (np.concatenate([x, np.zeros_like(x)], -1) for x in (lo, hi))
-        kw["spans"] = np.ascontiguousarray(np.stack([lo, hi], -1).reshape(*lo.shape[:-1], 4), dtype=np.int64)
-    if v.score_mod is not None:  # Alibi: the backend refuses any other
-        kw["qpos"] = np.ascontiguousarray(v.frame.positions(), dtype=np.int64)
-        kw["slopes"] = np.ascontiguousarray(v.score_mod.per_head(v.frame)[0] * LOG2E, dtype=np.float32)
-    if sinks is not None:
-        kw["sinks"] = _f32(sinks).reshape(-1, heads)
-    if v.softcap is not None:
-        kw["softcap"] = v.softcap
-    return kw
-
-
-def _f32(x: Any) -> np.ndarray:
-    return np.ascontiguousarray(x.detach().float().cpu().numpy() if is_torch(x) else x, dtype=np.float32)
 
 
 STATS = ("prev", "self", "next", "first", "distance", "entropy", "entropy_norm")  # the sums stats() gives, in order

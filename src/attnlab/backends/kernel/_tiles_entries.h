@@ -255,6 +255,14 @@ static int take_q4(PyObject *obj[4], Py_buffer view[4], int values, char rkind, 
     return 1;
 }
 
+/* Every float of a float32 buffer finite. */
+static int all_finite(const Py_buffer *b) {
+    const float *f = (const float *)b->buf;
+    for (Py_ssize_t i = 0, n = b->len / 4; i < n; i++)
+        if (!isfinite(f[i])) return 0;
+    return 1;
+}
+
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "dtype", "scale", "threads", "spans", "qpos", "slopes", "sinks",
                              "softcap", "k_scale", "v_scale", "k_zero", "v_zero", "k_residual", "v_residual",
@@ -358,15 +366,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     Py_END_ALLOW_THREADS
     /* what the pass saw of k; NaN where q or the output holds a NaN or Inf (a row that sees no key computes no
      * score, so q is scanned; a NaN or Inf in a value read shows in the output): a few thousand floats each */
-    double largest = pr.largest;
-    for (int x = 0; x < 4 && status == 0 && largest == largest; x += 3) { /* view 0 (q), then 3 (out) */
-        const float *f = (const float *)view[x].buf;
-        for (Py_ssize_t i = 0, n = view[x].len / 4; i < n; i++)
-            if (!isfinite(f[i])) {
-                largest = NAN;
-                break;
-            }
-    }
+    const double largest = all_finite(&view[0]) && all_finite(&view[3]) ? pr.largest : NAN;
     result = status != 0 ? PyErr_NoMemory() : PyFloat_FromDouble(largest);
 done:
     release(view, 19);

@@ -1,6 +1,7 @@
 """How arrays reach the compiled kernel as buffers, without a copy where they can: float32 inputs, a cache's
 k and v as stored (16-bit values as their bits), and a quantized cache (:class:`QuantizedKV`) as its codes,
-scales and, for int4, zero points, residual rings and positions held as codes (``_tiles.decode``'s arguments).
+scales and, for int4, zero points, residual rings and positions held as codes (``_tiles.decode``'s arguments),
+and the visibility keywords every compiled pass takes (:func:`vis_args`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.backends.tiling import LOG2E
+from attnlab.backends.visible import Visible
 from attnlab.reference.quantized import QuantizedKV
 from attnlab.reference.validate import dtype_name, is_torch
 
@@ -59,3 +62,30 @@ def quantized(k: QuantizedKV, v: QuantizedKV) -> tuple[Any, Any, dict[str, Any]]
 
 def _held(x: Any) -> np.ndarray:
     return np.ascontiguousarray(x.detach().cpu().numpy() if is_torch(x) else x, dtype=np.int64)
+
+
+def vis_args(v: Visible | None, sinks: Any) -> dict[str, Any]:
+    """The compiled passes' visibility keywords: each row's key intervals as stored (spans, two per row),
+    ALiBi's query positions and base-2 slopes, the sink logits, all in the masks' (B, H) space."""
+    if v is None:
+        return {} if sinks is None else {"sinks": f32(sinks).reshape(-1, 1), "heads": 1}
+    heads = v.frame.bh[1]
+    kw: dict[str, Any] = {"heads": heads}
+    if v.spans is not None:
+        lo, hi = v.spans
+        if lo.shape[-1] < 2:  # the kernel reads two intervals per row: the second empty
+            lo, hi = (np.concatenate([x, np.zeros_like(x)], -1) for x in (lo, hi))
+        kw["spans"] = np.ascontiguousarray(np.stack([lo, hi], -1).reshape(*lo.shape[:-1], 4), dtype=np.int64)
+    if v.score_mod is not None:  # Alibi: the backend refuses any other
+        kw["qpos"] = np.ascontiguousarray(v.frame.positions(), dtype=np.int64)
+        kw["slopes"] = np.ascontiguousarray(v.score_mod.per_head(v.frame)[0] * LOG2E, dtype=np.float32)
+    if sinks is not None:
+        kw["sinks"] = f32(sinks).reshape(-1, heads)
+    if v.softcap is not None:
+        kw["softcap"] = v.softcap
+    return kw
+
+
+def f32(x: Any) -> np.ndarray:
+    """x as a C-contiguous float32 NumPy array (a copy where it is not one already)."""
+    return np.ascontiguousarray(x.detach().float().cpu().numpy() if is_torch(x) else x, dtype=np.float32)
