@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         builds = {"before": load(str(build(args.before, Path(tmp)))), "after": kernel._tiles}
         if kernel._tiles.isa() in builds["before"].isas():  # ATTNLAB_KERNEL_ISA picks both builds' variant
             builds["before"].isa(kernel._tiles.isa())
+        amx = bool(getattr(kernel._tiles, "amx", lambda: False)())  # int4 keys' scores on AMX (ATTNLAB_KERNEL_AMX)
+        if hasattr(builds["before"], "amx") and not amx:
+            builds["before"].amx(False)
         llc = llc_bytes()
         bandwidth = read_bandwidth(llc)
         rows = []
@@ -165,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             for n in (int(x) for x in args.lengths.split(",")):
                 rows.append({"dtype": dtype, "n": n, **measure(builds, dtype, n, llc, args.repeats)})
     load_avg = os.getloadavg()[0]
-    print(f"read bandwidth {bandwidth:.1f} GB/s; load average {load_avg:.2f}; ISA {kernel._tiles.isa()}; "
+    print(f"read bandwidth {bandwidth:.1f} GB/s; load average {load_avg:.2f}; ISA {kernel._tiles.isa()}"
+          f"{' with AMX' if amx else ''}; "
           f"before = {args.before}, after = this tree")
     print(f"{'dtype':9} {'n':>6} | {'before ms':>9} {'GB/s':>5} {'%bw':>4} | {'after ms':>8} {'GB/s':>5} {'%bw':>4} | "
           f"{'speed-up':>8} {'1-thread CPU':>12} | max diff")
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"before": args.before, "bandwidth_gbs": bandwidth, "llc_bytes": llc,
-                                               "load_average": load_avg, "isa": kernel._tiles.isa(), "rows": rows},
+                                               "load_average": load_avg, "isa": kernel._tiles.isa(), "amx": amx, "rows": rows},
                                               indent=1))
     return 0
 

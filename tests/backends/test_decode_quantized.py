@@ -1,14 +1,16 @@
 """The compiled decode pass over int8 and float8_e4m3fn caches (``kernel.decode(..., k_scale=, v_scale=)``): codes
 read as stored and dequantized in registers (code · the key's or value row's scale; float8: the head's), against
 the float64 reference on the dequantized keys and values. Every test runs once per instruction-set variant this
-CPU runs."""
+CPU runs; int4's tests on AMX, where it is here, also with it turned off."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from attnlab import masks
 from attnlab.backends import kernel
+from attnlab.backends.request import Unchecked
 from attnlab.reference import attention as reference
 
 if kernel.isa() is None:
@@ -168,3 +170,103 @@ def test_int4_codes_with_sinks_and_the_stored_layout_checked():
     with pytest.raises(ValueError, match="k and v: the kernel reads int4 keys grouped per channel and values per token"):
         kernel.decode(q, v, k, scale=1.0)
     assert torch.equal(k.quantized, torch.tensor([160]))  # nothing written back
+
+
+# int4 keys' scores on AMX (_tiles_decode_amx.h): the same results as the vector registers' way within float32
+# rounding; each test with AMX on (where this CPU and kernel allow it) and off.
+AMX_HERE = bool(kernel.build_info()["amx_here"])
+
+
+@pytest.fixture(params=[True, False] if AMX_HERE else [False], ids=lambda on: "amx" if on else "vectors")
+def amx(request):
+    was = kernel._tiles.amx()
+    kernel._tiles.amx(request.param)
+    yield request.param
+    kernel._tiles.amx(was)
+
+
+def _allowed(b, tq, tk, lengths, window=None, sinks=0):
+    pos = (lengths - tq)[:, None, None] + np.arange(tq)[None, :, None]
+    j = np.arange(tk)[None, None, :]
+    near = (j >= pos - window) if window is not None else True
+    return ((j < lengths[:, None, None]) & (j <= pos) & (near | (j < sinks)))[:, None]
+
+
+def _reference(q, k, v, allowed, scale):
+    g = q.shape[1] // k.shape[1]
+    return reference.attention(q.astype(np.float64), np.repeat(k.reference(), g, 1), np.repeat(v.reference(), g, 1),
+                               mask=allowed, scale=scale)
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.parametrize("b, h, hkv, tq, tk, d, held, window, sinks", [
+    (2, 8, 2, 1, 1000, 64, [928, 480], None, 0),  # GQA, ragged lengths, rings
+    (1, 32, 8, 1, 2100, 128, [1984], None, 0),  # the decode benchmark's heads
+    (1, 8, 2, 2, 700, 128, [672], 90, 0),  # a window starting inside a group: its first block unread
+    (1, 8, 2, 1, 900, 128, [864], 100, 4),  # sink tokens and a window: blocks between them unread
+    (1, 18, 2, 1, 333, 64, [320], None, 0),  # 9 rows: row groups of 4, 4 and 1
+    (1, 4, 1, 3, 200, 256, [192], None, 0),  # D = 256: two tiles of codes a key
+    (1, 4, 2, 1, 130, 96, [128], None, 0),  # D = 96: never AMX (the vector way)
+])
+def test_int4_scores_on_amx_match_the_reference(amx, b, h, hkv, tq, tk, d, held, window, sinks):
+    rng = np.random.default_rng(tk + d + sinks)
+    q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    k, v = _int4(rng, b, hkv, tk, d, held)
+    lengths = np.array([tk, tk // 2 + 1][:b])
+    mask = masks.cache_lengths(lengths) & masks.causal()
+    if window is not None:
+        mask = mask & (masks.window(window) | masks.sink_tokens(sinks)) if sinks else mask & masks.window(window)
+    out, lse = kernel.decode(q, k, v, scale=0.125, mask=mask)
+    want = _reference(q, k, v, _allowed(b, tq, tk, lengths, window, sinks), 0.125)
+    np.testing.assert_allclose(out, want, atol=2e-5 * np.abs(want).max())
+    assert np.isfinite(lse).all()
+
+
+@pytest.mark.needs("torch")
+def test_amx_and_vectors_agree_where_the_query_spans_many_octaves():
+    """A query whose channels span 2^-20 .. 2^12 (and scales 2^-6 .. 2^3): each row's integers keep its largest
+    products' every bit, so AMX and the float32 sums agree to float32 rounding of the scores."""
+    import torch
+
+    if not AMX_HERE:
+        pytest.skip("no AMX on this CPU or kernel")
+    rng = np.random.default_rng(7)
+    q = (rng.standard_normal((1, 8, 1, 128)) * 2.0 ** rng.integers(-20, 12, 128)).astype(np.float32) * 1e-3
+    k, v = _int4(rng, 1, 2, 4096, 128, [4064])
+    k.scale.mul_(torch.from_numpy(2.0 ** rng.integers(-6, 3, (1, 1, 1, 128))).float())
+    outs = {}
+    for on in (True, False):
+        kernel._tiles.amx(on)
+        outs[on], _ = kernel.decode(q, k, v, scale=0.125)
+    kernel._tiles.amx(True)
+    want = _reference(q, k, v, None, 0.125)
+    for on in (True, False):
+        np.testing.assert_allclose(outs[on], want, atol=2e-5 * np.abs(want).max())
+    np.testing.assert_allclose(outs[True], outs[False], atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_a_key_scale_that_is_not_finite_is_still_caught(amx, bad):
+    """A group whose scaled query is not finite goes the vector way, whose scores show it to the pass's check."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 8, 1, 128)).astype(np.float32)
+    k, v = _int4(rng, 1, 2, 640, 128, [608])
+    kernel.decode(q, k, v, scale=0.125, check=True)
+    k.scale[0, 1, 9, 77] = bad
+    with pytest.raises(Unchecked):
+        kernel.decode(q, k, v, scale=0.125, check=True)
+
+
+def test_amx_is_turned_on_and_off_where_it_exists():
+    was = kernel._tiles.amx()
+    assert was is AMX_HERE  # on by default where it exists
+    assert kernel._tiles.amx(False) is False
+    if AMX_HERE:
+        assert kernel._tiles.amx(True) is True
+    else:
+        with pytest.raises(ValueError, match="amx: this CPU, kernel or build has no AMX tiles"):
+            kernel._tiles.amx(True)
+    kernel._tiles.amx(was)
+    info = kernel.build_info()
+    assert info["amx"] is was and info["amx_here"] is AMX_HERE

@@ -17,7 +17,9 @@ are split into groups, so that one head feeds every thread (their dQ sums take u
 threads, reads each k/v head once for its whole GQA group and reads 16-bit caches as stored. Threads: OpenMP's default, which torch shares
 (the process has one libgomp): ``torch.set_num_threads(n)`` or ``OMP_NUM_THREADS``, else every CPU.
 The best instruction-set variant this CPU runs is used; ``ATTNLAB_KERNEL_ISA`` (e.g. ``AVX2``) picks
-another one at import, to measure how a machine without the better one would fare.
+another one at import, to measure how a machine without the better one would fare. Where the CPU and Linux
+allow AMX (Sapphire Rapids on), the AVX-512 variant computes int4 keys' scores on its tiles, exactly (integer
+products: ``_tiles_decode_amx.h``); ``ATTNLAB_KERNEL_AMX=0`` turns that off.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def _isa_from_env() -> None:
 
 
 _isa_from_env()
+if os.environ.get("ATTNLAB_KERNEL_AMX", "").strip() == "0" and _tiles is not None:
+    _tiles.amx(False)  # int4 keys' scores in vector registers, to measure what AMX gives
 
 BLOCK = (96, 512)
 BACKWARD_BLOCK = (96, 256)  # P and dS tiles of 96 x 256 (192 kB together), the key block's dK, dV beside them
@@ -80,10 +84,11 @@ def build_info() -> dict[str, Any] | None:
     """How the kernel was built and what runs here, None if it was not built.
 
     ``{"variants": [{"name": "AVX-512", "target": "avx512f,avx512vl,fma", "runs_here": True}, ...],
-    "chosen": "AVX-512", "compiler": "gcc 12.2.0", "openmp": 201511}``: the instruction-set
-    variants compiled in (best first; ``target`` the features their functions are compiled for,
-    "" for the compiler's baseline), whether this CPU runs each, the one in use, the compiler and
-    OpenMP's version date (None: built without OpenMP, one thread).
+    "chosen": "AVX-512", "compiler": "gcc 12.2.0", "openmp": 201511, "amx_here": True, "amx": True}``: the
+    instruction-set variants compiled in (best first; ``target`` the features their functions are compiled for,
+    "" for the compiler's baseline), whether this CPU runs each, the one in use, the compiler, OpenMP's version
+    date (None: built without OpenMP, one thread), whether this CPU, kernel and build allow AMX and whether int4
+    decoding uses it.
     """
     return None if _tiles is None else _tiles.build_info()
 

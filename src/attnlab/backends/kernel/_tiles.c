@@ -33,6 +33,14 @@
 #include <immintrin.h>
 #define AVX512_TARGET "avx512f,avx512vl,fma"
 #define AVX2_TARGET "avx2,fma,f16c"
+/* AMX's tiles for int4 keys' scores (_tiles_decode_amx.h): Linux asks the kernel for them (arch_prctl) */
+#if defined(__linux__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define AMX_DECODE 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+static int amx_here, amx_use; /* this CPU and kernel let the process use AMX; int4 decoding does */
 
 #define TARGET __attribute__((target(AVX512_TARGET)))
 #define VW 16
@@ -106,6 +114,22 @@ static void detect(void) {
 #endif
     for (chosen = 0; !supported[chosen]; chosen++) {
     }
+#ifdef AMX_DECODE
+    unsigned a, b, c, d;
+    if (supported[0] && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 30 & 1) && (d >> 24 & 1) && (d >> 25 & 1))
+        amx_here = amx_use = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#endif
+}
+
+static PyObject *amx(PyObject *Py_UNUSED(self), PyObject *args) {
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p", &on)) return NULL;
+    if (on == 1 && !amx_here) {
+        PyErr_SetString(PyExc_ValueError, "amx: this CPU, kernel or build has no AMX tiles (amx() says whether it does)");
+        return NULL;
+    }
+    if (on >= 0) amx_use = on;
+    return PyBool_FromLong(amx_use);
 }
 
 static PyObject *isas_here(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
@@ -156,8 +180,9 @@ static PyObject *build_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)
 #else
     PyObject *openmp = Py_NewRef(Py_None);
 #endif
-    return Py_BuildValue("{s:N,s:s,s:s,s:N}", "variants", variants, "chosen", isas[chosen].name, "compiler", compiler,
-                         "openmp", openmp);
+    return Py_BuildValue("{s:N,s:s,s:s,s:N,s:O,s:O}", "variants", variants, "chosen", isas[chosen].name, "compiler",
+                         compiler, "openmp", openmp, "amx_here", amx_here ? Py_True : Py_False, "amx",
+                         amx_use ? Py_True : Py_False);
 }
 
 #include "_tiles_args.h"
@@ -260,6 +285,9 @@ static PyMethodDef methods[] = {
      "lse as forward's (the same bits), float64 sums (B, G, 7) and received (B, G, T) as stats' (each tile's weights\n"
      "kept for the block's sweep once its rows' LSE is known, not recomputed). Needs bq x T floats per thread beside\n"
      "the forward's scratch. The same checks as both; the same bits for any threads."},
+    {"amx", amx, METH_VARARGS, "amx(on=None) -> whether the AVX-512 variant's int4 decoding computes its keys' scores on\n"
+     "AMX's tiles (exact integer products: _tiles_decode_amx.h); with on, turn it on (where this CPU and kernel allow\n"
+     "AMX) or off."},
     {"isas", isas_here, METH_NOARGS, "isas() -> the instruction sets compiled in that this CPU runs, best first."},
     {"isa", isa, METH_VARARGS, "isa(name=None) -> the instruction set in use; with a name (one of isas()), use that one."},
     {NULL, NULL, 0, NULL},

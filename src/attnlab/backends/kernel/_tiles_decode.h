@@ -20,6 +20,10 @@
 
 #include "_tiles_decode_ops.h"
 #include "_tiles_decode_q4.h"
+#if defined(X86_VARIANTS) && VW == 16 && defined(AMX_DECODE) /* the AVX-512 variant only */
+#include "_tiles_decode_amx.h"
+#define DECODE_AMX 1
+#endif
 
 /* Keys j + [c[0], c[1]) and j + [c[2], c[3]) of a block of nk are those a query with keys iv sees. */
 static inline TARGET void F(seen_in)(const int64_t *iv, int64_t j, int64_t nk, int64_t c[4]) {
@@ -64,6 +68,18 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     memset(lv, 0, sizeof(float) * rows * VW);
     if (i4) memset(acc4, 0, sizeof(float) * rows * dvp), memset(zs, 0, sizeof(float) * rows * ng * VW);
     if (i4) F(q4_order)(q, rows, dp, d, qp); /* the query in nibble order, once */
+#ifdef DECODE_AMX
+    /* int4 keys on AMX (_tiles_decode_amx.h): B tiles, A2 tiles, C, weights, the scores of a group's 32 keys */
+    const int amx = pr->amx_at > 0;
+    const int64_t chunks4 = (d + 127) / 128, groups4 = (rows + 3) / 4;
+    int8_t *restrict tb = (int8_t *)(scr + pr->amx_at);
+    uint8_t *restrict ta = (uint8_t *)(tb + 2048 * chunks4 * groups4);
+    int32_t *restrict tc = (int32_t *)(ta + 2048 * chunks4);
+    float *restrict tw = (float *)(tc + 512), *restrict tsc = tw + 16 * groups4;
+    if (amx) amx_begin(d);
+    int64_t amx_lo = 0, amx_hi = 0; /* the keys whose scores tsc holds */
+    int on_amx = 0; /* the key group kg's scores go to AMX */
+#endif
     const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_F16 || pr->kvtype == DT_BF16 ? 2 : 1;
     const int64_t krow = i4 ? d / 2 : d * (int64_t)item, vrow = i4 ? dv / 2 : dv * (int64_t)item; /* bytes per row */
     const int64_t per = pr->kvtype == DT_I8; /* int8: a scale per key and value row; float8: one per head */
@@ -127,9 +143,29 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
         const int64_t lines = ahead ? pf.k_lines + VW * vrow / 64 : 0;
         const int64_t split = !i4 && SPLITS(item) ? pf.k_lines : lines;
         if (kq4) { /* int4 keys: the group's scaled queries, then the rows' scores */
-            if (j / 32 != kg) kg = j / 32, F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
+            if (j / 32 != kg) {
+                kg = j / 32;
+                for (int64_t x = 0; x < d * 4; x += 64) /* the scales and zero points two groups on (1-4 % faster) */
+                    __builtin_prefetch((const char *)(k4s + (kg + 2) * K4->sr) + x, 0, DECODE_LOC),
+                    __builtin_prefetch((const char *)(k4z + (kg + 2) * K4->zr) + x, 0, DECODE_LOC);
+#ifdef DECODE_AMX
+                on_amx = amx && amx_group(q, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, tb, tw, cz);
+                if (!on_amx)
+#endif
+                    F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
+            }
             for (int64_t x = 0; x < split; x++) __builtin_prefetch(F(ahead_at)(&pf, x), 0, DECODE_LOC);
+#ifdef DECODE_AMX
+            if (on_amx) { /* the scores of the group's keys from here on (up to 32), at its first block read */
+                if (j >= amx_hi)
+                    amx_lo = j, amx_hi = (j / 32 + 1) * 32 < j1 ? (j / 32 + 1) * 32 : j1,
+                    amx_scores((const uint8_t *)kb, ldk, amx_hi - j, rows, d, tb, tw, ta, tc, tsc);
+                for (int64_t r = 0; r < rows; r++) *(VF *)(p + r * VW) = *(const VF *)(tsc + r * 32 + (j - amx_lo));
+            }
+            for (int64_t r = on_amx ? rows : 0; r < rows;) { /* four rows at a time (then 2, 1) */
+#else
             for (int64_t r = 0; r < rows;) { /* four rows at a time (then 2, 1) */
+#endif
                 const int64_t nr = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
                 const float *qq[4];
                 VF *ss[4];
@@ -198,6 +234,10 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
             *(VF *)(p + r * VW) = e;
             if (vsc) *(VF *)(p + r * VW) *= vs; /* int8: the weight times its value row's scale */
         }
+        if (vq4) /* the values' scales and zero points DECODE_AHEAD blocks on */
+            for (int64_t x = 0; x < VW * V4->sr * 4; x += 64)
+                __builtin_prefetch((const char *)(v4s + (j + DECODE_AHEAD * VW) * V4->sr) + x, 0, DECODE_LOC),
+                __builtin_prefetch((const char *)(v4z + (j + DECODE_AHEAD * VW) * V4->zr) + x, 0, DECODE_LOC);
         if (vq4) F(q4_weights)(p, rows, nk, v4s + j * V4->sr, V4->sr, v4z + j * V4->zr, V4->zr, ng, w4, zs);
         for (int64_t r = 0; r < rows; r += PV_ROWS) { /* acc += p v, PV_ROWS rows sharing each row of v */
             const int64_t nr = rows - r < PV_ROWS ? rows - r : PV_ROWS;
@@ -229,6 +269,9 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
     for (int64_t r = 0; r < rows; r++)
         for (int u = 0; u < VW; u++) l[r] += lv[r * VW + u];
     if (i4) F(q4_finish)(acc, acc4, zs, rows, dv, dvp, ng);
+#ifdef DECODE_AMX
+    if (amx) amx_end();
+#endif
     float top = 0.0f, nan = 0.0f;
     for (int u = 0; u < VW; u++) top = big[u] > top ? big[u] : top, nan += bad[u];
     pr->checks[2 * it] = top, pr->checks[2 * it + 1] = nan;
@@ -280,7 +323,14 @@ static TARGET int F(drun)(struct dproblem *pr) {
     if (!parts) return -1;
     pr->parts = parts, pr->checks = parts + items * pr->part;
     const int64_t x4 = pr->kvtype == DT_I4 ? pr->rows * (2 * pr->dp + pr->dvp + 2 * (pr->dv / 32) * VW) + (pr->rows + VW - 1) / VW * VW : 0;
-    const size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 8 * pr->rows + x4);
+    size_t per_thread = sizeof(float) * (pr->rows * (pr->dp + 2 * VW) + VW * (pr->dp + pr->dvp) + 8 * pr->rows + x4);
+    pr->amx_at = 0;
+#ifdef DECODE_AMX
+    if (amx_fits(pr)) { /* its scratch after the rest, on a 64-byte line */
+        pr->amx_at = (int64_t)(round64(per_thread) / sizeof(float));
+        per_thread = round64(per_thread) + sizeof(float) * amx_floats(pr->rows, pr->d);
+    }
+#endif
     int64_t next = 0;
     int failed = 0;
 #pragma omp parallel num_threads(pr->threads)
@@ -309,6 +359,7 @@ static TARGET int F(drun)(struct dproblem *pr) {
     return failed ? -1 : 0;
 }
 
+#undef DECODE_AMX
 #undef COMB
 #undef SPLITS
 #undef LO8

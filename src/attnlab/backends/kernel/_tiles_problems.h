@@ -126,6 +126,8 @@ struct dproblem {
     int qtype, kvtype, rtype;     /* DT_*: q float32 or as k and v; rtype: int4's residual (F32, F16 or BF16) */
     float scale;
     int threads;
+    int amx;                      /* int4 keys' scores may use AMX (the AVX-512 variant, where the process may) */
+    int64_t amx_at;               /* set by drun: where a thread's AMX scratch starts in its floats (0: none) */
     int64_t g, rows, dp, dvp;     /* set by drun: G = H / Hkv, rows per group G Tq, D and Dv padded to vectors */
     int64_t chunks, part;         /* chunks per (b, k/v head), floats of one chunk's partial result */
     float *parts;                 /* per work item: acc (rows, dvp), then the rows' maxima and sums (base 2) */
