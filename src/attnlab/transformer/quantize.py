@@ -62,15 +62,15 @@ class Store:
         self.zero = self.residual = self.quantized = None
         if kind == "int8":
             self.codes = pages.zeros((B, H, cap, dim), torch.int8, device)
-            self.scale = torch.zeros(B, H, cap, device=device)  # (B, H, C) per token
+            self.scale = pages.zeros((B, H, cap), torch.float32, device)  # (B, H, C) per token
         elif kind == "fp8":
             self.codes = pages.zeros((B, H, cap, dim), torch.float8_e4m3fn, device)
             self.scale = torch.zeros(B, H, device=device)  # (B, H): set by the first nonzero write
         else:
             self.codes = pages.zeros((B, H, cap, dim // 2), torch.uint8, device)
             groups = (B, H, cap // GROUP, dim) if grouping == "channel" else (B, H, cap, dim // GROUP)
-            self.scale = torch.zeros(groups, device=device)
-            self.zero = torch.zeros(groups, device=device)
+            self.scale = pages.zeros(groups, torch.float32, device)  # read with the codes: huge pages too
+            self.zero = pages.zeros(groups, torch.float32, device)
             # a ring by position: R + 32 slots, or the capacity when smaller (then slot = position, nothing leaves it)
             self.residual = torch.zeros(B, H, min(RESIDUAL + GROUP, cap), dim, dtype=dtype, device=device)
             self.quantized = torch.zeros(B, dtype=torch.long, device=device)  # positions held as codes
