@@ -261,6 +261,7 @@ def test_a_key_scale_that_is_not_finite_is_still_caught(amx, bad):
 def test_amx_is_turned_on_and_off_where_it_exists():
     was = kernel._tiles.amx()
     assert was is AMX_HERE  # on by default where it exists
+    assert kernel._tiles.amx(None) is was  # None asks, as no argument does
     assert kernel._tiles.amx(False) is False
     if AMX_HERE:
         assert kernel._tiles.amx(True) is True

@@ -26,6 +26,8 @@
 
 #include "_tiles_problems.h"
 
+static int amx_here, amx_use; /* this CPU and kernel let the process use AMX; int4 decoding does (x86-64 Linux) */
+
 /* Each variant's functions carry __attribute__((target(...))), which GCC and clang both honour
  * (clang ignores `#pragma GCC target`: under it such variants were baseline code in disguise). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -40,7 +42,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
-static int amx_here, amx_use; /* this CPU and kernel let the process use AMX; int4 decoding does */
 
 #define TARGET __attribute__((target(AVX512_TARGET)))
 #define VW 16
@@ -122,8 +123,10 @@ static void detect(void) {
 }
 
 static PyObject *amx(PyObject *Py_UNUSED(self), PyObject *args) {
-    int on = -1;
-    if (!PyArg_ParseTuple(args, "|p", &on)) return NULL;
+    PyObject *arg = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &arg)) return NULL;
+    const int on = arg == Py_None ? -1 : PyObject_IsTrue(arg);
+    if (on < 0 && arg != Py_None) return NULL; /* its truth raised */
     if (on == 1 && !amx_here) {
         PyErr_SetString(PyExc_ValueError, "amx: this CPU, kernel or build has no AMX tiles (amx() says whether it does)");
         return NULL;
