@@ -271,3 +271,21 @@ def test_amx_is_turned_on_and_off_where_it_exists():
     kernel._tiles.amx(was)
     info = kernel.build_info()
     assert info["amx"] is was and info["amx_here"] is AMX_HERE
+
+
+def test_linux_lends_the_tiles_only_when_int4_decoding_first_needs_them():
+    """Importing attnlab, or decoding a float cache, does not ask Linux for AMX (a process holding the tiles' permission
+    needs larger signal stacks); the first question (or int4 decoding) does."""
+    import subprocess
+    import sys
+
+    if not AMX_HERE:
+        pytest.skip("no AMX on this CPU or kernel")
+    code = ("import ctypes, numpy as np\n"
+            "from attnlab.backends import kernel\n"
+            "def lent():\n"
+            "    v = ctypes.c_ulong(0); ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(v)); return v.value >> 18 & 1\n"
+            "x = np.ones((1, 2, 1, 64), np.float32); kernel.decode(x, x, x, scale=1.0)\n"
+            "print(lent(), kernel._tiles.amx(), lent())\n")  # 158: arch_prctl, 0x1022: ARCH_GET_XCOMP_PERM, bit 18: tiles
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["0", "True", "1"]

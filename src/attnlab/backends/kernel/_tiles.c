@@ -26,7 +26,8 @@
 
 #include "_tiles_problems.h"
 
-static int amx_here, amx_use; /* this CPU and kernel let the process use AMX; int4 decoding does (x86-64 Linux) */
+static int amx_here, amx_use; /* this CPU and kernel let the process use AMX (-1: the CPU has it, Linux not asked
+                                * yet); int4 decoding may (x86-64 Linux; amx(False) says it may not) */
 
 /* Each variant's functions carry __attribute__((target(...))), which GCC and clang both honour
  * (clang ignores `#pragma GCC target`: under it such variants were baseline code in disguise). */
@@ -118,8 +119,18 @@ static void detect(void) {
 #ifdef AMX_DECODE
     unsigned a, b, c, d;
     if (supported[0] && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 30 & 1) && (d >> 24 & 1) && (d >> 25 & 1))
-        amx_here = amx_use = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+        amx_here = -1, amx_use = 1; /* the CPU has it; Linux is asked when first needed (amx_allowed) */
 #endif
+}
+
+/* Whether the process may use AMX's tiles: Linux is asked once (arch_prctl), at the first int4 decoding or the first
+ * question (amx(), build_info()), not at import: a process that never needs the tiles never holds their larger
+ * signal frames. Called with the GIL held. */
+static int amx_allowed(void) {
+#ifdef AMX_DECODE
+    if (amx_here < 0) amx_here = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#endif
+    return amx_here;
 }
 
 static PyObject *amx(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -127,12 +138,12 @@ static PyObject *amx(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyArg_ParseTuple(args, "|O", &arg)) return NULL;
     const int on = arg == Py_None ? -1 : PyObject_IsTrue(arg);
     if (on < 0 && arg != Py_None) return NULL; /* its truth raised */
-    if (on == 1 && !amx_here) {
+    if (on == 1 && !amx_allowed()) {
         PyErr_SetString(PyExc_ValueError, "amx: this CPU, kernel or build has no AMX tiles (amx() says whether it does)");
         return NULL;
     }
     if (on >= 0) amx_use = on;
-    return PyBool_FromLong(amx_use);
+    return PyBool_FromLong(amx_use && amx_allowed());
 }
 
 static PyObject *isas_here(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
@@ -183,9 +194,10 @@ static PyObject *build_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)
 #else
     PyObject *openmp = Py_NewRef(Py_None);
 #endif
+    const int here = amx_allowed();
     return Py_BuildValue("{s:N,s:s,s:s,s:N,s:O,s:O}", "variants", variants, "chosen", isas[chosen].name, "compiler",
-                         compiler, "openmp", openmp, "amx_here", amx_here ? Py_True : Py_False, "amx",
-                         amx_use ? Py_True : Py_False);
+                         compiler, "openmp", openmp, "amx_here", here ? Py_True : Py_False, "amx",
+                         here && amx_use ? Py_True : Py_False);
 }
 
 #include "_tiles_args.h"

@@ -15,8 +15,8 @@
  *   points' share cz, as q4_group adds it;
  * - the scores of a group's 32 keys (two blocks) at once, at its first block read.
  * A group whose qs holds a NaN or Inf (a scale that is not finite) goes the vector way (q4_group, dotsq*), whose
- * scores then show it to the check. AMX needs the kernel's permission (arch_prctl, asked once at import). Measured
- * (the 2-core Xeon of benchmarks/README.md, 32,768 keys): the int4 pass 1.2x faster than without. */
+ * scores then show it to the check. AMX needs Linux's permission (arch_prctl: _tiles.c asks at the first int4
+ * decoding). Measured (the 2-core Xeon of benchmarks/README.md, 8,192-131,072 keys): the int4 pass 1.2x faster. */
 
 #define AMX_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,fma,amx-tile,amx-int8")))
 #define AMX_ROWS 64 /* rows (G Tq) a work item may have for this path (more: the vector way) */

@@ -360,7 +360,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     const Py_ssize_t item = view[1].itemsize; /* leading strides in items (a size-1 dim's is never multiplied) */
     pr.kb = view[1].strides[0] / item, pr.kh = view[1].strides[1] / item;
     pr.vb = view[2].strides[0] / item, pr.vh = view[2].strides[1] / item;
-    pr.amx = amx_use; /* read by the AVX-512 variant's int4 keys only */
+    pr.amx = pr.kvtype == DT_I4 && chosen == 0 && amx_use && amx_allowed(); /* the AVX-512 variant's int4 keys */
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = pr.b * pr.h * pr.tq == 0 ? 0 : isas[chosen].drun(&pr);
