@@ -289,3 +289,20 @@ def test_linux_lends_the_tiles_only_when_int4_decoding_first_needs_them():
             "print(lent(), kernel._tiles.amx(), lent())\n")  # 158: arch_prctl, 0x1022: ARCH_GET_XCOMP_PERM, bit 18: tiles
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.split() == ["0", "True", "1"]
+
+
+@pytest.mark.needs("torch")
+def test_a_last_group_whose_codes_end_early_is_read_only_as_far_as_they_go(amx):
+    """Codes held up to 64 positions but an array of 50 rows (a call's keys end inside the group): AMX reads a group's
+    32 rows whole, so that group goes the vector way, which reads the 50 rows only."""
+    from attnlab.reference.quantized import QuantizedKV
+
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
+    k, v = _int4(rng, 1, 2, 50, 64, [64])
+    short = lambda x: QuantizedKV(x.kind, x.codes[:, :, :50].clone(), x.scale, 50, 64, x.norm, x.zero,  # noqa: E731
+                                  x.residual, x.quantized, x.grouping)
+    k, v = short(k), short(v)
+    out, _ = kernel.decode(q, k, v, scale=0.125)
+    want = _reference(q, k, v, None, 0.125)
+    np.testing.assert_allclose(out, want, atol=2e-5 * np.abs(want).max())

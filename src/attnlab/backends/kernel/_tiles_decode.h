@@ -149,7 +149,9 @@ static TARGET __attribute__((noinline)) void F(ditem)(const struct dproblem *pr,
                     __builtin_prefetch((const char *)(k4s + (kg + 2) * K4->sr) + x, 0, DECODE_LOC),
                     __builtin_prefetch((const char *)(k4z + (kg + 2) * K4->zr) + x, 0, DECODE_LOC);
 #ifdef DECODE_AMX
-                on_amx = amx && amx_group(q, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, tb, tw, cz);
+                /* AMX reads the group's 32 rows of codes whole: only where the call's keys hold them all */
+                on_amx = amx && (kg + 1) * 32 <= pr->tk &&
+                         amx_group(q, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, tb, tw, cz);
                 if (!on_amx)
 #endif
                     F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
