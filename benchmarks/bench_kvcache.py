@@ -153,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     length, repeats = (2048, 2) if args.quick else (args.length, args.repeats)
     rows = measure(length, repeats)
+    from attnlab.backends import kernel
+
+    info = kernel.build_info() or {}  # which variant read the caches, and whether int4's keys went to AMX
+    isa = f"{info.get('chosen')}{' with AMX' if info.get('amx') else ''}" if info else "kernel not built"
     print(f"decode step, B=1, H={H} over H_kv={HKV}, D={D}, {length} cached positions, {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {os.getloadavg()[0]:.1f}, {isa}")
     print(f"{'cache':<18}{'backend':<11}{'auto':<11}{'ms':>9}{'x f32':>8}{'MB':>9}{'GB/s':>8}{'GFLOP/s':>9}"
           f"{'generate ms':>13}{'x f32':>8}")
     for r in rows:
@@ -168,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"length": length, "heads": H, "heads_kv": HKV, "head_dim": D, "threads": torch.get_num_threads(),
-                       "load_average": os.getloadavg()[0], "repeats": repeats, "rows": rows, "cpu_ns_per_position": cpu},
+                       "load_average": os.getloadavg()[0], "repeats": repeats, "isa": info.get("chosen"),
+                       "amx": info.get("amx"), "rows": rows, "cpu_ns_per_position": cpu},
                       f, indent=1)
     return 0
 
