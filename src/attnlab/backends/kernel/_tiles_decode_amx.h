@@ -1,6 +1,6 @@
 /* The decode pass's int4 scores on AMX's tile multiply (Sapphire Rapids and later), included by _tiles_decode.h in the
  * AVX-512 variant where the compiler knows AMX. In vector registers an int4 key block's scores were a quarter of its
- * pass (one thread, 32,768 keys, D = 128, four rows a k/v head: 7 of 26 ns a key and head), each code widened,
+ * pass (one thread, 32,768 keys, D = 128, four rows a k/v head: about 6 of 26 ns a key and head), each code widened,
  * looked up and multiplied by four rows. Here the tile unit multiplies, exactly, in integers:
  * - a key group's scaled queries qs = q * s (float32, as q4_group computes them) become integers
  *   X = round(qs 2^e), e per row and group so that the row's largest |qs| 2^e lies in [2^25, 2^26): a product a
