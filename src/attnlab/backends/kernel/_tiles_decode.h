@@ -92,7 +92,7 @@ static TARGET int F(drun)(struct dproblem *pr) {
 #ifdef DECODE_AMX_HERE
     if (amx_fits(pr)) { /* its scratch after the rest, on a 64-byte line */
         pr->amx_at = (int64_t)(round64(per_thread) / sizeof(float));
-        per_thread = round64(per_thread) + sizeof(float) * amx_floats(pr->rows, pr->d);
+        per_thread = round64(per_thread) + sizeof(float) * amx_carve(NULL, pr->rows, pr->d, NULL);
     }
 #endif
     int64_t next = 0;

@@ -46,12 +46,23 @@ static AMX_TARGET void amx_begin(int64_t d) { _tile_loadconfig(d == 64 ? &amx_na
 
 static AMX_TARGET void amx_end(void) { _tile_release(); }
 
-/* The AMX scratch of a work item, in floats: each row group's B1 and B2 for each chunk of 128 channels (2 KB), a
- * call's A2 tiles (2 blocks x chunks x 1 KB), C (2 tiles), each row group's 16 column weights and the rows' scores
- * of a call's 32 keys. */
-static inline int64_t amx_floats(int64_t rows, int64_t d) {
+/* The AMX scratch of a work item, from `at` (on a 64-byte line): each row group's B1 and B2 for each chunk of 128
+ * channels (2 KB), a call's A2 tiles (2 blocks x chunks x 1 KB), C (2 tiles), each row group's 16 column weights and
+ * the rows' scores of a call's 32 keys. Fills s (where not NULL) and returns the size in floats: the one place that
+ * lays it out, for drun's allocation and the work item's pointers. */
+struct amx_scratch {
+    int8_t *b;
+    uint8_t *a2;
+    int32_t *c;
+    float *w, *sc;
+};
+
+static inline int64_t amx_carve(float *at, int64_t rows, int64_t d, struct amx_scratch *s) {
     const int64_t chunks = (d + 127) / 128, groups = (rows + 3) / 4;
-    return 512 * groups * chunks + 512 * chunks + 512 + 16 * groups + 32 * rows;
+    const int64_t b = 512 * groups * chunks, a2 = 512 * chunks, c = 512, w = 16 * groups; /* floats each */
+    if (s) s->b = (int8_t *)at, s->a2 = (uint8_t *)(at + b), s->c = (int32_t *)(at + b + a2), s->w = at + b + a2 + c,
+           s->sc = s->w + w;
+    return b + a2 + c + w + 32 * rows;
 }
 
 /* A vector of 16 int32 as four signed bytes each (x = sum_p d_p 256^p, d_p in [-128, 127]: the bytes of

@@ -43,14 +43,10 @@ static TARGET __attribute__((noinline)) void DITEM(const struct dproblem *pr, fl
     if (i4) memset(acc4, 0, sizeof(float) * rows * dvp), memset(zs, 0, sizeof(float) * rows * ng * VW);
     if (i4) F(q4_order)(q, rows, dp, d, qp); /* the query in nibble order, once */
 #ifdef DECODE_AMX
-    /* int4 keys on AMX (_tiles_decode_amx.h): B tiles, A2 tiles, C, weights, the scores of a group's 32 keys */
-    const int64_t chunks4 = (d + 127) / 128, groups4 = (rows + 3) / 4;
-    int8_t *restrict tb = (int8_t *)(scr + pr->amx_at);
-    uint8_t *restrict ta = (uint8_t *)(tb + 2048 * chunks4 * groups4);
-    int32_t *restrict tc = (int32_t *)(ta + 2048 * chunks4);
-    float *restrict tw = (float *)(tc + 512), *restrict tsc = tw + 16 * groups4;
+    struct amx_scratch t; /* int4 keys on AMX (_tiles_decode_amx.h): B tiles, A2 tiles, C, weights, a group's scores */
+    amx_carve(scr + pr->amx_at, rows, d, &t);
     amx_begin(d);
-    int64_t amx_lo = 0, amx_hi = 0; /* the keys whose scores tsc holds */
+    int64_t amx_lo = 0, amx_hi = 0; /* the keys whose scores t.sc holds */
     int on_amx = 0; /* the key group kg's scores go to AMX */
 #endif
     const size_t item = pr->kvtype == DT_F32 ? 4 : pr->kvtype == DT_F16 || pr->kvtype == DT_BF16 ? 2 : 1;
@@ -124,7 +120,7 @@ static TARGET __attribute__((noinline)) void DITEM(const struct dproblem *pr, fl
 #ifdef DECODE_AMX
                 /* AMX reads the group's 32 rows of codes whole: only where the call's keys hold them all */
                 on_amx = (kg + 1) * 32 <= pr->tk &&
-                         amx_group(q, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, tb, tw, cz);
+                         amx_group(q, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, t.b, t.w, cz);
                 if (!on_amx)
 #endif
                     F(q4_group)(q, qp, rows, dp, d, k4s + kg * K4->sr, k4z + kg * K4->zr, qs, cz);
@@ -135,8 +131,8 @@ static TARGET __attribute__((noinline)) void DITEM(const struct dproblem *pr, fl
             if (on_amx) { /* the scores of the group's keys from here on (up to 32), at its first block read */
                 if (j >= amx_hi)
                     amx_lo = j, amx_hi = (j / 32 + 1) * 32 < j1 ? (j / 32 + 1) * 32 : j1,
-                    amx_scores((const uint8_t *)kb, ldk, amx_hi - j, rows, d, tb, tw, ta, tc, tsc);
-                for (; r < rows; r++) *(VF *)(p + r * VW) = *(const VF *)(tsc + r * 32 + (j - amx_lo));
+                    amx_scores((const uint8_t *)kb, ldk, amx_hi - j, rows, d, t.b, t.w, t.a2, t.c, t.sc);
+                for (; r < rows; r++) *(VF *)(p + r * VW) = *(const VF *)(t.sc + r * 32 + (j - amx_lo));
             }
 #endif
             while (r < rows) { /* four rows at a time (then 2, 1) */
