@@ -119,6 +119,40 @@ def test_int4_keeps_the_newest_positions_exact_and_groups_whole():
         np.testing.assert_array_equal(got_v[:, q:n], v[b, :, q:n].numpy())
 
 
+@pytest.mark.parametrize("rotate", [False, True])
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
+def test_each_store_bounds_every_row_it_holds_as_read(kind, rotate):
+    """Store.norm (what overflow checks use instead of a pass over the cache) is at least the length of every row as
+    it is read, after every write: decoding steps that put one position in every sequence (int4: to the ring, and
+    every 32 a group into codes) and ragged ones; and no looser than the rows as they were read. The longest row is
+    the first, and as int4 values it is longer as codes than as written (0.95 rounds to 1 in a group from -1 to 1):
+    the bound must follow it into codes."""
+    from attnlab.transformer.layer_cache import Step
+    from attnlab.transformer.quantize import Store
+
+    g, n = torch.Generator().manual_seed(5), 200  # int4: the first group turns into codes at 160
+    x = torch.randn(B, HKV, n, D, generator=g)
+    x[:, :, 0] = torch.tensor([-1.0, 1.0] + [0.95] * 30).repeat(D // 32) * 10  # the longest, longer as int4 codes
+    for even in (True, False):
+        for grouping in ("channel", "token"):
+            s = Store(kind, B, HKV, D, n, torch.float32, "cpu", grouping=grouping, rotate=rotate and grouping == "channel")
+            first = torch.tensor([40, 40] if even else [40, 27])  # the prompts (ragged: right-aligned, padding first)
+            prompt = torch.zeros(B, HKV, 40, D)
+            for b, m in enumerate(first.tolist()):
+                prompt[b, :, 40 - m:] = x[b, :, :m]
+            s.write(Step(torch.zeros(B, dtype=torch.long), first, 40), prompt)
+            start, seen = first.clone(), 0.0  # seen: the longest row as read so far, at any step
+            while int(start.max()) < n:
+                s.write(Step(start.clone(), torch.ones(B, dtype=torch.long), 1, True), x[torch.arange(B), :, start][:, :, None])
+                start += 1
+                rows = s.read(int(start.max())).dequantize(0, int(start.max()))
+                held = torch.arange(rows.shape[2])[None, None, :] < start[:, None, None]
+                longest = float(torch.where(held, torch.linalg.vector_norm(rows, dim=-1), 0.0).max())
+                assert s.norm >= longest
+                seen = max(seen, longest)
+            assert s.norm == pytest.approx(seen, rel=1e-6)
+
+
 def test_fp8_sets_its_scale_at_the_first_write_and_counts_saturations():
     from attnlab.transformer.layer_cache import Step
     from attnlab.transformer.quantize import Store

@@ -108,36 +108,53 @@ class Store:
             self.residual = ring
 
     def write(self, step: Step, x: torch.Tensor) -> None:
-        """Encode the step's new entries x (B, H, Tq, D), checked finite in the model's dtype, into their slots."""
-        x, lo = x.to(torch.float32), int(step.start.min())
+        """Encode the step's new entries x (B, H, Tq, D), checked finite in the model's dtype, into their slots, and
+        raise ``norm`` to the longest of the rows written (and turned into codes) as they are read: from what was
+        just encoded, not read back from the cache, where it can."""
+        x, columns = x.to(torch.float32), True  # rows: the step's columns (else a range of positions)
         if self.rotate:  # Hd·x for each row (Hd symmetric): after rotary, before quantizing
             x = x @ torch.from_numpy(hadamard(self.dim)).to(torch.float32)
         if self.kind == "int8":
             codes, scale = encode_int8(x)
             scatter(self.codes, codes, step)
             scatter(self.scale, scale, step)
+            rows = QuantizedKV("int8", codes, scale, step.tq, self.dim, 0.0).dequantize(0, step.tq)  # as read
         elif self.kind == "fp8":
-            self._write_fp8(step, x)
+            rows = self._write_fp8(step, x)
         else:
-            lo = min(lo, self._write_int4(step, x))
-        hi = step.longest
-        if hi > lo:  # the bound of every row's length, over the rows this step wrote (and turned into codes)
-            rows = self.read(hi).dequantize(lo, hi)
+            coded = self._write_int4(step, x)
+            if coded < step.longest:  # some rows became codes: every row from the first written or coded, as read
+                lo = min(int(step.start.min()), coded)
+                rows = self.read(step.longest).dequantize(lo, step.longest) if step.longest > lo else x[:, :, :0]
+                columns = False
+            else:  # (most decoding steps) the step's rows are in the ring, as read
+                rows = x.to(self.dtype).to(torch.float32)
+        if columns and not (step.decode and step.even):  # padding columns were not written
+            rows = torch.where(step.real[:, None, :, None], rows, 0.0)
+        if rows.numel():
             self.norm = max(self.norm, float(torch.linalg.vector_norm(rows, dim=-1).max()))
 
-    def _write_fp8(self, step: Step, x: torch.Tensor) -> None:
+    def _write_fp8(self, step: Step, x: torch.Tensor) -> torch.Tensor:
+        """Writes x's codes; returns the rows as they are read (B, H, Tq, D)."""
         real = step.real[:, None, :, None]  # (B, 1, Tq, 1)
         top = torch.where(real, x.abs(), 0.0).amax(dim=(2, 3))  # (B, H): this write's largest |x|
         self.scale = torch.where(self.scale > 0, self.scale, top / FP8_MAX)  # set once, at the first nonzero write
         safe = torch.where(self.scale > 0, self.scale, 1.0)[:, :, None, None]
         y = x / safe
         self.saturated += int(((y.abs() > FP8_MAX) & real).sum())
-        scatter(self.codes, y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), step)
+        codes = y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        scatter(self.codes, codes, step)
+        return QuantizedKV("fp8", codes, self.scale, step.tq, self.dim, 0.0).dequantize(0, step.tq)
 
     def _write_int4(self, step: Step, x: torch.Tensor) -> int:
         """Positions past each sequence's newest RESIDUAL (in whole groups) become codes; the rest go to the ring.
         Returns the first position turned into codes (a large number if none)."""
         ring, first_coded = self.residual.shape[2], 1 << 62
+        if step.decode and step.even:  # one token a sequence, all at one position: to the ring unless a group is due
+            start = int(step.start[0])
+            if GROUP * (max(0, start + 1 - RESIDUAL) // GROUP) <= int(self.quantized.min()):
+                self.residual[:, :, start % ring] = x[:, :, -1].to(self.dtype)
+                return first_coded
         for b in range(x.shape[0]):
             start, new = int(step.start[b]), int(step.new[b])
             end, first = start + new, step.tq - new  # the sequence's first real column
