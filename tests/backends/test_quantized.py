@@ -153,6 +153,22 @@ def test_each_store_bounds_every_row_it_holds_as_read(kind, rotate):
             assert s.norm == pytest.approx(seen, rel=1e-6)
 
 
+def test_fp8_codes_times_their_scale_are_the_dequantized_bits():
+    """A fp8 Store bounds its new rows by codes · scale (two operations on a step's few rows); QuantizedKV.dequantize
+    reads them through float16 bits (fast on a whole cache): both round code · scale once, so every code gives the
+    same bits at scales over 80 octaves."""
+    from attnlab.reference.quantized import QuantizedKV
+
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    codes = codes[~torch.isnan(codes.to(torch.float32))].reshape(1, 1, -1, 2)  # every code but NaN
+    for e in range(-40, 40):
+        for m in (1.0, 1.37, 1.999):
+            scale = torch.full((1, 1), m * 2.0 ** e)
+            direct = codes.to(torch.float32) * scale[:, :, None, None]
+            read = QuantizedKV("fp8", codes, scale, codes.shape[2], 2, 0.0).dequantize(0, codes.shape[2])
+            assert torch.equal(direct.view(torch.int32), read.view(torch.int32))
+
+
 def test_fp8_sets_its_scale_at_the_first_write_and_counts_saturations():
     from attnlab.transformer.layer_cache import Step
     from attnlab.transformer.quantize import Store

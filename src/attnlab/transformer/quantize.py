@@ -56,7 +56,7 @@ class Store:
                  grouping: str = "token", rotate: bool = False):
         self.kind, self.dim, self.dtype, self.grouping, self.rotate = kind, dim, dtype, grouping, rotate
         self.device = torch.device(device)
-        self.norm, self.saturated = 0.0, 0
+        self.norm, self.saturated, self.scaled = 0.0, 0, False  # scaled (fp8): every head's scale is set
         B, H = batch, heads
         cap = -(-capacity // GROUP) * GROUP if kind == "int4" else capacity
         self.zero = self.residual = self.quantized = None
@@ -136,15 +136,19 @@ class Store:
 
     def _write_fp8(self, step: Step, x: torch.Tensor) -> torch.Tensor:
         """Writes x's codes; returns the rows as they are read (B, H, Tq, D)."""
+        every = step.decode and step.even  # every column real (a decoding step of every sequence)
         real = step.real[:, None, :, None]  # (B, 1, Tq, 1)
-        top = torch.where(real, x.abs(), 0.0).amax(dim=(2, 3))  # (B, H): this write's largest |x|
-        self.scale = torch.where(self.scale > 0, self.scale, top / FP8_MAX)  # set once, at the first nonzero write
-        safe = torch.where(self.scale > 0, self.scale, 1.0)[:, :, None, None]
-        y = x / safe
-        self.saturated += int(((y.abs() > FP8_MAX) & real).sum())
+        if not self.scaled:  # some head's scale not yet set: set once, at its first nonzero write
+            top = torch.where(real, x.abs(), 0.0).amax(dim=(2, 3))  # (B, H): this write's largest |x|
+            self.scale = torch.where(self.scale > 0, self.scale, top / FP8_MAX)
+            self.scaled = bool((self.scale > 0).all())
+        y = x / (self.scale if self.scaled else torch.where(self.scale > 0, self.scale, 1.0))[:, :, None, None]
+        out = y.abs() > FP8_MAX
+        self.saturated += int((out if every else out & real).sum())
         codes = y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         scatter(self.codes, codes, step)
-        return QuantizedKV("fp8", codes, self.scale, step.tq, self.dim, 0.0).dequantize(0, step.tq)
+        # as read (QuantizedKV.dequantize's float16 route, for large reads, gives these bits: both round code · scale once)
+        return codes.to(torch.float32) * self.scale[:, :, None, None]
 
     def _write_int4(self, step: Step, x: torch.Tensor) -> int:
         """Positions past each sequence's newest RESIDUAL (in whole groups) become codes; the rest go to the ring.
