@@ -164,6 +164,27 @@ def test_the_kernel_backend_serves_few_rows_by_the_decode_pass(monkeypatch):
     assert len(calls) == 3
 
 
+def test_chosen_rows_weights_come_from_the_decode_pass(monkeypatch):
+    """weights_rows= on few rows (generate's maps and h2o ask for the newest row's each step): the decode pass, its
+    LSE turning each row's scores into its weights; against the float64 reference with GQA, ragged lengths, a
+    window and learned sinks (whose share leaves the keys' weights summing below 1)."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(kernel._tiles, "decode", lambda *a, **kw: calls.append(kw) or pass_decode(*a, **kw))
+    monkeypatch.setattr(kernel._tiles, "forward", None)  # the tiles path would fail
+    q, k, v = (torch.from_numpy(x) for x in _cache("rows", b=2, h=8, hkv=2, tq=3, tk=300, d=32))
+    lengths, sinks = torch.tensor([300, 120]), torch.linspace(-1.0, 2.0, 8)
+    for kw in ({}, {"lengths": lengths, "causal": True}, {"causal": True, "window": (50, 0), "sink_logits": sinks}):
+        out, w = attention(q, k, v, backend="kernel", weights_rows=[0, 2], **kw)
+        ref_out, ref_w = attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), backend="numpy",
+                                   weights_rows=[0, 2], **{n: x.numpy() if hasattr(x, "numpy") else x for n, x in kw.items()})
+        np.testing.assert_allclose(out.numpy(), ref_out, atol=2e-5)
+        np.testing.assert_allclose(w.numpy(), ref_w, atol=2e-6)
+        assert w.shape == (2, 8, 2, 300)
+    assert len(calls) == 3
+
+
 def _args(**change):
     args = dict(q=np.zeros((1, 4, 1, 8), np.float32), k=np.zeros((1, 2, 5, 8), np.float32),
                 v=np.zeros((1, 2, 5, 3), np.float32), out=np.empty((1, 4, 1, 3), np.float32),

@@ -32,7 +32,7 @@ import numpy as np
 
 from attnlab import masks
 from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports, read_seconds
-from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
+from attnlab.backends.blockwise import as_result, canonical, rows_weights, run_blockwise, work_dtype
 from attnlab.backends.kernel.buffers import buffers as _buffers
 from attnlab.backends.kernel.buffers import f32 as _f32
 from attnlab.backends.kernel.buffers import quantized as _quantized
@@ -319,7 +319,7 @@ def _decodes(call: Call) -> bool:
     (nor a block size: that is the tiles' parameter)."""
     p, r = call.problem, call.request
     q, k, v = call.q, call.k, call.v
-    if p.tq > DECODE_MAX_TQ or r.grad or r.weights_rows or r.block_size or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    if p.tq > DECODE_MAX_TQ or r.grad or r.block_size or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         return False
     if r.quantized:  # the cache's own codes (B, H_kv, C, D) and scales, sliced to the keys read, as stored
         return r.quantized in QUANTIZED and dtype_name(q) == "float32"
@@ -337,9 +337,13 @@ def _run_decode(call: Call) -> tuple[Any, Any, Any]:
                           sinks=call.visible.sinks, check=call.kv_pending)
     else:  # what decode() would check, prepare() did (_decodes: the layout it reads)
         out, lse = _pass(call.q, call.k, call.v, p.kv_dtype, p.scale, call.visible, call.visible.sinks, None,
-                         call.kv_pending, p.dv, {}, call.request.lse)
+                         call.kv_pending, p.dv, {}, call.request.lse or call.rows is not None)
     torch_in = call.request.library == "torch"
-    return as_result(out, p.dtype, torch_in), None, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
+    weights = None  # chosen rows' weights (h2o's each step): from the pass's LSE, not a second pass of tiles
+    if call.rows is not None:
+        c = canonical(call)
+        weights = rows_weights(call, c, lse.reshape(c.q.shape[:3]))
+    return as_result(out, p.dtype, torch_in), weights, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
 
 
 class KernelBackend(Backend):
