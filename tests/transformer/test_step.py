@@ -1,8 +1,8 @@
-"""The lean decoding step (attnlab.transformer.step) computes what the model's forward computes: the same tokens
-and the same logits, bit for bit, as a generation whose steps are watched (a hook that changes nothing sends
-every step through the forward), for greedy and sampled decoding, GQA, QK-norm, learned positions, dense,
-window, sink and quantized caches, a 16-bit cache and ragged batches; it stands aside where it does not
-apply, and refuses a non-finite key or value as the cache does."""
+"""The lean decoding step (attnlab.transformer.step) computes what the model's forward computes: the same tokens,
+logits and maps (each step's attention rows), bit for bit, as a generation whose steps are watched (a hook that
+changes nothing sends every step through the forward), for greedy and sampled decoding, GQA, QK-norm, learned
+positions, dense, window, sink and quantized caches, a 16-bit cache and ragged batches; it stands aside where it
+does not apply, and refuses a non-finite key or value as the cache does."""
 
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ def _same(m, prompts, new, lean_calls, **kw):
     assert torch.equal(lean.ids, watched.ids) and lean.sequences == watched.sequences
     assert torch.equal(lean.logits, watched.logits)
     assert torch.equal(lean.kv_cache.lengths, watched.kv_cache.lengths)
+    assert (lean.attention is None) == (watched.attention is None) and lean.positions == watched.positions
+    for ours, theirs in zip(lean.attention or (), watched.attention or ()):  # each sequence's rows, step by step
+        assert len(ours) == len(theirs) and all(a.tobytes() == b.tobytes() for a, b in zip(ours, theirs))
     return served
 
 
@@ -58,6 +61,9 @@ def _same(m, prompts, new, lean_calls, **kw):
     ("llama", "auto", [PROMPT], {"cache": "sink", "window": 6, "sink": 2}),
     ("llama", "auto", [PROMPT], {"cache_dtype": "int8"}),
     ("llama", "auto", [PROMPT], {"cache_dtype": "bfloat16"}),
+    ("llama", "auto", [PROMPT], {"maps": True}),  # each step's attention rows, kept as the forward keeps them
+    ("llama", "auto", RAGGED, {"maps": True, "cache": "sink", "window": 6, "sink": 2}),  # rows by position
+    ("llama", "auto", [PROMPT], {"maps": True, "cache_dtype": "int8"}),
     ("llama3", "auto", [PROMPT], {}),  # Llama-3.1's rotary scaling
     ("mistral", "auto", [PROMPT], {"cache": "window"}),  # a ring of the window
     ("mistral", "auto", RAGGED, {}),  # a dense cache read through each layer's window
@@ -88,7 +94,7 @@ def test_a_stopped_sequence_sends_the_steps_to_the_forward(decoder_folder, lean_
     assert served == first  # the steps before it; after it, the forward writes for the live sequence only
 
 
-@pytest.mark.parametrize("family, kw", [("llama", {"maps": True}), ("llama", {"cache": "h2o", "cache_budget": 8}),
+@pytest.mark.parametrize("family, kw", [("llama", {"cache": "h2o", "cache_budget": 8}),
                                         ("gemma2", {}), ("gpt_oss", {}), ("deepseek_v3", {})])
 def test_where_it_does_not_apply_the_forward_serves(decoder_folder, lean_calls, family, kw):
     m = _model(decoder_folder, family)

@@ -25,9 +25,11 @@ It serves float32 models on the CPU whose step reads under ``threads.SMALL_STEP_
 rule; larger steps are memory reads and keep the general path), pre-norm decoders with dense or gated
 feed-forward networks and one rotary base or learned positions (GPT-2, Llama, Mistral, Qwen2, Qwen3), at
 most ``_matvec.MAX_ROWS`` sequences, dense, window, sink and quantized caches, and steps where every
-sequence gets its token. Everything else (hooks, ``maps=True``, evicting caches, a stopped sequence,
-other dtypes or architectures) is the model's own forward: :func:`plan` returns None or :meth:`LeanStep.serves`
-says no. tests/transformer/test_step.py proves the two give the same tokens and logits, bit for bit.
+sequence gets its token; with ``maps=True`` each layer's newest row of weights is kept as the forward's
+``hook_last_pattern`` keeps it (the same attention call). Everything else (hooks, evicting caches, a stopped
+sequence, other dtypes or architectures) is the model's own forward: :func:`plan` returns None or
+:meth:`LeanStep.serves` says no. tests/transformer/test_step.py proves the two give the same tokens, logits and
+maps, bit for bit.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from attnlab.transformer import linear as linear_mod
 from attnlab.transformer.attend import Pass, attend
 from attnlab.transformer.cache import _finite_norm
 from attnlab.transformer.evict_cache import POLICIES
-from attnlab.transformer.hooks import Hooks
+from attnlab.transformer.hooks import LAST_PATTERN, Hooks
 from attnlab.transformer.layer_cache import Step
 from attnlab.transformer.rotary import angles, rotate
 from attnlab.transformer.threads import SMALL_STEP_BYTES, step_bytes
@@ -135,7 +137,8 @@ def _fits(model: Any, kv: Any, hooks: Hooks, maps: bool) -> bool:
     plain = (c.causal and not c.post_norm and not c.sandwich_norm and c.latent is None and c.ffn in ("mlp", "gated")
              and not c.embed_norm and not c.type_vocab_size and not c.position_offset and c.positions != "none"
              and c.rope_local_theta is None)
-    return (plain and not maps and not hooks.watched and linear_mod._matvec is not None
+    kept = {f"blocks.{layer}.{LAST_PATTERN}" for layer in range(c.num_layers)} if maps else set()
+    return (plain and not hooks.fwd and hooks.keep <= kept and linear_mod._matvec is not None
             and model.dtype == torch.float32 and model.device.type == "cpu" and 0 < kv.batch <= linear_mod.MAX_ROWS and not any(k in POLICIES for k in kv.kinds)
             and step_bytes(model, kv) < SMALL_STEP_BYTES)
 
@@ -143,15 +146,16 @@ def _fits(model: Any, kv: Any, hooks: Hooks, maps: bool) -> bool:
 def plan(model: Any, kv: Any, hooks: Hooks, maps: bool, reads: Reads, positions: int) -> LeanStep | None:
     """The lean step of a generation that reaches ``positions`` positions and reads its cache by ``reads``,
     or None where the model's forward serves every step (see the module's docstring)."""
-    return LeanStep(model, kv, reads, positions) if _fits(model, kv, hooks, maps) else None
+    return LeanStep(model, kv, reads, positions, hooks if maps else None) if _fits(model, kv, hooks, maps) else None
 
 
 class LeanStep:
     """One decoding step of ``model`` with ``kv``: ids (B, 1) → the logits (B, V), the cache written."""
 
-    def __init__(self, model: Any, kv: Any, reads: Reads, positions: int):
+    def __init__(self, model: Any, kv: Any, reads: Reads, positions: int, maps: Hooks | None = None):
         c, B = model.config, kv.batch
-        self.model, self.kv, self.c = model, kv, c
+        self.model, self.kv, self.c, self.maps = model, kv, c, maps  # maps: the generation's hooks, keeping the rows
+        self.step: Step | None = None
         self.pass_ = Pass(c, reads.backend, True, None, Hooks(), kv=kv, reads=reads)
         self.ones = torch.ones(B, dtype=torch.long, device=kv.lengths.device)
         self.layers = [_Layer(i, block, c, B, kv) for i, block in enumerate(model.blocks)]
@@ -171,7 +175,7 @@ class LeanStep:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         c, kv, m = self.c, self.kv, self.model
-        step = self._step()
+        step = self.step = self._step()
         x = m.tok_emb.weight[ids[:, 0]]  # (B, d)
         if c.embed_scale:
             x = x * torch.tensor(c.d_model ** 0.5, dtype=x.dtype)
@@ -209,4 +213,8 @@ class LeanStep:
         kw = read.kwargs()
         if layer.sinks is not None:
             kw["sink_logits"] = layer.sinks
-        return attend(q, read.k, read.v, self.pass_, kw, slot=layer.index)[0]
+        if self.maps is None:
+            return attend(q, read.k, read.v, self.pass_, kw, slot=layer.index)[0]
+        z, row = attend(q, read.k, read.v, self.pass_, kw, last=True, slot=layer.index)  # the forward's call for maps
+        self.maps(f"blocks.{layer.index}.{LAST_PATTERN}", read.by_position(row, self.step.longest))
+        return z
