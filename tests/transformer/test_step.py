@@ -64,6 +64,11 @@ def _same(m, prompts, new, lean_calls, **kw):
     ("llama", "auto", [PROMPT], {"maps": True}),  # each step's attention rows, kept as the forward keeps them
     ("llama", "auto", RAGGED, {"maps": True, "cache": "sink", "window": 6, "sink": 2}),  # rows by position
     ("llama", "auto", [PROMPT], {"maps": True, "cache_dtype": "int8"}),
+    ("llama", "auto", [PROMPT], {"cache": "h2o", "cache_budget": 8}),  # ranked by each step's weights, cut
+    ("llama", "auto", RAGGED, {"cache": "h2o", "cache_budget": 6, "maps": True}),
+    ("llama", "auto", [PROMPT], {"cache": "snapkv", "cache_budget": 8}),
+    ("llama", "auto", [PROMPT, PROMPT[::-1]], {"cache": "knorm", "cache_budget": 7}),
+    ("llama", "auto", [PROMPT], {"cache": "random", "cache_budget": 8}),
     ("llama3", "auto", [PROMPT], {}),  # Llama-3.1's rotary scaling
     ("mistral", "auto", [PROMPT], {"cache": "window"}),  # a ring of the window
     ("mistral", "auto", RAGGED, {}),  # a dense cache read through each layer's window
@@ -94,8 +99,7 @@ def test_a_stopped_sequence_sends_the_steps_to_the_forward(decoder_folder, lean_
     assert served == first  # the steps before it; after it, the forward writes for the live sequence only
 
 
-@pytest.mark.parametrize("family, kw", [("llama", {"cache": "h2o", "cache_budget": 8}),
-                                        ("gemma2", {}), ("gpt_oss", {}), ("deepseek_v3", {})])
+@pytest.mark.parametrize("family, kw", [("gemma2", {}), ("gpt_oss", {}), ("deepseek_v3", {})])
 def test_where_it_does_not_apply_the_forward_serves(decoder_folder, lean_calls, family, kw):
     m = _model(decoder_folder, family)
     m.generate([PROMPT], 6, stop_at_eos=False, **kw)

@@ -24,10 +24,11 @@ the same arithmetic in the same order with that cost taken out:
 It serves float32 models on the CPU whose step reads under ``threads.SMALL_STEP_BYTES`` (where fixed costs
 rule; larger steps are memory reads and keep the general path), pre-norm decoders with dense or gated
 feed-forward networks and one rotary base or learned positions (GPT-2, Llama, Mistral, Qwen2, Qwen3), at
-most ``_matvec.MAX_ROWS`` sequences, dense, window, sink and quantized caches, and steps where every
+most ``_matvec.MAX_ROWS`` sequences, dense, window, sink, quantized and evicting caches (an evicting cache's
+ranking gets the step's attention weights as the forward gives them: :func:`received`), and steps where every
 sequence gets its token; with ``maps=True`` each layer's newest row of weights is kept as the forward's
-``hook_last_pattern`` keeps it (the same attention call). Everything else (hooks, evicting caches, a stopped
-sequence, other dtypes or architectures) is the model's own forward: :func:`plan` returns None or
+``hook_last_pattern`` keeps it (the same attention call). Everything else (hooks, a stopped sequence, other
+dtypes or architectures) is the model's own forward: :func:`plan` returns None or
 :meth:`LeanStep.serves` says no. tests/transformer/test_step.py proves the two give the same tokens, logits and
 maps, bit for bit.
 """
@@ -42,9 +43,8 @@ from torch import nn
 
 from attnlab.backends.reads import Reads
 from attnlab.transformer import linear as linear_mod
-from attnlab.transformer.attend import Pass, attend
+from attnlab.transformer.attend import Pass, attend, received
 from attnlab.transformer.cache import _finite_norm
-from attnlab.transformer.evict_cache import POLICIES
 from attnlab.transformer.hooks import LAST_PATTERN, Hooks
 from attnlab.transformer.layer_cache import Step
 from attnlab.transformer.rotary import angles, rotate
@@ -139,7 +139,7 @@ def _fits(model: Any, kv: Any, hooks: Hooks, maps: bool) -> bool:
              and c.rope_local_theta is None)
     kept = {f"blocks.{layer}.{LAST_PATTERN}" for layer in range(c.num_layers)} if maps else set()
     return (plain and not hooks.fwd and hooks.keep <= kept and linear_mod._matvec is not None
-            and model.dtype == torch.float32 and model.device.type == "cpu" and 0 < kv.batch <= linear_mod.MAX_ROWS and not any(k in POLICIES for k in kv.kinds)
+            and model.dtype == torch.float32 and model.device.type == "cpu" and 0 < kv.batch <= linear_mod.MAX_ROWS
             and step_bytes(model, kv) < SMALL_STEP_BYTES)
 
 
@@ -214,7 +214,10 @@ class LeanStep:
         if layer.sinks is not None:
             kw["sink_logits"] = layer.sinks
         if self.maps is None:
-            return attend(q, read.k, read.v, self.pass_, kw, slot=layer.index)[0]
-        z, row = attend(q, read.k, read.v, self.pass_, kw, last=True, slot=layer.index)  # the forward's call for maps
-        self.maps(f"blocks.{layer.index}.{LAST_PATTERN}", read.by_position(row, self.step.longest))
+            z = attend(q, read.k, read.v, self.pass_, kw, slot=layer.index)[0]
+        else:
+            z, row = attend(q, read.k, read.v, self.pass_, kw, last=True, slot=layer.index)  # the forward's call for maps
+            self.maps(f"blocks.{layer.index}.{LAST_PATTERN}", read.by_position(row, self.step.longest))
+        if read.observe is not None:  # an evicting cache ranks by this step's attention, as the forward has it do
+            read.observe(lambda rows: received(q, read.k, read.v, self.pass_, kw, rows))
         return z
