@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         amx = bool(getattr(kernel._tiles, "amx", lambda: False)())  # int4 keys' scores on AMX (ATTNLAB_KERNEL_AMX)
         if hasattr(builds["before"], "amx") and not amx:
             builds["before"].amx(False)
+        amx = amx and kernel._tiles.isa() == "AVX-512"  # only that variant's int4 decoding uses it
         llc = llc_bytes()
         bandwidth = read_bandwidth(llc)
         rows = []

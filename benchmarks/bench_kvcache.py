@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     from attnlab.backends import kernel
 
     info = kernel.build_info() or {}  # which variant read the caches, and whether int4's keys went to AMX
-    isa = f"{info.get('chosen')}{' with AMX' if info.get('amx') else ''}" if info else "kernel not built"
+    amx = bool(info.get("amx")) and info.get("chosen") == "AVX-512"  # only that variant's int4 decoding uses it
+    isa = f"{info.get('chosen')}{' with AMX' if amx else ''}" if info else "kernel not built"
     print(f"decode step, B=1, H={H} over H_kv={HKV}, D={D}, {length} cached positions, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f}, {isa}")
     print(f"{'cache':<18}{'backend':<11}{'auto':<11}{'ms':>9}{'x f32':>8}{'MB':>9}{'GB/s':>8}{'GFLOP/s':>9}"
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"length": length, "heads": H, "heads_kv": HKV, "head_dim": D, "threads": torch.get_num_threads(),
                        "load_average": os.getloadavg()[0], "repeats": repeats, "isa": info.get("chosen"),
-                       "amx": info.get("amx"), "rows": rows, "cpu_ns_per_position": cpu},
+                       "amx": amx, "rows": rows, "cpu_ns_per_position": cpu},
                       f, indent=1)
     return 0
 

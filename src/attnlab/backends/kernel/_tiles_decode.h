@@ -78,7 +78,7 @@ static TARGET int F(drun)(struct dproblem *pr) {
     pr->dvp = (pr->dv + VW - 1) / VW * VW;
     pr->part = (pr->rows * (pr->dvp + 2) + 15) / 16 * 16; /* every item's partial starts on a 64-byte line */
     const int64_t heads = pr->b * pr->hkv;
-    int64_t chunks = decode_pieces(pr->tk, heads);
+    int64_t chunks = decode_pieces(pr->tk, heads, pr->kvtype);
     if (chunks > DECODE_MAX_ITEMS / heads) chunks = DECODE_MAX_ITEMS / heads;
     if (chunks > DECODE_MAX_PART / (heads * pr->part)) chunks = DECODE_MAX_PART / (heads * pr->part);
     pr->chunks = chunks < 1 ? 1 : chunks;
