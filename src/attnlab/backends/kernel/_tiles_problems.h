@@ -87,7 +87,7 @@ struct pscratch {
 enum { DT_F32, DT_F16, DT_BF16, DT_I8, DT_F8, DT_I4 }; /* how q, k and v are stored (int8: codes, a float32 scale per
                                                 * key; float8_e4m3fn: codes, one scale per sequence and k/v head;
                                                 * int4: KIVI's groups of 32 and a float residual, struct q4) */
-enum { DECODE_CHUNK = 2048, DECODE_CHUNK_I4 = 8192, DECODE_MIN_CHUNK = 512, DECODE_MIN_ITEMS = 32, DECODE_MAX_ITEMS = 4096,
+enum { DECODE_CHUNK = 4096, DECODE_CHUNK_I4 = 8192, DECODE_MIN_CHUNK = 512, DECODE_MIN_ITEMS = 32, DECODE_MAX_ITEMS = 4096,
        DECODE_MAX_PART = 1 << 22 };
 
 /* How many chunks each of `heads` (sequence, k/v head) pairs' span of keys is cut into: chunks of DECODE_CHUNK
@@ -95,9 +95,10 @@ enum { DECODE_CHUNK = 2048, DECODE_CHUNK_I4 = 8192, DECODE_MIN_CHUNK = 512, DECO
  * that up to 16 or so threads share them. Each work item's start costs a core's read stream time (not its first
  * blocks' prefetch: prefetching the next item's first blocks during the last ones did not recover it). On the
  * AVX-512 Xeon, 8 k/v heads of 4,096-32,768 keys, this rule against chunks of 512: float32 1.02-1.09x faster,
- * 16-bit 1.06-1.12x (chunks of 4,096 measured as 2,048). int4 restarts six streams an item (codes, scales and zero
- * points of keys and values) and its group's query digits: chunks of DECODE_CHUNK_I4 (the Xeon, 32,768 keys, against
- * 2,048: 4,096 1.04x, 8,192 1.06x faster with two threads). */
+ * 16-bit 1.06-1.12x. Chunks of 4,096 against 2,048 (stop 45, the same Xeon, 32,768 and 131,072 keys, two threads):
+ * float32 1.01x, 16-bit 1.01-1.04x, int8 and float8 1.03-1.04x; AVX2 forced 1.01-1.04x. int4 restarts six streams an
+ * item (codes, scales and zero points of keys and values) and its group's query digits: chunks of DECODE_CHUNK_I4
+ * (32,768 keys, against 2,048: 4,096 1.04x, 8,192 1.06x faster). */
 static inline int64_t decode_pieces(int64_t span, int64_t heads, int kvtype) {
     const int64_t chunk = kvtype == DT_I4 ? DECODE_CHUNK_I4 : DECODE_CHUNK;
     const int64_t big = (span + chunk - 1) / chunk, most = (span + DECODE_MIN_CHUNK - 1) / DECODE_MIN_CHUNK;
