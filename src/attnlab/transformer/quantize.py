@@ -111,7 +111,7 @@ class Store:
         """Encode the step's new entries x (B, H, Tq, D), checked finite in the model's dtype, into their slots, and
         raise ``norm`` to the longest of the rows written (and turned into codes) as they are read: from what was
         just encoded, not read back from the cache, where it can."""
-        x, columns = x.to(torch.float32), True  # rows: the step's columns (else a range of positions)
+        x = x.to(torch.float32)
         if self.rotate:  # Hd·x for each row (Hd symmetric): after rotary, before quantizing
             x = x @ torch.from_numpy(hadamard(self.dim)).to(torch.float32)
         if self.kind == "int8":
@@ -124,13 +124,15 @@ class Store:
         else:
             coded = self._write_int4(step, x)
             if coded < step.longest:  # some rows became codes: every row from the first written or coded, as read
-                lo = min(int(step.start.min()), coded)
-                rows = self.read(step.longest).dequantize(lo, step.longest) if step.longest > lo else x[:, :, :0]
-                columns = False
-            else:  # (most decoding steps) the step's rows are in the ring, as read
-                rows = x.to(self.dtype).to(torch.float32)
-        if columns and not (step.decode and step.even):  # padding columns were not written
+                self._bound(self.read(step.longest).dequantize(min(int(step.start.min()), coded), step.longest))
+                return
+            rows = x.to(self.dtype).to(torch.float32)  # (most decoding steps) the step's rows in the ring, as read
+        if not (step.decode and step.even):  # padding columns were not written
             rows = torch.where(step.real[:, None, :, None], rows, 0.0)
+        self._bound(rows)
+
+    def _bound(self, rows: torch.Tensor) -> None:
+        """``norm`` raised to the longest of ``rows`` (..., D)."""
         if rows.numel():
             self.norm = max(self.norm, float(torch.linalg.vector_norm(rows, dim=-1).max()))
 

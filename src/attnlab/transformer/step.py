@@ -155,7 +155,6 @@ class LeanStep:
     def __init__(self, model: Any, kv: Any, reads: Reads, positions: int, maps: Hooks | None = None):
         c, B = model.config, kv.batch
         self.model, self.kv, self.c, self.maps = model, kv, c, maps  # maps: the generation's hooks, keeping the rows
-        self.step: Step | None = None
         self.pass_ = Pass(c, reads.backend, True, None, Hooks(), kv=kv, reads=reads)
         self.ones = torch.ones(B, dtype=torch.long, device=kv.lengths.device)
         self.layers = [_Layer(i, block, c, B, kv) for i, block in enumerate(model.blocks)]
@@ -175,7 +174,7 @@ class LeanStep:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         c, kv, m = self.c, self.kv, self.model
-        step = self.step = self._step()
+        step = self._step()
         x = m.tok_emb.weight[ids[:, 0]]  # (B, d)
         if c.embed_scale:
             x = x * torch.tensor(c.d_model ** 0.5, dtype=x.dtype)
@@ -217,7 +216,7 @@ class LeanStep:
             z = attend(q, read.k, read.v, self.pass_, kw, slot=layer.index)[0]
         else:
             z, row = attend(q, read.k, read.v, self.pass_, kw, last=True, slot=layer.index)  # the forward's call for maps
-            self.maps(f"blocks.{layer.index}.{LAST_PATTERN}", read.by_position(row, self.step.longest))
+            self.maps(f"blocks.{layer.index}.{LAST_PATTERN}", read.by_position(row, self.known["longest"]))
         if read.observe is not None:  # an evicting cache ranks by this step's attention, as the forward has it do
             read.observe(lambda rows: received(q, read.k, read.v, self.pass_, kw, rows))
         return z
