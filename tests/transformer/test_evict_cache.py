@@ -101,6 +101,37 @@ def test_h2o_keeps_the_keys_the_prompt_attended_to_most():
                                    atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype, lengths, cached", [
+    ("float32", None, "float32"), ("float32", [5, 0, 11], "float32"), ("float64", [11, 3, 7], "float64"),
+    ("float32", [9, 11, 1], "bfloat16"),
+])
+def test_a_decoding_steps_row_is_the_general_paths(dtype, lengths, cached):
+    """h2o's rank at each decoding step: the one row's weights computed directly (softmax of scale q kᵀ over
+    each sequence's keys) equal the general path's (``weights_rows=`` from the pass's LSE) to float rounding,
+    with GQA, ragged lengths, a sequence with no keys and a 16-bit cache; a mask sends it the general way."""
+    import torch
+
+    from attnlab import masks
+    from attnlab.transformer.attend import Pass, attend, received
+    from attnlab.transformer.hooks import Hooks
+
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(3, H, 1, D, generator=gen, dtype=getattr(torch, dtype))
+    k, v = (torch.randn(3, HKV, 11, D, generator=gen).to(getattr(torch, cached)) for _ in "kv")
+    p = Pass(_model().config, "auto", True, None, Hooks())
+    kw = {"causal": True, "lengths": None if lengths is None else torch.tensor(lengths)}
+    fast = received(q, k, v, p, kw, range(1))
+    _, general = attend(q, k, v, p, dict(kw, lengths=torch.tensor(lengths or [11] * 3)), last=True)
+    assert fast.shape == (3, H, 11) and fast.dtype == q.dtype
+    tol = 1e-12 if dtype == "float64" else 2e-6
+    np.testing.assert_allclose(fast.numpy(), general.numpy(), atol=tol, rtol=tol)
+    if lengths is not None and 0 in lengths:
+        assert not fast[lengths.index(0)].any()  # no keys: no weight
+    window = dict(kw, mask=masks.sliding_window(4))
+    _, windowed = attend(q, k, v, p, dict(window, lengths=torch.tensor(lengths or [11] * 3)), last=True)
+    np.testing.assert_array_equal(received(q, k, v, p, window, range(1)).numpy(), windowed.numpy())
+
+
 def test_knorm_keeps_the_smallest_keys_and_random_is_seeded():
     import torch
 
