@@ -132,6 +132,33 @@ def test_a_decoding_steps_row_is_the_general_paths(dtype, lengths, cached):
     np.testing.assert_array_equal(received(q, k, v, p, window, range(1)).numpy(), windowed.numpy())
 
 
+@pytest.mark.parametrize("kind, rotate", [("int8", False), ("fp8", False), ("int4", False), ("int4", True)])
+def test_a_decoding_steps_row_over_a_quantized_cache_is_the_general_paths(kind, rotate):
+    """generate(maps=True) on a quantized cache: the step's row from the keys dequantized once (q turned where
+    they were stored rotated) equals the general path's, which dequantizes them a block at a time, to float
+    rounding; int4's newest positions come from its float residual."""
+    import torch
+
+    from attnlab import masks
+    from attnlab.transformer.attend import Pass, received
+    from attnlab.transformer.hooks import Hooks
+    from attnlab.transformer.layer_cache import Step
+    from attnlab.transformer.quantize import Store
+
+    n, dim = 200, 32  # int4: the first 32·k positions as codes, the newest in the residual
+    gen = torch.Generator().manual_seed(6)
+    store = Store(kind, 2, HKV, dim, n, torch.float32, "cpu", grouping="channel", rotate=rotate)
+    store.write(Step(torch.zeros(2, dtype=torch.long), torch.tensor([n, n]), n), torch.randn(2, HKV, n, dim, generator=gen))
+    k = store.read(n)
+    q = torch.randn(2, H, 1, dim, generator=gen)
+    p = Pass(_model(d_model=H * dim).config, "auto", True, None, Hooks())
+    kw = {"causal": True, "lengths": torch.tensor([n, 150])}
+    fast = received(q, k, k, p, kw, range(1))
+    general = received(q, k, k, p, dict(kw, mask=masks.sliding_window(n + 1)), range(1))  # every key: the general way
+    assert fast.shape == (2, H, n) and not fast[1, :, 150:].any()
+    np.testing.assert_allclose(fast.numpy(), general.numpy(), atol=2e-6, rtol=2e-6)
+
+
 def test_knorm_keeps_the_smallest_keys_and_random_is_seeded():
     import torch
 

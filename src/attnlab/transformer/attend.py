@@ -15,6 +15,7 @@ from attnlab import masks
 from attnlab.backends.api import attention, attention_read
 from attnlab.backends.eager import eager_scores, eager_weights, weighted_values
 from attnlab.backends.options import Options
+from attnlab.backends.quantized import rotated_q
 from attnlab.backends.reads import Reads
 from attnlab.backends.request import prepare, repeat_groups
 from attnlab.reference.quantized import QuantizedKV
@@ -107,11 +108,12 @@ def received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dic
 
 
 def _plain_row(q: torch.Tensor, k: Any, p: Pass, kw: dict) -> bool:
-    """One query row per head over every key of its sequence (each ``lengths[b]``, else all) of keys held as
-    tensors, causal, with the model's scale and nothing else said (no mask, softcap, sinks): what a plain
-    decoding read of a dense or evicting cache is. The numpy backend (the reference) keeps its own path."""
+    """One query row per head over every key of its sequence (each ``lengths[b]``, else all), causal, with the
+    model's scale and nothing else said (no mask, softcap, sinks): what a plain decoding read of a dense,
+    evicting or quantized cache is. The numpy backend (the reference) keeps its own path."""
     lengths = kw.get("lengths")
-    return (q.shape[2] == 1 and isinstance(k, torch.Tensor) and p.backend != "numpy" and kw.get("causal") is True
+    return (q.shape[2] == 1 and isinstance(k, (torch.Tensor, QuantizedKV)) and p.backend != "numpy"
+            and kw.get("causal") is True
             and kw.get("mask") is None and kw.get("sink_logits") is None and p.config.attn_softcap is None
             and ROW_KEYWORDS.issuperset(kw) and (lengths is None or tuple(lengths.shape) == (q.shape[0],)))
 
@@ -119,13 +121,16 @@ def _plain_row(q: torch.Tensor, k: Any, p: Pass, kw: dict) -> bool:
 def _decode_row(q: torch.Tensor, k: torch.Tensor, p: Pass, kw: dict) -> torch.Tensor:
     """The weights (B, H, Tk) of a decoding step's one query row per head over a plain read: softmax(scale · q kᵀ)
     over each sequence's keys [0, lengths[b]) (zeros past them and for a sequence with none), query head h
-    reading k/v head h // (H / H_kv). The same weights as the general path's ``weights_rows=`` call to float
-    rounding, without preparing a call (measured on decoder-long, 512 keys: 1.5 ms a layer and step → µs)."""
+    reading k/v head h // (H / H_kv); a quantized cache's keys dequantized once (q turned as they were stored).
+    The same weights as the general path's ``weights_rows=`` call to float rounding, without preparing a call
+    (decoder-long, 1,536 prompt tokens, one thread: 1.5 ms a layer and step → tens of µs)."""
     B, H, _, d = q.shape
     hk, tk = k.shape[1], k.shape[2]
     dtype = torch.promote_types(q.dtype, torch.float32)
     scale = p.config.attn_scale if p.config.attn_scale is not None else d ** -0.5
     with torch.no_grad():
+        if isinstance(k, QuantizedKV):
+            q, k = rotated_q(q, k), k.dequantize(0, tk)
         s = torch.matmul(q.detach().to(dtype).reshape(B, hk, H // hk, d), k.detach().to(dtype).transpose(-1, -2))
         s = s.reshape(B, H, tk) * scale
         lengths = kw.get("lengths")
