@@ -107,15 +107,18 @@ def received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dic
     return total
 
 
+# what the keywords of a read whose row _decode_row computes may hold (the mask only as None)
+ROW_KEYWORDS = frozenset({"causal", "lengths", "mask", "kv_checked", "k_norm"})
+
+
 def _plain_row(q: torch.Tensor, k: Any, p: Pass, kw: dict) -> bool:
     """One query row per head over every key of its sequence (each ``lengths[b]``, else all), causal, with the
     model's scale and nothing else said (no mask, softcap, sinks): what a plain decoding read of a dense,
     evicting or quantized cache is. The numpy backend (the reference) keeps its own path."""
     lengths = kw.get("lengths")
     return (q.shape[2] == 1 and isinstance(k, (torch.Tensor, QuantizedKV)) and p.backend != "numpy"
-            and kw.get("causal") is True
-            and kw.get("mask") is None and kw.get("sink_logits") is None and p.config.attn_softcap is None
-            and ROW_KEYWORDS.issuperset(kw) and (lengths is None or tuple(lengths.shape) == (q.shape[0],)))
+            and ROW_KEYWORDS.issuperset(kw) and kw.get("causal") is True and kw.get("mask") is None
+            and p.config.attn_softcap is None and (lengths is None or tuple(lengths.shape) == (q.shape[0],)))
 
 
 def _decode_row(q: torch.Tensor, k: torch.Tensor, p: Pass, kw: dict) -> torch.Tensor:
@@ -139,9 +142,6 @@ def _decode_row(q: torch.Tensor, k: torch.Tensor, p: Pass, kw: dict) -> torch.Te
         seen = torch.arange(tk, device=s.device) < lengths.to(s.device)[:, None, None]  # (B, 1, Tk)
         w = torch.softmax(s.masked_fill(~seen, -torch.inf), dim=-1)
         return w.masked_fill(~seen, 0.0)  # a sequence with no keys: zeros, not NaN
-
-
-ROW_KEYWORDS = frozenset({"causal", "lengths", "mask", "kv_checked", "k_norm"})
 
 
 def attend_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, at: str, kw: dict,
