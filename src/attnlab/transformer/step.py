@@ -27,7 +27,7 @@ feed-forward networks and one rotary base or learned positions (GPT-2, Llama, Mi
 most ``_matvec.MAX_ROWS`` sequences, dense, window, sink, quantized and evicting caches (an evicting cache's
 ranking gets the step's attention weights as the forward gives them: :func:`received`), and steps where every
 sequence gets its token; with ``maps=True`` each layer's newest row of weights is kept as the forward's
-``hook_last_pattern`` keeps it (the same attention call). Everything else (hooks, a stopped sequence, other
+``hook_last_pattern`` keeps it (the same ``attend`` call). Everything else (hooks, a stopped sequence, other
 dtypes or architectures) is the model's own forward: :func:`plan` returns None or
 :meth:`LeanStep.serves` says no. tests/transformer/test_step.py proves the two give the same tokens, logits and
 maps, bit for bit.
