@@ -136,6 +136,34 @@ def test_an_int4_cache_gives_the_reference_on_its_dequantized_values(isa, b, h, 
 
 
 @pytest.mark.needs("torch")
+@pytest.mark.parametrize("tq, rows", [(1, [0]), (3, [2, 0])])
+def test_rows_of_weights_of_an_int4_cache_come_from_the_pass(isa, tq, rows):
+    """attention(weights_rows=) over a quantized cache is the kernel's (no longer blockwise's): the rows' weights
+    from the scores its decode pass wrote and its LSE, against the float64 reference on the dequantized cache."""
+    import torch
+
+    from attnlab import attention
+
+    rng = np.random.default_rng(11)
+    b, h, hkv, tk, d = 2, 8, 2, 300, 32
+    q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    k, v = _int4(rng, b, hkv, tk, d, [256, 128], residual="float32")
+    lengths = np.array([tk, tk // 2 + 1])
+    out, w = attention(torch.from_numpy(q), k, v, backend="kernel", scale=0.125, causal=True,
+                       lengths=torch.from_numpy(lengths), weights_rows=rows)
+    pos = (lengths - tq)[:, None, None] + np.arange(tq)[None, :, None]
+    j = np.arange(tk)[None, None, :]
+    allowed = ((j < lengths[:, None, None]) & (j <= pos))[:, None]
+    g = h // hkv
+    want_out, want = reference.attention(q.astype(np.float64), np.repeat(k.reference(), g, 1), np.repeat(v.reference(), g, 1),
+                                         mask=allowed, scale=0.125, return_weights=True)
+    assert w.shape == (b, h, len(rows), tk) and w.dtype == torch.float32
+    np.testing.assert_allclose(w.numpy(), want[:, :, rows], atol=2e-6)
+    np.testing.assert_allclose(w.numpy().sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(out.numpy(), want_out, atol=2e-5 * np.abs(want_out).max())
+
+
+@pytest.mark.needs("torch")
 def test_int4_codes_with_sinks_and_the_stored_layout_checked():
     import torch
 

@@ -133,30 +133,34 @@ def test_a_decoding_steps_row_is_the_general_paths(dtype, lengths, cached):
 
 
 @pytest.mark.parametrize("kind, rotate", [("int8", False), ("fp8", False), ("int4", False), ("int4", True)])
-def test_a_decoding_steps_row_over_a_quantized_cache_is_the_general_paths(kind, rotate):
-    """generate(maps=True) on a quantized cache: the step's row from the keys dequantized once (q turned where
-    they were stored rotated) equals the general path's, which dequantizes them a block at a time, to float
-    rounding; int4's newest positions come from its float residual."""
+def test_a_decoding_steps_row_over_a_quantized_cache_is_the_reference_on_its_keys(kind, rotate):
+    """generate(maps=True) on a quantized cache: the step's row (the kernel's decode pass writes its scores as it
+    reads the codes) is the softmax of the scores over the keys as stored, dequantized in float64 (q turned where
+    they were stored rotated); int4's newest positions come from its float residual; a ragged batch."""
     import torch
 
-    from attnlab import masks
+    from attnlab.reference.quantized import hadamard
     from attnlab.transformer.attend import Pass, received
     from attnlab.transformer.hooks import Hooks
     from attnlab.transformer.layer_cache import Step
     from attnlab.transformer.quantize import Store
 
-    n, dim = 200, 32  # int4: the first 32·k positions as codes, the newest in the residual
+    n, dim, lengths = 200, 32, [200, 150]  # int4: the first 32·k positions as codes, the newest in the residual
     gen = torch.Generator().manual_seed(6)
-    store = Store(kind, 2, HKV, dim, n, torch.float32, "cpu", grouping="channel", rotate=rotate)
-    store.write(Step(torch.zeros(2, dtype=torch.long), torch.tensor([n, n]), n), torch.randn(2, HKV, n, dim, generator=gen))
-    k = store.read(n)
+    k, v = (Store(kind, 2, HKV, dim, n, torch.float32, "cpu", grouping=grouping, rotate=rotate and grouping == "channel")
+            for grouping in ("channel", "token"))  # the model's cache: keys per channel, values per token
+    for store in (k, v):
+        store.write(Step(torch.zeros(2, dtype=torch.long), torch.tensor([n, n]), n), torch.randn(2, HKV, n, dim, generator=gen))
+    k, v = k.read(n), v.read(n)
     q = torch.randn(2, H, 1, dim, generator=gen)
     p = Pass(_model(d_model=H * dim).config, "auto", True, None, Hooks())
-    kw = {"causal": True, "lengths": torch.tensor([n, 150])}
-    fast = received(q, k, k, p, kw, range(1))
-    general = received(q, k, k, p, dict(kw, mask=masks.sliding_window(n + 1)), range(1))  # every key: the general way
-    assert fast.shape == (2, H, n) and not fast[1, :, 150:].any()
-    np.testing.assert_allclose(fast.numpy(), general.numpy(), atol=2e-6, rtol=2e-6)
+    got = received(q, k, v, p, {"causal": True, "lengths": torch.tensor(lengths)}, range(1))
+    keys = k.dequantize(0, n).double().repeat_interleave(H // HKV, 1)  # (2, H, n, dim) as stored
+    qq = q.double() @ torch.from_numpy(hadamard(dim)) if rotate else q.double()
+    s = (qq @ keys.transpose(-1, -2))[:, :, 0] / np.sqrt(dim)  # (2, H, n)
+    s[1, :, lengths[1]:] = -torch.inf
+    assert got.shape == (2, H, n) and not got[1, :, lengths[1]:].any()
+    np.testing.assert_allclose(got.numpy(), torch.softmax(s, -1).numpy(), atol=2e-6, rtol=2e-6)
 
 
 def test_knorm_keeps_the_smallest_keys_and_random_is_seeded():

@@ -15,7 +15,6 @@ from attnlab import masks
 from attnlab.backends.api import attention, attention_read
 from attnlab.backends.eager import eager_scores, eager_weights, weighted_values
 from attnlab.backends.options import Options
-from attnlab.backends.quantized import rotated_q
 from attnlab.backends.reads import Reads
 from attnlab.backends.request import prepare, repeat_groups
 from attnlab.reference.quantized import QuantizedKV
@@ -112,11 +111,12 @@ ROW_KEYWORDS = frozenset({"causal", "lengths", "mask", "kv_checked", "k_norm"})
 
 
 def _plain_row(q: torch.Tensor, k: Any, p: Pass, kw: dict) -> bool:
-    """One query row per head over every key of its sequence (each ``lengths[b]``, else all), causal, with the
-    model's scale and nothing else said (no mask, softcap, sinks): what a plain decoding read of a dense,
-    evicting or quantized cache is. The numpy backend (the reference) keeps its own path."""
+    """One query row per head over every key of its sequence (each ``lengths[b]``, else all) held as tensors,
+    causal, with the model's scale and nothing else said (no mask, softcap, sinks): what a plain decoding read of
+    a dense or evicting cache is. A quantized cache's row goes the general way, where the kernel's decode pass
+    writes its scores as it reads the codes; the numpy backend (the reference) keeps its own path."""
     lengths = kw.get("lengths")
-    return (q.shape[2] == 1 and isinstance(k, (torch.Tensor, QuantizedKV)) and p.backend != "numpy"
+    return (q.shape[2] == 1 and isinstance(k, torch.Tensor) and p.backend != "numpy"
             and ROW_KEYWORDS.issuperset(kw) and kw.get("causal") is True and kw.get("mask") is None
             and p.config.attn_softcap is None and (lengths is None or tuple(lengths.shape) == (q.shape[0],)))
 
@@ -124,16 +124,14 @@ def _plain_row(q: torch.Tensor, k: Any, p: Pass, kw: dict) -> bool:
 def _decode_row(q: torch.Tensor, k: torch.Tensor, p: Pass, kw: dict) -> torch.Tensor:
     """The weights (B, H, Tk) of a decoding step's one query row per head over a plain read: softmax(scale · q kᵀ)
     over each sequence's keys [0, lengths[b]) (zeros past them and for a sequence with none), query head h
-    reading k/v head h // (H / H_kv); a quantized cache's keys dequantized once (q turned as they were stored).
-    The same weights as the general path's ``weights_rows=`` call to float rounding, without preparing a call
-    (decoder-long, 1,536 prompt tokens, one thread: 1.5 ms a layer and step → tens of µs)."""
+    reading k/v head h // (H / H_kv). The same weights as the general path's ``weights_rows=`` call to float
+    rounding, without preparing a call (decoder-long, 1,536 prompt tokens, one thread: 1.5 ms a layer and step →
+    tens of µs)."""
     B, H, _, d = q.shape
     hk, tk = k.shape[1], k.shape[2]
     dtype = torch.promote_types(q.dtype, torch.float32)
     scale = p.config.attn_scale if p.config.attn_scale is not None else d ** -0.5
     with torch.no_grad():
-        if isinstance(k, QuantizedKV):
-            q, k = rotated_q(q, k), k.dequantize(0, tk)
         s = torch.matmul(q.detach().to(dtype).reshape(B, hk, H // hk, d), k.detach().to(dtype).transpose(-1, -2))
         s = s.reshape(B, H, tk) * scale
         lengths = kw.get("lengths")

@@ -32,10 +32,11 @@ import numpy as np
 
 from attnlab import masks
 from attnlab.backends.base import OVERFLOW_LIMIT, Backend, Supports, read_seconds
-from attnlab.backends.blockwise import as_result, canonical, rows_weights, run_blockwise, work_dtype
+from attnlab.backends.blockwise import as_result, run_blockwise, work_dtype
 from attnlab.backends.kernel.buffers import buffers as _buffers
 from attnlab.backends.kernel.buffers import f32 as _f32
 from attnlab.backends.kernel.buffers import quantized as _quantized
+from attnlab.backends.kernel.buffers import rows_weights
 from attnlab.backends.kernel.buffers import scales as _scales
 from attnlab.backends.kernel.buffers import stored as _stored
 from attnlab.backends.kernel.buffers import vis_args
@@ -218,7 +219,8 @@ QUANTIZED = ("int8", "fp8", "int4")  # the QuantizedKV kinds it reads (int4: giv
 
 def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window: Any = None, causal: bool = False,
            threads: int | None = None, mask: Mask | None = None, visible: Visible | None = None,
-           sinks: Any = None, check: bool = False, k_scale: Any = None, v_scale: Any = None) -> tuple[Any, Any]:
+           sinks: Any = None, check: bool = False, k_scale: Any = None, v_scale: Any = None,
+           scores: np.ndarray | None = None) -> tuple[Any, Any]:
     """Attention of a few query rows against a cache, compiled: out (B, H, Tq, Dv) and LSE (B, H, Tq), float32.
 
     q (B, H, Tq, D) float32 (or k's dtype); k (B, H_kv, Tk, D) and v (B, H_kv, Tk, Dv) float32, float16 or
@@ -247,6 +249,11 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     output that is not finite (a NaN or Inf in a value read) raises request.Unchecked, for the caller to
     check them itself (attention() does: the error names q, k or v). Keys no row sees are not read, so not
     checked.
+
+    ``scores``: a float32 NumPy array (B, H, Tq, Tk) the pass writes each row's scores into as it computes them,
+    in base 2 (scale · log2 e · q·k, softcap and ALiBi applied; −inf for a key of a block it reads that the row
+    does not see); keys of blocks it skips are left as they were (fill it with −inf). A row's weights are then
+    exp2(s − LSE · log2 e): the kernel's ``weights_rows=``, without a second pass.
     """
     if _tiles is None:
         raise ValueError("the compiled kernel was not built (it needs a C compiler with OpenMP at install)")
@@ -272,8 +279,9 @@ def decode(q: Any, k: Any, v: Any, lengths: Any = None, *, scale: float, window:
     if visible is None:
         n = None if lengths is None else lengths.cpu().numpy() if is_torch(lengths) else np.asarray(lengths)
         visible = describe(masks.from_keywords(mask, causal, window, n), tq, k.shape[2], (b, h))
+    extra = {} if scores is None else {"scores": scores}
     return _pass(q, k, v, stored, scale, visible, sinks, threads, check, v.shape[-1] * (2 if kw4 else 1),
-                 {**scales, **kw4})
+                 {**scales, **kw4, **extra})
 
 
 def decode_into(q32: np.ndarray, k: Any, v: Any, stored: str, scale: float, threads: int | None, dv: int,
@@ -332,17 +340,19 @@ def _decodes(call: Call) -> bool:
 
 def _run_decode(call: Call) -> tuple[Any, Any, Any]:
     p = call.problem  # a quantized cache's codes and scales are read in place; q turned as the keys were stored
+    b, h, tq = call.q.shape[:3]
+    scores = None if call.rows is None else np.full((b, h, tq, p.tk), -np.inf, np.float32)  # the pass writes what it sees
     if call.request.quantized:
         out, lse = decode(rotated_q(call.q, call.k), call.k, call.v, scale=p.scale, visible=call.visible,
-                          sinks=call.visible.sinks, check=call.kv_pending)
+                          sinks=call.visible.sinks, check=call.kv_pending, scores=scores)
     else:  # what decode() would check, prepare() did (_decodes: the layout it reads)
         out, lse = _pass(call.q, call.k, call.v, p.kv_dtype, p.scale, call.visible, call.visible.sinks, None,
-                         call.kv_pending, p.dv, {}, call.request.lse or call.rows is not None)
-    torch_in = call.request.library == "torch"
-    weights = None  # chosen rows' weights (h2o's each step): from the pass's LSE, not a second pass of tiles
-    if call.rows is not None:
-        c = canonical(call)
-        weights = rows_weights(call, c, lse.reshape(c.q.shape[:3]))
+                         call.kv_pending, p.dv, {} if scores is None else {"scores": scores},
+                         call.request.lse or call.rows is not None)
+    torch_in, weights = call.request.library == "torch", None
+    if scores is not None:  # the chosen rows' weights (h2o's, a generation's maps): no second pass
+        weights = rows_weights(scores, lse.numpy() if is_torch(lse) else lse, call.rows, torch_in)
+        weights = as_result(weights.reshape(*p.batch, -1, p.tk), p.dtype, torch_in)
     return as_result(out, p.dtype, torch_in), weights, (as_result(lse, p.dtype, torch_in) if call.request.lse else None)
 
 
@@ -365,10 +375,9 @@ class KernelBackend(Backend):
     def more_refusals(self, r: Request) -> list[str]:
         if _tiles is None:
             return ["was not built (it needs a C compiler with OpenMP at install); blockwise computes the same"]
-        if r.quantized and (r.problem.tq > DECODE_MAX_TQ or r.grad or r.weights_rows or r.block_size
-                            or r.dtype != "float32"):
+        if r.quantized and (r.problem.tq > DECODE_MAX_TQ or r.grad or r.block_size or r.dtype != "float32"):
             return [f"reads a quantized cache in its decode pass only (a float32 query of at most {DECODE_MAX_TQ} rows, "
-                    "no gradients, weights_rows or block_size); blockwise reads it a block of keys at a time"]
+                    "no gradients or block_size); blockwise reads it a block of keys at a time"]
         return []
 
     def compute_dtype(self, dtype: str) -> str:

@@ -182,6 +182,8 @@ static TARGET __attribute__((noinline)) void DITEM(const struct dproblem *pr, fl
                 const VF dist = __builtin_convertvector((VI){} + (int32_t)(vis_pos(pr->vis, flat0 + r / tq, r % tq) - j) - lane, VF);
                 s -= slope * F(select)(dist < 0.0f, -dist, dist);
             }
+            if (pr->scores) /* the row's scores of the block, as its weights will be computed from them */
+                for (int64_t u = 0, at = ((flat0 + r / tq) * tq + r % tq) * pr->tk + j; u < nk; u++) pr->scores[at + u] = s[u];
             const VF was = (VF){} + m[r];
             const VI up = s > was; /* NaN lanes (reported by `bad`) count as m[r] */
 #if VW == 16 /* none up (most blocks): no reduction. The Xeon, 8,192 and 32,768 keys, two runs: AVX-512 int8, fp8 and

@@ -266,10 +266,11 @@ static int all_finite(const Py_buffer *b) {
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"q", "k", "v", "out", "lse", "dtype", "scale", "threads", "spans", "qpos", "slopes", "sinks",
                              "softcap", "k_scale", "v_scale", "k_zero", "v_zero", "k_residual", "v_residual",
-                             "k_quantized", "v_quantized", "residual_dtype", NULL};
+                             "k_quantized", "v_quantized", "residual_dtype", "scores", NULL};
     PyObject *obj[5], *vobj[4] = {Py_None, Py_None, Py_None, Py_None}, *sobj[2] = {Py_None, Py_None};
     PyObject *q4obj[2][4] = {{Py_None, Py_None, Py_None, Py_None}, {Py_None, Py_None, Py_None, Py_None}};
-    Py_buffer view[19] = {{0}};
+    PyObject *scores = Py_None;
+    Py_buffer view[20] = {{0}};
     struct dproblem pr = {0};
     struct vis vis = {0};
     const char *dtype, *rname = "float32";
@@ -279,10 +280,10 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     PyObject *result = NULL;
     Py_ssize_t dim[128];
     for (int i = 0; i < 128; i++) dim[i] = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOOdOOOOOOOOs:decode", kwlist, &obj[0], &obj[1], &obj[2],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOsfi|$OOOOdOOOOOOOOsO:decode", kwlist, &obj[0], &obj[1], &obj[2],
                                      &obj[3], &obj[4], &dtype, &pr.scale, &threads, &vobj[0], &vobj[1], &vobj[2], &vobj[3],
                                      &softcap, &sobj[0], &sobj[1], &q4obj[0][1], &q4obj[1][1], &q4obj[0][2], &q4obj[1][2],
-                                     &q4obj[0][3], &q4obj[1][3], &rname))
+                                     &q4obj[0][3], &q4obj[1][3], &rname, &scores))
         return NULL;
     pr.kvtype = stored_type(dtype);
     if (pr.kvtype < 0) {
@@ -339,6 +340,11 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
         goto done;
     }
     pr.q = view[0].buf, pr.k = view[1].buf, pr.v = view[2].buf, pr.out = view[3].buf, pr.lse = view[4].buf;
+    if (scores != Py_None) { /* each row's scores as the pass computed them (base 2), written where it saw a key */
+        if (!take(scores, &view[19], "scores", 1, 'f', "BHTK", dim))
+            goto done;
+        pr.scores = view[19].buf;
+    }
     if (i4) {
         const char rkind = pr.rtype == DT_F32 ? 'f' : pr.rtype == DT_F16 ? 'e' : 'u';
         q4obj[0][0] = sobj[0], q4obj[1][0] = sobj[1];
@@ -370,6 +376,6 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwa
     const double largest = all_finite(&view[0]) && all_finite(&view[3]) ? pr.largest : NAN;
     result = status != 0 ? PyErr_NoMemory() : PyFloat_FromDouble(largest);
 done:
-    release(view, 19);
+    release(view, 20);
     return result;
 }

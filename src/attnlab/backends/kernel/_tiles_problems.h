@@ -120,6 +120,9 @@ struct q4 {
 struct dproblem {
     const void *q, *k, *v;        /* q (B, H, Tq, D) contiguous; k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) row-contiguous */
     float *out, *lse;             /* (B, H, Tq, Dv), (B, H, Tq) */
+    float *scores;                /* (B, H, Tq, Tk) or NULL: each row's scores in base 2 (scale log2 e q.k, softcap,
+                                   * ALiBi), written for the keys of the blocks it sees (-inf where it does not see
+                                   * a key of them); the caller fills the rest with -inf */
     const struct vis *vis;        /* which keys each row sees, ALiBi, sinks: (B, H) is the decode's own */
     int64_t kb, kh, vb, vh;       /* k's and v's batch and head strides, in items */
     const float *ks, *vs;         /* int8 codes' scales (B, Hkv, Tk), one per key (k) and per value row (v), each

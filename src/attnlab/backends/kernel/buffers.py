@@ -1,7 +1,8 @@
 """How arrays reach the compiled kernel as buffers, without a copy where they can: float32 inputs, a cache's
 k and v as stored (16-bit values as their bits), and a quantized cache (:class:`QuantizedKV`) as its codes,
 scales and, for int4, zero points, residual rings and positions held as codes (``_tiles.decode``'s arguments),
-and the visibility keywords every compiled pass takes (:func:`vis_args`).
+and the visibility keywords every compiled pass takes (:func:`vis_args`); and the rows of weights the decode
+pass's written scores give (:func:`rows_weights`).
 """
 
 from __future__ import annotations
@@ -89,3 +90,19 @@ def vis_args(v: Visible | None, sinks: Any) -> dict[str, Any]:
 def f32(x: Any) -> np.ndarray:
     """x as a C-contiguous float32 NumPy array (a copy where it is not one already)."""
     return np.ascontiguousarray(x.detach().float().cpu().numpy() if is_torch(x) else x, dtype=np.float32)
+
+
+def rows_weights(scores: np.ndarray, lse: np.ndarray, rows: Any, torch_out: bool = False) -> Any:
+    """Query ``rows``' weights (B, H, R, Tk) float32 from the scores ``_tiles.decode`` wrote (base 2, −inf where a
+    row sees no key) and its LSE (B, H, Tq): exp2(s − LSE log2 e), 0 throughout for a row that saw no key. NumPy,
+    or a torch tensor on the same memory."""
+    rows = np.asarray(rows)
+    lse2 = lse[:, :, rows] * LOG2E  # (B, H, R)
+    s = scores[:, :, rows]  # a copy
+    s -= np.where(np.isfinite(lse2), lse2, 0.0)[..., None]
+    np.exp2(s, out=s)
+    if torch_out:
+        import torch
+
+        return torch.from_numpy(s)
+    return s
