@@ -124,25 +124,19 @@ def run_blockwise(call: Call, forward: Callable[..., tuple[Any, Any]],
                                              backward)
     else:
         out, lse = forward(c.q, c.k, c.v, c.tiling, scale=p.scale, block_size=_block_size(call), sinks=c.sinks)
-    weights = None if call.rows is None else rows_weights(call, c, lse)
+    weights = None
+    if call.rows is not None:
+        if c.torch:  # a diagnostic: computed outside the graph
+            import torch
+
+            with torch.no_grad():
+                weights = online.weights_rows(c.q, c.k, lse, c.tiling, call.rows, scale=p.scale)
+        else:
+            weights = online.weights_rows(c.q, c.k, lse, c.tiling, call.rows, scale=p.scale)
+        weights = as_result(weights.reshape(*p.batch, len(call.rows), p.tk), p.dtype, c.torch)
     out = as_result(out.reshape(*p.batch, p.tq, p.dv), p.dtype, c.torch)  # (..., Tq, Dv)
     lse = as_result(lse.reshape(*p.batch, p.tq), p.dtype, c.torch) if call.request.lse else None
     return out, weights, lse
-
-
-def rows_weights(call: Call, c: Canonical, lse: Any) -> Any:
-    """The exact weights of the call's chosen rows (``weights_rows=``) from its LSE (the canonical (B, G, Tq)),
-    recomputed from the scores (:func:`online.weights_rows`): (..., R, Tk) in the call's dtype and library. A
-    diagnostic: computed outside any autograd graph."""
-    p = call.problem
-    if c.torch:
-        import torch
-
-        with torch.no_grad():
-            weights = online.weights_rows(c.q, c.k, lse, c.tiling, call.rows, scale=p.scale)
-    else:
-        weights = online.weights_rows(c.q, c.k, lse, c.tiling, call.rows, scale=p.scale)
-    return as_result(weights.reshape(*p.batch, len(call.rows), p.tk), p.dtype, c.torch)
 
 
 def _block_size(call: Call) -> Any:
