@@ -250,3 +250,18 @@ def test_the_kernel_reads_codes_under_alibi_softcap_and_sinks(kind):
     want = attnlab.attention(q.double().numpy(), qk, qv, backend="numpy", lengths=np.array([203, 170]),
                              sink_logits=sinks.double().numpy(), **kw)
     assert np.abs(got.double().numpy() - want).max() < 2e-5 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
+def test_a_cache_read_describes_codes_as_a_checked_call_does(kind):
+    """prepare_read (a decoding step's read, no second look at what the cache holds) describes a quantized read
+    as prepare does: the same request (shapes, kind, score bound from the stored norm), so the same backend."""
+    from attnlab.backends.options import Options
+    from attnlab.backends.request import prepare, prepare_read
+
+    ks, vs, _, _ = _filled(kind, [40, 29])
+    q = torch.randn(B, HKV * G, 1, D, generator=torch.Generator().manual_seed(3))
+    o = Options.of({"causal": True, "mask": None, "lengths": torch.tensor([40, 29])})
+    lean, full = prepare_read(q, ks.read(40), vs.read(40), o), prepare(q, ks.read(40), vs.read(40), o)
+    assert lean.request == full.request and lean.request.quantized == kind
+    assert lean.k.kind == kind and lean.v.kind == kind  # the codes themselves go to the backend, not stand-ins

@@ -198,21 +198,25 @@ def prepare_read(q: Any, k: Any, v: Any, options: Options) -> Call:
     vouch for: k and v [B, H_kv, Tk, D] were checked when written (``options.kv_checked``, with their largest
     key length ``k_norm``) and q [B, H, Tq, D] is the model's own projection with the cache's head counts and
     dtype. So no shape check and no pass over k and v; q is checked (its norm, which the score bound needs, is
-    finite only when q is) and every option as :func:`prepare` checks it. Internal: ``attention()`` is the
-    public entry, and this one serves only calls whose options say the keys were checked."""
+    finite only when q is) and every option as :func:`prepare` checks it. A quantized cache's k and v
+    (:class:`QuantizedKV`) are finite by construction and carry their rows' bound (``k.norm``): they need no
+    ``kv_checked`` and are described by their stand-ins, as :func:`prepare` describes them. Internal:
+    ``attention()`` is the public entry, and this one serves only calls whose keys were checked."""
     o = options
-    if not o.kv_checked or isinstance(k, QuantizedKV):  # a quantized cache's codes: prepare's stand-ins
+    quantized = k.kind if isinstance(k, QuantizedKV) else ""
+    if not (o.kv_checked or quantized):
         return prepare(q, k, v, o)
+    ks, vs = stand_ins(q, k, v) or (k, v)  # (B, H_kv, Tk, D) in q's dtype for the codes: shapes only
     d = int(q.shape[-1])
-    p = validate.Problem(tuple(q.shape[:-2]), int(q.shape[-2]), int(k.shape[-2]), d, int(v.shape[-1]),
-                         validate.dtype_name(q), validate.check_scale(o.scale, d), int(q.shape[-3] // k.shape[-3]),
-                         validate.dtype_name(k))
+    p = validate.Problem(tuple(q.shape[:-2]), int(q.shape[-2]), int(ks.shape[-2]), d, int(vs.shape[-1]),
+                         validate.dtype_name(q), validate.check_scale(o.scale, d), int(q.shape[-3] // ks.shape[-3]),
+                         validate.dtype_name(ks))
     validate.check_bias(o.bias, p)
     seen = vis.build(p, o.mask, o.causal, o.window, o.lengths, o.score_mod, o.sink_logits, o.softcap)
-    bound = checked_bound(q, o.bias, p.scale, o.k_norm)
+    bound = checked_bound(q, o.bias, p.scale, k.norm if quantized else o.k_norm)
     if not math.isfinite(bound):
         validate.check_finite("q", q)  # names q when it holds NaN or Inf; else the bound is only large
-    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), _request(q, k, v, o, p, seen, bound))
+    return Call(q, k, v, o, seen, _rows(o.weights_rows, p), _request(q, ks, vs, o, p, seen, bound, quantized))
 
 
 def _request(q: Any, k: Any, v: Any, o: Options, p: validate.Problem, seen: vis.Visible, bound: float,

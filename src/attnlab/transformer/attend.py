@@ -79,7 +79,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict,
         out = [torch.from_numpy(o).to(device=q.device, dtype=q.dtype) for o in (out if isinstance(out, tuple) else (out,))]
     elif p.reads is not None and slot is not None and (not last or row is not None):  # what stays fixed kept per layer
         return p.reads(slot, q, k, v, kw), row
-    elif p.kv is not None and kw.get("kv_checked"):  # a read of the cache, which checked its keys: no second check
+    elif p.kv is not None and (kw.get("kv_checked") or isinstance(k, QuantizedKV)):  # a read of the cache, which
+        # checked its keys (or holds them as codes): no second check
         out = list(attention_read(q, k, v, Options.of(kw), p.backend))
     else:
         out = attention(q, k, v, backend=p.backend, **kw)
