@@ -47,6 +47,7 @@ NEEDS = {
     # the optional compiled extensions: built at install where a C compiler with OpenMP is there
     "kernel": ("attnlab.backends.kernel._tiles", "a C compiler with OpenMP at install: pip install --force-reinstall -e ."),
     "matvec": ("attnlab.transformer._matvec", "a C compiler with OpenMP at install: pip install --force-reinstall -e ."),
+    "encode": ("attnlab.transformer._encode", "a C compiler at install: pip install --force-reinstall -e ."),
 }
 MODEL_NEEDS = ("torch", "transformers", "default_model")  # what the default_model fixture needs
 # fixture → what a test that uses it (directly or through another fixture) needs

@@ -113,3 +113,50 @@ def test_cli_flags_are_one_line_before_the_model_loads(args, text, capsys, no_de
     assert main(["generate", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and text in err, err
+
+
+def _int8_store_after(rows, monkeypatch, compiled):
+    """An int8 Store after a prompt of 5 positions then one decoding step per row of ``rows`` (B, H, n, D)."""
+    from attnlab.transformer import quantize
+    from attnlab.transformer.layer_cache import Step
+
+    if not compiled:
+        monkeypatch.setattr(quantize, "_encode", None)
+    B, H, n, D = rows.shape
+    s = quantize.Store("int8", B, H, D, 5 + n, torch.float32, "cpu")
+    s.write(Step(torch.zeros(B, dtype=torch.long), torch.full((B,), 5), 5), torch.randn(B, H, 5, D))
+    for i in range(n):
+        s.write(Step(torch.full((B,), 5 + i), torch.ones(B, dtype=torch.long), 1, True), rows[:, :, i:i + 1])
+    monkeypatch.undo()
+    return s
+
+
+@pytest.mark.needs("encode")
+def test_a_decoding_steps_int8_codes_are_torchs_bits_from_the_compiled_encoder(monkeypatch):
+    torch.manual_seed(0)
+    rows = torch.randn(3, 2, 6, 64) * torch.logspace(-30, 30, 6)[None, None, :, None]  # rows of every magnitude
+    rows[0, 0, 1] = 0.0  # a row of zeros: codes 0, scale 0
+    rows[1, 1, 2] = torch.arange(64, dtype=torch.float32) - 31.5  # halves: x / scale lands on ties (half to even)
+    rows[1, 1, 2, 0] = 127.0
+    rows[2, 0, 3] = torch.tensor([1.0, -1.0] * 32) * 3e38  # near float32's largest
+    torch.manual_seed(1)
+    fast = _int8_store_after(rows, monkeypatch, compiled=True)
+    torch.manual_seed(1)
+    slow = _int8_store_after(rows, monkeypatch, compiled=False)
+    assert torch.equal(fast.codes, slow.codes) and torch.equal(fast.scale, slow.scale)
+    assert (fast.codes[0, 0, 6] == 0).all() and fast.scale[0, 0, 6] == 0  # the zero row at its slot
+    assert slow.norm <= fast.norm <= slow.norm * (1 + 1e-6)  # the longest row as read, rounded up
+
+
+@pytest.mark.needs("encode")
+def test_the_compiled_int8_encoder_refuses_buffers_of_the_wrong_size():
+    from attnlab.transformer import _encode
+
+    x, codes, scales = torch.zeros(2, 8), torch.zeros(2, 4, 8, dtype=torch.int8), torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="slot in 0..capacity - 1, got .* slot 4"):
+        _encode.int8_rows(x.numpy(), codes.numpy(), scales.numpy(), 2, 8, 4, 4)
+    with pytest.raises(ValueError, match="x must hold rows x dim = 24 float32 values, got 64 bytes"):
+        _encode.int8_rows(x.numpy(), codes.numpy(), scales.numpy(), 3, 8, 4, 0)
+    with pytest.raises(ValueError, match="scales must hold rows x capacity = 8 float32 values, got 16 bytes"):
+        _encode.int8_rows(x.numpy(), codes.numpy(), scales[:, :2].contiguous().numpy(), 2, 8, 4, 0)
+    assert not codes.any()  # nothing written by a refused call

@@ -12,6 +12,11 @@ from attnlab.backends import pages
 from attnlab.reference.quantized import FP8_MAX, GROUP, RESIDUAL, QuantizedKV, hadamard
 from attnlab.transformer.layer_cache import Step
 
+try:  # built at install where a C compiler is (optional): else torch's operations, to the same codes
+    from attnlab.transformer import _encode
+except ImportError:
+    _encode = None
+
 
 def encode_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (..., D) float32 → codes int8 (..., D) in −127..127 and one scale per row (...): symmetric, x̂ = code·scale."""
@@ -29,6 +34,14 @@ def encode_int4(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, 
     safe = torch.where(scale > 0, scale, 1.0)
     codes = torch.round((x - lo.unsqueeze(dim)) / safe.unsqueeze(dim)).clamp_(0, 15).to(torch.uint8)
     return codes, scale, lo
+
+
+def encode_int8_step(codes: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, slot: int) -> float:
+    """A decoding step's rows x (B, H, 1, D) float32 into ``slot`` of an int8 cache's codes (B, H, C, D) and scales
+    (B, H, C), both contiguous on the CPU, by the compiled encoder (:mod:`attnlab.transformer._encode`: encode_int8's
+    bits in one call instead of some twenty torch operations); returns the longest row as read, rounded up."""
+    B, H, C, D = codes.shape
+    return _encode.int8_rows(x.contiguous().numpy(), codes.numpy(), scale.numpy(), B * H, D, C, slot)
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
@@ -114,6 +127,9 @@ class Store:
         x = x.to(torch.float32)
         if self.rotate:  # Hd·x for each row (Hd symmetric): after rotary, before quantizing
             x = x @ torch.from_numpy(hadamard(self.dim)).to(torch.float32)
+        if self.kind == "int8" and _encode is not None and step.decode and step.even and x.device.type == "cpu":
+            self.norm = max(self.norm, encode_int8_step(self.codes, self.scale, x, int(step.start[0])))
+            return
         if self.kind == "int8":
             codes, scale = encode_int8(x)
             scatter(self.codes, codes, step)
