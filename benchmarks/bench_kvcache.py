@@ -17,6 +17,13 @@ float32 step's (auto); then the same read as ``generate`` makes it, through its 
 same rounds after every cache's ``attention()`` call (none read twice in a row), as a multiple of float32's read
 the same way. ``--quick``: 2,048 positions, 2 rounds (a smoke run;
 its figures mean nothing).
+Beside them, measured in the same run, the machine's two limits: its read bandwidth (a STREAM-like sum of a
+buffer 8 times the last-level cache, :func:`attnlab.bench.decode.read_bandwidth`) and its float32 multiply-add
+rate (sgemm: torch.mm of two 2,048 x 2,048 matrices, the same threads), medians of 7 as the steps' are medians.
+Each cache's step is printed as a share of both (``% bw``: its stored bytes at the read bandwidth; ``% mm``: its
+q.k and p.v multiply-adds at sgemm's rate) and ``binds`` names the nearer: a step at 90 % of one limit cannot get
+much faster by the other. A quantized step's dequantization and every step's softmax are work beyond the
+multiply-adds counted, so ``% mm`` stays below 100.
 ``--bound``: also the compiled pass's CPU time per (position, k/v head) on one thread (``time.process_time``, so
 other programs' share of the core is not counted) at ``--length`` and at 2,048 positions (every cache then fits in
 the last-level cache): a kind whose cost per position is the same in and out of cache is bound by its arithmetic
@@ -117,6 +124,35 @@ def _read_kwargs(k) -> dict:  # noqa: ANN001
     return {"causal": True, "mask": None, "lengths": None} if isinstance(k, QuantizedKV) else _generate_kwargs(k)
 
 
+def limits(threads: int, repeats: int = 7) -> dict:
+    """The machine's read bandwidth (GB/s) and sgemm rate (float32 GFLOP/s) with ``threads`` threads, medians of
+    ``repeats`` (as the steps': on a shared host the fastest of a few reads can be half again the usual one)."""
+    import torch
+
+    from attnlab.bench.decode import llc_bytes, read_bandwidth
+    from attnlab.bench.timing import torch_threads
+
+    n = 2048
+    with torch_threads(threads):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+        return {"read_gb_s": read_bandwidth(llc_bytes(), repeats, median=True),
+                "sgemm_gflop_s": 2.0 * n ** 3 / statistics.median(times) / 1e9}
+
+
+def shares(rows: list[dict], lim: dict) -> None:
+    """Each row's step as a share of the read bandwidth and of sgemm's rate, and which of the two binds."""
+    for r in rows:
+        r["pct_bandwidth"] = 100 * r["stored_gb_s"] / lim["read_gb_s"]
+        r["pct_sgemm"] = 100 * r["gflop_s"] / lim["sgemm_gflop_s"]
+        r["binds"] = "memory" if r["pct_bandwidth"] >= r["pct_sgemm"] else "arithmetic"
+
+
 def bound(length: int) -> dict:
     """{cache: {positions: CPU ns per position and k/v head}} of the kernel's decode pass on one thread."""
     import torch
@@ -153,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     length, repeats = (2048, 2) if args.quick else (args.length, args.repeats)
     rows = measure(length, repeats)
+    lim = limits(torch.get_num_threads())
+    shares(rows, lim)
     from attnlab.backends import kernel
 
     info = kernel.build_info() or {}  # which variant read the caches, and whether int4's keys went to AMX
@@ -160,13 +198,20 @@ def main(argv: list[str] | None = None) -> int:
     isa = f"{info.get('chosen')}{' with AMX' if amx else ''}" if info else "kernel not built"
     print(f"decode step, B=1, H={H} over H_kv={HKV}, D={D}, {length} cached positions, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f}, {isa}")
+    print(f"limits measured in this run: read bandwidth {lim['read_gb_s']:.1f} GB/s, sgemm {lim['sgemm_gflop_s']:.0f} GFLOP/s")
     print(f"{'cache':<18}{'backend':<11}{'auto':<11}{'ms':>9}{'x f32':>8}{'MB':>9}{'GB/s':>8}{'GFLOP/s':>9}"
-          f"{'generate ms':>13}{'x f32':>8}")
+          f"{'% bw':>6}{'% mm':>6}  {'binds':<11}{'generate ms':>12}{'x f32':>8}")
     for r in rows:
-        step = f"{r['generate_ms']:>13.2f}{r['generate_x_float32']:>8.2f}" if "generate_ms" in r else ""
+        step = f"{r['generate_ms']:>12.2f}{r['generate_x_float32']:>8.2f}" if "generate_ms" in r else ""
         print(f"{r['cache']:<18}{r['backend']:<11}{r['auto']:<11}{r['ms']:>9.2f}{r['x_float32']:>8.2f}{r['stored_mb']:>9.1f}"
-              f"{r['stored_gb_s']:>8.2f}{r['gflop_s']:>9.2f}{step}")
+              f"{r['stored_gb_s']:>8.2f}{r['gflop_s']:>9.2f}{r['pct_bandwidth']:>6.0f}{r['pct_sgemm']:>6.0f}  {r['binds']:<11}{step}")
     cpu = bound(length) if args.bound else None
+    if cpu:
+        lim["sgemm_one_thread_gflop_s"] = limits(1)["sgemm_gflop_s"]
+        floor = 4.0 * H // HKV * D / lim["sgemm_one_thread_gflop_s"]  # ns: a position's multiply-adds for G rows
+        print(f"one thread's sgemm {lim['sgemm_one_thread_gflop_s']:.0f} GFLOP/s: a position and k/v head's multiply-adds "
+              f"(4 G D = {4 * H // HKV * D} flops) alone take {floor:.1f} ns at that rate")
+        lim["multiply_adds_ns_per_position"] = floor
     for name, by_n in (cpu or {}).items():
         print(f"kernel {name:<9} CPU ns per position and k/v head, one thread: " +
               ", ".join(f"{n} positions {ns:.1f}" for n, ns in by_n.items()))
@@ -174,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"length": length, "heads": H, "heads_kv": HKV, "head_dim": D, "threads": torch.get_num_threads(),
                        "load_average": os.getloadavg()[0], "repeats": repeats, "isa": info.get("chosen"),
-                       "amx": amx, "rows": rows, "cpu_ns_per_position": cpu},
+                       "amx": amx, "limits": lim, "rows": rows, "cpu_ns_per_position": cpu},
                       f, indent=1)
     return 0
 
