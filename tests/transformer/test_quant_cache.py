@@ -115,15 +115,15 @@ def test_cli_flags_are_one_line_before_the_model_loads(args, text, capsys, no_de
     assert err.count("\n") == 1 and err.startswith("error: ") and text in err, err
 
 
-def _int8_store_after(rows, monkeypatch, compiled):
-    """An int8 Store after a prompt of 5 positions then one decoding step per row of ``rows`` (B, H, n, D)."""
+def _store_after(kind, rows, monkeypatch, compiled):
+    """A ``kind`` Store after a prompt of 5 positions then one decoding step per row of ``rows`` (B, H, n, D)."""
     from attnlab.transformer import quantize
     from attnlab.transformer.layer_cache import Step
 
     if not compiled:
         monkeypatch.setattr(quantize, "_encode", None)
     B, H, n, D = rows.shape
-    s = quantize.Store("int8", B, H, D, 5 + n, torch.float32, "cpu")
+    s = quantize.Store(kind, B, H, D, 5 + n, torch.float32, "cpu")
     s.write(Step(torch.zeros(B, dtype=torch.long), torch.full((B,), 5), 5), torch.randn(B, H, 5, D))
     for i in range(n):
         s.write(Step(torch.full((B,), 5 + i), torch.ones(B, dtype=torch.long), 1, True), rows[:, :, i:i + 1])
@@ -140,12 +140,41 @@ def test_a_decoding_steps_int8_codes_are_torchs_bits_from_the_compiled_encoder(m
     rows[1, 1, 2, 0] = 127.0
     rows[2, 0, 3] = torch.tensor([1.0, -1.0] * 32) * 3e38  # near float32's largest
     torch.manual_seed(1)
-    fast = _int8_store_after(rows, monkeypatch, compiled=True)
+    fast = _store_after("int8", rows, monkeypatch, compiled=True)
     torch.manual_seed(1)
-    slow = _int8_store_after(rows, monkeypatch, compiled=False)
+    slow = _store_after("int8", rows, monkeypatch, compiled=False)
     assert torch.equal(fast.codes, slow.codes) and torch.equal(fast.scale, slow.scale)
     assert (fast.codes[0, 0, 6] == 0).all() and fast.scale[0, 0, 6] == 0  # the zero row at its slot
     assert slow.norm <= fast.norm <= slow.norm * (1 + 1e-6)  # the longest row as read, rounded up
+
+
+@pytest.mark.needs("encode")
+def test_a_decoding_steps_fp8_codes_and_saturations_are_torchs_from_the_compiled_encoder(monkeypatch):
+    torch.manual_seed(0)
+    rows = torch.randn(2, 3, 5, 64) * torch.tensor([1e-4, 0.1, 1.0, 30.0, 1e3])[None, None, :, None]  # beyond 448·scale too
+    rows[1, 2, 0] = 0.0
+    torch.manual_seed(1)
+    fast = _store_after("fp8", rows, monkeypatch, compiled=True)
+    torch.manual_seed(1)
+    slow = _store_after("fp8", rows, monkeypatch, compiled=False)
+    assert torch.equal(fast.codes.view(torch.uint8), slow.codes.view(torch.uint8)) and torch.equal(fast.scale, slow.scale)
+    assert fast.saturated == slow.saturated > 0  # the 1e3 rows: entries beyond the scale set by the prompt
+    assert slow.norm <= fast.norm <= slow.norm * (1 + 1e-6)
+
+
+@pytest.mark.needs("encode")
+def test_the_compiled_encoder_rounds_every_float8_value_as_torch_casts_it():
+    from attnlab.transformer import _encode
+
+    every = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    mids = (every[1:] + every[:-1]) / 2  # ties: half to even
+    x = torch.cat([every, mids, torch.nextafter(mids, torch.zeros(1)), torch.nextafter(mids, torch.full((1,), 500.0)),
+                   torch.rand(1000) * 448, torch.rand(1000) * 2 ** -6])  # normals, and below 2^-6: steps of 2^-9
+    x = torch.cat([x, -x])[: 4096 // 64 * 64].reshape(-1, 64)
+    codes = torch.zeros(x.shape[0], 1, 64, dtype=torch.uint8)
+    norm, over = _encode.fp8_rows(x.numpy(), codes.numpy(), torch.ones(x.shape[0]).numpy(), x.shape[0], 64, 1, 0)
+    assert torch.equal(codes[:, 0], x.to(torch.float8_e4m3fn).view(torch.uint8)) and over == 0
+    assert norm >= float(torch.linalg.vector_norm(x.to(torch.float8_e4m3fn).double(), dim=-1).max())
 
 
 @pytest.mark.needs("encode")
@@ -157,6 +186,6 @@ def test_the_compiled_int8_encoder_refuses_buffers_of_the_wrong_size():
         _encode.int8_rows(x.numpy(), codes.numpy(), scales.numpy(), 2, 8, 4, 4)
     with pytest.raises(ValueError, match="x must hold rows x dim = 24 float32 values, got 64 bytes"):
         _encode.int8_rows(x.numpy(), codes.numpy(), scales.numpy(), 3, 8, 4, 0)
-    with pytest.raises(ValueError, match="scales must hold rows x capacity = 8 float32 values, got 16 bytes"):
+    with pytest.raises(ValueError, match="scales must hold 8 float32 values, got 16 bytes"):
         _encode.int8_rows(x.numpy(), codes.numpy(), scales[:, :2].contiguous().numpy(), 2, 8, 4, 0)
     assert not codes.any()  # nothing written by a refused call

@@ -36,14 +36,6 @@ def encode_int4(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, 
     return codes, scale, lo
 
 
-def encode_int8_step(codes: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, slot: int) -> float:
-    """A decoding step's rows x (B, H, 1, D) float32 into ``slot`` of an int8 cache's codes (B, H, C, D) and scales
-    (B, H, C), both contiguous on the CPU, by the compiled encoder (:mod:`attnlab.transformer._encode`: encode_int8's
-    bits in one call instead of some twenty torch operations); returns the longest row as read, rounded up."""
-    B, H, C, D = codes.shape
-    return _encode.int8_rows(x.contiguous().numpy(), codes.numpy(), scale.numpy(), B * H, D, C, slot)
-
-
 def pack(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes 0..15 (..., D) → (..., D/2): channel 2j in the low nibble, 2j + 1 in the high one."""
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
@@ -127,8 +119,9 @@ class Store:
         x = x.to(torch.float32)
         if self.rotate:  # Hd·x for each row (Hd symmetric): after rotary, before quantizing
             x = x @ torch.from_numpy(hadamard(self.dim)).to(torch.float32)
-        if self.kind == "int8" and _encode is not None and step.decode and step.even and x.device.type == "cpu":
-            self.norm = max(self.norm, encode_int8_step(self.codes, self.scale, x, int(step.start[0])))
+        if (_encode is not None and step.decode and step.even and x.device.type == "cpu"
+                and (self.kind == "int8" or self.kind == "fp8" and self.scaled)):
+            self.norm = max(self.norm, self._encode_step(x, int(step.start[0])))
             return
         if self.kind == "int8":
             codes, scale = encode_int8(x)
@@ -146,6 +139,19 @@ class Store:
         if not (step.decode and step.even):  # padding columns were not written
             rows = torch.where(step.real[:, None, :, None], rows, 0.0)
         self._bound(rows)
+
+    def _encode_step(self, x: torch.Tensor, slot: int) -> float:
+        """A decoding step's rows x (B, H, 1, D) float32 into ``slot`` of every sequence by the compiled encoder
+        (:mod:`attnlab.transformer._encode`: torch's codes, scales and fp8's saturation count in one call instead of
+        some twenty operations); returns the longest row as read, rounded up."""
+        B, H, C, D = self.codes.shape
+        rows = x.contiguous().numpy()
+        if self.kind == "int8":
+            return _encode.int8_rows(rows, self.codes.numpy(), self.scale.numpy(), B * H, D, C, slot)
+        norm, over = _encode.fp8_rows(rows, self.codes.view(torch.uint8).numpy(), self.scale.contiguous().numpy(),
+                                      B * H, D, C, slot)
+        self.saturated += over
+        return norm
 
     def _bound(self, rows: torch.Tensor) -> None:
         """``norm`` raised to the longest of ``rows`` (..., D)."""
