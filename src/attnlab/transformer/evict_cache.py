@@ -128,15 +128,22 @@ class EvictingCache(LayerCache):
         held, writes, pos = self.held, step.new.bool(), step.start  # (B,) each
         slot = held[:, None].expand(B, H).clone()  # (B, H_kv)
         full = writes & (held >= self.budget)
-        if bool(full.any()):
-            spare = (self.slot_positions >= 0) & ~self._protected(self.slot_positions, pos)
+        if bool(full.any()):  # held keys neither sinks nor among the recent ones (_protected's complement)
+            spare = (self.slot_positions >= self.sink) & (self.slot_positions <= (pos - self.window)[:, None, None])
             victim = torch.where(spare, self.rank, torch.inf).argmin(-1)  # (B, H_kv)
             slot = torch.where(full[:, None], victim, slot)
-        b, h = writes[:, None].expand(B, H).nonzero(as_tuple=True)  # (N,), (N,)
-        s = slot[b, h]
-        self.k[b, h, s], self.v[b, h, s] = k[b, h, 0], v[b, h, 0]  # (N, D)
-        self.slot_positions[b, h, s] = pos[b]
-        self.rank[b, h, s] = self._entry_rank(k, pos[:, None])[b, h, 0]
+        if step.decode:  # every sequence writes: one scatter along the slots per tensor, no search
+            at = slot[:, :, None]  # (B, H_kv, 1)
+            self.k.scatter_(2, at[..., None].expand(B, H, 1, k.shape[-1]), k.to(self.k.dtype))
+            self.v.scatter_(2, at[..., None].expand(B, H, 1, v.shape[-1]), v.to(self.v.dtype))
+            self.slot_positions.scatter_(2, at, pos[:, None, None].expand(B, H, 1))
+            self.rank.scatter_(2, at, self._entry_rank(k, pos[:, None]))
+        else:  # a stopped sequence's column writes nothing
+            b, h = writes[:, None].expand(B, H).nonzero(as_tuple=True)  # (N,), (N,)
+            s = slot[b, h]
+            self.k[b, h, s], self.v[b, h, s] = k[b, h, 0], v[b, h, 0]  # (N, D)
+            self.slot_positions[b, h, s] = pos[b]
+            self.rank[b, h, s] = self._entry_rank(k, pos[:, None])[b, h, 0]
         after = self.held  # (B,)
         tk = max(int(after.max()), 1)
         lengths = None if bool((after == tk).all()) else after
