@@ -228,6 +228,9 @@ def test_continuing_from_the_cache_is_one_call(policy):
     ({"cache": "knorm", "cache_budget": 65}, "cache_budget=65 is above the model's context of 64"),
     ({"cache": "snapkv", "cache_budget": 8, "window": 6}, "window=6 newest positions \\+ 4 sinks pass cache_budget=8"),
     ({"cache": "dense", "cache_budget": 8}, "cache_budget=8 sizes an evicting cache"),
+    ({"cache": "random", "cache_budget": 8, "sink": -2}, "sink must be an int >= 0 or None for cache='random', got -2"),
+    ({"cache": "h2o", "cache_budget": 8, "window": 0}, "window must be an int >= 1 or None for cache='h2o', got 0"),
+    ({"cache": "knorm", "cache_budget": 8, "window": 2.5}, "window must be an int >= 1 or None for cache='knorm'"),
 ])
 def test_bad_input_is_refused_by_name_before_any_work(kw, match):
     m = _model()

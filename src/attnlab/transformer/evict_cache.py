@@ -53,6 +53,9 @@ def evict_kinds(config: Any, kind: str, window: int | None, sink: int | None, bu
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise ValueError(f"cache_budget: cache={kind!r} needs cache_budget= (tokens kept per layer and k/v head, "
                          f"sinks included), an int, got {budget!r}")
+    for name, value, least in (("window", window, 1), ("sink", sink, 0)):  # an evicting cache may keep no sinks
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{name} must be an int >= {least} or None for cache={kind!r}, got {value!r}")
     sinks = SINK_DEFAULT if sink is None else sink
     if budget < sinks + 1:
         raise ValueError(f"cache_budget={budget} is below the {sinks} sink tokens plus the newest token; it must be "
