@@ -20,8 +20,8 @@
 
 /* Row i of x (n, d) into codes and scales at slot `slot` of its (sequence, head): codes (n, cap, d), scales
  * (n, cap). Returns the largest sum of squares of a row as read. */
-static double encode(const float *restrict x, signed char *restrict codes, float *restrict scales, Py_ssize_t n,
-                     Py_ssize_t d, Py_ssize_t cap, Py_ssize_t slot) {
+static double encode_int8(const float *restrict x, signed char *restrict codes, float *restrict scales, Py_ssize_t n,
+                          Py_ssize_t d, Py_ssize_t cap, Py_ssize_t slot) {
     double top = 0.0;
     for (Py_ssize_t i = 0; i < n; i++) {
         const float *row = x + i * d;
@@ -117,16 +117,19 @@ static int sizes(Py_buffer *x, Py_buffer *codes, Py_buffer *scales, Py_ssize_t n
     return 0;
 }
 
-static PyObject *fp8_rows(PyObject *self, PyObject *args) {
+/* int8_rows and fp8_rows: the buffers parsed and checked, the rows encoded with the GIL released. fp8's scales are
+ * read (one per row), int8's written (one per row and slot). */
+static PyObject *encode_rows(PyObject *args, int fp8) {
     Py_buffer x = {0}, codes = {0}, scales = {0};
     Py_ssize_t n, d, cap, slot, over = 0;
-    if (!PyArg_ParseTuple(args, "y*w*y*nnnn", &x, &codes, &scales, &n, &d, &cap, &slot))
+    if (!PyArg_ParseTuple(args, fp8 ? "y*w*y*nnnn" : "y*w*w*nnnn", &x, &codes, &scales, &n, &d, &cap, &slot))
         return NULL;
-    const int ok = sizes(&x, &codes, &scales, n, d, cap, slot, n);
+    const int ok = sizes(&x, &codes, &scales, n, d, cap, slot, fp8 ? n : n * cap);
     double top = 0.0;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        top = encode_fp8(x.buf, codes.buf, scales.buf, n, d, cap, slot, &over);
+        top = fp8 ? encode_fp8(x.buf, codes.buf, scales.buf, n, d, cap, slot, &over)
+                  : encode_int8(x.buf, codes.buf, scales.buf, n, d, cap, slot);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&x);
@@ -135,28 +138,12 @@ static PyObject *fp8_rows(PyObject *self, PyObject *args) {
     if (!ok)
         return NULL;
     PyObject *norm = bound(top);
-    return norm ? Py_BuildValue("(Nn)", norm, over) : NULL;
+    return fp8 && norm ? Py_BuildValue("(Nn)", norm, over) : norm;
 }
 
-static PyObject *int8_rows(PyObject *self, PyObject *args) {
-    Py_buffer x = {0}, codes = {0}, scales = {0};
-    Py_ssize_t n, d, cap, slot;
-    if (!PyArg_ParseTuple(args, "y*w*w*nnnn", &x, &codes, &scales, &n, &d, &cap, &slot))
-        return NULL;
-    const int ok = sizes(&x, &codes, &scales, n, d, cap, slot, n * cap);
-    double top = 0.0;
-    if (ok) {
-        Py_BEGIN_ALLOW_THREADS
-        top = encode(x.buf, codes.buf, scales.buf, n, d, cap, slot);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&codes);
-    PyBuffer_Release(&scales);
-    if (!ok)
-        return NULL;
-    return bound(top);
-}
+static PyObject *int8_rows(PyObject *self, PyObject *args) { return encode_rows(args, 0); }
+
+static PyObject *fp8_rows(PyObject *self, PyObject *args) { return encode_rows(args, 1); }
 
 static PyMethodDef methods[] = {
     {"int8_rows", int8_rows, METH_VARARGS,
