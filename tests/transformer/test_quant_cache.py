@@ -115,7 +115,7 @@ def test_cli_flags_are_one_line_before_the_model_loads(args, text, capsys, no_de
     assert err.count("\n") == 1 and err.startswith("error: ") and text in err, err
 
 
-def _store_after(kind, rows, monkeypatch, compiled):
+def _store_after(kind, rows, monkeypatch, compiled, grouping="token"):
     """A ``kind`` Store after a prompt of 5 positions then one decoding step per row of ``rows`` (B, H, n, D)."""
     from attnlab.transformer import quantize
     from attnlab.transformer.layer_cache import Step
@@ -123,7 +123,7 @@ def _store_after(kind, rows, monkeypatch, compiled):
     if not compiled:
         monkeypatch.setattr(quantize, "_encode", None)
     B, H, n, D = rows.shape
-    s = quantize.Store(kind, B, H, D, 5 + n, torch.float32, "cpu")
+    s = quantize.Store(kind, B, H, D, 5 + n, torch.float32, "cpu", grouping=grouping)
     s.write(Step(torch.zeros(B, dtype=torch.long), torch.full((B,), 5), 5), torch.randn(B, H, 5, D))
     for i in range(n):
         s.write(Step(torch.full((B,), 5 + i), torch.ones(B, dtype=torch.long), 1, True), rows[:, :, i:i + 1])
@@ -163,6 +163,23 @@ def test_a_decoding_steps_fp8_codes_and_saturations_are_torchs_from_the_compiled
 
 
 @pytest.mark.needs("encode")
+@pytest.mark.parametrize("grouping", ["channel", "token"])
+def test_int4_decoding_steps_into_the_ring_are_torchs_from_the_compiled_copy(grouping, monkeypatch):
+    """Steps whose token goes to the ring are the compiled copy's; a step where a group is due stays torch's: 250
+    steps cross several groups, and every tensor held ends the same."""
+    torch.manual_seed(0)
+    rows = torch.randn(2, 2, 250, 64) * 3
+    torch.manual_seed(1)
+    fast = _store_after("int4", rows, monkeypatch, compiled=True, grouping=grouping)
+    torch.manual_seed(1)
+    slow = _store_after("int4", rows, monkeypatch, compiled=False, grouping=grouping)
+    assert int(fast.quantized.min()) >= 64  # groups became codes along the way
+    for name in ("codes", "scale", "zero", "residual", "quantized"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    assert slow.norm <= fast.norm <= slow.norm * (1 + 1e-6)
+
+
+@pytest.mark.needs("encode")
 def test_the_compiled_encoder_rounds_every_float8_value_as_torch_casts_it():
     from attnlab.transformer import _encode
 
@@ -188,4 +205,6 @@ def test_the_compiled_int8_encoder_refuses_buffers_of_the_wrong_size():
         _encode.int8_rows(x.numpy(), codes.numpy(), scales.numpy(), 3, 8, 4, 0)
     with pytest.raises(ValueError, match="scales must hold 8 float32 values, got 16 bytes"):
         _encode.int8_rows(x.numpy(), codes.numpy(), scales[:, :2].contiguous().numpy(), 2, 8, 4, 0)
+    with pytest.raises(ValueError, match="ring must hold rows x capacity x dim = 64 float32 values, got 64 bytes"):
+        _encode.f32_rows(x.numpy(), codes.numpy(), 2, 8, 4, 0)
     assert not codes.any()  # nothing written by a refused call

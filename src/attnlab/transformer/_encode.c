@@ -1,4 +1,4 @@
-/* attnlab.transformer._encode: a decoding step's new keys or values into an int8 or fp8 cache, in one call (CPU).
+/* attnlab.transformer._encode: a decoding step's new keys or values into a quantized cache, in one call (CPU).
  *
  * A quantized cache (attnlab.reference.quantized) takes one row of D floats per sequence and k/v head at each
  * decoding step. In torch that is some twenty small operations, each a dispatch of a few microseconds (about
@@ -8,6 +8,7 @@
  * - fp8 (Store._write_fp8, once every head's scale is set): y = x / scale, clamped to +-448 (each entry beyond
  *   counted), rounded half to even to float8 e4m3fn (4 exponent bits, bias 7, 3 mantissa bits, no infinity;
  *   below 2^-6 steps of 2^-9), as torch's cast rounds every value up to 448.
+ * - int4's newest rows (its residual ring, in the model's float32): copied to their slot.
  * Each call also returns the longest row as read (code * scale), summed in double and rounded up to float32:
  * the bound the cache keeps of its rows. Every size is checked before anything is written. No -ffast-math: the
  * division and the rounding must be IEEE's, as torch's are. */
@@ -91,6 +92,24 @@ static double encode_fp8(const float *restrict x, unsigned char *restrict codes,
     return top;
 }
 
+/* Row i of x (n, d) copied to slot `slot` of its ring (n, cap, d) of float32 (int4's newest rows, kept as the model's
+ * float32). Returns the largest sum of squares of a row. */
+static double copy_f32(const float *restrict x, float *restrict ring, Py_ssize_t n, Py_ssize_t d, Py_ssize_t cap,
+                       Py_ssize_t slot) {
+    double top = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float *row = x + i * d;
+        float *out = ring + (i * cap + slot) * d;
+        double sum = 0.0;
+        for (Py_ssize_t j = 0; j < d; j++) {
+            out[j] = row[j];
+            sum += (double)row[j] * row[j];
+        }
+        top = sum > top ? sum : top;
+    }
+    return top;
+}
+
 /* sqrt(sum of squares) rounded up to float32: a bound, never below the double it comes from. */
 static PyObject *bound(double top) {
     const double norm = sqrt(top);
@@ -100,17 +119,20 @@ static PyObject *bound(double top) {
     return PyFloat_FromDouble(up);
 }
 
-static int sizes(Py_buffer *x, Py_buffer *codes, Py_buffer *scales, Py_ssize_t n, Py_ssize_t d, Py_ssize_t cap,
-                 Py_ssize_t slot, Py_ssize_t scale_count) {
+/* The buffers' sizes against the shapes: x (n, d) float32, codes (n, cap, d) of `item` bytes each, scales (NULL for
+ * none) `scale_count` float32 values. */
+static int sizes(Py_buffer *x, Py_buffer *codes, Py_ssize_t item, Py_buffer *scales, Py_ssize_t n, Py_ssize_t d,
+                 Py_ssize_t cap, Py_ssize_t slot, Py_ssize_t scale_count) {
     if (n < 1 || d < 1 || cap < 1 || slot < 0 || slot >= cap)
         PyErr_Format(PyExc_ValueError, "rows and dim must be >= 1 and slot in 0..capacity - 1, got rows %zd, dim %zd, "
                      "capacity %zd, slot %zd", n, d, cap, slot);
     else if (x->len != n * d * (Py_ssize_t)sizeof(float))
         PyErr_Format(PyExc_ValueError, "x must hold rows x dim = %zd float32 values, got %zd bytes", n * d, x->len);
-    else if (codes->len != n * cap * d)
-        PyErr_Format(PyExc_ValueError, "codes must hold rows x capacity x dim = %zd one-byte codes, got %zd bytes",
-                     n * cap * d, codes->len);
-    else if (scales->len != scale_count * (Py_ssize_t)sizeof(float))
+    else if (codes->len != n * cap * d * item)
+        PyErr_Format(PyExc_ValueError, "%s must hold rows x capacity x dim = %zd %s, got %zd bytes",
+                     item == 1 ? "codes" : "ring", n * cap * d, item == 1 ? "one-byte codes" : "float32 values",
+                     codes->len);
+    else if (scales && scales->len != scale_count * (Py_ssize_t)sizeof(float))
         PyErr_Format(PyExc_ValueError, "scales must hold %zd float32 values, got %zd bytes", scale_count, scales->len);
     else
         return 1;
@@ -124,7 +146,7 @@ static PyObject *encode_rows(PyObject *args, int fp8) {
     Py_ssize_t n, d, cap, slot, over = 0;
     if (!PyArg_ParseTuple(args, fp8 ? "y*w*y*nnnn" : "y*w*w*nnnn", &x, &codes, &scales, &n, &d, &cap, &slot))
         return NULL;
-    const int ok = sizes(&x, &codes, &scales, n, d, cap, slot, fp8 ? n : n * cap);
+    const int ok = sizes(&x, &codes, 1, &scales, n, d, cap, slot, fp8 ? n : n * cap);
     double top = 0.0;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
@@ -141,6 +163,23 @@ static PyObject *encode_rows(PyObject *args, int fp8) {
     return fp8 && norm ? Py_BuildValue("(Nn)", norm, over) : norm;
 }
 
+static PyObject *f32_rows(PyObject *self, PyObject *args) {
+    Py_buffer x = {0}, ring = {0};
+    Py_ssize_t n, d, cap, slot;
+    if (!PyArg_ParseTuple(args, "y*w*nnnn", &x, &ring, &n, &d, &cap, &slot))
+        return NULL;
+    const int ok = sizes(&x, &ring, sizeof(float), NULL, n, d, cap, slot, 0);
+    double top = 0.0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        top = copy_f32(x.buf, ring.buf, n, d, cap, slot);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&ring);
+    return ok ? bound(top) : NULL;
+}
+
 static PyObject *int8_rows(PyObject *self, PyObject *args) { return encode_rows(args, 0); }
 
 static PyObject *fp8_rows(PyObject *self, PyObject *args) { return encode_rows(args, 1); }
@@ -155,10 +194,13 @@ static PyMethodDef methods[] = {
      "divided by scales[i] (rows,) float32, clamped to +-448 and rounded to float8 e4m3fn at `slot` of codes "
      "(rows, capacity, dim) (one byte each), every buffer C-contiguous; returns the longest row as read (rounded "
      "up to float32) and how many entries were beyond +-448."},
+    {"f32_rows", f32_rows, METH_VARARGS,
+     "f32_rows(x, ring, rows, dim, capacity, slot) -> float: each row of x (rows, dim) float32 copied to `slot` of "
+     "ring (rows, capacity, dim) float32 (int4's residual), both C-contiguous; returns the longest row, rounded up."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_encode", "A decoding step's rows into an int8 or fp8 cache.", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_encode", "A decoding step's rows into a quantized cache.", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__encode(void) { return PyModule_Create(&module); }
