@@ -164,13 +164,20 @@ def test_a_decoding_steps_fp8_codes_and_saturations_are_torchs_from_the_compiled
 
 @pytest.mark.needs("encode")
 @pytest.mark.parametrize("grouping", ["channel", "token"])
-def test_int4_decoding_steps_into_the_ring_are_torchs_from_the_compiled_copy(grouping, monkeypatch):
-    """Steps whose token goes to the ring are the compiled copy's; a step where a group is due stays torch's: 250
-    steps cross several groups, and every tensor held ends the same."""
+def test_int4_decoding_steps_are_torchs_bits_from_the_compiled_encoder(grouping, monkeypatch):
+    """A step's token into the ring, and the group of 32 that leaves the ring when one is due, by the compiled
+    encoder: 250 steps cross several groups, and every tensor held ends as torch's path leaves it."""
+    from attnlab.transformer import quantize
+
     torch.manual_seed(0)
     rows = torch.randn(2, 2, 250, 64) * 3
+    rows[1, 0, 40:120, 5] = 0.7  # a channel constant over whole groups: scale 0 (codes 0, read as the zero point)
+    groups = []
+    real = quantize._encode.int4_group
+    monkeypatch.setattr(quantize._encode, "int4_group", lambda *a: groups.append(a[8]) or real(*a))
     torch.manual_seed(1)
     fast = _store_after("int4", rows, monkeypatch, compiled=True, grouping=grouping)
+    assert groups == [0, 32, 64]  # every group became codes in the compiled call
     torch.manual_seed(1)
     slow = _store_after("int4", rows, monkeypatch, compiled=False, grouping=grouping)
     assert int(fast.quantized.min()) >= 64  # groups became codes along the way
@@ -207,4 +214,10 @@ def test_the_compiled_int8_encoder_refuses_buffers_of_the_wrong_size():
         _encode.int8_rows(x.numpy(), codes.numpy(), scales[:, :2].contiguous().numpy(), 2, 8, 4, 0)
     with pytest.raises(ValueError, match="ring must hold rows x capacity x dim = 64 float32 values, got 64 bytes"):
         _encode.f32_rows(x.numpy(), codes.numpy(), 2, 8, 4, 0)
+    ring, packed, sz = torch.zeros(2, 40, 32), torch.zeros(2, 64, 16, dtype=torch.uint8), torch.zeros(2, 2, 32)
+    with pytest.raises(ValueError, match="first a multiple of 32 with first \\+ 32 <= capacity, .* first 48"):
+        _encode.int4_group(ring.numpy(), packed.numpy(), sz.numpy(), sz.numpy(), 2, 32, 40, 64, 48, True)
+    with pytest.raises(ValueError, match="scale and zero must hold 128 float32 values each, got 512 and 256 bytes"):
+        _encode.int4_group(ring.numpy(), packed.numpy(), sz.numpy(), sz[:, :1].contiguous().numpy(), 2, 32, 40, 64, 0, True)
+    assert not packed.any()
     assert not codes.any()  # nothing written by a refused call

@@ -8,7 +8,8 @@
  * - fp8 (Store._write_fp8, once every head's scale is set): y = x / scale, clamped to +-448 (each entry beyond
  *   counted), rounded half to even to float8 e4m3fn (4 exponent bits, bias 7, 3 mantissa bits, no infinity;
  *   below 2^-6 steps of 2^-9), as torch's cast rounds every value up to 448.
- * - int4's newest rows (its residual ring, in the model's float32): copied to their slot.
+ * - int4's newest rows (its residual ring, in the model's float32): copied to their slot; and the group of 32
+ *   positions that leaves the ring when one is due: encoded as encode_int4 does.
  * Each call also returns the longest row as read (code * scale), summed in double and rounded up to float32:
  * the bound the cache keeps of its rows. Every size is checked before anything is written. No -ffast-math: the
  * division and the rounding must be IEEE's, as torch's are. */
@@ -110,6 +111,67 @@ static double copy_f32(const float *restrict x, float *restrict ring, Py_ssize_t
     return top;
 }
 
+#define GROUP 32 /* int4: tokens per key group (one channel), channels per value group (one token) */
+
+/* int4 (KIVI's groups, attnlab.reference.quantized): positions first..first + 31 of each row i, read from its float32
+ * ring (n, slots, d) at slot (first + t) % slots, become codes (n, cap, d / 2: channel 2u in byte u's low nibble,
+ * 2u + 1 in its high one), scales and zero points: keys grouped per channel (scale, zero (n, cap / 32, d): over the
+ * 32 tokens), values per token (scale, zero (n, cap, d / 32): over 32 channels). encode_int4's bits: zero = the
+ * group's minimum, scale = (max - min) / 15, code = (x - zero) / scale (1 where scale is 0) rounded half to even,
+ * clamped to 0..15. Returns the largest sum of squares of a row as read: code * scale + zero, two float32
+ * roundings as the reference's dequantize (the build keeps them apart: -ffp-contract=off). */
+static double encode_int4(const float *restrict ring, unsigned char *restrict codes, float *restrict scale,
+                          float *restrict zero, Py_ssize_t n, Py_ssize_t d, Py_ssize_t slots, Py_ssize_t cap,
+                          Py_ssize_t first, int channel) {
+    double top = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float *x = ring + i * slots * d;
+        if (channel) { /* one scale and zero per channel, over the group's 32 tokens */
+            float *s = scale + (i * (cap / GROUP) + first / GROUP) * d, *z = zero + (i * (cap / GROUP) + first / GROUP) * d;
+            for (Py_ssize_t c = 0; c < d; c++) {
+                float lo = INFINITY, hi = -INFINITY;
+                for (Py_ssize_t t = 0; t < GROUP; t++) {
+                    const float v = x[((first + t) % slots) * d + c];
+                    lo = v < lo ? v : lo;
+                    hi = v > hi ? v : hi;
+                }
+                s[c] = (hi - lo) / 15.0f, z[c] = lo;
+            }
+        } else { /* one scale and zero per 32 channels of each token */
+            for (Py_ssize_t t = 0; t < GROUP; t++) {
+                const float *row = x + ((first + t) % slots) * d;
+                float *s = scale + (i * cap + first + t) * (d / GROUP), *z = zero + (i * cap + first + t) * (d / GROUP);
+                for (Py_ssize_t j = 0; j < d / GROUP; j++) {
+                    float lo = INFINITY, hi = -INFINITY;
+                    for (Py_ssize_t c = j * GROUP; c < (j + 1) * GROUP; c++)
+                        lo = row[c] < lo ? row[c] : lo, hi = row[c] > hi ? row[c] : hi;
+                    s[j] = (hi - lo) / 15.0f, z[j] = lo;
+                }
+            }
+        }
+        for (Py_ssize_t t = 0; t < GROUP; t++) {
+            const float *row = x + ((first + t) % slots) * d;
+            unsigned char *out = codes + (i * cap + first + t) * (d / 2);
+            const Py_ssize_t at = channel ? (i * (cap / GROUP) + first / GROUP) * d : (i * cap + first + t) * (d / GROUP);
+            double sum = 0.0;
+            for (Py_ssize_t c = 0; c < d; c++) {
+                const Py_ssize_t k = at + (channel ? c : c / GROUP);
+                const float safe = scale[k] > 0.0f ? scale[k] : 1.0f;
+                float q = nearbyintf((row[c] - zero[k]) / safe);
+                q = q < 0.0f ? 0.0f : q > 15.0f ? 15.0f : q;
+                if (c % 2)
+                    out[c / 2] |= (unsigned char)((unsigned)q << 4);
+                else
+                    out[c / 2] = (unsigned char)q;
+                const float product = q * scale[k], v = product + zero[k];
+                sum += (double)v * v;
+            }
+            top = sum > top ? sum : top;
+        }
+    }
+    return top;
+}
+
 /* sqrt(sum of squares) rounded up to float32: a bound, never below the double it comes from. */
 static PyObject *bound(double top) {
     const double norm = sqrt(top);
@@ -180,6 +242,42 @@ static PyObject *f32_rows(PyObject *self, PyObject *args) {
     return ok ? bound(top) : NULL;
 }
 
+static PyObject *int4_group(PyObject *self, PyObject *args) {
+    Py_buffer ring = {0}, codes = {0}, scale = {0}, zero = {0};
+    Py_ssize_t n, d, slots, cap, first;
+    int channel;
+    if (!PyArg_ParseTuple(args, "y*w*w*w*nnnnnp", &ring, &codes, &scale, &zero, &n, &d, &slots, &cap, &first, &channel))
+        return NULL;
+    const Py_ssize_t groups = channel ? cap / GROUP * d : cap * (d / GROUP); /* scales (and zeros) per row */
+    int ok = 0;
+    if (n < 1 || d < GROUP || d % GROUP || cap % GROUP || slots < GROUP || first < 0 || first % GROUP || first + GROUP > cap)
+        PyErr_Format(PyExc_ValueError, "rows >= 1, dim a multiple of 32, capacity a multiple of 32, ring slots >= 32 and "
+                     "first a multiple of 32 with first + 32 <= capacity, got rows %zd, dim %zd, capacity %zd, slots "
+                     "%zd, first %zd", n, d, cap, slots, first);
+    else if (ring.len != n * slots * d * (Py_ssize_t)sizeof(float))
+        PyErr_Format(PyExc_ValueError, "ring must hold rows x slots x dim = %zd float32 values, got %zd bytes",
+                     n * slots * d, ring.len);
+    else if (codes.len != n * cap * (d / 2))
+        PyErr_Format(PyExc_ValueError, "codes must hold rows x capacity x dim / 2 = %zd bytes, got %zd", n * cap * (d / 2),
+                     codes.len);
+    else if (scale.len != n * groups * (Py_ssize_t)sizeof(float) || zero.len != scale.len)
+        PyErr_Format(PyExc_ValueError, "scale and zero must hold %zd float32 values each, got %zd and %zd bytes",
+                     n * groups, scale.len, zero.len);
+    else
+        ok = 1;
+    double top = 0.0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        top = encode_int4(ring.buf, codes.buf, scale.buf, zero.buf, n, d, slots, cap, first, channel);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&ring);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&scale);
+    PyBuffer_Release(&zero);
+    return ok ? bound(top) : NULL;
+}
+
 static PyObject *int8_rows(PyObject *self, PyObject *args) { return encode_rows(args, 0); }
 
 static PyObject *fp8_rows(PyObject *self, PyObject *args) { return encode_rows(args, 1); }
@@ -197,6 +295,11 @@ static PyMethodDef methods[] = {
     {"f32_rows", f32_rows, METH_VARARGS,
      "f32_rows(x, ring, rows, dim, capacity, slot) -> float: each row of x (rows, dim) float32 copied to `slot` of "
      "ring (rows, capacity, dim) float32 (int4's residual), both C-contiguous; returns the longest row, rounded up."},
+    {"int4_group", int4_group, METH_VARARGS,
+     "int4_group(ring, codes, scale, zero, rows, dim, ring_slots, capacity, first, channel) -> float: positions "
+     "first..first + 31 of each row's float32 ring (rows, ring_slots, dim) as int4 codes (rows, capacity, dim / 2), "
+     "scales and zero points (channel: (rows, capacity / 32, dim); else (rows, capacity, dim / 32)), every buffer "
+     "C-contiguous; returns the longest of those rows as read, rounded up to float32."},
     {NULL, NULL, 0, NULL},
 };
 

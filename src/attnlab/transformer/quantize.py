@@ -119,9 +119,11 @@ class Store:
         x = x.to(torch.float32)
         if self.rotate:  # Hd·x for each row (Hd symmetric): after rotary, before quantizing
             x = x @ torch.from_numpy(hadamard(self.dim)).to(torch.float32)
-        if _encode is not None and step.decode and step.even and x.device.type == "cpu" and self._compiled(step):
-            self.norm = max(self.norm, self._encode_step(x, int(step.start[0])))
-            return
+        if _encode is not None and step.decode and step.even and x.device.type == "cpu":
+            norm = self._encode_step(x, int(step.start[0]))
+            if norm is not None:
+                self.norm = max(self.norm, norm)
+                return
         if self.kind == "int8":
             codes, scale = encode_int8(x)
             scatter(self.codes, codes, step)
@@ -139,32 +141,38 @@ class Store:
             rows = torch.where(step.real[:, None, :, None], rows, 0.0)
         self._bound(rows)
 
-    def _compiled(self, step: Step) -> bool:
-        """A decoding step (one token a sequence, all at one position) the compiled encoder writes: int8; fp8 once
-        every head's scale is set; int4 where the token goes to a float32 ring and no group is due."""
-        if self.kind == "int4":
-            return self.residual.dtype == torch.float32 and self._ring_only(int(step.start[0]))
-        return self.kind == "int8" or self.scaled
-
     def _ring_only(self, start: int) -> bool:
         """int4: a decoding step's token at ``start`` goes to the ring and no sequence's group becomes codes."""
         return GROUP * (max(0, start + 1 - RESIDUAL) // GROUP) <= int(self.quantized.min())
 
-    def _encode_step(self, x: torch.Tensor, slot: int) -> float:
+    def _encode_step(self, x: torch.Tensor, slot: int) -> float | None:
         """A decoding step's rows x (B, H, 1, D) float32 into ``slot`` of every sequence by the compiled encoder
-        (:mod:`attnlab.transformer._encode`: torch's codes, scales and fp8's saturation count, or int4's rows in its
-        ring, in one call instead of some twenty operations); returns the longest row as read, rounded up."""
+        (:mod:`attnlab.transformer._encode`: torch's codes, scales and fp8's saturation count in one call instead of
+        some twenty operations); returns the longest row as read, rounded up, or None where it does not apply
+        (fp8 before every head's scale is set; int4 with a 16-bit ring, or sequences whose groups differ)."""
         B, H, C, D = self.shape
         rows = x.contiguous().numpy()
-        if self.kind == "int4":
-            ring = self.residual.shape[2]
-            return _encode.f32_rows(rows, self.residual.numpy(), B * H, D, ring, slot % ring)
         if self.kind == "int8":
             return _encode.int8_rows(rows, self.codes.numpy(), self.scale.numpy(), B * H, D, C, slot)
-        norm, over = _encode.fp8_rows(rows, self.codes.view(torch.uint8).numpy(), self.scale.contiguous().numpy(),
-                                      B * H, D, C, slot)
-        self.saturated += over
-        return norm
+        if self.kind == "fp8":
+            if not self.scaled:
+                return None
+            norm, over = _encode.fp8_rows(rows, self.codes.view(torch.uint8).numpy(), self.scale.contiguous().numpy(),
+                                          B * H, D, C, slot)
+            self.saturated += over
+            return norm
+        if self.residual.dtype != torch.float32:
+            return None
+        ring, held = self.residual.shape[2], self.quantized.numpy()
+        lo, hi, due = int(held.min()), int(held.max()), GROUP * (max(0, slot + 1 - RESIDUAL) // GROUP)
+        norm = 0.0
+        if due > lo:  # the group that leaves the ring (every sequence's the same one) becomes codes, then the token
+            if lo != hi or due - lo != GROUP:
+                return None
+            norm = _encode.int4_group(self.residual.numpy(), self.codes.numpy(), self.scale.numpy(), self.zero.numpy(),
+                                      B * H, D, ring, C, lo, self.grouping == "channel")
+            held[:] = due
+        return max(norm, _encode.f32_rows(rows, self.residual.numpy(), B * H, D, ring, slot % ring))
 
     def _bound(self, rows: torch.Tensor) -> None:
         """``norm`` raised to the longest of ``rows`` (..., D)."""
