@@ -127,9 +127,18 @@ def _read_kwargs(k) -> dict:  # noqa: ANN001
 def limits(threads: int, repeats: int = 7) -> dict:
     """The machine's read bandwidth (GB/s) and sgemm rate (float32 GFLOP/s) with ``threads`` threads, medians of
     ``repeats`` (as the steps': on a shared host the fastest of a few reads can be half again the usual one)."""
+    from attnlab.bench.decode import llc_bytes, read_bandwidth
+    from attnlab.bench.timing import torch_threads
+
+    with torch_threads(threads):
+        return {"read_gb_s": read_bandwidth(llc_bytes(), repeats, median=True),
+                "sgemm_gflop_s": sgemm_rate(threads, repeats)}
+
+
+def sgemm_rate(threads: int, repeats: int = 7) -> float:
+    """float32 GFLOP/s of torch.mm on two 2,048 x 2,048 matrices with ``threads`` threads, the median of ``repeats``."""
     import torch
 
-    from attnlab.bench.decode import llc_bytes, read_bandwidth
     from attnlab.bench.timing import torch_threads
 
     n = 2048
@@ -141,8 +150,7 @@ def limits(threads: int, repeats: int = 7) -> dict:
             t0 = time.perf_counter()
             a @ b
             times.append(time.perf_counter() - t0)
-        return {"read_gb_s": read_bandwidth(llc_bytes(), repeats, median=True),
-                "sgemm_gflop_s": 2.0 * n ** 3 / statistics.median(times) / 1e9}
+    return 2.0 * n ** 3 / statistics.median(times) / 1e9
 
 
 def shares(rows: list[dict], lim: dict) -> None:
@@ -207,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['stored_gb_s']:>8.2f}{r['gflop_s']:>9.2f}{r['pct_bandwidth']:>6.0f}{r['pct_sgemm']:>6.0f}  {r['binds']:<11}{step}")
     cpu = bound(length) if args.bound else None
     if cpu:
-        lim["sgemm_one_thread_gflop_s"] = limits(1)["sgemm_gflop_s"]
+        lim["sgemm_one_thread_gflop_s"] = sgemm_rate(1)  # the bandwidth is not needed again
         floor = 4.0 * H // HKV * D / lim["sgemm_one_thread_gflop_s"]  # ns: a position's multiply-adds for G rows
         print(f"one thread's sgemm {lim['sgemm_one_thread_gflop_s']:.0f} GFLOP/s: a position and k/v head's multiply-adds "
               f"(4 G D = {4 * H // HKV * D} flops) alone take {floor:.1f} ns at that rate")

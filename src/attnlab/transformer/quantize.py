@@ -36,6 +36,12 @@ def encode_int4(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, 
     return codes, scale, lo
 
 
+def coded_upto(end: int) -> int:
+    """int4: the positions held as codes (0..returned − 1) once a sequence holds ``end``: all but the newest
+    RESIDUAL or more, in whole groups."""
+    return GROUP * (max(0, end - RESIDUAL) // GROUP)
+
+
 def pack(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes 0..15 (..., D) → (..., D/2): channel 2j in the low nibble, 2j + 1 in the high one."""
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
@@ -143,7 +149,7 @@ class Store:
 
     def _ring_only(self, start: int) -> bool:
         """int4: a decoding step's token at ``start`` goes to the ring and no sequence's group becomes codes."""
-        return GROUP * (max(0, start + 1 - RESIDUAL) // GROUP) <= int(self.quantized.min())
+        return coded_upto(start + 1) <= int(self.quantized.min())
 
     def _encode_step(self, x: torch.Tensor, slot: int) -> float | None:
         """A decoding step's rows x (B, H, 1, D) float32 into ``slot`` of every sequence by the compiled encoder
@@ -164,7 +170,7 @@ class Store:
         if self.residual.dtype != torch.float32:
             return None
         ring, held = self.residual.shape[2], self.quantized.numpy()
-        lo, hi, due = int(held.min()), int(held.max()), GROUP * (max(0, slot + 1 - RESIDUAL) // GROUP)
+        lo, hi, due = int(held.min()), int(held.max()), coded_upto(slot + 1)
         norm = 0.0
         if due > lo:  # the group that leaves the ring (every sequence's the same one) becomes codes, then the token
             if lo != hi or due - lo != GROUP:
@@ -207,7 +213,7 @@ class Store:
         for b in range(x.shape[0]):
             start, new = int(step.start[b]), int(step.new[b])
             end, first = start + new, step.tq - new  # the sequence's first real column
-            q0, q1 = int(self.quantized[b]), GROUP * (max(0, start + new - RESIDUAL) // GROUP)
+            q0, q1 = int(self.quantized[b]), coded_upto(start + new)
             if q1 > q0:  # positions q0..q1 − 1: from the ring (before this step) or from x
                 pos = torch.arange(q0, q1, device=x.device)
                 old = self.residual[b][:, pos % ring].to(torch.float32)  # (H, n, D)
