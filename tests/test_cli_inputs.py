@@ -277,6 +277,26 @@ def test_stats_over_the_models_length_says_so_in_flags_without_transformers_warn
         "error: --max-tokens is 99999999999999999999; 'sentence-transformers/all-MiniLM-L6-v2' takes at most 512 tokens")
 
 
+def test_the_command_list_shows_each_summary_unbroken(capsys):
+    """`attnlab --help` lists each command with its docstring's first paragraph wrapped to the panel, not broken
+    where the source's lines end: no line of a summary ends while the next line's first word would have fit."""
+    from attnlab.cli.app import COMMANDS
+
+    assert main(["--help"]) == 0
+    rows = [line[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("│") and line.endswith("│")]
+    rows = [r for r in rows if r.strip() and not r.lstrip().startswith("--")]  # the commands panel's rows
+    first = rows[[r.split()[0] for r in rows].index("scene")]
+    at = first.index("The")  # where the summaries' column starts
+    width = len(first) - at - 1  # rich's padding of one on the right
+    named = 0
+    for row, after in zip(rows, rows[1:]):
+        named += row[:at].strip() in COMMANDS
+        text, continued = row[at:].rstrip(), not after[:at].strip()
+        if continued:  # the same command's next line: its first word did not fit on this one
+            assert len(text) + 1 + len(after[at:].split()[0]) > width, (row, after)
+    assert named >= len(COMMANDS) - 1
+
+
 def test_no_command_prints_the_help_and_help_is_not_an_error(capsys):
     assert main([]) == 2
     assert "Usage: attnlab" in capsys.readouterr().out

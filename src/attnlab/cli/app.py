@@ -10,6 +10,7 @@ so, and exit status 1; never a traceback (set ATTNLAB_DEBUG=1 to see one): :mod:
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -44,7 +45,9 @@ COMMANDS = {  # in the order --help lists them
     "bench": measure.bench, "kv": kv.kv,
 }
 for _name, _handler in COMMANDS.items():
-    app.command(_name)(_handler)
+    # the list in `attnlab --help` shows each docstring's first paragraph; typer's rich mode keeps its line breaks
+    # there (mid-sentence), so it gets the paragraph as one line
+    app.command(_name, short_help=" ".join(inspect.cleandoc(_handler.__doc__ or "").split("\n\n")[0].split()))(_handler)
 
 
 def main(argv: list[str] | None = None) -> int:
