@@ -183,6 +183,39 @@ def test_knorm_keeps_the_smallest_keys_and_random_is_seeded():
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("policy", ["h2o", "knorm", "random"])
+def test_a_full_layers_decoding_step_writes_what_the_counting_path_writes(policy):
+    """Once every sequence holds its budget a decoding step skips counting the held keys (``full``); it writes
+    the same slots, keys, positions and ranks as the path that counts them, through prompts below and above the
+    budget, steps where a stopped sequence writes nothing, and h2o's ranks from each step's weights."""
+    import torch
+
+    from attnlab.transformer.evict_cache import EvictingCache
+    from attnlab.transformer.layer_cache import Step
+
+    g = torch.Generator().manual_seed(4)
+    B, budget = 2, 7
+    fast, counting = (EvictingCache(B, HKV, D, budget, 2, 3, policy, torch.float64, "cpu", seed=5) for _ in "ab")
+    start, fulls = torch.tensor([0, 0]), []
+    for new in ([5, 9], [1, 1], [1, 1], [0, 1], [1, 1], [1, 1], [1, 0], [1, 1], [1, 1], [4, 1], [1, 1], [1, 1]):
+        new = torch.tensor(new)
+        tq = int(new.max())
+        k, v = torch.randn(B, HKV, tq, D, generator=g, dtype=torch.float64), torch.randn(B, HKV, tq, D, generator=g, dtype=torch.float64)
+        step = Step(start.clone(), new, tq, decode=bool((new == 1).all()))
+        w = torch.rand(B, H, budget + tq, generator=g, dtype=torch.float64)
+        counting.full = False  # the path that counts every step
+        reads = [c.update(step, k, v, torch.float64) for c in (fast, counting)]
+        for c, r in zip((fast, counting), reads):
+            if r.observe is not None:
+                r.observe(lambda rows, tk=r.k.shape[2]: w[:, :, :tk])
+        fulls.append(fast.full)
+        for name in ("k", "v", "slot_positions", "rank"):
+            assert torch.equal(getattr(fast, name), getattr(counting, name)), (name, new.tolist())
+        assert fast.full == bool((fast.held == budget).all())
+        start = start + new
+    assert fulls.count(True) >= 6  # the steady state was taken
+
+
 def test_a_ragged_batch_evicts_each_sequence_on_its_own():
     """Prompts of unequal length in one batch give each sequence the logits it gets alone."""
     import torch

@@ -81,7 +81,8 @@ def check_budget(layers: list, budget: int | None) -> None:
 class EvictingCache(LayerCache):
     """``budget`` slots per k/v head; ``slot_positions`` (B, H_kv, budget) is each head's own (−1: empty),
     the held keys fill slots 0..held − 1 of every head, in no particular order; ``rank`` (B, H_kv, budget)
-    is the policy's score of each held key (the lowest leaves)."""
+    is the policy's score of each held key (the lowest leaves). ``full``: every sequence holds ``budget`` keys,
+    so a decoding step only replaces one per head (set where the slots are written, not counted each step)."""
 
     def __init__(self, batch: int, heads: int, dim: int, budget: int, sinks: int, recent: int, policy: str,
                  dtype: torch.dtype, device: Any, seed: int = 0):
@@ -90,6 +91,7 @@ class EvictingCache(LayerCache):
         self.slot_positions = torch.full((batch, heads, budget), -1, dtype=torch.long, device=device)  # (B, H_kv, C)
         self.rank = torch.zeros(batch, heads, budget, dtype=torch.float64, device=device)  # (B, H_kv, C)
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.full = False  # every sequence holds ``budget`` keys (set where the slots are written)
 
     def visibility(self) -> None:
         return None  # a slot's index is no position: every held key is visible to the step's queries
@@ -128,13 +130,15 @@ class EvictingCache(LayerCache):
         """One token: the lowest-ranked unprotected key leaves where the layer is full, the new one takes
         its slot (else the next free slot); the step then reads every held key, itself included."""
         B, H = k.shape[:2]
-        held, writes, pos = self.held, step.new.bool(), step.start  # (B,) each
-        slot = held[:, None].expand(B, H).clone()  # (B, H_kv)
-        full = writes & (held >= self.budget)
-        if bool(full.any()):  # held keys neither sinks nor among the recent ones (_protected's complement)
-            spare = (self.slot_positions >= self.sink) & (self.slot_positions <= (pos - self.window)[:, None, None])
-            victim = torch.where(spare, self.rank, torch.inf).argmin(-1)  # (B, H_kv)
-            slot = torch.where(full[:, None], victim, slot)
+        pos = step.start  # (B,)
+        if step.decode and self.full:  # decoding in the steady state: every sequence writes over its victims
+            writes, slot = None, self._victims(pos)  # (B, H_kv)
+        else:
+            held, writes = self.held, step.new.bool()  # (B,) each
+            slot = held[:, None].expand(B, H).clone()  # (B, H_kv)
+            full = writes & (held >= self.budget)
+            if bool(full.any()):
+                slot = torch.where(full[:, None], self._victims(pos), slot)
         if step.decode:  # every sequence writes: one scatter along the slots per tensor, no search
             at = slot[:, :, None]  # (B, H_kv, 1)
             self.k.scatter_(2, at[..., None].expand(B, H, 1, k.shape[-1]), k.to(self.k.dtype))
@@ -147,17 +151,26 @@ class EvictingCache(LayerCache):
             self.k[b, h, s], self.v[b, h, s] = k[b, h, 0], v[b, h, 0]  # (N, D)
             self.slot_positions[b, h, s] = pos[b]
             self.rank[b, h, s] = self._entry_rank(k, pos[:, None])[b, h, 0]
-        after = self.held  # (B,)
-        tk = max(int(after.max()), 1)
-        lengths = None if bool((after == tk).all()) else after
+        tk, lengths = self.budget, None  # full: every slot held
+        if not self.full:
+            after = self.held  # (B,)
+            tk = max(int(after.max()), 1)
+            lengths = None if bool((after == tk).all()) else after
+            self.full = lengths is None and tk == self.budget
         observe = partial(self._observe_decode, writes, tk) if self.kind == "h2o" else None
         read = _read(self, self.k[:, :, :tk], self.v[:, :, :tk], lengths, None, self.slot_positions[:, :, :tk], dtype)
         return _with_observe(read, observe)
 
-    def _observe_decode(self, writes: torch.Tensor, tk: int, received: Callable[[range], torch.Tensor]) -> None:
+    def _victims(self, pos: torch.Tensor) -> torch.Tensor:
+        """(B, H_kv) each head's lowest-ranked held key that is neither a sink nor among the recent ones before
+        ``pos`` (B,) (_protected's complement among held keys)."""
+        spare = (self.slot_positions >= self.sink) & (self.slot_positions <= (pos - self.window)[:, None, None])
+        return torch.where(spare, self.rank, torch.inf).argmin(-1)
+
+    def _observe_decode(self, writes: torch.Tensor | None, tk: int, received: Callable[[range], torch.Tensor]) -> None:
         """h2o: the step's query adds its weights to each held key's rank (a stopped sequence's column adds none)."""
         got = _per_kv_head(received(range(1)), self.k.shape[1])  # (B, H_kv, Tk)
-        self.rank[:, :, :tk] += got * writes[:, None, None]
+        self.rank[:, :, :tk] += got if writes is None else got * writes[:, None, None]  # None: every sequence wrote
 
     def _chunk(self, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
         """Several tokens: the read is every held key (slots 0..held − 1) then the new ones, per sequence;
@@ -204,6 +217,7 @@ class EvictingCache(LayerCache):
         self.v[:, :, :n] = torch.where(filled, values.gather(2, idx), 0)
         self.slot_positions[:, :, :n] = kept_pos
         self.rank[:, :, :n] = torch.where(kept_pos >= 0, rank.gather(2, keep), 0.0)
+        self.full = n == self.budget and bool((kept_pos >= 0).all())
 
 
 def _per_kv_head(w: torch.Tensor, heads_kv: int) -> torch.Tensor:
