@@ -132,6 +132,31 @@ def test_a_decoding_steps_row_is_the_general_paths(dtype, lengths, cached):
     np.testing.assert_array_equal(received(q, k, v, p, window, range(1)).numpy(), windowed.numpy())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_maps_and_h2o_share_a_steps_row(dtype, monkeypatch):
+    """generate(maps=True) with h2o: the row the map keeps is the row h2o ranks by, computed once a layer and
+    step (not twice), and the generation (ids, logits, ranks) is bit for bit the one without maps."""
+    import torch
+
+    from attnlab.transformer import attend
+    from attnlab.transformer.evict_cache import EvictingCache
+
+    m = _model()
+    m = m.to(getattr(torch, dtype))
+    ids = torch.randint(1, 29, (1, PROMPT), generator=torch.Generator().manual_seed(5))
+    plain = m.generate(ids, STEPS, cache="h2o", cache_budget=BUDGET)
+    rows = []
+    monkeypatch.setattr(attend, "_decode_row", lambda *a, real=attend._decode_row: rows.append(1) or real(*a))
+    mapped = m.generate(ids, STEPS, cache="h2o", cache_budget=BUDGET, maps=True)
+    assert len(rows) == L * (STEPS - 1)  # one row a layer for each step after the prompt's
+    assert torch.equal(plain.ids, mapped.ids) and torch.equal(plain.logits, mapped.logits)
+    for a, b in zip(plain.kv_cache.layers, mapped.kv_cache.layers):
+        assert isinstance(a, EvictingCache) and torch.equal(a.rank, b.rank) and torch.equal(a.slot_positions, b.slot_positions)
+    rows.clear()  # the model's forward: a step that captures layer 0's newest row
+    m.run_with_cache(mapped.ids[:, -1:], kv_cache=mapped.kv_cache, names=["blocks.0.attn.hook_last_pattern"])
+    assert len(rows) == L
+
+
 @pytest.mark.parametrize("kind, rotate", [("int8", False), ("fp8", False), ("int4", False), ("int4", True)])
 def test_a_decoding_steps_row_over_a_quantized_cache_is_the_reference_on_its_keys(kind, rotate):
     """generate(maps=True) on a quantized cache: the step's row (the kernel's decode pass writes its scores as it

@@ -89,13 +89,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict,
 
 
 def received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pass, kw: dict, rows: range,
-             chunk: int = 128) -> torch.Tensor:
+             chunk: int = 128, row: torch.Tensor | None = None) -> torch.Tensor:
     """The weights the query columns ``rows`` of this step give each key, summed over them: (B, H, Tk) float32
     or wider. Each chunk of rows is one attention call (``weights_rows=``) over the keys its newest row may
     see (bottom-right causal with each sequence's length cut to it), so nothing holds Tq × Tk. A decoding
-    step's one row over a plain read (:func:`_plain_row`) is the softmax computed directly (:func:`_decode_row`)."""
+    step's one row over a plain read (:func:`_plain_row`) is the softmax computed directly (:func:`_decode_row`),
+    or ``row``, the same call's row as :func:`attend` returned it (``last=True``: computed the same way), where
+    that kept it in float32 or wider: with ``generate(maps=True)`` it is not computed twice."""
     if rows == range(1) and _plain_row(q, k, p, kw):
-        return _decode_row(q, k, p, kw)
+        wide = torch.promote_types(q.dtype, torch.float32)
+        return row if row is not None and row.dtype == wide else _decode_row(q, k, p, kw)
     B, H, tq, _ = q.shape
     full = kw.get("lengths")
     n = torch.full((B,), k.shape[2], device=q.device) if full is None else torch.as_tensor(full, device=q.device)

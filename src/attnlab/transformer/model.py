@@ -96,12 +96,14 @@ class Attention(nn.Module):
         # 5. attend: softmax(softcap(scale · q kᵀ)) v → each head's output z (B, H, T, Dh); by attnlab's
         #    backend, or, when a hook watches the scores or the pattern, the torch backend's steps with the hooks
         last = h.wants(at + "hook_last_pattern")
-        if h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern"):
+        eager = h.wants(at + "hook_attn_scores") or h.wants(at + "hook_pattern")
+        if eager:
             z, row = attend_eager(q, k, v, p, at, kw, last)
         else:
             z, row = attend(q, k, v, p, kw, last, slot=self.layer)
         if read is not None and read.observe is not None:  # an evicting cache ranks (and cuts) by this attention
-            read.observe(lambda rows: received(q, k, v, p, kw, rows))
+            shared = None if eager else row  # attend's own row (the eager one went through the pattern's hooks)
+            read.observe(lambda rows: received(q, k, v, p, kw, rows, row=shared))
         if last:  # the newest query's weights, in key-position order (a ring's slots are not)
             h(at + "hook_last_pattern", row if read is None else read.by_position(row, p.step.longest))
         z = h(at + "hook_z", z)

@@ -213,10 +213,10 @@ class LeanStep:
         if layer.sinks is not None:
             kw["sink_logits"] = layer.sinks
         if self.maps is None:
-            z = attend(q, read.k, read.v, self.pass_, kw, slot=layer.index)[0]
+            z, row = attend(q, read.k, read.v, self.pass_, kw, slot=layer.index)[0], None
         else:
             z, row = attend(q, read.k, read.v, self.pass_, kw, last=True, slot=layer.index)  # the forward's call for maps
             self.maps(f"blocks.{layer.index}.{LAST_PATTERN}", read.by_position(row, self.known["longest"]))
         if read.observe is not None:  # an evicting cache ranks by this step's attention, as the forward has it do
-            read.observe(lambda rows: received(q, read.k, read.v, self.pass_, kw, rows))
+            read.observe(lambda rows: received(q, read.k, read.v, self.pass_, kw, rows, row=row))
         return z
