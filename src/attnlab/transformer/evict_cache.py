@@ -116,10 +116,10 @@ class EvictingCache(LayerCache):
             return GENERATED + pos[:, None, :].double().expand(shape)
         return torch.zeros(shape, dtype=torch.float64, device=k.device)  # h2o: the attention it will receive
 
-    def _protected(self, pos: torch.Tensor, newest: torch.Tensor) -> torch.Tensor:
-        """Held keys at ``pos`` (B, H_kv, N) that stay whatever their rank: sinks and the ``recent`` newest
-        positions up to ``newest`` (B,)."""
-        return (pos >= 0) & ((pos < self.sink) | (pos > newest[:, None, None] - self.window))
+    def _spare(self, pos: torch.Tensor, newest: torch.Tensor) -> torch.Tensor:
+        """Held keys at ``pos`` (B, H_kv, N) that may leave by their rank: neither sinks nor among the ``recent``
+        newest positions up to ``newest`` (B,); the others (empty slots, −1, aside) stay whatever their rank."""
+        return (pos >= self.sink) & (pos <= newest[:, None, None] - self.window)
 
     def update(self, step: Step, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Read:
         if step.tq == 1:
@@ -162,10 +162,8 @@ class EvictingCache(LayerCache):
         return _with_observe(read, observe)
 
     def _victims(self, pos: torch.Tensor) -> torch.Tensor:
-        """(B, H_kv) each head's lowest-ranked held key that is neither a sink nor among the recent ones before
-        ``pos`` (B,) (_protected's complement among held keys)."""
-        spare = (self.slot_positions >= self.sink) & (self.slot_positions <= (pos - self.window)[:, None, None])
-        return torch.where(spare, self.rank, torch.inf).argmin(-1)
+        """(B, H_kv) each head's lowest-ranked spare key, for the token at ``pos`` (B,)."""
+        return torch.where(self._spare(self.slot_positions, pos), self.rank, torch.inf).argmin(-1)
 
     def _observe_decode(self, writes: torch.Tensor | None, tk: int, received: Callable[[range], torch.Tensor]) -> None:
         """h2o: the step's query adds its weights to each held key's rank (a stopped sequence's column adds none)."""
@@ -206,7 +204,7 @@ class EvictingCache(LayerCache):
                                                     padding=SNAPKV_KERNEL // 2, count_include_pad=False)
             rank = torch.where(pos >= step.start[:, None, None], pooled[:, 0].view_as(got), rank)  # this chunk's keys
         newest = (step.end - 1)  # (B,)
-        order = torch.where(pos < 0, -torch.inf, torch.where(self._protected(pos, newest), torch.inf, rank))
+        order = torch.where(pos < 0, -torch.inf, torch.where(self._spare(pos, newest), rank, torch.inf))
         n = min(self.budget, pos.shape[2])
         keep = order.topk(n, dim=-1).indices  # (B, H_kv, n): protected, then best ranked, then empty
         kept_pos = pos.gather(2, keep)  # (B, H_kv, n)
